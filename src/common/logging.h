@@ -1,0 +1,37 @@
+// One spdlog logger per module ("mem", "sched", "server", ...), all writing to one shared
+// sink (stderr by default), and the machine-readable event lines tools parse:
+//
+//   event: <name> {json}
+//
+// An event is a single line; its JSON never contains a newline.
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "salus/status.h"
+
+namespace salus::logging {
+
+// The module's logger, created on first use. Thread-safe.
+std::shared_ptr<spdlog::logger> Get(std::string_view module);
+
+// "trace", "debug", "info", "warn", "error", "critical" or "off"; applies to every logger,
+// present and future. InvalidArgument names a bad level.
+Status SetLevel(std::string_view level);
+
+// Adds a sink every module logger writes to (tests capture output this way).
+void AddSink(spdlog::sink_ptr sink);
+void RemoveSink(const spdlog::sink_ptr& sink);
+
+// "event: <name> {json}" with the JSON on one line.
+std::string FormatEvent(std::string_view name, const nlohmann::json& fields);
+
+// Logs FormatEvent(name, fields) at info level on the module's logger.
+void Event(std::string_view module, std::string_view name, const nlohmann::json& fields);
+
+}  // namespace salus::logging
