@@ -1,0 +1,59 @@
+#include "device/memory_provider.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+
+#include "device/fake_memory_provider.h"
+#include "device/host_memory_provider.h"
+#ifdef SALUS_HAVE_CUDA
+#include "device/cuda_memory_provider.h"
+#endif
+
+namespace salus::device {
+namespace {
+
+constexpr std::string_view kCudaPrefix = "cuda";
+
+StatusOr<int> ParseCudaOrdinal(std::string_view name) {
+  std::string_view rest = name.substr(kCudaPrefix.size());
+  if (rest.empty()) return 0;
+  if (rest.front() != ':' || rest.size() == 1) {
+    return InvalidArgumentError(fmt::format(
+        "memory provider '{}': expected 'cuda' or 'cuda:N' with N a GPU ordinal", name));
+  }
+  rest.remove_prefix(1);
+  int ordinal = -1;
+  const auto [ptr, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), ordinal);
+  if (ec != std::errc() || ptr != rest.data() + rest.size() || ordinal < 0) {
+    return InvalidArgumentError(
+        fmt::format("memory provider '{}': '{}' is not a GPU ordinal", name, rest));
+  }
+  return ordinal;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<MemoryProvider>> CreateMemoryProvider(std::string_view name) {
+  if (name == "cpu" || name == "host") {
+    return std::unique_ptr<MemoryProvider>(std::make_unique<HostMemoryProvider>());
+  }
+  if (name == "fake") {
+    return std::unique_ptr<MemoryProvider>(std::make_unique<FakeMemoryProvider>());
+  }
+  if (name.substr(0, kCudaPrefix.size()) == kCudaPrefix) {
+    SALUS_ASSIGN_OR_RETURN(const int ordinal, ParseCudaOrdinal(name));
+#ifdef SALUS_HAVE_CUDA
+    return std::unique_ptr<MemoryProvider>(std::make_unique<CudaMemoryProvider>(ordinal));
+#else
+    return FailedPreconditionError(
+        fmt::format("memory provider '{}' (GPU {}): this build has no CUDA device (configured with "
+                    "SALUS_WITH_CUDA=OFF or without the CUDA toolkit and cuDNN)",
+                    name, ordinal));
+#endif
+  }
+  return InvalidArgumentError(fmt::format(
+      "unknown memory provider '{}' (expected 'cpu', 'host', 'fake', 'cuda' or 'cuda:N')", name));
+}
+
+}  // namespace salus::device

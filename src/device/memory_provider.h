@@ -1,0 +1,47 @@
+// The raw memory provider: the lower of the allocator's two layers (see docs/device.md).
+//
+// A provider hands out whole ranges of device memory and knows nothing of sessions, lanes or
+// placement; the memory manager (src/mem) takes one range, the arena, at start-up and places
+// everything inside it. Implementations:
+//   host  one anonymous mapping (MAP_NORESERVE: pages are committed only when touched);
+//   cuda  one cudaMalloc on one GPU (built only with the CUDA device);
+//   fake  non-dereferenceable addresses, for tests and the simulator, with a "fuse" that
+//         makes every call after the N-th fail.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "salus/status.h"
+
+namespace salus::device {
+
+class MemoryProvider {
+ public:
+  virtual ~MemoryProvider() = default;
+
+  // "host", "fake" or "cuda:0".
+  virtual std::string name() const = 0;
+  // Whether host code may read and write the addresses it returns.
+  virtual bool host_accessible() const = 0;
+  // Every range it returns starts at a multiple of this.
+  virtual uint64_t alignment() const = 0;
+
+  // One contiguous range of `bytes`. InvalidArgument for zero bytes; ResourceExhausted (or
+  // Unavailable for a device that cannot be used at all) naming the size when the range
+  // cannot be had. Thread-safe.
+  virtual StatusOr<std::byte*> Allocate(uint64_t bytes) = 0;
+  // Returns a range from Allocate, with the size it was allocated with. InvalidArgument when
+  // the range is not one this provider handed out. Thread-safe.
+  virtual Status Free(std::byte* ptr, uint64_t bytes) = 0;
+};
+
+// A provider by the name a configuration uses: "cpu" or "host", "fake", "cuda" (= "cuda:0")
+// or "cuda:N". InvalidArgument for an unknown name or a malformed ordinal; FailedPrecondition
+// for "cuda" in a build without the CUDA device.
+StatusOr<std::unique_ptr<MemoryProvider>> CreateMemoryProvider(std::string_view name);
+
+}  // namespace salus::device
