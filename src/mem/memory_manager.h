@@ -27,6 +27,28 @@
 //   mid-iteration occupy the range it needs; the caller retries after any EndIteration.
 //   EndIteration(lane) releases everything the iteration allocated.
 // - Every method is thread-safe.
+//
+// IMPLEMENTATION NOTES (arena_memory_manager.cc; docs/memory.md). The contract holds as stated,
+// with these refinements where the physical layout demands more than the accounting:
+// - P and E are rounded up to kArenaAlignment before anything is counted, so every lane base and
+//   block offset is aligned; ΣP, ΣL, "never fits" and the statistics use the rounded sizes
+//   (messages quote the declared ones).
+// - Step 2 of Algorithm 1 (join) also requires ΣP + P + ΣL ≤ C: joining adds P, and invariant 1
+//   must hold after every call.
+// - Persistent blocks never move, so holes between them can make the persistent region's
+//   footprint F (C minus its lowest block) larger than ΣP. Admission uses the footprint the
+//   region would have after placing P where Algorithm 1 says ΣP + P (Note [Persistent
+//   footprint]); without holes the two are equal and the rule is exactly DESIGN.md's.
+// - The queue is re-tried in order, and every waiting request that fits is admitted (a large
+//   request does not block smaller ones behind it). A request whose timeout has passed is not
+//   admitted by a re-try; ExpireWaiting reports it.
+// - Release of a session that is still waiting cancels it (on_admission_failed, CANCELLED).
+// - Persistent(session) returns UNAVAILABLE, for a session admitted into space that a lane
+//   mid-iteration still occupies at its old place (or a released session's block its lane's
+//   iteration may still use), until that iteration ends: the block is placed at the first
+//   EndIteration that clears it (Note [Lane placement]). BeginIteration(lane, session) says
+//   the same. Release during a lane's iteration keeps the released block and a closed lane's
+//   range in use until that iteration ends.
 #pragma once
 
 #include <chrono>
@@ -38,6 +60,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "mem/memory_stats.h"
 #include "salus/status.h"
 
 namespace salus::device {
@@ -48,6 +71,10 @@ namespace salus::mem {
 
 using SessionId = uint64_t;
 using LaneId = uint64_t;
+
+// P, E, lane bases and persistent blocks are multiples of this (bytes): what device kernels
+// expect of a buffer's alignment.
+inline constexpr uint64_t kArenaAlignment = 256;
 
 struct Requirement {
   uint64_t persistent_bytes = 0;  // P
@@ -89,6 +116,36 @@ struct LaneInfo {
   bool in_iteration = false;
 };
 
+struct LaneStats {
+  LaneId lane = 0;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  MemoryStats ephemeral;  // every allocation in the lane, over its life
+};
+
+struct SessionStats {
+  SessionId session = 0;
+  LaneId lane = 0;
+  Requirement requirement;  // rounded to kArenaAlignment
+  MemoryStats persistent;   // its block
+  MemoryStats ephemeral;    // allocations of iterations begun with BeginIteration(lane, session)
+};
+
+struct MemoryStatsSnapshot {
+  uint64_t capacity = 0;
+  uint64_t persistent_committed_bytes = 0;  // ΣP
+  uint64_t ephemeral_committed_bytes = 0;   // ΣL
+  uint64_t persistent_footprint_bytes = 0;  // C minus the persistent region's floor
+  size_t admitted_sessions = 0;
+  size_t waiting_sessions = 0;
+  // Regions: "persistent" counts blocks, "ephemeral" counts allocations in lanes (including
+  // closed ones). The ephemeral peak is sampled at iteration ends and snapshots.
+  MemoryStats persistent;
+  MemoryStats ephemeral;
+  std::vector<LaneStats> lanes;        // open lanes, by id
+  std::vector<SessionStats> sessions;  // admitted sessions, by id
+};
+
 class MemoryManager {
  public:
   struct Options {
@@ -121,6 +178,17 @@ class MemoryManager {
   // Statistics per region, lane and session, and the memory map (see docs/memory.md).
   virtual nlohmann::json Stats() const = 0;
   virtual nlohmann::json MemoryMap() const = 0;
+
+  // Additions to the contract.
+
+  // BeginIteration(lane), with the iteration's allocations also counted in `session`'s
+  // statistics. InvalidArgument when the session is not in the lane.
+  virtual StatusOr<LaneIteration> BeginIteration(LaneId lane, SessionId session) = 0;
+  // What Stats() renders, as data.
+  virtual MemoryStatsSnapshot StatsSnapshot() const = 0;
+  // Checks invariants 1-4 and the bookkeeping behind them; INTERNAL naming the first broken
+  // one. Debug builds check this after every change; tests call it directly.
+  virtual Status CheckInvariants() const = 0;
 };
 
 }  // namespace salus::mem

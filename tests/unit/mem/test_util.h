@@ -1,0 +1,67 @@
+// A memory manager over the fake provider and a manual clock, recording its callbacks.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/units.h"
+#include "device/fake_memory_provider.h"
+#include "mem/memory_manager.h"
+
+namespace salus::mem::testing {
+
+struct Harness {
+  explicit Harness(uint64_t capacity, AdmissionMode mode = AdmissionMode::kPack) {
+    MemoryManager::Options o;
+    o.provider = &provider;
+    o.capacity = capacity;
+    o.mode = mode;
+    o.clock = &clock;
+    o.on_admitted = [this](const Grant& g) { admitted.push_back(g); };
+    o.on_admission_failed = [this](SessionId s, const Status& st) { failed.emplace_back(s, st); };
+    auto m = MemoryManager::Create(std::move(o));
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (m.ok()) manager = std::move(m).value();
+  }
+
+  // Admits and expects a grant now; returns its lane (0 on failure).
+  LaneId AdmitNow(SessionId s, uint64_t p, uint64_t e) {
+    auto g = manager->Admit(s, {p, e});
+    EXPECT_TRUE(g.ok()) << g.status();
+    if (!g.ok()) return 0;
+    EXPECT_TRUE(g->has_value()) << "session " << s << " was queued";
+    return g->has_value() ? (*g)->lane : 0;
+  }
+
+  // Admits and expects to wait.
+  void AdmitWaits(SessionId s, uint64_t p, uint64_t e, std::optional<Nanos> timeout = {}) {
+    auto g = manager->Admit(s, {p, e}, timeout);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_FALSE(g->has_value()) << "session " << s << " was admitted";
+  }
+
+  uint64_t LaneSize(LaneId id) const {
+    for (const LaneInfo& l : manager->Lanes()) {
+      if (l.id == id) return l.size;
+    }
+    return UINT64_MAX;
+  }
+  uint64_t LaneOffset(LaneId id) const {
+    for (const LaneInfo& l : manager->Lanes()) {
+      if (l.id == id) return l.offset;
+    }
+    return UINT64_MAX;
+  }
+
+  device::FakeMemoryProvider provider;
+  ManualClock clock;
+  std::unique_ptr<MemoryManager> manager;
+  std::vector<Grant> admitted;
+  std::vector<std::pair<SessionId, Status>> failed;
+};
+
+}  // namespace salus::mem::testing
