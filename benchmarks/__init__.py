@@ -1,0 +1,1 @@
+"""Salus benchmarks: the trace generator and the benchmark driver."""

@@ -1,0 +1,390 @@
+#include "sched/engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cassert>
+#include <limits>
+
+#include "common/logging.h"
+#include "common/units.h"
+
+namespace salus::sched {
+
+// Note [Remaining time]
+// SRTF orders sessions by their estimated remaining time, in seconds:
+//  - a declared duration D: max(0, D - device time attained so far);
+//  - else declared iterations N: (N - iterations done) × the moving average of measured
+//    iteration time (EWMA, weight ewma_alpha on the newest), or the declared iteration time
+//    hint before the first measurement; with neither, 0 — the session's first iteration is a
+//    probe that yields a measurement;
+//  - else nothing declared: +infinity, so an open-ended session yields to every job that
+//    said how long it is.
+
+Engine::Engine(Options options)
+    : clock_(options.clock),
+      policy_(std::move(options.policy)),
+      ewma_alpha_(options.ewma_alpha),
+      on_admitted_(std::move(options.on_admitted)),
+      on_admission_failed_(std::move(options.on_admission_failed)) {}
+
+Engine::~Engine() = default;
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(Options options) {
+  if (options.clock == nullptr) return InvalidArgumentError("engine: a clock is required");
+  if (options.policy == nullptr) return InvalidArgumentError("engine: a policy is required");
+  if (options.provider == nullptr) {
+    return InvalidArgumentError("engine: a memory provider is required");
+  }
+  if (!(options.ewma_alpha > 0 && options.ewma_alpha <= 1)) {
+    return InvalidArgumentError(
+        fmt::format("engine: ewma_alpha must be in (0, 1], got {}", options.ewma_alpha));
+  }
+  mem::MemoryManager::Options mo;
+  mo.provider = options.provider;
+  mo.capacity = options.capacity;
+  mo.mode = options.policy->admission_mode();
+  mo.clock = options.clock;
+  std::unique_ptr<Engine> engine(new Engine(std::move(options)));
+  Engine* self = engine.get();
+  mo.on_admitted = [self](const mem::Grant& g) {
+    MutexLock lock(&self->events_mu_);
+    self->mem_events_.push_back(MemEvent{g.session, g, OkStatus()});
+  };
+  mo.on_admission_failed = [self](SessionId id, const Status& s) {
+    MutexLock lock(&self->events_mu_);
+    self->mem_events_.push_back(MemEvent{id, std::nullopt, s});
+  };
+  SALUS_ASSIGN_OR_RETURN(engine->memory_, mem::MemoryManager::Create(std::move(mo)));
+  return engine;
+}
+
+void Engine::OnAdmittedLocked(SessionId id, LaneId lane) {
+  SessionRec& s = sessions_.at(id);
+  s.state = SessionState::kAdmitted;
+  s.lane = lane;
+  s.admit_seq = next_admit_seq_++;
+  LaneRec& l = lanes_[lane];
+  l.members.push_back(id);
+  // The lane's membership changed: FAIR's service counts from here.
+  for (SessionId m : l.members) sessions_.at(m).service = Nanos(0);
+}
+
+void Engine::LeaveLaneLocked(SessionId id, LaneId lane) {
+  auto it = lanes_.find(lane);
+  if (it == lanes_.end()) return;
+  auto& members = it->second.members;
+  members.erase(std::remove(members.begin(), members.end(), id), members.end());
+  for (SessionId m : members) sessions_.at(m).service = Nanos(0);
+  if (members.empty() && !it->second.busy) lanes_.erase(it);
+}
+
+void Engine::DrainMemEventsLocked(Notices* notices) {
+  std::vector<MemEvent> events;
+  {
+    MutexLock lock(&events_mu_);
+    events.swap(mem_events_);
+  }
+  for (MemEvent& e : events) {
+    auto it = sessions_.find(e.session);
+    if (it == sessions_.end()) continue;  // removed by its owner meanwhile
+    if (e.grant) {
+      OnAdmittedLocked(e.session, e.grant->lane);
+      notices->admitted.emplace_back(e.session, e.grant->lane);
+    } else {
+      sessions_.erase(it);
+      notices->failed.emplace_back(e.session, e.failure);
+    }
+  }
+}
+
+void Engine::Notify(const Notices& notices) {
+  for (const auto& [id, lane] : notices.admitted) {
+    logging::Event("sched", "admitted", {{"session", id}, {"lane", lane}, {"queued", true}});
+    if (on_admitted_) on_admitted_(id, lane);
+  }
+  for (const auto& [id, status] : notices.failed) {
+    if (on_admission_failed_) on_admission_failed_(id, status);
+  }
+}
+
+StatusOr<bool> Engine::AddSession(SessionId id, const SessionSpec& spec) {
+  if (spec.declared_iterations && *spec.declared_iterations < 0) {
+    return InvalidArgumentError(fmt::format("session {}: declared iterations must be >= 0", id));
+  }
+  if (spec.declared_duration && spec.declared_duration->count() < 0) {
+    return InvalidArgumentError(fmt::format("session {}: declared duration must be >= 0", id));
+  }
+  Notices notices;
+  bool admitted = false;
+  {
+    MutexLock lock(&mu_);
+    if (sessions_.count(id) != 0) {
+      return AlreadyExistsError(fmt::format("session {} already exists", id));
+    }
+    sessions_[id].spec = spec;
+    auto grant = memory_->Admit(id, spec.requirement, spec.admission_timeout);
+    if (!grant.ok()) {
+      sessions_.erase(id);
+      return grant.status();
+    }
+    if (grant->has_value()) {
+      OnAdmittedLocked(id, (*grant)->lane);
+      admitted = true;
+    }
+    DrainMemEventsLocked(&notices);
+  }
+  Notify(notices);
+  return admitted;
+}
+
+Status Engine::ReleaseLocked(SessionId id, Notices* notices) {
+  SessionRec& s = sessions_.at(id);
+  const LaneId lane = s.lane;
+  sessions_.erase(id);
+  LeaveLaneLocked(id, lane);
+  Status st = memory_->Release(id);
+  DrainMemEventsLocked(notices);
+  return st;
+}
+
+StatusOr<int> Engine::RemoveSession(SessionId id) {
+  Notices notices;
+  int dropped = 0;
+  Status st;
+  {
+    MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || it->second.closing) {
+      return NotFoundError(fmt::format("session {} does not exist", id));
+    }
+    SessionRec& s = it->second;
+    dropped = PendingLocked(s);
+    s.requests.clear();
+    s.requests_head = 0;
+    if (s.state == SessionState::kWaiting) {
+      sessions_.erase(it);
+      memory_->CancelWaiting(id);
+      DrainMemEventsLocked(&notices);
+    } else if (s.running) {
+      s.closing = true;  // released by Complete()
+    } else {
+      st = ReleaseLocked(id, &notices);
+    }
+  }
+  Notify(notices);
+  SALUS_RETURN_IF_ERROR(st);
+  return dropped;
+}
+
+Status Engine::RequestIteration(SessionId id) {
+  MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second.closing) {
+    return NotFoundError(fmt::format("session {} does not exist", id));
+  }
+  SessionRec& s = it->second;
+  if (s.requests_head > 0 && s.requests_head == s.requests.size()) {
+    s.requests.clear();
+    s.requests_head = 0;
+  }
+  s.requests.push_back(clock_->Now());
+  return OkStatus();
+}
+
+double Engine::RemainingSecondsLocked(const SessionRec& s) const {
+  if (s.spec.declared_duration) {
+    return std::max(0.0, ToSeconds(*s.spec.declared_duration - s.total_service));
+  }
+  if (s.spec.declared_iterations) {
+    const double left =
+        static_cast<double>(std::max<int64_t>(0, *s.spec.declared_iterations - s.iterations_done));
+    double per = 0;
+    if (s.ewma_seconds >= 0) {
+      per = s.ewma_seconds;
+    } else if (s.spec.iteration_time_hint) {
+      per = ToSeconds(*s.spec.iteration_time_hint);
+    }
+    return left * per;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+std::vector<Dispatch> Engine::DispatchReady() {
+  std::vector<Dispatch> out;
+  MutexLock lock(&mu_);
+  const Nanos now = clock_->Now();
+  for (auto& [lane_id, lane] : lanes_) {
+    lane.blocked = false;
+    if (lane.busy) continue;
+    scratch_.clear();
+    for (SessionId m : lane.members) {
+      const SessionRec& s = sessions_.at(m);
+      if (s.state != SessionState::kAdmitted || s.closing || PendingLocked(s) == 0) continue;
+      SessionView v;
+      v.id = m;
+      v.priority = s.spec.priority;
+      v.admit_seq = s.admit_seq;
+      v.requested_at = s.requests[s.requests_head];
+      v.service = s.service;
+      v.total_service = s.total_service;
+      v.remaining_seconds = RemainingSecondsLocked(s);
+      v.iterations_done = s.iterations_done;
+      scratch_.push_back(v);
+    }
+    if (scratch_.empty()) continue;
+    const Decision decision = policy_->Pick(LaneSnapshot{now, lane_id, scratch_});
+    auto sit = sessions_.find(decision.next);
+    assert(sit != sessions_.end() && sit->second.lane == lane_id);
+    if (sit == sessions_.end() || sit->second.lane != lane_id) continue;  // policy broke its contract
+
+    auto lane_memory = memory_->BeginIteration(lane_id, decision.next);
+    if (!lane_memory.ok()) {
+      if (lane_memory.status().code() != StatusCode::kUnavailable) {
+        logging::Get("sched")->error("lane {}: cannot begin an iteration: {}", lane_id,
+                                     lane_memory.status().ToString());
+      }
+      lane.blocked = true;
+      continue;  // blocked by lanes mid-iteration; retried after the next Complete()
+    }
+    auto persistent = memory_->Persistent(decision.next);
+    if (!persistent.ok()) {
+      memory_->EndIteration(lane_id).IgnoreError();  // nothing was allocated in it
+      if (persistent.status().code() != StatusCode::kUnavailable) {
+        logging::Get("sched")->error("session {}: no persistent block: {}", decision.next,
+                                     persistent.status().ToString());
+      }
+      lane.blocked = true;
+      continue;  // its block is placed when the iteration in its way ends
+    }
+    SessionRec& s = sit->second;
+    Dispatch d;
+    d.session = decision.next;
+    d.lane = lane_id;
+    d.iteration = static_cast<uint64_t>(s.iterations_done);
+    d.lane_memory = *lane_memory;
+    d.persistent = *persistent;
+    d.requested_at = s.requests[s.requests_head++];
+    d.started_at = now;
+    d.lane_first = !lane.has_run;
+    d.switch_gap = lane.has_run ? now - lane.last_end : Nanos(0);
+    s.running = true;
+    lane.busy = true;
+    ++running_;
+    out.push_back(d);
+  }
+  return out;
+}
+
+StatusOr<IterationRecord> Engine::Complete(const Dispatch& d) {
+  Notices notices;
+  IterationRecord rec;
+  Status release_status;
+  {
+    MutexLock lock(&mu_);
+    auto sit = sessions_.find(d.session);
+    auto lit = lanes_.find(d.lane);
+    if (sit == sessions_.end() || lit == lanes_.end() || !sit->second.running ||
+        !lit->second.busy) {
+      return FailedPreconditionError(
+          fmt::format("session {} has no iteration running on lane {}", d.session, d.lane));
+    }
+    const Nanos now = clock_->Now();
+    SessionRec& s = sit->second;
+    LaneRec& lane = lit->second;
+    rec.session = d.session;
+    rec.lane = d.lane;
+    rec.iteration = d.iteration;
+    rec.requested_at = d.requested_at;
+    rec.started_at = d.started_at;
+    rec.finished_at = now;
+    rec.queue_delay = d.started_at - d.requested_at;
+    rec.run_time = now - d.started_at;
+    rec.switch_gap = d.switch_gap;
+    rec.lane_first = d.lane_first;
+
+    s.running = false;
+    s.iterations_done++;
+    s.service += rec.run_time;
+    s.total_service += rec.run_time;
+    const double secs = ToSeconds(rec.run_time);
+    s.ewma_seconds =
+        s.ewma_seconds < 0 ? secs : ewma_alpha_ * secs + (1 - ewma_alpha_) * s.ewma_seconds;
+    lane.busy = false;
+    lane.has_run = true;
+    lane.last_end = now;
+    --running_;
+    Status end = memory_->EndIteration(d.lane);
+    if (!end.ok()) {
+      logging::Get("sched")->error("lane {}: end of iteration: {}", d.lane, end.ToString());
+    }
+    if (s.closing) {
+      release_status = ReleaseLocked(d.session, &notices);
+    } else if (lane.members.empty()) {
+      lanes_.erase(lit);
+    }
+  }
+  Notify(notices);
+  SALUS_RETURN_IF_ERROR(release_status);
+  return rec;
+}
+
+void Engine::ExpireWaiting() {
+  Notices notices;
+  {
+    MutexLock lock(&mu_);
+    memory_->ExpireWaiting();
+    DrainMemEventsLocked(&notices);
+  }
+  Notify(notices);
+}
+
+StatusOr<SessionInfo> Engine::Session(SessionId id) const {
+  MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return NotFoundError(fmt::format("session {} does not exist", id));
+  const SessionRec& s = it->second;
+  SessionInfo info;
+  info.id = id;
+  info.state = s.state;
+  info.lane = s.lane;
+  info.priority = s.spec.priority;
+  info.iterations_done = s.iterations_done;
+  info.pending = PendingLocked(s);
+  info.running = s.running;
+  info.total_service = s.total_service;
+  info.remaining_seconds = RemainingSecondsLocked(s);
+  info.avg_iteration_seconds = std::max(0.0, s.ewma_seconds);
+  return info;
+}
+
+std::vector<SessionInfo> Engine::Sessions() const {
+  std::vector<SessionId> ids;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [id, s] : sessions_) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  std::vector<SessionInfo> out;
+  for (SessionId id : ids) {
+    auto info = Session(id);
+    if (info.ok()) out.push_back(*info);
+  }
+  return out;
+}
+
+std::vector<LaneId> Engine::BlockedLanes() const {
+  MutexLock lock(&mu_);
+  std::vector<LaneId> out;
+  for (const auto& [id, lane] : lanes_) {
+    if (lane.blocked) out.push_back(id);
+  }
+  return out;
+}
+
+size_t Engine::RunningIterations() const {
+  MutexLock lock(&mu_);
+  return running_;
+}
+
+}  // namespace salus::sched

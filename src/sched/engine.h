@@ -1,0 +1,192 @@
+// Engine: the iteration scheduler's mechanism.
+//
+// The engine owns the memory manager (created with the admission mode the policy needs) and
+// the per-lane queues of sessions with pending iterations. It is a synchronous state machine
+// driven by events — AddSession, RemoveSession, RequestIteration, Complete — and Dispatch(),
+// which starts every iteration that can start now: for each idle lane with runnable
+// sessions, it asks the policy for a decision over a read-only snapshot, resolves the lane's
+// memory (mem::MemoryManager::BeginIteration) and hands the caller a Dispatch to run. The
+// daemon drives it with lane worker threads (Executor) and the real clock; the simulator
+// drives it from a discrete-event loop with a ManualClock. Both run this same code.
+//
+// Guarantees: at most one iteration in flight per lane (invariant 2); work conservation —
+// after Dispatch() returns, no lane is idle while it has a runnable session, unless its memory
+// is blocked by lanes mid-iteration (it is retried after every Complete); policies only decide
+// (invariant 6). Thread-safe: every method takes the engine's mutex; callbacks run without it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/thread_annotations.h"
+#include "mem/memory_manager.h"
+#include "sched/policy.h"
+#include "salus/status.h"
+
+namespace salus::sched {
+
+struct SessionSpec {
+  mem::Requirement requirement;
+  int priority = 0;
+  // What the client declared of its length; used for SRTF's remaining-time estimate.
+  std::optional<int64_t> declared_iterations;
+  std::optional<Nanos> declared_duration;
+  // Expected time of one iteration before any is measured (e.g. a synthetic profile's).
+  std::optional<Nanos> iteration_time_hint;
+  // How long the session may wait for admission; forever when absent.
+  std::optional<Nanos> admission_timeout;
+};
+
+// One started iteration, handed to whoever runs it, and given back to Complete().
+struct Dispatch {
+  SessionId session = 0;
+  LaneId lane = 0;
+  uint64_t iteration = 0;  // the session's iteration index, from 0
+  mem::LaneIteration lane_memory;
+  mem::PersistentBlock persistent;
+  Nanos requested_at{0};
+  Nanos started_at{0};
+  Nanos switch_gap{0};   // the lane's previous iteration end to this start; 0 for a lane's first
+  bool lane_first = true;  // the first iteration this lane ran
+};
+
+struct IterationRecord {
+  SessionId session = 0;
+  LaneId lane = 0;
+  uint64_t iteration = 0;
+  Nanos requested_at{0};
+  Nanos started_at{0};
+  Nanos finished_at{0};
+  Nanos queue_delay{0};  // started - requested
+  Nanos run_time{0};     // finished - started
+  Nanos switch_gap{0};
+  bool lane_first = true;
+};
+
+enum class SessionState { kWaiting, kAdmitted };
+
+struct SessionInfo {
+  SessionId id = 0;
+  SessionState state = SessionState::kWaiting;
+  LaneId lane = 0;
+  int priority = 0;
+  int64_t iterations_done = 0;
+  int pending = 0;
+  bool running = false;
+  Nanos total_service{0};
+  double remaining_seconds = 0;
+  double avg_iteration_seconds = 0;  // 0 until measured
+};
+
+class Engine {
+ public:
+  struct Options {
+    const Clock* clock = nullptr;                 // required
+    device::MemoryProvider* provider = nullptr;  // required; outlives the engine
+    uint64_t capacity = 0;                        // the arena's size C
+    std::unique_ptr<Policy> policy;               // required
+    // Weight of the newest measurement in the moving average of iteration time.
+    double ewma_alpha = 0.25;
+    // A session that waited was admitted, or gave up (DEADLINE_EXCEEDED). Called without the
+    // engine's lock, on the thread whose call caused it.
+    std::function<void(SessionId, LaneId)> on_admitted;
+    std::function<void(SessionId, const Status&)> on_admission_failed;
+  };
+
+  static StatusOr<std::unique_ptr<Engine>> Create(Options options);
+  ~Engine();
+
+  // true: admitted now; false: waiting for memory. RESOURCE_EXHAUSTED when it can never fit,
+  // ALREADY_EXISTS for a live id, INVALID_ARGUMENT for a bad spec.
+  StatusOr<bool> AddSession(SessionId id, const SessionSpec& spec) EXCLUDES(mu_);
+  // Removes a session. A waiting session leaves the queue; an admitted one frees its memory
+  // now, or — with an iteration in flight — when Complete() sees that iteration end.
+  // Pending (not started) iterations are dropped; returns how many.
+  StatusOr<int> RemoveSession(SessionId id) EXCLUDES(mu_);
+  // The session wants one more iteration (requests queue up per session).
+  Status RequestIteration(SessionId id) EXCLUDES(mu_);
+  // Starts every iteration that can start now.
+  std::vector<Dispatch> DispatchReady() EXCLUDES(mu_);
+  // The iteration `d` finished now.
+  StatusOr<IterationRecord> Complete(const Dispatch& d) EXCLUDES(mu_);
+  // Times out sessions that waited too long for admission (reported via on_admission_failed).
+  void ExpireWaiting() EXCLUDES(mu_);
+
+  StatusOr<SessionInfo> Session(SessionId id) const EXCLUDES(mu_);
+  std::vector<SessionInfo> Sessions() const EXCLUDES(mu_);
+  size_t RunningIterations() const EXCLUDES(mu_);
+  // Lanes that had a runnable session at the last DispatchReady() but could not start it
+  // because lanes mid-iteration occupy the memory they need (retried after each Complete).
+  std::vector<LaneId> BlockedLanes() const EXCLUDES(mu_);
+  const Policy& policy() const { return *policy_; }
+  mem::MemoryManager& memory() { return *memory_; }
+  const mem::MemoryManager& memory() const { return *memory_; }
+  const Clock& clock() const { return *clock_; }
+
+ private:
+  struct SessionRec {
+    SessionSpec spec;
+    SessionState state = SessionState::kWaiting;
+    LaneId lane = 0;
+    uint64_t admit_seq = 0;
+    std::vector<Nanos> requests;  // request times of pending iterations, oldest first
+    size_t requests_head = 0;
+    bool running = false;
+    bool closing = false;
+    Nanos service{0};
+    Nanos total_service{0};
+    int64_t iterations_done = 0;
+    double ewma_seconds = -1;  // < 0 until measured
+  };
+  struct LaneRec {
+    std::vector<SessionId> members;
+    bool busy = false;
+    bool blocked = false;  // runnable work, but its memory is held by lanes mid-iteration
+    bool has_run = false;
+    Nanos last_end{0};
+  };
+  // Admission events the memory manager reports while the engine's lock is held.
+  struct MemEvent {
+    SessionId session = 0;
+    std::optional<mem::Grant> grant;
+    Status failure;
+  };
+  struct Notices {
+    std::vector<std::pair<SessionId, LaneId>> admitted;
+    std::vector<std::pair<SessionId, Status>> failed;
+  };
+
+  explicit Engine(Options options);
+  void OnAdmittedLocked(SessionId id, LaneId lane) REQUIRES(mu_);
+  void LeaveLaneLocked(SessionId id, LaneId lane) REQUIRES(mu_);
+  Status ReleaseLocked(SessionId id, Notices* notices) REQUIRES(mu_);
+  void DrainMemEventsLocked(Notices* notices) REQUIRES(mu_);
+  void Notify(const Notices& notices);
+  double RemainingSecondsLocked(const SessionRec& s) const REQUIRES(mu_);
+  int PendingLocked(const SessionRec& s) const { return static_cast<int>(s.requests.size() - s.requests_head); }
+
+  const Clock* clock_;
+  std::unique_ptr<Policy> policy_;
+  std::unique_ptr<mem::MemoryManager> memory_;
+  double ewma_alpha_;
+  std::function<void(SessionId, LaneId)> on_admitted_;
+  std::function<void(SessionId, const Status&)> on_admission_failed_;
+
+  mutable Mutex mu_;
+  std::unordered_map<SessionId, SessionRec> sessions_ GUARDED_BY(mu_);
+  std::map<LaneId, LaneRec> lanes_ GUARDED_BY(mu_);
+  uint64_t next_admit_seq_ GUARDED_BY(mu_) = 0;
+  size_t running_ GUARDED_BY(mu_) = 0;
+  std::vector<SessionView> scratch_ GUARDED_BY(mu_);
+
+  Mutex events_mu_;
+  std::vector<MemEvent> mem_events_ GUARDED_BY(events_mu_);
+};
+
+}  // namespace salus::sched

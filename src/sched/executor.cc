@@ -1,0 +1,232 @@
+#include "sched/executor.h"
+
+#include <fmt/format.h>
+
+#include <set>
+
+#include "common/logging.h"
+
+namespace salus::sched {
+
+StatusOr<std::unique_ptr<Executor>> Executor::Create(Engine::Options options) {
+  // A session that gives up waiting for admission answers its queued iterations with the
+  // reason, then the caller's callback runs.
+  auto slot = std::make_shared<Executor*>(nullptr);
+  auto user_failed = std::move(options.on_admission_failed);
+  options.on_admission_failed = [slot, user_failed](SessionId id, const Status& status) {
+    if (*slot != nullptr) (*slot)->AnswerQueued(id, status);
+    if (user_failed) user_failed(id, status);
+  };
+  SALUS_ASSIGN_OR_RETURN(auto engine, Engine::Create(std::move(options)));
+  std::unique_ptr<Executor> ex(new Executor(std::move(engine)));
+  *slot = ex.get();
+  return ex;
+}
+
+void Executor::AnswerQueued(SessionId id, const Status& status) {
+  std::deque<Item> queued;
+  {
+    MutexLock lock(&mu_);
+    auto it = pending_.find(id);
+    if (it != pending_.end()) {
+      queued.swap(it->second);
+      pending_.erase(it);
+    }
+  }
+  for (Item& item : queued) {
+    IterationRecord rec;
+    rec.session = id;
+    item.done(status, rec);
+  }
+}
+
+void Executor::ExpireWaiting() {
+  engine_->ExpireWaiting();
+  Pump(std::nullopt);
+}
+
+Executor::~Executor() { Shutdown(); }
+
+StatusOr<bool> Executor::AddSession(SessionId id, const SessionSpec& spec) {
+  {
+    MutexLock lock(&mu_);
+    if (shutting_down_) return UnavailableError("the scheduler is shutting down");
+  }
+  SALUS_ASSIGN_OR_RETURN(bool admitted, engine_->AddSession(id, spec));
+  Pump(std::nullopt);
+  return admitted;
+}
+
+Status Executor::RemoveSession(SessionId id) {
+  auto dropped = engine_->RemoveSession(id);
+  AnswerQueued(id, CancelledError(fmt::format("session {} was closed", id)));
+  Pump(std::nullopt);  // its memory may have admitted others
+  return dropped.status();
+}
+
+Status Executor::Submit(SessionId id, Work work, Done done) {
+  {
+    MutexLock lock(&mu_);
+    if (shutting_down_) return UnavailableError("the scheduler is shutting down");
+    auto& queue = pending_[id];
+    queue.push_back(Item{std::move(work), std::move(done)});
+    Status s = engine_->RequestIteration(id);
+    if (!s.ok()) {
+      queue.pop_back();
+      if (queue.empty()) pending_.erase(id);
+      return s;
+    }
+  }
+  Pump(std::nullopt);
+  return OkStatus();
+}
+
+std::optional<Executor::Job> Executor::Pump(std::optional<LaneId> self) {
+  std::vector<Dispatch> ds = engine_->DispatchReady();
+  std::optional<Job> mine;
+  MutexLock lock(&mu_);
+  for (Dispatch& d : ds) {
+    auto pit = pending_.find(d.session);
+    if (pit == pending_.end() || pit->second.empty()) {
+      // The engine and the queues disagree: a broken invariant. End the iteration at once.
+      logging::Get("sched")->error("session {}: dispatched with no queued work", d.session);
+      engine_->Complete(d).status().IgnoreError();
+      continue;
+    }
+    Job job{d, std::move(pit->second.front())};
+    pit->second.pop_front();
+    if (pit->second.empty()) pending_.erase(pit);
+    if (self && d.lane == *self && !mine) {
+      mine = std::move(job);
+      continue;
+    }
+    auto& slot = workers_[d.lane];
+    if (!slot) {
+      slot = std::make_unique<Worker>();
+      Worker* w = slot.get();
+      const LaneId lane = d.lane;
+      w->thread = std::thread([this, lane, w] { WorkerLoop(lane, w); });
+    }
+    {
+      MutexLock wl(&slot->mu);
+      slot->job = std::move(job);
+    }
+    slot->cv.NotifyOne();
+  }
+  ReapWorkersLocked();
+  return mine;
+}
+
+void Executor::RunJob(Job job) {
+  std::optional<LaneId> lane = job.dispatch.lane;
+  std::optional<Job> next = std::move(job);
+  while (next) {
+    Job j = std::move(*next);
+    next.reset();
+    // The iteration starts now, on its worker: whatever passed since the engine dispatched it
+    // (a hand-off, a new worker thread) is part of the switch gap, not of its run time.
+    const Nanos start = engine_->clock().Now();
+    if (!j.dispatch.lane_first) j.dispatch.switch_gap += start - j.dispatch.started_at;
+    j.dispatch.started_at = start;
+    Status status = j.item.work(j.dispatch);
+    auto rec = engine_->Complete(j.dispatch);
+    if (!rec.ok()) {
+      logging::Get("sched")->error("session {}: completing an iteration: {}", j.dispatch.session,
+                                   rec.status().ToString());
+      if (status.ok()) status = rec.status();
+    }
+    j.item.done(status, rec.ok() ? *rec : IterationRecord{});
+    {
+      MutexLock lock(&mu_);
+      idle_cv_.NotifyAll();
+    }
+    next = Pump(lane);
+  }
+}
+
+void Executor::WorkerLoop(LaneId lane, Worker* w) {
+  while (true) {
+    std::optional<Job> job;
+    {
+      MutexLock lock(&w->mu);
+      w->busy = false;
+      while (!w->job && !w->stop) w->cv.Wait(&w->mu);
+      if (!w->job) return;  // stop
+      job = std::move(w->job);
+      w->job.reset();
+      w->busy = true;
+    }
+    RunJob(std::move(*job));
+  }
+}
+
+void Executor::ReapWorkersLocked() {
+  if (workers_.empty()) return;
+  std::set<LaneId> live;
+  for (const mem::LaneInfo& l : engine_->memory().Lanes()) live.insert(l.id);
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    Worker* w = it->second.get();
+    bool idle = false;
+    if (live.count(it->first) == 0) {
+      MutexLock wl(&w->mu);
+      idle = !w->busy && !w->job;
+      if (idle) w->stop = true;
+    }
+    if (!idle) {
+      ++it;
+      continue;
+    }
+    w->cv.NotifyOne();
+    // The worker is waiting on its own condition variable and exits without taking mu_, but
+    // joining here could still wait on a thread being scheduled; retire it and join later.
+    retired_.push_back(std::move(it->second));
+    it = workers_.erase(it);
+  }
+  // Join retired workers that have finished (their stop flag is set and they hold no lock).
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    if ((*it)->thread.joinable() && (*it)->thread.get_id() != std::this_thread::get_id()) {
+      (*it)->thread.join();
+      it = retired_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Executor::Shutdown() {
+  std::vector<SessionId> ids;
+  {
+    MutexLock lock(&mu_);
+    if (shutting_down_ && workers_.empty() && retired_.empty()) return;
+    shutting_down_ = true;
+  }
+  for (const SessionInfo& s : engine_->Sessions()) ids.push_back(s.id);
+  for (SessionId id : ids) {
+    engine_->RemoveSession(id).status().IgnoreError();  // gone already is fine
+    AnswerQueued(id, UnavailableError("the scheduler is shutting down"));
+  }
+  std::map<LaneId, std::unique_ptr<Worker>> workers;
+  std::vector<std::unique_ptr<Worker>> retired;
+  {
+    MutexLock lock(&mu_);
+    while (engine_->RunningIterations() > 0) idle_cv_.Wait(&mu_);
+    workers.swap(workers_);
+    retired.swap(retired_);
+  }
+  for (auto& [lane, w] : workers) {
+    {
+      MutexLock wl(&w->mu);
+      w->stop = true;
+    }
+    w->cv.NotifyOne();
+  }
+  for (auto& [lane, w] : workers) w->thread.join();
+  for (auto& w : retired) w->thread.join();
+}
+
+size_t Executor::WorkerCount() const {
+  MutexLock lock(&mu_);
+  return workers_.size();
+}
+
+}  // namespace salus::sched

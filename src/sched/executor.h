@@ -1,0 +1,87 @@
+// Executor: drives an Engine with real threads, for the daemon.
+//
+// Each lane has one worker thread (created when the lane first runs, joined when the lane is
+// gone), so at most one iteration runs per lane and lanes run in parallel. Callers Submit()
+// an iteration as a callable; it runs on the lane's worker when the policy picks its session.
+// Note [Inline dispatch]: when an iteration ends, the worker that ran it completes it in the
+// engine and asks for the next dispatch itself; a dispatch for its own lane it runs at once,
+// on the same thread, so the switch between two sessions of a lane costs one scheduling
+// decision and no thread hand-off. Nothing sleeps or polls: workers wait on condition
+// variables and every event (submit, completion, admission, removal) pumps the engine.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "common/thread_annotations.h"
+#include "sched/engine.h"
+
+namespace salus::sched {
+
+class Executor {
+ public:
+  // Runs one iteration; its status is handed to Done.
+  using Work = std::function<Status(const Dispatch&)>;
+  // Called exactly once per Submit: after the work ran (with its status and record), or with
+  // CANCELLED (session removed) or UNAVAILABLE (shutdown) if it never ran.
+  using Done = std::function<void(const Status&, const IterationRecord&)>;
+
+  static StatusOr<std::unique_ptr<Executor>> Create(Engine::Options options);
+  ~Executor();
+
+  StatusOr<bool> AddSession(SessionId id, const SessionSpec& spec) EXCLUDES(mu_);
+  // Removes the session: queued iterations are answered CANCELLED; one in flight finishes
+  // normally and the session's memory returns after it.
+  Status RemoveSession(SessionId id) EXCLUDES(mu_);
+  Status Submit(SessionId id, Work work, Done done) EXCLUDES(mu_);
+  // Stops accepting work, answers queued iterations UNAVAILABLE, removes every session,
+  // waits for iterations in flight to end and joins the workers. Idempotent.
+  void Shutdown() EXCLUDES(mu_);
+  // Times out sessions that waited too long for admission; their queued iterations are
+  // answered DEADLINE_EXCEEDED.
+  void ExpireWaiting() EXCLUDES(mu_);
+
+  Engine& engine() { return *engine_; }
+  size_t WorkerCount() const EXCLUDES(mu_);
+
+ private:
+  struct Item {
+    Work work;
+    Done done;
+  };
+  struct Job {
+    Dispatch dispatch;
+    Item item;
+  };
+  struct Worker {
+    std::thread thread;
+    Mutex mu;
+    CondVar cv;
+    std::optional<Job> job GUARDED_BY(mu);
+    bool busy GUARDED_BY(mu) = false;
+    bool stop GUARDED_BY(mu) = false;
+  };
+
+  explicit Executor(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+  // Starts what the engine can dispatch; returns the dispatch for `self` (run it inline).
+  std::optional<Job> Pump(std::optional<LaneId> self) EXCLUDES(mu_);
+  void WorkerLoop(LaneId lane, Worker* w);
+  void RunJob(Job job);
+  void ReapWorkersLocked() REQUIRES(mu_);
+  // Answers every queued (not started) iteration of the session with `status`.
+  void AnswerQueued(SessionId id, const Status& status) EXCLUDES(mu_);
+
+  std::unique_ptr<Engine> engine_;
+  mutable Mutex mu_;
+  CondVar idle_cv_;  // signalled when an iteration ends (for Shutdown)
+  bool shutting_down_ GUARDED_BY(mu_) = false;
+  std::unordered_map<SessionId, std::deque<Item>> pending_ GUARDED_BY(mu_);
+  std::map<LaneId, std::unique_ptr<Worker>> workers_ GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Worker>> retired_ GUARDED_BY(mu_);
+};
+
+}  // namespace salus::sched

@@ -1,0 +1,32 @@
+// FAIR: weighted fair sharing of each lane's device time.
+//
+// Assumptions: admission is Algorithm 1 (mode kPack), or one shared lane with the option
+// {"single_lane": true} (mode kSingleLane). Algorithm: within a lane, pick the runnable session
+// with the least service (device time attained since the lane's membership last changed)
+// divided by its priority weight (PriorityWeight); ties go to the earlier admitted. Resetting
+// service when membership changes keeps a newcomer from monopolising the lane to "catch up"
+// with sessions that ran alone before it came.
+#pragma once
+
+#include "sched/policy.h"
+
+namespace salus::sched {
+
+class FairPolicy final : public Policy {
+ public:
+  struct Options {
+    bool single_lane = false;
+  };
+  static StatusOr<std::unique_ptr<Policy>> Create(const nlohmann::json& options);
+  explicit FairPolicy(Options options) : options_(options) {}
+  std::string_view name() const override { return "fair"; }
+  mem::AdmissionMode admission_mode() const override {
+    return options_.single_lane ? mem::AdmissionMode::kSingleLane : mem::AdmissionMode::kPack;
+  }
+  Decision Pick(const LaneSnapshot& snapshot) const override;
+
+ private:
+  Options options_;
+};
+
+}  // namespace salus::sched

@@ -1,0 +1,21 @@
+// PACK: as many lanes as memory allows, no fairness across them.
+//
+// Assumptions: admission is Algorithm 1 (mode kPack), so lanes run in parallel and the
+// sessions of one lane time-share it. Algorithm: within a lane, iterations run in the order
+// they were requested (the oldest pending request first); ties go to the higher priority,
+// then the earlier admitted.
+#pragma once
+
+#include "sched/policy.h"
+
+namespace salus::sched {
+
+class PackPolicy final : public Policy {
+ public:
+  static StatusOr<std::unique_ptr<Policy>> Create(const nlohmann::json& options);
+  std::string_view name() const override { return "pack"; }
+  mem::AdmissionMode admission_mode() const override { return mem::AdmissionMode::kPack; }
+  Decision Pick(const LaneSnapshot& snapshot) const override;
+};
+
+}  // namespace salus::sched

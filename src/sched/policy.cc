@@ -1,0 +1,74 @@
+// The policy registry, PriorityWeight, and the helpers the policies share.
+#include "sched/policy.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "sched/fair_policy.h"
+#include "sched/fifo_policy.h"
+#include "sched/pack_policy.h"
+#include "sched/srtf_policy.h"
+
+namespace salus::sched {
+
+double PriorityWeight(int priority) {
+  return priority >= 0 ? 1.0 + priority : 1.0 / (1.0 - priority);
+}
+
+namespace internal {
+
+Status CheckPolicyOptions(std::string_view policy, const nlohmann::json& options,
+                          std::initializer_list<std::string_view> known) {
+  if (options.is_null()) return OkStatus();
+  if (!options.is_object()) {
+    return InvalidArgumentError(
+        fmt::format("policy '{}': options must be a JSON object, got {}", policy,
+                    options.type_name()));
+  }
+  for (const auto& [key, value] : options.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      return InvalidArgumentError(fmt::format("policy '{}': unknown option '{}'", policy, key));
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace internal
+
+namespace {
+
+struct Entry {
+  std::string_view name;
+  StatusOr<std::unique_ptr<Policy>> (*create)(const nlohmann::json&);
+};
+
+constexpr Entry kRegistry[] = {
+    {"fifo", &FifoPolicy::Create},
+    {"srtf", &SrtfPolicy::Create},
+    {"pack", &PackPolicy::Create},
+    {"fair", &FairPolicy::Create},
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Policy>> CreatePolicy(std::string_view name,
+                                               const nlohmann::json& options) {
+  std::string lower(name);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (const Entry& e : kRegistry) {
+    if (e.name == lower) return e.create(options);
+  }
+  return InvalidArgumentError(
+      fmt::format("unknown policy '{}' (expected fifo, srtf, pack or fair)", name));
+}
+
+std::vector<std::string> PolicyNames() {
+  std::vector<std::string> names;
+  for (const Entry& e : kRegistry) names.emplace_back(e.name);
+  return names;
+}
+
+}  // namespace salus::sched

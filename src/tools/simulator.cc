@@ -1,0 +1,282 @@
+// The simulator's event loop. Time is a double in seconds; the engine's ManualClock follows
+// it in nanoseconds. Each step moves to the earlier of the next arrival and the next
+// iteration completion, advances every running iteration by the elapsed time × its speed,
+// and applies the events at that time in a fixed order (completions by lane id, then
+// arrivals in trace order), so a trace and seed always give the same result.
+#include "tools/simulator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <random>
+#include <unordered_map>
+
+#include "common/clock.h"
+#include "sched/engine.h"
+
+namespace salus::tools {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// Work below this many seconds counts as done (absorbs rounding of repeated subtraction).
+constexpr double kWorkEpsilonS = 1e-9;
+
+struct Running {
+  sched::Dispatch dispatch;
+  size_t job = 0;
+  double work_left_s = 0;  // at speed 1
+};
+
+struct JobState {
+  int64_t units = 0;       // scheduling units in the job
+  int64_t per_unit = 1;    // iterations per unit
+  double unit_s = 0;       // seconds per unit at speed 1
+};
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  // Nearest-rank percentile.
+  const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
+
+}  // namespace
+
+nlohmann::json JobResultJson(const SimJobResult& r) {
+  nlohmann::json j;
+  j["job_id"] = r.job->job_id;
+  j["workload"] = r.job->workload;
+  j["submit_s"] = r.job->submit_s;
+  if (r.refused) {
+    j["status"] = "refused";
+    j["reason"] = r.reason;
+    return j;
+  }
+  j["status"] = "finished";
+  j["admitted_s"] = r.admitted_s;
+  j["first_start_s"] = r.first_start_s;
+  j["finish_s"] = r.finish_s;
+  j["jct_s"] = r.finish_s - r.job->submit_s;
+  j["queuing_s"] = r.first_start_s - r.job->submit_s;
+  j["lane"] = r.lane;
+  return j;
+}
+
+StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions& options,
+                             device::MemoryProvider* provider) {
+  if (options.jitter < 0 || options.jitter >= 1) {
+    return InvalidArgumentError(fmt::format("jitter must be in [0, 1), got {}", options.jitter));
+  }
+  if (options.quantum_s < 0) {
+    return InvalidArgumentError(fmt::format("quantum must be >= 0, got {}", options.quantum_s));
+  }
+  SALUS_ASSIGN_OR_RETURN(auto policy, sched::CreatePolicy(options.policy, options.policy_options));
+
+  ManualClock clock;
+  SimResult result;
+  result.jobs.resize(jobs.size());
+  std::vector<JobState> state(jobs.size());
+  std::vector<size_t> ready_to_request;  // jobs admitted from the queue, to start requesting
+  std::unordered_map<mem::SessionId, size_t> job_of;
+  double now = 0;
+
+  sched::Engine::Options eo;
+  eo.clock = &clock;
+  eo.provider = provider;
+  eo.capacity = options.capacity;
+  eo.policy = std::move(policy);
+  eo.on_admitted = [&](mem::SessionId id, mem::LaneId lane) {
+    const size_t j = job_of.at(id);
+    result.jobs[j].admitted_s = now;
+    result.jobs[j].lane = lane;
+    ready_to_request.push_back(j);
+  };
+  eo.on_admission_failed = [&](mem::SessionId id, const Status& s) {
+    const size_t j = job_of.at(id);
+    result.jobs[j].refused = true;
+    result.jobs[j].reason = s.ToString();
+  };
+  SALUS_ASSIGN_OR_RETURN(auto engine, sched::Engine::Create(std::move(eo)));
+
+  std::mt19937_64 rng(options.seed);
+  std::uniform_real_distribution<double> jitter(1 - options.jitter, 1 + options.jitter);
+
+  // Arrivals in time order, trace order within a time.
+  std::vector<size_t> order(jobs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return jobs[a].submit_s < jobs[b].submit_s; });
+  size_t next_arrival = 0;
+
+  std::map<mem::LaneId, Running> running;
+  nlohmann::json t_series = nlohmann::json::array(), lanes_series = nlohmann::json::array(),
+                 mem_series = nlohmann::json::array();
+  size_t max_lanes = 0;
+  size_t last_lanes = SIZE_MAX;
+  uint64_t last_mem = UINT64_MAX;
+
+  auto sample = [&] {
+    const size_t lanes = engine->memory().Lanes().size();
+    const uint64_t committed = engine->memory().CommittedBytes();
+    if (committed > options.capacity) ++result.safety_violations;
+    max_lanes = std::max(max_lanes, lanes);
+    if (lanes != last_lanes || committed != last_mem) {
+      t_series.push_back(now);
+      lanes_series.push_back(lanes);
+      mem_series.push_back(committed);
+      last_lanes = lanes;
+      last_mem = committed;
+    }
+  };
+
+  auto request_all_ready = [&]() -> Status {
+    for (size_t j : ready_to_request) {
+      if (state[j].units > 0) SALUS_RETURN_IF_ERROR(engine->RequestIteration(j + 1));
+    }
+    ready_to_request.clear();
+    return OkStatus();
+  };
+
+  while (true) {
+    // Start whatever can start now.
+    SALUS_RETURN_IF_ERROR(request_all_ready());
+    for (const sched::Dispatch& d : engine->DispatchReady()) {
+      const size_t j = job_of.at(d.session);
+      if (result.jobs[j].first_start_s < 0) result.jobs[j].first_start_s = now;
+      double work = state[j].unit_s;
+      if (options.jitter > 0) work *= jitter(rng);
+      running.emplace(d.lane, Running{d, j, work});
+    }
+    sample();
+
+    double util = 0;
+    for (const auto& [lane, r] : running) util += jobs[r.job].utilization;
+    const double speed = util > 1 ? 1.0 / util : 1.0;
+    double t_done = kInf;
+    for (const auto& [lane, r] : running) t_done = std::min(t_done, now + r.work_left_s / speed);
+    const double t_arrival = next_arrival < order.size() ? jobs[order[next_arrival]].submit_s : kInf;
+    if (t_done == kInf && t_arrival == kInf) break;
+
+    const double t = std::min(t_done, t_arrival);
+    for (auto& [lane, r] : running) r.work_left_s -= (t - now) * speed;
+    now = t;
+    clock.Set(FromSeconds(now));
+
+    // Completions at t, in lane order.
+    for (auto it = running.begin(); it != running.end();) {
+      if (it->second.work_left_s > kWorkEpsilonS) {
+        ++it;
+        continue;
+      }
+      const Running r = it->second;
+      it = running.erase(it);
+      SALUS_RETURN_IF_ERROR(engine->Complete(r.dispatch).status());
+      ++result.iterations;
+      SimJobResult& jr = result.jobs[r.job];
+      if (++jr.units_done >= state[r.job].units) {
+        jr.finish_s = now;
+        SALUS_RETURN_IF_ERROR(engine->RemoveSession(r.dispatch.session).status());
+      } else {
+        SALUS_RETURN_IF_ERROR(engine->RequestIteration(r.dispatch.session));
+      }
+    }
+
+    // Arrivals at t.
+    while (next_arrival < order.size() && jobs[order[next_arrival]].submit_s <= now) {
+      const size_t j = order[next_arrival++];
+      const TraceJob& job = jobs[j];
+      SimJobResult& jr = result.jobs[j];
+      jr.job = &job;
+      JobState& js = state[j];
+      js.per_unit = options.quantum_s > 0
+                        ? std::max<int64_t>(1, static_cast<int64_t>(options.quantum_s / job.iteration_s))
+                        : 1;
+      js.units = (job.iterations + js.per_unit - 1) / js.per_unit;
+      js.unit_s = job.iteration_s * static_cast<double>(job.iterations) / static_cast<double>(js.units);
+      const mem::SessionId id = j + 1;
+      job_of[id] = j;
+      sched::SessionSpec spec;
+      spec.requirement = {job.persistent_bytes, job.ephemeral_bytes};
+      spec.declared_iterations = js.units;
+      spec.iteration_time_hint = FromSeconds(js.unit_s);
+      auto admitted = engine->AddSession(id, spec);
+      if (!admitted.ok()) {
+        jr.refused = true;
+        jr.reason = admitted.status().ToString();
+        continue;
+      }
+      if (*admitted) {
+        auto info = engine->Session(id);
+        jr.admitted_s = now;
+        jr.lane = info.ok() ? info->lane : 0;
+        ready_to_request.push_back(j);
+      }
+    }
+  }
+  for (size_t j = 0; j < jobs.size(); ++j) result.jobs[j].job = &jobs[j];
+
+  // A job neither refused nor finished means the replay stalled: a bug, never silent.
+  for (const SimJobResult& r : result.jobs) {
+    if (!r.refused && r.finish_s < 0) {
+      return InternalError(fmt::format("simulation stalled: job '{}' (line {}) never finished",
+                                       r.job->job_id, r.job->line));
+    }
+  }
+
+  std::vector<double> jcts, queuing;
+  double first_submit = kInf, last_finish = 0;
+  size_t refused = 0;
+  for (const SimJobResult& r : result.jobs) {
+    if (r.refused) {
+      ++refused;
+      continue;
+    }
+    jcts.push_back(r.finish_s - r.job->submit_s);
+    queuing.push_back(r.first_start_s - r.job->submit_s);
+    first_submit = std::min(first_submit, r.job->submit_s);
+    last_finish = std::max(last_finish, r.finish_s);
+  }
+  auto mean = [](const std::vector<double>& v) {
+    return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  };
+  nlohmann::json& s = result.summary;
+  s["policy"] = options.policy;
+  s["capacity_bytes"] = options.capacity;
+  s["seed"] = options.seed;
+  s["jobs"] = jobs.size();
+  s["finished"] = jcts.size();
+  s["refused"] = refused;
+  s["makespan_s"] = jcts.empty() ? 0.0 : last_finish - first_submit;
+  s["avg_jct_s"] = mean(jcts);
+  s["p95_jct_s"] = Percentile(jcts, 0.95);
+  s["avg_queuing_s"] = mean(queuing);
+  s["max_lanes"] = max_lanes;
+  s["safety_violations"] = result.safety_violations;
+  s["scheduling_units"] = result.iterations;
+  s["series"] = {{"t_s", t_series}, {"lanes", lanes_series}, {"memory_bytes", mem_series}};
+  return result;
+}
+
+Status WriteSimResult(const SimResult& result, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return InvalidArgumentError(fmt::format("cannot create '{}': {}", dir, ec.message()));
+  {
+    std::ofstream out(std::filesystem::path(dir) / "jobs.jsonl");
+    if (!out) return InvalidArgumentError(fmt::format("cannot write '{}/jobs.jsonl'", dir));
+    for (const SimJobResult& r : result.jobs) out << JobResultJson(r).dump() << "\n";
+  }
+  std::ofstream out(std::filesystem::path(dir) / "summary.json");
+  if (!out) return InvalidArgumentError(fmt::format("cannot write '{}/summary.json'", dir));
+  out << result.summary.dump(2) << "\n";
+  return OkStatus();
+}
+
+}  // namespace salus::tools

@@ -1,0 +1,300 @@
+// Engine behaviour on a manual clock and the fake memory provider: each test drives the
+// engine like a lane worker would, with iterations of known length.
+#include "sched/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "common/units.h"
+#include "device/memory_provider.h"
+
+namespace salus::sched {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr uint64_t kCapacity = 16 * kGiB;
+
+struct Job {
+  Nanos iteration{seconds(1)};
+  int64_t iterations_left = 0;
+};
+
+class Harness {
+ public:
+  explicit Harness(std::string_view policy, nlohmann::json options = {},
+                   uint64_t capacity = kCapacity) {
+    provider_ = std::move(*device::CreateMemoryProvider("fake"));
+    Engine::Options o;
+    o.clock = &clock_;
+    o.provider = provider_.get();
+    o.capacity = capacity;
+    o.policy = std::move(*CreatePolicy(policy, options));
+    o.on_admitted = [this](SessionId id, LaneId) { admitted_later_.push_back(id); Request(id); };
+    engine_ = std::move(*Engine::Create(std::move(o)));
+  }
+
+  // Adds a job that requests `iterations` iterations back to back.
+  StatusOr<bool> Add(SessionId id, uint64_t p, uint64_t e, Nanos iteration, int64_t iterations,
+                     int priority = 0) {
+    jobs_[id] = Job{iteration, iterations};
+    SessionSpec spec;
+    spec.requirement = {p, e};
+    spec.priority = priority;
+    spec.declared_iterations = iterations;
+    spec.iteration_time_hint = iteration;
+    auto r = engine_->AddSession(id, spec);
+    if (r.ok() && *r) Request(id);
+    return r;
+  }
+
+  // Starts what can start, checks work conservation, then moves time to the next completion
+  // (or `limit`) and completes what ends then. Returns false when nothing is running.
+  bool Step(Nanos limit = Nanos::max()) {
+    for (const Dispatch& d : engine_->DispatchReady()) {
+      running_[d.lane] = {d, clock_.Now() + jobs_.at(d.session).iteration};
+      concurrent_max_ = std::max(concurrent_max_, running_.size());
+    }
+    CheckWorkConserving();
+    if (running_.empty()) return false;
+    Nanos next = Nanos::max();
+    for (const auto& [lane, r] : running_) next = std::min(next, r.second);
+    if (next > limit) {
+      clock_.Set(limit);
+      return true;
+    }
+    clock_.Set(next);
+    for (auto it = running_.begin(); it != running_.end();) {
+      if (it->second.second > next) {
+        ++it;
+        continue;
+      }
+      const Dispatch d = it->second.first;
+      it = running_.erase(it);
+      auto rec = engine_->Complete(d);
+      EXPECT_TRUE(rec.ok()) << rec.status();
+      if (rec.ok()) records_.push_back(*rec);
+      Job& job = jobs_.at(d.session);
+      if (--job.iterations_left > 0) {
+        Request(d.session);
+      } else {
+        EXPECT_TRUE(engine_->RemoveSession(d.session).ok());
+      }
+    }
+    return true;
+  }
+
+  void RunUntil(Nanos t) {
+    while (clock_.Now() < t && Step(t)) {
+    }
+    clock_.Set(t);
+  }
+  void RunAll() {
+    while (Step()) {
+    }
+  }
+
+  // No lane without a running iteration may hold a session with a pending one, unless its
+  // memory is held by lanes mid-iteration; and with nothing running, nothing may be blocked
+  // (otherwise the engine would never make progress again).
+  void CheckWorkConserving() {
+    std::map<LaneId, bool> busy, pending;
+    for (const SessionInfo& s : engine_->Sessions()) {
+      if (s.state != SessionState::kAdmitted) continue;
+      busy[s.lane] |= s.running;
+      pending[s.lane] |= s.pending > 0;
+    }
+    const std::vector<LaneId> blocked = engine_->BlockedLanes();
+    for (const auto& [lane, has_pending] : pending) {
+      const bool is_blocked = std::find(blocked.begin(), blocked.end(), lane) != blocked.end();
+      EXPECT_FALSE(has_pending && !busy[lane] && !is_blocked) << "lane " << lane << " idles with work";
+      if (is_blocked) ++blocked_seen_;
+    }
+    if (engine_->RunningIterations() == 0) {
+      EXPECT_TRUE(blocked.empty()) << "lanes blocked while nothing runs";
+    }
+  }
+
+  void Request(SessionId id) { ASSERT_TRUE(engine_->RequestIteration(id).ok()); }
+
+  ManualClock clock_;
+  std::unique_ptr<device::MemoryProvider> provider_;
+  std::unique_ptr<Engine> engine_;
+  std::map<SessionId, Job> jobs_;
+  std::map<LaneId, std::pair<Dispatch, Nanos>> running_;
+  std::vector<IterationRecord> records_;
+  std::vector<SessionId> admitted_later_;
+  size_t concurrent_max_ = 0;
+  size_t blocked_seen_ = 0;
+};
+
+TEST(EngineTest, SrtfSwitchesToShorterArrivalAtNextBoundary) {
+  Harness h("srtf");
+  ASSERT_TRUE(*h.Add(1, kGiB, 2 * kGiB, seconds(1), 1000));
+  h.RunUntil(milliseconds(10500));  // job 1 is mid-iteration 10
+  ASSERT_TRUE(*h.Add(2, kGiB, kGiB, seconds(1), 5));
+  h.RunUntil(seconds(20));
+  // Iteration 10 of job 1 finishes at 11 s; then job 2 runs 5 iterations, then job 1 resumes.
+  std::vector<SessionId> order;
+  for (const auto& r : h.records_) order.push_back(r.session);
+  ASSERT_GE(order.size(), 17u);
+  for (size_t i = 0; i < 11; ++i) EXPECT_EQ(order[i], 1u) << i;
+  for (size_t i = 11; i < 16; ++i) EXPECT_EQ(order[i], 2u) << i;
+  EXPECT_EQ(order[16], 1u);
+  EXPECT_EQ(h.records_[11].started_at, seconds(11));
+  EXPECT_EQ(h.records_[11].queue_delay, milliseconds(500));
+  // One shared lane: the short job never ran beside the long one.
+  EXPECT_EQ(h.concurrent_max_, 1u);
+}
+
+TEST(EngineTest, FairGivesEqualJobsEqualServiceInOneLane) {
+  Harness h("fair", {{"single_lane", true}});
+  for (SessionId id = 1; id <= 3; ++id) ASSERT_TRUE(*h.Add(id, kGiB, kGiB, milliseconds(100), 100000));
+  h.RunUntil(seconds(300));
+  std::vector<double> service;
+  for (const SessionInfo& s : h.engine_->Sessions()) service.push_back(ToSeconds(s.total_service));
+  ASSERT_EQ(service.size(), 3u);
+  const double mean = (service[0] + service[1] + service[2]) / 3;
+  EXPECT_NEAR(mean, 100.0, 1.0);
+  for (double s : service) EXPECT_LT(std::abs(s - mean) / mean, 0.05) << s;
+}
+
+TEST(EngineTest, FairSharesDeviceTimeNotIterations) {
+  // Iterations of 50, 100 and 200 ms: equal device time means 4:2:1 iterations.
+  Harness h("fair", {{"single_lane", true}});
+  const Nanos its[] = {milliseconds(50), milliseconds(100), milliseconds(200)};
+  for (SessionId id = 1; id <= 3; ++id) ASSERT_TRUE(*h.Add(id, kGiB, kGiB, its[id - 1], 100000));
+  h.RunUntil(seconds(120));
+  for (const SessionInfo& s : h.engine_->Sessions()) {
+    EXPECT_NEAR(ToSeconds(s.total_service), 40.0, 2.0) << "session " << s.id;
+  }
+}
+
+TEST(EngineTest, FairHonoursPriorityWeights) {
+  Harness h("fair", {{"single_lane", true}});
+  ASSERT_TRUE(*h.Add(1, kGiB, kGiB, milliseconds(100), 100000, /*priority=*/0));
+  ASSERT_TRUE(*h.Add(2, kGiB, kGiB, milliseconds(100), 100000, /*priority=*/2));
+  h.RunUntil(seconds(100));
+  const double s1 = ToSeconds(h.engine_->Session(1)->total_service);
+  const double s2 = ToSeconds(h.engine_->Session(2)->total_service);
+  EXPECT_NEAR(s2 / s1, 3.0, 0.15);
+}
+
+TEST(EngineTest, FifoNeverInterleavesJobs) {
+  Harness h("fifo");
+  ASSERT_TRUE(*h.Add(1, kGiB, kGiB, seconds(1), 5));
+  ASSERT_FALSE(*h.Add(2, kGiB, kGiB, seconds(1), 5));  // waits: one job on the device
+  ASSERT_FALSE(*h.Add(3, kGiB, kGiB, seconds(1), 5));
+  h.RunAll();
+  ASSERT_EQ(h.records_.size(), 15u);
+  for (size_t i = 0; i < 15; ++i) EXPECT_EQ(h.records_[i].session, i / 5 + 1) << i;
+  EXPECT_EQ(h.admitted_later_, (std::vector<SessionId>{2, 3}));
+  EXPECT_EQ(h.concurrent_max_, 1u);
+}
+
+TEST(EngineTest, PackRunsTwoLanesConcurrently) {
+  Harness h("pack");
+  ASSERT_TRUE(*h.Add(1, kGiB, 4 * kGiB, seconds(1), 10));
+  ASSERT_TRUE(*h.Add(2, kGiB, 4 * kGiB, seconds(1), 10));
+  const auto first = h.engine_->DispatchReady();
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_NE(first[0].lane, first[1].lane);
+  // Feed them back as the harness would: both finish at t = 10 s.
+  for (const Dispatch& d : first) h.running_[d.lane] = {d, h.clock_.Now() + seconds(1)};
+  h.RunAll();
+  EXPECT_EQ(h.clock_.Now(), seconds(10));
+  EXPECT_EQ(h.records_.size(), 20u);
+}
+
+TEST(EngineTest, PackTimeSharesALaneInRequestOrder) {
+  // 10 GiB of lanes cannot open a second 8 GiB lane: job 2 joins job 1's lane.
+  Harness h("pack", {}, 12 * kGiB);
+  ASSERT_TRUE(*h.Add(1, kGiB, 8 * kGiB, seconds(1), 3));
+  ASSERT_TRUE(*h.Add(2, kGiB, 4 * kGiB, seconds(1), 3));
+  ASSERT_EQ(h.engine_->Session(1)->lane, h.engine_->Session(2)->lane);
+  h.RunAll();
+  std::vector<SessionId> order;
+  for (const auto& r : h.records_) order.push_back(r.session);
+  EXPECT_EQ(order, (std::vector<SessionId>{1, 2, 1, 2, 1, 2}));
+  // Back-to-back on one lane: no virtual time between iterations.
+  for (const auto& r : h.records_) {
+    if (!r.lane_first) {
+      EXPECT_EQ(r.switch_gap, Nanos(0));
+    }
+  }
+}
+
+TEST(EngineTest, QueuedSessionAdmittedWhenMemoryReturns) {
+  Harness h("pack", {}, 8 * kGiB);
+  ASSERT_TRUE(*h.Add(1, 2 * kGiB, 5 * kGiB, seconds(1), 3));
+  ASSERT_FALSE(*h.Add(2, 2 * kGiB, 5 * kGiB, seconds(1), 2));
+  EXPECT_EQ(h.engine_->Session(2)->state, SessionState::kWaiting);
+  h.RunAll();
+  EXPECT_EQ(h.admitted_later_, (std::vector<SessionId>{2}));
+  EXPECT_EQ(h.records_.size(), 5u);
+  EXPECT_EQ(h.records_.back().finished_at, seconds(5));
+  EXPECT_EQ(h.engine_->memory().CommittedBytes(), 0u);
+}
+
+TEST(EngineTest, RefusesWhatCanNeverFit) {
+  Harness h("pack", {}, 8 * kGiB);
+  auto r = h.Add(1, 4 * kGiB, 5 * kGiB, seconds(1), 1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(h.engine_->Sessions().empty());
+}
+
+TEST(EngineTest, RemovalDuringIterationWaitsForItsEnd) {
+  Harness h("pack", {}, 8 * kGiB);
+  ASSERT_TRUE(*h.Add(1, 2 * kGiB, 5 * kGiB, seconds(1), 100));
+  ASSERT_FALSE(*h.Add(2, 2 * kGiB, 5 * kGiB, seconds(1), 1));
+  auto ds = h.engine_->DispatchReady();
+  ASSERT_EQ(ds.size(), 1u);
+  ASSERT_TRUE(h.engine_->RequestIteration(1).ok());
+  auto dropped = h.engine_->RemoveSession(1);
+  ASSERT_TRUE(dropped.ok());
+  EXPECT_EQ(*dropped, 1);                      // the queued request is dropped
+  EXPECT_TRUE(h.admitted_later_.empty());      // memory still in use by the iteration
+  EXPECT_EQ(h.engine_->RequestIteration(1).code(), StatusCode::kNotFound);
+  h.clock_.Advance(seconds(1));
+  ASSERT_TRUE(h.engine_->Complete(ds[0]).ok());
+  EXPECT_EQ(h.admitted_later_, (std::vector<SessionId>{2}));
+}
+
+TEST(EngineTest, RejectsBadCalls) {
+  Harness h("fair");
+  EXPECT_EQ(h.engine_->RequestIteration(42).code(), StatusCode::kNotFound);
+  EXPECT_EQ(h.engine_->RemoveSession(42).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(*h.Add(1, kGiB, kGiB, seconds(1), 1));
+  EXPECT_EQ(h.Add(1, kGiB, kGiB, seconds(1), 1).status().code(), StatusCode::kAlreadyExists);
+  Dispatch bogus;
+  bogus.session = 1;
+  bogus.lane = 99;
+  EXPECT_EQ(h.engine_->Complete(bogus).status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(EngineTest, WorkConservingUnderRandomLoad) {
+  // Seeded arrivals and departures under every policy; Step() checks after every dispatch
+  // that no lane idles while it has a runnable session.
+  for (const char* policy : {"fifo", "srtf", "pack", "fair"}) {
+    Harness h(policy, {}, 16 * kGiB);
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int> gib(1, 5), iters(1, 20), ms(10, 500);
+    SessionId next = 1;
+    for (int round = 0; round < 40; ++round) {
+      auto r = h.Add(next, gib(rng) * kGiB / 2, gib(rng) * kGiB, milliseconds(ms(rng)), iters(rng));
+      ASSERT_TRUE(r.ok()) << r.status();
+      ++next;
+      h.RunUntil(h.clock_.Now() + milliseconds(ms(rng) * 3));
+    }
+    h.RunAll();
+    EXPECT_TRUE(h.engine_->Sessions().empty()) << policy;
+    EXPECT_EQ(h.engine_->memory().CommittedBytes(), 0u) << policy;
+  }
+}
+
+}  // namespace
+}  // namespace salus::sched
