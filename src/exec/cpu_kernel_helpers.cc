@@ -74,13 +74,7 @@ StatusOr<SoftmaxSpec> SoftmaxFor(const Node& n, const Graph& g, ValueId x) {
   return spec;
 }
 
-StatusOr<ConvSpec> ConvFor(const Node& n, const Graph& g, ValueId x, ValueId w,
-                           const std::string& op_override) {
-  const std::string op = op_override.empty() ? n.op : op_override;
-  if (x == kNoValue) x = n.inputs[0];
-  if (w == kNoValue) w = n.inputs[1];
-  const Shape& xs = g.value(x).shape;
-  const Shape& ws = g.value(w).shape;
+StatusOr<ConvSpec> ConvFor(const Node& n, const Shape& xs, const Shape& ws, const std::string& op) {
   const int64_t group = n.GetInt("group", 1);
   std::vector<int64_t> spatial(xs.begin() + 2, xs.end()), kernel(ws.begin() + 2, ws.end());
   ConvSpec c;
@@ -121,10 +115,7 @@ StatusOr<ConvSpec> ConvFor(const Node& n, const Graph& g, ValueId x, ValueId w,
   return c;
 }
 
-StatusOr<PoolSpec> PoolFor(const Node& n, const Graph& g, ValueId x, const std::string& op_o) {
-  const std::string op = op_o.empty() ? n.op : op_o;
-  if (x == kNoValue) x = n.inputs[0];
-  const Shape& xs = g.value(x).shape;
+StatusOr<PoolSpec> PoolFor(const Node& n, const Shape& xs, const std::string& op) {
   std::vector<int64_t> spatial(xs.begin() + 2, xs.end());
   PoolSpec p;
   Shape out = {xs[0], xs[1]};

@@ -33,18 +33,16 @@ struct ConvSpec {
   dnnl::memory::desc src, weights, bias, dst;
   dnnl::memory::dims strides, dilates, pad_l, pad_r;
 };
-// For Conv/ConvTranspose, or a grad node with the forward attributes and the forward X and W
-// given explicitly.
-StatusOr<ConvSpec> ConvFor(const Node& n, const Graph& g, ValueId x = kNoValue,
-                           ValueId w = kNoValue, const std::string& op = "");
+// For Conv/ConvTranspose (or a grad node carrying the forward attributes), given the forward
+// X and W shapes.
+StatusOr<ConvSpec> ConvFor(const Node& n, const Shape& xs, const Shape& ws, const std::string& op);
 
 struct PoolSpec {
   dnnl::algorithm alg;
   dnnl::memory::desc src, dst;
   dnnl::memory::dims strides, kernel, dilation, pad_l, pad_r;
 };
-StatusOr<PoolSpec> PoolFor(const Node& n, const Graph& g, ValueId x = kNoValue,
-                           const std::string& op = "");
+StatusOr<PoolSpec> PoolFor(const Node& n, const Shape& xs, const std::string& op);
 
 // Calls fn(input offset, output offset) for every element of DepthToSpace over x (NCHW).
 void DepthToSpaceMap(const Shape& x, int64_t block, bool dcr,

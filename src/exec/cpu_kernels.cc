@@ -197,7 +197,8 @@ KernelOr Softmax(const Node& n, const Graph& g) {
 
 KernelOr Conv(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  SALUS_ASSIGN_OR_RETURN(ConvSpec c, ConvFor(n, g));
+  SALUS_ASSIGN_OR_RETURN(ConvSpec c,
+                         ConvFor(n, g.value(n.inputs[0]).shape, g.value(n.inputs[1]).shape, n.op));
   auto k = std::make_unique<DnnlKernel>();
   const bool bias = n.input(2) != kNoValue;
   dnnl::convolution_forward::desc d =
@@ -218,7 +219,8 @@ KernelOr Conv(const Node& n, const Graph& g) {
 
 KernelOr ConvTranspose(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  SALUS_ASSIGN_OR_RETURN(ConvSpec c, ConvFor(n, g));
+  SALUS_ASSIGN_OR_RETURN(ConvSpec c,
+                         ConvFor(n, g.value(n.inputs[0]).shape, g.value(n.inputs[1]).shape, n.op));
   auto k = std::make_unique<DnnlKernel>();
   const bool bias = n.input(2) != kNoValue;
   auto any_w = dnnl::memory::desc(c.weights.dims(), dnnl::memory::data_type::f32, Tag::any);
@@ -248,7 +250,7 @@ KernelOr ConvTranspose(const Node& n, const Graph& g) {
 
 KernelOr Pool(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  SALUS_ASSIGN_OR_RETURN(PoolSpec p, PoolFor(n, g));
+  SALUS_ASSIGN_OR_RETURN(PoolSpec p, PoolFor(n, g.value(n.inputs[0]).shape, n.op));
   dnnl::pooling_v2_forward::desc d(prop_kind::forward_training, p.alg, p.src, p.dst, p.strides,
                                    p.kernel, p.dilation, p.pad_l, p.pad_r);
   dnnl::pooling_v2_forward::primitive_desc pd(d, UserScratchpad(), CpuEngine());

@@ -221,3 +221,24 @@ StatusOr<HostTensor> Executable::ReadPersistent(const std::byte* persistent,
 }
 
 }  // namespace salus::exec
+
+namespace salus::exec {
+
+Status Executable::WritePersistent(std::byte* persistent, const std::string& name,
+                                   const HostTensor& value) const {
+  ValueId id = graph_.Find(name);
+  if (id == kNoValue || locations_[id].base != Location::Base::kPersistent) {
+    return NotFoundError("'" + name + "' is not a persistent value");
+  }
+  const Value& v = graph_.value(id);
+  if (value.type != v.type || value.shape != v.shape) {
+    return InvalidArgumentError("'" + name + "' is " + DataTypeName(v.type) + ShapeString(v.shape) +
+                                ", not " + DataTypeName(value.type) + ShapeString(value.shape));
+  }
+  if (!value.bytes.empty()) {
+    std::memcpy(persistent + locations_[id].offset, value.bytes.data(), value.bytes.size());
+  }
+  return OkStatus();
+}
+
+}  // namespace salus::exec

@@ -73,6 +73,9 @@ class Executable {
 
   // A persistent value (a parameter after training, say) copied out.
   StatusOr<HostTensor> ReadPersistent(const std::byte* persistent, const std::string& name) const;
+  // Overwrites a persistent value (loading weights from a checkpoint, say).
+  Status WritePersistent(std::byte* persistent, const std::string& name,
+                         const HostTensor& value) const;
 
  private:
   struct Location {
