@@ -1,5 +1,6 @@
 #include "exec/executable.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "exec/kernel_registry.h"
@@ -52,6 +53,7 @@ Status Executable::Build(const CompileOptions& options) {
     }
   }
   input_ids_ = g.inputs();
+  profile_ = options.profile;
 
   // Keep the nodes that feed a fetch or update persistent state.
   const int num_nodes = static_cast<int>(g.nodes().size());
@@ -75,6 +77,7 @@ Status Executable::Build(const CompileOptions& options) {
     Step step;
     SALUS_ASSIGN_OR_RETURN(step.kernel,
                            KernelRegistry::Global().Create(g.nodes()[i], g, options.device));
+    step.op = g.nodes()[i].op;
     steps_.push_back(std::move(step));
     step_node.push_back(i);
   }
@@ -197,7 +200,13 @@ Status Executable::Run(std::byte* persistent, std::byte* lane, std::span<const v
       step.args.outputs[i] = Resolve(step.outputs[i], persistent, lane);
     }
     step.args.scratch = Resolve(step.scratch, persistent, lane);
+    const auto start =
+        profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     Status st = step.kernel->Run(step.args);
+    if (profile_) {
+      step.seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
     if (!st.ok()) return st.WithContext("step " + std::to_string(s));
   }
   for (size_t i = 0; i < fetches.size(); ++i) {
@@ -239,6 +248,16 @@ Status Executable::WritePersistent(std::byte* persistent, const std::string& nam
     std::memcpy(persistent + locations_[id].offset, value.bytes.data(), value.bytes.size());
   }
   return OkStatus();
+}
+
+}  // namespace salus::exec
+
+namespace salus::exec {
+
+std::map<std::string, double> Executable::Profile() const {
+  std::map<std::string, double> out;
+  for (const Step& s : steps_) out[s.op] += s.seconds;
+  return out;
 }
 
 }  // namespace salus::exec

@@ -38,6 +38,8 @@ struct CompileOptions {
   Mode mode = Mode::kInference;
   std::string loss;  // training: the name of a scalar float output
   OptimizerOptions optimizer;
+  // Accumulate per-step wall time (see Executable::Profile).
+  bool profile = false;
   // Values returned by Run; by default the graph outputs (inference) or the loss (training).
   std::vector<std::string> fetches;
 };
@@ -71,6 +73,9 @@ class Executable {
   Status Run(std::byte* persistent, std::byte* lane, std::span<const void* const> feeds,
              std::span<void* const> fetches);
 
+  // With CompileOptions::profile: seconds spent per op type over all Runs so far.
+  std::map<std::string, double> Profile() const;
+
   // A persistent value (a parameter after training, say) copied out.
   StatusOr<HostTensor> ReadPersistent(const std::byte* persistent, const std::string& name) const;
   // Overwrites a persistent value (loading weights from a checkpoint, say).
@@ -88,6 +93,8 @@ class Executable {
     std::vector<Location> inputs, outputs;
     Location scratch;
     KernelArgs args;
+    std::string op;
+    double seconds = 0;
   };
 
   Executable() = default;
@@ -100,6 +107,7 @@ class Executable {
   std::vector<ValueId> input_ids_, fetch_ids_;
   std::vector<TensorInfo> input_info_, fetch_info_;
   uint64_t persistent_bytes_ = 0, ephemeral_bytes_ = 0;
+  bool profile_ = false;
 };
 
 }  // namespace salus::exec
