@@ -38,6 +38,8 @@ struct CompileOptions {
   Mode mode = Mode::kInference;
   std::string loss;  // training: the name of a scalar float output
   OptimizerOptions optimizer;
+  // Any tensor with more elements is refused (InvalidArgument).
+  int64_t max_tensor_elements = int64_t{1} << 30;
   // Accumulate per-step wall time (see Executable::Profile).
   bool profile = false;
   // Values returned by Run; by default the graph outputs (inference) or the loss (training).

@@ -16,8 +16,13 @@
 namespace salus::exec {
 namespace {
 
-// Upper bound on the elements of one tensor we accept from a model (4 GiB of floats).
+// Upper bound on the elements of one tensor read from a model (4 GiB of floats).
 constexpr int64_t kMaxElements = int64_t{1} << 30;
+
+bool TooLarge(const Shape& s, int64_t max) {
+  const int64_t n = NumElements(s);
+  return n < 0 || n > max;
+}
 
 StatusOr<Shape> ShapeFromProto(const onnx::TensorProto& p) {
   Shape s;
@@ -143,29 +148,33 @@ StatusOr<HostTensor> OnnxImporter::TensorFromProto(const onnx::TensorProto& p) {
   }
   SALUS_ASSIGN_OR_RETURN(DataType type, TypeFromOnnx(p.data_type()));
   SALUS_ASSIGN_OR_RETURN(Shape shape, ShapeFromProto(p));
-  HostTensor t(type, shape);
-  const size_t n = t.num_elements();
-  if (p.has_raw_data()) {
-    if (p.raw_data().size() != t.bytes.size()) {
-      return InvalidArgumentError("tensor '" + p.name() + "': raw_data has " +
-                                  std::to_string(p.raw_data().size()) + " bytes, expected " +
-                                  std::to_string(t.bytes.size()));
-    }
-    if (!t.bytes.empty()) std::memcpy(t.bytes.data(), p.raw_data().data(), t.bytes.size());
-    return t;
-  }
+  const size_t n = static_cast<size_t>(NumElements(shape));
+  // Check the data's size before allocating, so a header cannot ask for gigabytes.
   auto mismatch = [&](size_t got) {
     return InvalidArgumentError("tensor '" + p.name() + "' has " + std::to_string(got) +
                                 " values, expected " + std::to_string(n));
   };
-  if (type == DataType::kFloat32) {
+  if (p.has_raw_data()) {
+    if (p.raw_data().size() != n * ElementSize(type)) {
+      return InvalidArgumentError("tensor '" + p.name() + "': raw_data has " +
+                                  std::to_string(p.raw_data().size()) + " bytes, expected " +
+                                  std::to_string(n * ElementSize(type)));
+    }
+  } else if (type == DataType::kFloat32) {
     if (static_cast<size_t>(p.float_data_size()) != n) return mismatch(p.float_data_size());
-    for (size_t i = 0; i < n; ++i) t.floats()[i] = p.float_data(i);
   } else if (type == DataType::kInt64) {
     if (static_cast<size_t>(p.int64_data_size()) != n) return mismatch(p.int64_data_size());
+  } else if (static_cast<size_t>(p.int32_data_size()) != n) {
+    return mismatch(p.int32_data_size());
+  }
+  HostTensor t(type, shape);
+  if (p.has_raw_data()) {
+    if (!t.bytes.empty()) std::memcpy(t.bytes.data(), p.raw_data().data(), t.bytes.size());
+  } else if (type == DataType::kFloat32) {
+    for (size_t i = 0; i < n; ++i) t.floats()[i] = p.float_data(i);
+  } else if (type == DataType::kInt64) {
     for (size_t i = 0; i < n; ++i) t.int64s()[i] = p.int64_data(i);
   } else {
-    if (static_cast<size_t>(p.int32_data_size()) != n) return mismatch(p.int32_data_size());
     for (size_t i = 0; i < n; ++i) t.bytes[i] = std::byte(p.int32_data(i) != 0);
   }
   return t;
@@ -257,7 +266,7 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
     v.name = in.name();
     SALUS_ASSIGN_OR_RETURN(v.type, TypeFromOnnx(in.type().tensor_type().elem_type()));
     for (const auto& d : in.type().tensor_type().shape().dim()) v.shape.push_back(d.dim_value());
-    if (NumElements(v.shape) > kMaxElements) {
+    if (TooLarge(v.shape, options.max_tensor_elements)) {
       return InvalidArgumentError("input '" + in.name() + "' is too large");
     }
     auto ct = options.constant_inputs.find(in.name());
@@ -332,7 +341,7 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
     for (ValueId o : added.outputs) {
       if (o == kNoValue) continue;
       const Value& v = g.value(o);
-      if (NumElements(v.shape) > kMaxElements || NumElements(v.shape) < 0) {
+      if (TooLarge(v.shape, options.max_tensor_elements)) {
         return InvalidArgumentError(added.Describe() + ": output '" + v.name + "' is too large");
       }
       auto it = inferred.find(v.name);

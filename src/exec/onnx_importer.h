@@ -31,6 +31,8 @@ struct ImportOptions {
   std::map<std::string, HostTensor> constant_inputs;
   // Float initializers become trainable parameters instead of foldable constants.
   bool trainable_initializers = false;
+  // Any tensor with more elements is refused (InvalidArgument).
+  int64_t max_tensor_elements = int64_t{1} << 30;
 };
 
 class OnnxImporter {

@@ -294,7 +294,8 @@ Status InferNodeShapes(Graph* graph, int node_index) {
         infer = i;
       } else {
         SALUS_RETURN_IF_ERROR(Expect(n, dims[i] >= 0, "negative dim"));
-        known *= dims[i];
+        SALUS_RETURN_IF_ERROR(
+            Expect(n, !__builtin_mul_overflow(known, dims[i], &known), "dims overflow"));
       }
     }
     if (infer >= 0) {
@@ -339,7 +340,8 @@ Status InferNodeShapes(Graph* graph, int node_index) {
   } else if (op == "DepthToSpace") {
     const Shape& x = in(0).shape;
     const int64_t b = n.GetInt("blocksize", 0);
-    SALUS_RETURN_IF_ERROR(Expect(n, x.size() == 4 && b > 0 && x[1] % (b * b) == 0, "bad input"));
+    SALUS_RETURN_IF_ERROR(Expect(n, x.size() == 4 && b > 0 && b < (1 << 15), "bad blocksize"));
+    SALUS_RETURN_IF_ERROR(Expect(n, x[1] % (b * b) == 0, "channels not divisible by blocksize^2"));
     const std::string mode = n.GetString("mode", "DCR");
     SALUS_RETURN_IF_ERROR(Expect(n, mode == "DCR" || mode == "CRD", "unknown mode"));
     set_out(0, t0, {x[0], x[1] / (b * b), x[2] * b, x[3] * b});
@@ -365,6 +367,9 @@ Status InferNodeShapes(Graph* graph, int node_index) {
     for (size_t i = 0; i < x.size(); ++i) {
       if (pads[i] < 0 || pads[i + x.size()] < 0) {
         return UnimplementedError(n.Describe() + ": negative pads");
+      }
+      if (pads[i] > (int64_t{1} << 30) || pads[i + x.size()] > (int64_t{1} << 30)) {
+        return InvalidArgumentError(n.Describe() + ": pads out of range");
       }
       out[i] += pads[i] + pads[i + x.size()];
     }

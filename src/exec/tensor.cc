@@ -34,7 +34,9 @@ std::string DataTypeName(DataType type) {
 
 int64_t NumElements(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
+  }
   return n;
 }
 

@@ -21,7 +21,7 @@ using Shape = std::vector<int64_t>;
 
 size_t ElementSize(DataType type);
 std::string DataTypeName(DataType type);
-// Product of the dims; 1 for a scalar.
+// Product of the dims; 1 for a scalar; -1 when a dim is negative or the product overflows.
 int64_t NumElements(const Shape& shape);
 // "[2,3,4]".
 std::string ShapeString(const Shape& shape);

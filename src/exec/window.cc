@@ -5,7 +5,24 @@
 namespace salus::exec {
 namespace {
 
+// Attribute values beyond this are refused, so window arithmetic never overflows.
+constexpr int64_t kMaxWindowValue = int64_t{1} << 30;
+
+Status CheckRange(const Node& node, const std::vector<int64_t>& values) {
+  for (int64_t v : values) {
+    if (v < -kMaxWindowValue || v > kMaxWindowValue) {
+      return InvalidArgumentError(node.Describe() + ": window attribute out of range");
+    }
+  }
+  return OkStatus();
+}
+
 Status FillCommon(const Node& node, size_t rank, Window* w) {
+  for (const char* a : {"strides", "dilations", "pads", "output_padding", "output_shape"}) {
+    SALUS_RETURN_IF_ERROR(CheckRange(node, node.GetInts(a)));
+  }
+  SALUS_RETURN_IF_ERROR(CheckRange(node, w->kernel));
+  SALUS_RETURN_IF_ERROR(CheckRange(node, w->in));
   w->strides = node.GetInts("strides");
   if (w->strides.empty()) w->strides.assign(rank, 1);
   w->dilations = node.GetInts("dilations");
