@@ -1,0 +1,288 @@
+// Backward and optimizer kernels of the CPU device. Convolution, pooling, eltwise and softmax
+// gradients are oneDNN backward primitives (each created with the forward primitive
+// descriptor as its hint; max pooling reruns its forward primitive into a planned workspace);
+// reductions to a broadcast shape, broadcasts, DepthToSpace, the loss gradient and the
+// optimizer updates are loops. See Note [oneDNN memory] in dnnl_kernel.h.
+#include <cmath>
+#include <cstring>
+
+#include "exec/cpu_kernel_helpers.h"
+#include "exec/dnnl_kernel.h"
+#include "exec/kernel_registry.h"
+
+namespace salus::exec {
+namespace {
+
+using dnnl::algorithm;
+using dnnl::prop_kind;
+using KernelOr = StatusOr<std::unique_ptr<Kernel>>;
+
+KernelOr EltwiseGrad(const Node& n, const Graph& g) {
+  SALUS_ASSIGN_OR_RETURN(EltwiseSpec spec, EltwiseFor(n));
+  auto md = PlainDesc(g.value(n.inputs[0]).shape);
+  dnnl::eltwise_forward::primitive_desc fwd(
+      dnnl::eltwise_forward::desc(prop_kind::forward_training, spec.alg, md, spec.alpha, spec.beta),
+      CpuEngine());
+  dnnl::eltwise_backward::primitive_desc pd(
+      dnnl::eltwise_backward::desc(spec.alg, md, md, spec.alpha, spec.beta), UserScratchpad(),
+      CpuEngine(), fwd);
+  auto k = std::make_unique<DnnlKernel>();
+  k->AddPrimitive(dnnl::eltwise_backward(pd),
+                  {{DNNL_ARG_SRC, md, Slot::In(0)},
+                   {DNNL_ARG_DIFF_DST, md, Slot::In(1)},
+                   {DNNL_ARG_DIFF_SRC, md, Slot::Out(0)}},
+                  pd.scratchpad_desc().get_size());
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+KernelOr SoftmaxGrad(const Node& n, const Graph& g) {
+  SALUS_ASSIGN_OR_RETURN(SoftmaxSpec spec, SoftmaxFor(n, g));
+  auto md = PlainDesc(spec.shape);
+  auto k = std::make_unique<DnnlKernel>();
+  std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_DST, md, Slot::In(0)},
+                                           {DNNL_ARG_DIFF_DST, md, Slot::In(1)},
+                                           {DNNL_ARG_DIFF_SRC, md, Slot::Out(0)}};
+  if (n.GetString("forward_op", "Softmax") == "Softmax") {
+    dnnl::softmax_forward::primitive_desc fwd(
+        dnnl::softmax_forward::desc(prop_kind::forward_training, md, spec.axis), CpuEngine());
+    dnnl::softmax_backward::primitive_desc pd(dnnl::softmax_backward::desc(md, md, spec.axis),
+                                              UserScratchpad(), CpuEngine(), fwd);
+    k->AddPrimitive(dnnl::softmax_backward(pd), bind, pd.scratchpad_desc().get_size());
+  } else {
+    dnnl::logsoftmax_forward::primitive_desc fwd(
+        dnnl::logsoftmax_forward::desc(prop_kind::forward_training, md, spec.axis), CpuEngine());
+    dnnl::logsoftmax_backward::primitive_desc pd(dnnl::logsoftmax_backward::desc(md, md, spec.axis),
+                                                 UserScratchpad(), CpuEngine(), fwd);
+    k->AddPrimitive(dnnl::logsoftmax_backward(pd), bind, pd.scratchpad_desc().get_size());
+  }
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+dnnl::convolution_forward::primitive_desc ConvForwardHint(const ConvSpec& c) {
+  return dnnl::convolution_forward::primitive_desc(
+      dnnl::convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
+                                      c.src, c.weights, c.bias, c.dst, c.strides, c.dilates,
+                                      c.pad_l, c.pad_r),
+      CpuEngine());
+}
+
+// Inputs (dY, W); output dX. Attribute x_shape: the forward input's shape.
+KernelOr ConvGradData(const Node& n, const Graph& g) {
+  SALUS_ASSIGN_OR_RETURN(ConvSpec c,
+                         ConvFor(n, n.GetInts("x_shape"), g.value(n.inputs[1]).shape, "Conv"));
+  dnnl::convolution_backward_data::primitive_desc pd(
+      dnnl::convolution_backward_data::desc(algorithm::convolution_direct, c.src, c.weights, c.dst,
+                                            c.strides, c.dilates, c.pad_l, c.pad_r),
+      UserScratchpad(), CpuEngine(), ConvForwardHint(c));
+  auto k = std::make_unique<DnnlKernel>();
+  k->AddPrimitive(dnnl::convolution_backward_data(pd),
+                  {{DNNL_ARG_DIFF_DST, c.dst, Slot::In(0)},
+                   {DNNL_ARG_WEIGHTS, c.weights, Slot::In(1)},
+                   {DNNL_ARG_DIFF_SRC, c.src, Slot::Out(0)}},
+                  pd.scratchpad_desc().get_size());
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+// Inputs (X, dY); outputs dW and optionally dB. Attribute w_shape: the weights' shape.
+KernelOr ConvGradWeights(const Node& n, const Graph& g) {
+  SALUS_ASSIGN_OR_RETURN(ConvSpec c,
+                         ConvFor(n, g.value(n.inputs[0]).shape, n.GetInts("w_shape"), "Conv"));
+  const bool bias = n.output(1) != kNoValue;
+  auto d = bias ? dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, c.src,
+                                                           c.weights, c.bias, c.dst, c.strides,
+                                                           c.dilates, c.pad_l, c.pad_r)
+                : dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, c.src,
+                                                           c.weights, c.dst, c.strides, c.dilates,
+                                                           c.pad_l, c.pad_r);
+  dnnl::convolution_backward_weights::primitive_desc pd(d, UserScratchpad(), CpuEngine(),
+                                                        ConvForwardHint(c));
+  std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_SRC, c.src, Slot::In(0)},
+                                           {DNNL_ARG_DIFF_DST, c.dst, Slot::In(1)},
+                                           {DNNL_ARG_DIFF_WEIGHTS, c.weights, Slot::Out(0)}};
+  if (bias) bind.push_back({DNNL_ARG_DIFF_BIAS, c.bias, Slot::Out(1)});
+  auto k = std::make_unique<DnnlKernel>();
+  k->AddPrimitive(dnnl::convolution_backward_weights(pd), bind, pd.scratchpad_desc().get_size());
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+// Inputs (X, dY); output dX. Max pooling recomputes its workspace with the forward primitive.
+KernelOr PoolGrad(const Node& n, const Graph& g) {
+  SALUS_ASSIGN_OR_RETURN(PoolSpec p,
+                         PoolFor(n, g.value(n.inputs[0]).shape, n.GetString("forward_op", "")));
+  dnnl::pooling_v2_forward::primitive_desc fwd(
+      dnnl::pooling_v2_forward::desc(prop_kind::forward_training, p.alg, p.src, p.dst, p.strides,
+                                     p.kernel, p.dilation, p.pad_l, p.pad_r),
+      UserScratchpad(), CpuEngine());
+  dnnl::pooling_v2_backward::primitive_desc pd(
+      dnnl::pooling_v2_backward::desc(p.alg, p.src, p.dst, p.strides, p.kernel, p.dilation, p.pad_l,
+                                      p.pad_r),
+      UserScratchpad(), CpuEngine(), fwd);
+  auto k = std::make_unique<DnnlKernel>();
+  std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_DIFF_DST, p.dst, Slot::In(1)},
+                                           {DNNL_ARG_DIFF_SRC, p.src, Slot::Out(0)}};
+  if (p.alg == algorithm::pooling_max) {
+    auto ws = fwd.workspace_desc();
+    const size_t ws_off = k->AddTemp(ws.get_size());
+    const size_t dst_off = k->AddTemp(p.dst.get_size());
+    k->AddPrimitive(dnnl::pooling_v2_forward(fwd),
+                    {{DNNL_ARG_SRC, p.src, Slot::In(0)},
+                     {DNNL_ARG_DST, p.dst, Slot::Temp(dst_off)},
+                     {DNNL_ARG_WORKSPACE, ws, Slot::Temp(ws_off)}},
+                    fwd.scratchpad_desc().get_size());
+    bind.push_back({DNNL_ARG_WORKSPACE, ws, Slot::Temp(ws_off)});
+  }
+  k->AddPrimitive(dnnl::pooling_v2_backward(pd), bind, pd.scratchpad_desc().get_size());
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+// dY -> the sum of dY over the dims it was broadcast along, times attribute `scale`.
+KernelOr SumTo(const Node& n, const Graph& g) {
+  const Shape in = g.value(n.inputs[0]).shape;
+  const Shape out = g.value(n.outputs[0]).shape;
+  const float scale = n.GetFloat("scale", 1.f);
+  const Shape strides = BroadcastStrides(out, in);
+  const int64_t count = NumElements(out);
+  return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
+    const float* x = static_cast<const float*>(a.inputs[0]);
+    float* y = static_cast<float*>(a.outputs[0]);
+    std::fill(y, y + count, 0.f);
+    ForEachBroadcast(in, {strides}, [&](int64_t e, const int64_t* off) { y[off[0]] += x[e]; });
+    if (scale != 1.f) {
+      for (int64_t i = 0; i < count; ++i) y[i] *= scale;
+    }
+  }));
+}
+
+// dY (with the shape of attribute keep_shape) broadcast to the output shape, times `scale`.
+KernelOr Expand(const Node& n, const Graph& g) {
+  const Shape keep = n.GetInts("keep_shape");
+  const Shape out = g.value(n.outputs[0]).shape;
+  const float scale = n.GetFloat("scale", 1.f);
+  const Shape strides = BroadcastStrides(keep, out);
+  return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
+    const float* x = static_cast<const float*>(a.inputs[0]);
+    float* y = static_cast<float*>(a.outputs[0]);
+    ForEachBroadcast(out, {strides},
+                     [&](int64_t e, const int64_t* off) { y[e] = scale * x[off[0]]; });
+  }));
+}
+
+KernelOr DepthToSpaceGrad(const Node& n, const Graph& g) {
+  const Shape x = g.value(n.outputs[0]).shape;
+  const int64_t b = n.GetInt("blocksize", 1);
+  const bool dcr = n.GetString("mode", "DCR") == "DCR";
+  return std::unique_ptr<Kernel>(new LoopKernel([x, b, dcr](const KernelArgs& a) {
+    DepthToSpaceMap(x, b, dcr, [&](int64_t in, int64_t out) {
+      static_cast<float*>(a.outputs[0])[in] = static_cast<const float*>(a.inputs[0])[out];
+    });
+  }));
+}
+
+// Inputs (scores, labels, weights or none, dLoss); output dScores.
+KernelOr SceGrad(const Node& n, const Graph& g) {
+  SALUS_ASSIGN_OR_RETURN(SceSpec s, SceFor(n, g));
+  const size_t scratch = static_cast<size_t>(s.n * s.c * s.d) * 4;
+  return std::unique_ptr<Kernel>(new LoopKernel(
+      [s](const KernelArgs& a) {
+        const float* scores = static_cast<const float*>(a.inputs[0]);
+        const int64_t* labels = static_cast<const int64_t*>(a.inputs[1]);
+        const float* weights = static_cast<const float*>(a.inputs[2]);
+        const float* dloss = static_cast<const float*>(a.inputs[3]);
+        float* dx = static_cast<float*>(a.outputs[0]);
+        float* logp = static_cast<float*>(a.scratch);
+        float unused[1];
+        SceSpec sum = s;
+        sum.reduction = 1;
+        SceForward(sum, scores, labels, weights, logp, unused);
+        double wsum = 0;
+        for (int64_t e = 0; e < s.n * s.d; ++e) {
+          const int64_t l = labels[e];
+          if ((s.has_ignore && l == s.ignore_index) || l < 0 || l >= s.c) continue;
+          wsum += weights ? weights[l] : 1.0;
+        }
+        for (int64_t i = 0; i < s.n; ++i) {
+          for (int64_t j = 0; j < s.d; ++j) {
+            const int64_t l = labels[i * s.d + j];
+            const bool ignored = (s.has_ignore && l == s.ignore_index) || l < 0 || l >= s.c;
+            float coef = 0;
+            if (!ignored) {
+              const float w = weights ? weights[l] : 1.f;
+              coef = s.reduction == 2 ? dloss[i * s.d + j] * w
+                     : s.reduction == 1
+                         ? dloss[0] * w
+                         : (wsum > 0 ? static_cast<float>(dloss[0] * w / wsum) : 0.f);
+            }
+            for (int64_t k = 0; k < s.c; ++k) {
+              const int64_t idx = i * s.c * s.d + k * s.d + j;
+              dx[idx] = coef * (std::exp(logp[idx]) - (k == l ? 1.f : 0.f));
+            }
+          }
+        }
+      },
+      scratch));
+}
+
+// In place: inputs (param, grad, velocity if momentum).
+KernelOr SgdUpdate(const Node& n, const Graph& g) {
+  const int64_t count = NumElements(g.value(n.inputs[0]).shape);
+  const float lr = n.GetFloat("lr", 0.01f), mom = n.GetFloat("momentum", 0.f);
+  const float wd = n.GetFloat("weight_decay", 0.f);
+  const bool nesterov = n.GetInt("nesterov", 0) != 0;
+  return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
+    float* p = static_cast<float*>(a.inputs[0]);
+    const float* grad = static_cast<const float*>(a.inputs[1]);
+    float* v = mom != 0.f ? static_cast<float*>(a.inputs[2]) : nullptr;
+    for (int64_t i = 0; i < count; ++i) {
+      float d = grad[i] + wd * p[i];
+      if (v) {
+        v[i] = mom * v[i] + d;
+        d = nesterov ? d + mom * v[i] : v[i];
+      }
+      p[i] -= lr * d;
+    }
+  }));
+}
+
+// In place: inputs (param, grad, m, v, step).
+KernelOr AdamUpdate(const Node& n, const Graph& g) {
+  const int64_t count = NumElements(g.value(n.inputs[0]).shape);
+  const float lr = n.GetFloat("lr", 1e-3f), b1 = n.GetFloat("beta1", 0.9f);
+  const float b2 = n.GetFloat("beta2", 0.999f), eps = n.GetFloat("epsilon", 1e-8f);
+  const float wd = n.GetFloat("weight_decay", 0.f);
+  return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
+    float* p = static_cast<float*>(a.inputs[0]);
+    const float* grad = static_cast<const float*>(a.inputs[1]);
+    float* m = static_cast<float*>(a.inputs[2]);
+    float* v = static_cast<float*>(a.inputs[3]);
+    float* step = static_cast<float*>(a.inputs[4]);
+    step[0] += 1.f;
+    const double c1 = 1.0 - std::pow(static_cast<double>(b1), step[0]);
+    const double c2 = 1.0 - std::pow(static_cast<double>(b2), step[0]);
+    for (int64_t i = 0; i < count; ++i) {
+      const float d = grad[i] + wd * p[i];
+      m[i] = b1 * m[i] + (1 - b1) * d;
+      v[i] = b2 * v[i] + (1 - b2) * d * d;
+      const double mh = m[i] / c1, vh = v[i] / c2;
+      p[i] -= static_cast<float>(lr * mh / (std::sqrt(vh) + eps));
+    }
+  }));
+}
+
+}  // namespace
+
+void RegisterCpuGradKernels(KernelRegistry* r) {
+  const DeviceType cpu = DeviceType::kCpu;
+  r->Register("SalusEltwiseGrad", cpu, EltwiseGrad);
+  r->Register("SalusSoftmaxGrad", cpu, SoftmaxGrad);
+  r->Register("SalusConvGradData", cpu, ConvGradData);
+  r->Register("SalusConvGradWeights", cpu, ConvGradWeights);
+  r->Register("SalusPoolGrad", cpu, PoolGrad);
+  r->Register("SalusSumTo", cpu, SumTo);
+  r->Register("SalusExpand", cpu, Expand);
+  r->Register("SalusDepthToSpaceGrad", cpu, DepthToSpaceGrad);
+  r->Register("SalusSoftmaxCrossEntropyGrad", cpu, SceGrad);
+  r->Register("SalusSgdUpdate", cpu, SgdUpdate);
+  r->Register("SalusAdamUpdate", cpu, AdamUpdate);
+}
+
+}  // namespace salus::exec

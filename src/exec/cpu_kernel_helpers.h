@@ -1,0 +1,63 @@
+// Parameters the CPU forward and backward kernels of one op share (oneDNN descriptors derived
+// from a node's attributes and shapes), and the loops both directions use.
+#pragma once
+
+#include <functional>
+#include <initializer_list>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "exec/graph.h"
+#include "salus/status.h"
+
+namespace salus::exec {
+
+// Unimplemented unless the listed inputs (all present ones when empty) and every output are
+// float32.
+Status RequireFloat(const Node& n, const Graph& g, std::initializer_list<size_t> inputs = {});
+
+struct EltwiseSpec {
+  dnnl::algorithm alg;
+  float alpha = 0, beta = 0;
+};
+// The eltwise algorithm of a unary op (the op named by attribute "forward_op" for grads).
+StatusOr<EltwiseSpec> EltwiseFor(const Node& n);
+
+struct SoftmaxSpec {
+  Shape shape;  // the shape the softmax runs over (2-D before opset 13)
+  int axis = 0;
+};
+// `n` is a Softmax/LogSoftmax node or a grad node carrying its attributes; `x` its input.
+StatusOr<SoftmaxSpec> SoftmaxFor(const Node& n, const Graph& g, ValueId x = kNoValue);
+
+struct ConvSpec {
+  dnnl::memory::desc src, weights, bias, dst;
+  dnnl::memory::dims strides, dilates, pad_l, pad_r;
+};
+// For Conv/ConvTranspose (or a grad node carrying the forward attributes), given the forward
+// X and W shapes.
+StatusOr<ConvSpec> ConvFor(const Node& n, const Shape& xs, const Shape& ws, const std::string& op);
+
+struct PoolSpec {
+  dnnl::algorithm alg;
+  dnnl::memory::desc src, dst;
+  dnnl::memory::dims strides, kernel, dilation, pad_l, pad_r;
+};
+StatusOr<PoolSpec> PoolFor(const Node& n, const Shape& xs, const std::string& op);
+
+// Calls fn(input offset, output offset) for every element of DepthToSpace over x (NCHW).
+void DepthToSpaceMap(const Shape& x, int64_t block, bool dcr,
+                     const std::function<void(int64_t, int64_t)>& fn);
+
+struct SceSpec {
+  int64_t n = 0, c = 0, d = 1;  // batch, classes, product of the extra dims
+  bool has_ignore = false;
+  int64_t ignore_index = 0;
+  int reduction = 0;  // 0 mean, 1 sum, 2 none
+};
+StatusOr<SceSpec> SceFor(const Node& n, const Graph& g);
+// log-probabilities into logp (n*c*d) and the loss into loss. Labels outside [0, c) count as
+// ignored, so bad data cannot index out of bounds.
+void SceForward(const SceSpec& s, const float* scores, const int64_t* labels, const float* weights,
+                float* logp, float* loss);
+
+}  // namespace salus::exec

@@ -1,0 +1,468 @@
+// Forward kernels of the CPU device: oneDNN primitives for convolution, deconvolution,
+// pooling, batch normalization, eltwise, softmax, matmul, binary, concat, reduction and
+// reorder (transpose); plain loops for the ops oneDNN has no primitive for (DepthToSpace, Pad,
+// the loss, copies, and binary ops whose first operand broadcasts). See Note [oneDNN memory]
+// in dnnl_kernel.h.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "exec/cpu_kernel_helpers.h"
+#include "exec/dnnl_kernel.h"
+#include "exec/kernel_registry.h"
+#include "exec/shape_inference.h"
+#include "exec/window.h"
+
+namespace salus::exec {
+namespace {
+
+using dnnl::algorithm;
+using dnnl::prop_kind;
+using KernelOr = StatusOr<std::unique_ptr<Kernel>>;
+using Tag = dnnl::memory::format_tag;
+
+KernelOr Copy(const Node& n, const Graph& g) {
+  const size_t bytes = g.value(n.inputs[0]).bytes();
+  const bool mask = n.op == "Dropout" && n.output(1) != kNoValue;
+  if (n.op == "Dropout") {
+    float ratio = n.GetFloat("ratio", 0.5f);
+    if (n.input(1) != kNoValue) {
+      const Value& r = g.value(n.inputs[1]);
+      if (r.kind != ValueKind::kConstant) {
+        return UnimplementedError(n.Describe() + ": ratio must be a compile-time constant");
+      }
+      ratio = r.data.floats()[0];
+    }
+    bool training = false;
+    if (n.input(2) != kNoValue) {
+      const Value& t = g.value(n.inputs[2]);
+      if (t.kind != ValueKind::kConstant) {
+        return UnimplementedError(n.Describe() + ": training_mode must be a constant");
+      }
+      training = t.data.bytes.size() > 0 && t.data.bytes[0] != std::byte{0};
+    }
+    if (training && ratio != 0.f) {
+      return UnimplementedError(n.Describe() + ": random dropout in training mode");
+    }
+  }
+  const int64_t count = NumElements(g.value(n.inputs[0]).shape);
+  return std::unique_ptr<Kernel>(new LoopKernel([bytes, mask, count](const KernelArgs& a) {
+    if (a.outputs[0] != a.inputs[0]) std::memcpy(a.outputs[0], a.inputs[0], bytes);
+    if (mask) std::memset(a.outputs[1], 1, count);
+  }));
+}
+
+KernelOr Eltwise(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  SALUS_ASSIGN_OR_RETURN(EltwiseSpec spec, EltwiseFor(n));
+  auto md = PlainDesc(g.value(n.inputs[0]).shape);
+  dnnl::eltwise_forward::desc d(prop_kind::forward_training, spec.alg, md, spec.alpha, spec.beta);
+  dnnl::eltwise_forward::primitive_desc pd(d, UserScratchpad(), CpuEngine());
+  auto k = std::make_unique<DnnlKernel>();
+  k->AddPrimitive(dnnl::eltwise_forward(pd),
+                  {{DNNL_ARG_SRC, md, Slot::In(0)}, {DNNL_ARG_DST, md, Slot::Out(0)}},
+                  pd.scratchpad_desc().get_size());
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+KernelOr Binary(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const Shape& a = g.value(n.inputs[0]).shape;
+  const Shape& b = g.value(n.inputs[1]).shape;
+  const Shape& out = g.value(n.outputs[0]).shape;
+  const std::string& op = n.op;
+  const bool commutative = op == "Add" || op == "Mul";
+  algorithm alg = op == "Add"   ? algorithm::binary_add
+                  : op == "Sub" ? algorithm::binary_sub
+                  : op == "Mul" ? algorithm::binary_mul
+                                : algorithm::binary_div;
+  size_t first = 0, second = 1;
+  if (a != out && commutative && b == out) std::swap(first, second);
+  const Shape& s0 = first == 0 ? a : b;
+  const Shape& s1 = first == 0 ? b : a;
+  if (s0 == out) {
+    Shape o = out.empty() ? Shape{1} : out;
+    Shape p1 = s1;
+    while (p1.size() < o.size()) p1.insert(p1.begin(), 1);
+    auto md0 = PlainDesc(o), md1 = PlainDesc(p1);
+    dnnl::binary::desc d(alg, md0, md1, md0);
+    dnnl::binary::primitive_desc pd(d, UserScratchpad(), CpuEngine());
+    auto k = std::make_unique<DnnlKernel>();
+    k->AddPrimitive(dnnl::binary(pd),
+                    {{DNNL_ARG_SRC_0, md0, Slot::In(first)},
+                     {DNNL_ARG_SRC_1, md1, Slot::In(second)},
+                     {DNNL_ARG_DST, md0, Slot::Out(0)}},
+                    pd.scratchpad_desc().get_size());
+    return std::unique_ptr<Kernel>(std::move(k));
+  }
+  std::vector<Shape> strides = {BroadcastStrides(a, out), BroadcastStrides(b, out)};
+  const int which = op == "Add" ? 0 : op == "Sub" ? 1 : op == "Mul" ? 2 : 3;
+  return std::unique_ptr<Kernel>(new LoopKernel([out, strides, which](const KernelArgs& args) {
+    const float* x = static_cast<const float*>(args.inputs[0]);
+    const float* y = static_cast<const float*>(args.inputs[1]);
+    float* z = static_cast<float*>(args.outputs[0]);
+    ForEachBroadcast(out, strides, [&](int64_t e, const int64_t* off) {
+      const float u = x[off[0]], v = y[off[1]];
+      z[e] = which == 0 ? u + v : which == 1 ? u - v : which == 2 ? u * v : u / v;
+    });
+  }));
+}
+
+KernelOr Gemm(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const Shape& a = g.value(n.inputs[0]).shape;
+  const Shape& out = g.value(n.outputs[0]).shape;
+  const bool ta = n.GetInt("transA", 0) != 0, tb = n.GetInt("transB", 0) != 0;
+  const float alpha = n.GetFloat("alpha", 1.f), beta = n.GetFloat("beta", 1.f);
+  const int64_t m = out[0], nn = out[1], kk = ta ? a[0] : a[1];
+  auto a_md = StridedDesc({m, kk}, ta ? Shape{1, m} : Shape{kk, 1});
+  auto b_md = StridedDesc({kk, nn}, tb ? Shape{1, kk} : Shape{nn, 1});
+  auto c_md = PlainDesc(out);
+  const bool has_c = n.input(2) != kNoValue && beta != 0.f;
+  Shape c_shape = has_c ? g.value(n.inputs[2]).shape : Shape{};
+  const bool c_as_bias =
+      has_c && beta == 1.f && alpha == 1.f && (c_shape == Shape{nn} || c_shape == Shape{1, nn});
+  dnnl::primitive_attr attr = UserScratchpad();
+  if (alpha != 1.f) attr.set_output_scales(0, {alpha});
+  auto k = std::make_unique<DnnlKernel>();
+  std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_SRC, a_md, Slot::In(0)},
+                                           {DNNL_ARG_WEIGHTS, b_md, Slot::In(1)},
+                                           {DNNL_ARG_DST, c_md, Slot::Out(0)}};
+  dnnl::matmul::primitive_desc pd;
+  if (c_as_bias) {
+    auto bias_md = PlainDesc({1, nn});
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), attr,
+                                      CpuEngine());
+    bind.push_back({DNNL_ARG_BIAS, bias_md, Slot::In(2)});
+  } else {
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, CpuEngine());
+  }
+  k->AddPrimitive(dnnl::matmul(pd), bind, pd.scratchpad_desc().get_size());
+  if (has_c && !c_as_bias) {
+    Shape cs = BroadcastStrides(c_shape, out);
+    k->AddLoop([out, cs, beta](const KernelArgs& args, std::byte*) {
+      const float* c = static_cast<const float*>(args.inputs[2]);
+      float* y = static_cast<float*>(args.outputs[0]);
+      ForEachBroadcast(out, {cs}, [&](int64_t e, const int64_t* off) { y[e] += beta * c[off[0]]; });
+    });
+  }
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+KernelOr MatMul(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  Shape a = g.value(n.inputs[0]).shape, b = g.value(n.inputs[1]).shape;
+  if (a.size() == 1) a.insert(a.begin(), 1);
+  if (b.size() == 1) b.push_back(1);
+  const size_t rank = std::max(a.size(), b.size());
+  while (a.size() < rank) a.insert(a.begin(), 1);
+  while (b.size() < rank) b.insert(b.begin(), 1);
+  Shape out(rank);
+  for (size_t i = 0; i + 2 < rank; ++i) out[i] = std::max(a[i], b[i]);
+  out[rank - 2] = a[rank - 2];
+  out[rank - 1] = b[rank - 1];
+  auto a_md = PlainDesc(a), b_md = PlainDesc(b), c_md = PlainDesc(out);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), UserScratchpad(),
+                                  CpuEngine());
+  auto k = std::make_unique<DnnlKernel>();
+  k->AddPrimitive(dnnl::matmul(pd),
+                  {{DNNL_ARG_SRC, a_md, Slot::In(0)},
+                   {DNNL_ARG_WEIGHTS, b_md, Slot::In(1)},
+                   {DNNL_ARG_DST, c_md, Slot::Out(0)}},
+                  pd.scratchpad_desc().get_size());
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+KernelOr Softmax(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  SALUS_ASSIGN_OR_RETURN(SoftmaxSpec spec, SoftmaxFor(n, g));
+  auto md = PlainDesc(spec.shape);
+  auto k = std::make_unique<DnnlKernel>();
+  std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_SRC, md, Slot::In(0)},
+                                           {DNNL_ARG_DST, md, Slot::Out(0)}};
+  if (n.op == "Softmax") {
+    dnnl::softmax_forward::primitive_desc pd(
+        dnnl::softmax_forward::desc(prop_kind::forward_training, md, spec.axis), UserScratchpad(),
+        CpuEngine());
+    k->AddPrimitive(dnnl::softmax_forward(pd), bind, pd.scratchpad_desc().get_size());
+  } else {
+    dnnl::logsoftmax_forward::primitive_desc pd(
+        dnnl::logsoftmax_forward::desc(prop_kind::forward_training, md, spec.axis),
+        UserScratchpad(), CpuEngine());
+    k->AddPrimitive(dnnl::logsoftmax_forward(pd), bind, pd.scratchpad_desc().get_size());
+  }
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+KernelOr Conv(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  SALUS_ASSIGN_OR_RETURN(ConvSpec c,
+                         ConvFor(n, g.value(n.inputs[0]).shape, g.value(n.inputs[1]).shape, n.op));
+  auto k = std::make_unique<DnnlKernel>();
+  const bool bias = n.input(2) != kNoValue;
+  dnnl::convolution_forward::desc d =
+      bias ? dnnl::convolution_forward::desc(prop_kind::forward_training,
+                                             algorithm::convolution_direct, c.src, c.weights,
+                                             c.bias, c.dst, c.strides, c.dilates, c.pad_l, c.pad_r)
+           : dnnl::convolution_forward::desc(prop_kind::forward_training,
+                                             algorithm::convolution_direct, c.src, c.weights, c.dst,
+                                             c.strides, c.dilates, c.pad_l, c.pad_r);
+  dnnl::convolution_forward::primitive_desc pd(d, UserScratchpad(), CpuEngine());
+  std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_SRC, c.src, Slot::In(0)},
+                                           {DNNL_ARG_WEIGHTS, c.weights, Slot::In(1)},
+                                           {DNNL_ARG_DST, c.dst, Slot::Out(0)}};
+  if (bias) bind.push_back({DNNL_ARG_BIAS, c.bias, Slot::In(2)});
+  k->AddPrimitive(dnnl::convolution_forward(pd), bind, pd.scratchpad_desc().get_size());
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+KernelOr ConvTranspose(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  SALUS_ASSIGN_OR_RETURN(ConvSpec c,
+                         ConvFor(n, g.value(n.inputs[0]).shape, g.value(n.inputs[1]).shape, n.op));
+  auto k = std::make_unique<DnnlKernel>();
+  const bool bias = n.input(2) != kNoValue;
+  auto any_w = dnnl::memory::desc(c.weights.dims(), dnnl::memory::data_type::f32, Tag::any);
+  dnnl::deconvolution_forward::desc d =
+      bias ? dnnl::deconvolution_forward::desc(
+                 prop_kind::forward_training, algorithm::deconvolution_direct, c.src, any_w, c.bias,
+                 c.dst, c.strides, c.dilates, c.pad_l, c.pad_r)
+           : dnnl::deconvolution_forward::desc(prop_kind::forward_training,
+                                               algorithm::deconvolution_direct, c.src, any_w, c.dst,
+                                               c.strides, c.dilates, c.pad_l, c.pad_r);
+  dnnl::deconvolution_forward::primitive_desc pd(d, UserScratchpad(), CpuEngine());
+  // ONNX stores W as [C_in, C_out/group, kH, kW]; reorder it into the layout oneDNN picked.
+  auto w_md = pd.weights_desc();
+  const size_t w_temp = k->AddTemp(w_md.get_size());
+  dnnl::reorder::primitive_desc rpd(CpuEngine(), c.weights, CpuEngine(), w_md, UserScratchpad());
+  k->AddPrimitive(
+      dnnl::reorder(rpd),
+      {{DNNL_ARG_FROM, c.weights, Slot::In(1)}, {DNNL_ARG_TO, w_md, Slot::Temp(w_temp)}},
+      rpd.scratchpad_desc().get_size());
+  std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_SRC, c.src, Slot::In(0)},
+                                           {DNNL_ARG_WEIGHTS, w_md, Slot::Temp(w_temp)},
+                                           {DNNL_ARG_DST, c.dst, Slot::Out(0)}};
+  if (bias) bind.push_back({DNNL_ARG_BIAS, c.bias, Slot::In(2)});
+  k->AddPrimitive(dnnl::deconvolution_forward(pd), bind, pd.scratchpad_desc().get_size());
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+KernelOr Pool(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  SALUS_ASSIGN_OR_RETURN(PoolSpec p, PoolFor(n, g.value(n.inputs[0]).shape, n.op));
+  dnnl::pooling_v2_forward::desc d(prop_kind::forward_training, p.alg, p.src, p.dst, p.strides,
+                                   p.kernel, p.dilation, p.pad_l, p.pad_r);
+  dnnl::pooling_v2_forward::primitive_desc pd(d, UserScratchpad(), CpuEngine());
+  auto k = std::make_unique<DnnlKernel>();
+  std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_SRC, p.src, Slot::In(0)},
+                                           {DNNL_ARG_DST, p.dst, Slot::Out(0)}};
+  if (p.alg == algorithm::pooling_max) {
+    auto ws = pd.workspace_desc();
+    if (ws.get_size() > 0)
+      bind.push_back({DNNL_ARG_WORKSPACE, ws, Slot::Temp(k->AddTemp(ws.get_size()))});
+  }
+  k->AddPrimitive(dnnl::pooling_v2_forward(pd), bind, pd.scratchpad_desc().get_size());
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+KernelOr BatchNorm(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const Shape& x = g.value(n.inputs[0]).shape;
+  const int64_t channels = x[1];
+  const float eps = n.GetFloat("epsilon", 1e-5f);
+  const float momentum = n.GetFloat("momentum", 0.9f);
+  const bool training = n.GetInt("training_mode", 0) != 0;
+  auto md = PlainDesc(x);
+  auto c_md = PlainDesc({channels});
+  auto k = std::make_unique<DnnlKernel>();
+  auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+  if (!training) {
+    flags = flags | dnnl::normalization_flags::use_global_stats;
+    dnnl::batch_normalization_forward::primitive_desc pd(
+        dnnl::batch_normalization_forward::desc(prop_kind::forward_inference, md, eps, flags),
+        UserScratchpad(), CpuEngine());
+    k->AddPrimitive(dnnl::batch_normalization_forward(pd),
+                    {{DNNL_ARG_SRC, md, Slot::In(0)},
+                     {DNNL_ARG_SCALE, c_md, Slot::In(1)},
+                     {DNNL_ARG_SHIFT, c_md, Slot::In(2)},
+                     {DNNL_ARG_MEAN, c_md, Slot::In(3)},
+                     {DNNL_ARG_VARIANCE, c_md, Slot::In(4)},
+                     {DNNL_ARG_DST, md, Slot::Out(0)}},
+                    pd.scratchpad_desc().get_size());
+    return std::unique_ptr<Kernel>(std::move(k));
+  }
+  dnnl::batch_normalization_forward::primitive_desc pd(
+      dnnl::batch_normalization_forward::desc(prop_kind::forward_training, md, eps, flags),
+      UserScratchpad(), CpuEngine());
+  const size_t mean = k->AddTemp(channels * 4), var = k->AddTemp(channels * 4);
+  k->AddPrimitive(dnnl::batch_normalization_forward(pd),
+                  {{DNNL_ARG_SRC, md, Slot::In(0)},
+                   {DNNL_ARG_SCALE, c_md, Slot::In(1)},
+                   {DNNL_ARG_SHIFT, c_md, Slot::In(2)},
+                   {DNNL_ARG_MEAN, c_md, Slot::Temp(mean)},
+                   {DNNL_ARG_VARIANCE, c_md, Slot::Temp(var)},
+                   {DNNL_ARG_DST, md, Slot::Out(0)}},
+                  pd.scratchpad_desc().get_size());
+  k->AddLoop([=](const KernelArgs& a, std::byte* scratch) {
+    const float* bm = reinterpret_cast<const float*>(scratch + mean);
+    const float* bv = reinterpret_cast<const float*>(scratch + var);
+    const float* rm = static_cast<const float*>(a.inputs[3]);
+    const float* rv = static_cast<const float*>(a.inputs[4]);
+    float* om = a.outputs.size() > 1 ? static_cast<float*>(a.outputs[1]) : nullptr;
+    float* ov = a.outputs.size() > 2 ? static_cast<float*>(a.outputs[2]) : nullptr;
+    for (int64_t c = 0; c < channels; ++c) {
+      if (om) om[c] = rm[c] * momentum + bm[c] * (1 - momentum);
+      if (ov) ov[c] = rv[c] * momentum + bv[c] * (1 - momentum);
+    }
+  });
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+KernelOr Transpose(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const Shape& x = g.value(n.inputs[0]).shape;
+  const Shape& y = g.value(n.outputs[0]).shape;
+  std::vector<int64_t> perm = n.GetInts("perm");
+  if (perm.empty()) {
+    for (int64_t i = static_cast<int64_t>(x.size()) - 1; i >= 0; --i) perm.push_back(i);
+  }
+  if (x.empty()) return Copy(n, g);
+  Shape ys = DenseStrides(y);
+  Shape dst_strides(x.size());
+  for (size_t j = 0; j < perm.size(); ++j) dst_strides[perm[j]] = ys[j];
+  auto src = PlainDesc(x);
+  auto dst = StridedDesc(x, dst_strides);
+  dnnl::reorder::primitive_desc pd(CpuEngine(), src, CpuEngine(), dst, UserScratchpad());
+  auto k = std::make_unique<DnnlKernel>();
+  k->AddPrimitive(dnnl::reorder(pd),
+                  {{DNNL_ARG_FROM, src, Slot::In(0)}, {DNNL_ARG_TO, dst, Slot::Out(0)}},
+                  pd.scratchpad_desc().get_size());
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+KernelOr Concat(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const Shape& y = g.value(n.outputs[0]).shape;
+  SALUS_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(n, n.GetInt("axis", 0), y.size()));
+  std::vector<dnnl::memory::desc> srcs;
+  std::vector<DnnlKernel::Binding> bind;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const Shape& s = g.value(n.inputs[i]).shape;
+    if (NumElements(s) == 0) continue;
+    srcs.push_back(PlainDesc(s));
+    bind.push_back(
+        {DNNL_ARG_MULTIPLE_SRC + static_cast<int>(srcs.size() - 1), srcs.back(), Slot::In(i)});
+  }
+  auto dst = PlainDesc(y);
+  dnnl::concat::primitive_desc pd(dst, static_cast<int>(axis), srcs, CpuEngine(), UserScratchpad());
+  bind.push_back({DNNL_ARG_DST, dst, Slot::Out(0)});
+  auto k = std::make_unique<DnnlKernel>();
+  k->AddPrimitive(dnnl::concat(pd), bind, pd.scratchpad_desc().get_size());
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+KernelOr Reduce(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g, {0}));
+  const Shape& x = g.value(n.inputs[0]).shape;
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReductionAxes(g, n));
+  Shape kept = x;
+  for (int64_t a : axes) kept[a] = 1;
+  if (kept == x || x.empty()) return Copy(n, g);
+  auto src = PlainDesc(x), dst = PlainDesc(kept);
+  algorithm alg = n.op == "ReduceMean" ? algorithm::reduction_mean : algorithm::reduction_sum;
+  dnnl::reduction::primitive_desc pd(dnnl::reduction::desc(alg, src, dst, 0.f, 0.f),
+                                     UserScratchpad(), CpuEngine());
+  auto k = std::make_unique<DnnlKernel>();
+  k->AddPrimitive(dnnl::reduction(pd),
+                  {{DNNL_ARG_SRC, src, Slot::In(0)}, {DNNL_ARG_DST, dst, Slot::Out(0)}},
+                  pd.scratchpad_desc().get_size());
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+KernelOr DepthToSpace(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const Shape x = g.value(n.inputs[0]).shape;
+  const int64_t b = n.GetInt("blocksize", 1);
+  const bool dcr = n.GetString("mode", "DCR") == "DCR";
+  return std::unique_ptr<Kernel>(new LoopKernel([x, b, dcr](const KernelArgs& a) {
+    DepthToSpaceMap(x, b, dcr, [&](int64_t in, int64_t out) {
+      static_cast<float*>(a.outputs[0])[out] = static_cast<const float*>(a.inputs[0])[in];
+    });
+  }));
+}
+
+KernelOr Pad(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g, {0, 2}));
+  const Shape x = g.value(n.inputs[0]).shape;
+  const Shape y = g.value(n.outputs[0]).shape;
+  std::vector<int64_t> pads;
+  float value = 0.f;
+  if (g.opset() >= 11) {
+    pads = g.value(n.inputs[1]).data.ToInt64s();
+    if (n.input(2) != kNoValue) value = g.value(n.inputs[2]).data.floats()[0];
+  } else {
+    pads = n.GetInts("pads");
+    value = n.GetFloat("value", 0.f);
+  }
+  Shape ys = DenseStrides(y);
+  int64_t base = 0;
+  for (size_t i = 0; i < x.size(); ++i) base += pads[i] * ys[i];
+  return std::unique_ptr<Kernel>(new LoopKernel([x, y, ys, base, value](const KernelArgs& a) {
+    float* out = static_cast<float*>(a.outputs[0]);
+    const float* in = static_cast<const float*>(a.inputs[0]);
+    std::fill(out, out + NumElements(y), value);
+    ForEachBroadcast(x, {ys}, [&](int64_t e, const int64_t* off) { out[base + off[0]] = in[e]; });
+  }));
+}
+
+KernelOr SoftmaxCrossEntropy(const Node& n, const Graph& g) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g, {0, 2}));
+  SALUS_ASSIGN_OR_RETURN(SceSpec s, SceFor(n, g));
+  const bool want_logp = n.output(1) != kNoValue;
+  const size_t scratch = want_logp ? 0 : static_cast<size_t>(s.n * s.c * s.d) * 4;
+  return std::unique_ptr<Kernel>(new LoopKernel(
+      [s, want_logp](const KernelArgs& a) {
+        float* logp =
+            want_logp ? static_cast<float*>(a.outputs[1]) : static_cast<float*>(a.scratch);
+        SceForward(s, static_cast<const float*>(a.inputs[0]),
+                   static_cast<const int64_t*>(a.inputs[1]),
+                   a.inputs.size() > 2 ? static_cast<const float*>(a.inputs[2]) : nullptr, logp,
+                   static_cast<float*>(a.outputs[0]));
+      },
+      scratch));
+}
+
+}  // namespace
+
+void RegisterCpuKernels(KernelRegistry* r) {
+  const DeviceType cpu = DeviceType::kCpu;
+  for (const char* op :
+       {"Identity", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Dropout", "SalusReshape"}) {
+    r->Register(op, cpu, Copy);
+  }
+  for (const char* op : {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Neg", "Abs",
+                         "Elu", "Softplus"}) {
+    r->Register(op, cpu, Eltwise);
+  }
+  for (const char* op : {"Add", "Sub", "Mul", "Div"}) r->Register(op, cpu, Binary);
+  r->Register("Gemm", cpu, Gemm);
+  r->Register("MatMul", cpu, MatMul);
+  r->Register("Softmax", cpu, Softmax);
+  r->Register("LogSoftmax", cpu, Softmax);
+  r->Register("Conv", cpu, Conv);
+  r->Register("ConvTranspose", cpu, ConvTranspose);
+  for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}) {
+    r->Register(op, cpu, Pool);
+  }
+  r->Register("BatchNormalization", cpu, BatchNorm);
+  r->Register("Transpose", cpu, Transpose);
+  r->Register("Concat", cpu, Concat);
+  r->Register("ReduceMean", cpu, Reduce);
+  r->Register("ReduceSum", cpu, Reduce);
+  r->Register("DepthToSpace", cpu, DepthToSpace);
+  r->Register("Pad", cpu, Pad);
+  r->Register("SoftmaxCrossEntropyLoss", cpu, SoftmaxCrossEntropy);
+}
+
+}  // namespace salus::exec

@@ -1,0 +1,140 @@
+#include "exec/dnnl_kernel.h"
+
+#include <exception>
+
+namespace salus::exec {
+
+dnnl::engine& CpuEngine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl::stream& CpuStream() {
+  thread_local dnnl::stream stream(CpuEngine());
+  return stream;
+}
+
+Shape DenseStrides(const Shape& shape) {
+  Shape strides(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) {
+    strides[i] = strides[i + 1] * std::max<int64_t>(shape[i + 1], 1);
+  }
+  return strides;
+}
+
+dnnl::memory::desc StridedDesc(const Shape& dims, const Shape& strides) {
+  return dnnl::memory::desc(dnnl::memory::dims(dims.begin(), dims.end()),
+                            dnnl::memory::data_type::f32,
+                            dnnl::memory::dims(strides.begin(), strides.end()));
+}
+
+dnnl::memory::desc PlainDesc(const Shape& shape, DataType type) {
+  Shape dims = shape.empty() ? Shape{1} : shape;
+  auto dt = type == DataType::kInt64 ? dnnl::memory::data_type::s32 : dnnl::memory::data_type::f32;
+  Shape strides = DenseStrides(dims);
+  return dnnl::memory::desc(dnnl::memory::dims(dims.begin(), dims.end()), dt,
+                            dnnl::memory::dims(strides.begin(), strides.end()));
+}
+
+dnnl::primitive_attr UserScratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+size_t DnnlKernel::AddTemp(size_t bytes) {
+  size_t offset = temp_bytes_;
+  temp_bytes_ += AlignUp(bytes);
+  return offset;
+}
+
+void DnnlKernel::AddPrimitive(dnnl::primitive primitive, std::vector<Binding> bindings,
+                              size_t scratchpad_bytes) {
+  Step step;
+  step.primitive = std::move(primitive);
+  for (Binding& b : bindings) {
+    step.memories.emplace(b.arg, dnnl::memory(b.desc, CpuEngine(), DNNL_MEMORY_NONE));
+    step.slots.emplace_back(b.arg, b.slot);
+  }
+  if (scratchpad_bytes > 0) {
+    dnnl::memory::desc pad({static_cast<int64_t>(scratchpad_bytes)}, dnnl::memory::data_type::u8,
+                           dnnl::memory::format_tag::a);
+    step.memories.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(pad, CpuEngine(), DNNL_MEMORY_NONE));
+    step.slots.emplace_back(DNNL_ARG_SCRATCHPAD, Slot::Pad());
+    scratchpad_bytes_ = std::max(scratchpad_bytes_, AlignUp(scratchpad_bytes));
+  }
+  steps_.push_back(std::move(step));
+}
+
+void DnnlKernel::AddLoop(Loop loop) {
+  Step step;
+  step.loop = std::move(loop);
+  steps_.push_back(std::move(step));
+}
+
+Status DnnlKernel::Run(const KernelArgs& args) {
+  auto* scratch = static_cast<std::byte*>(args.scratch);
+  try {
+    for (Step& step : steps_) {
+      if (step.loop) {
+        step.loop(args, scratch);
+        continue;
+      }
+      for (auto& [arg, slot] : step.slots) {
+        void* p = nullptr;
+        switch (slot.kind) {
+          case Slot::Kind::kInput:
+            p = args.inputs[slot.index];
+            break;
+          case Slot::Kind::kOutput:
+            p = args.outputs[slot.index];
+            break;
+          case Slot::Kind::kTemp:
+            p = scratch + slot.index;
+            break;
+          case Slot::Kind::kScratchpad:
+            p = scratch + temp_bytes_;
+            break;
+        }
+        step.memories.at(arg).set_data_handle(p);
+      }
+      step.primitive.execute(CpuStream(), step.memories);
+    }
+    CpuStream().wait();
+  } catch (const std::exception& e) {
+    return InternalError(std::string("oneDNN: ") + e.what());
+  }
+  return OkStatus();
+}
+
+Shape BroadcastStrides(const Shape& in, const Shape& out) {
+  Shape dense = DenseStrides(in);
+  Shape strides(out.size(), 0);
+  const size_t off = out.size() - in.size();
+  for (size_t i = 0; i < in.size(); ++i) {
+    strides[off + i] = in[i] == 1 ? 0 : dense[i];
+  }
+  return strides;
+}
+
+void ForEachBroadcast(const Shape& out, const std::vector<Shape>& in_strides,
+                      const std::function<void(int64_t, const int64_t*)>& fn) {
+  const int64_t total = NumElements(out);
+  const size_t rank = out.size();
+  const size_t k = in_strides.size();
+  std::vector<int64_t> idx(rank, 0);
+  std::vector<int64_t> offs(k, 0);
+  for (int64_t e = 0; e < total; ++e) {
+    fn(e, offs.data());
+    for (int d = static_cast<int>(rank) - 1; d >= 0; --d) {
+      if (++idx[d] < out[d]) {
+        for (size_t j = 0; j < k; ++j) offs[j] += in_strides[j][d];
+        break;
+      }
+      for (size_t j = 0; j < k; ++j) offs[j] -= in_strides[j][d] * (out[d] - 1);
+      idx[d] = 0;
+    }
+  }
+}
+
+}  // namespace salus::exec

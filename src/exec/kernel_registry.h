@@ -1,0 +1,43 @@
+// The kernel registry: factories keyed by (op, device).
+//
+// The CPU device registers its oneDNN and loop kernels here; a CUDA device adds its own under
+// the same op names. Backward and optimizer ops (emitted by autodiff) are ops like any other;
+// their names start with "Salus" so they never collide with ONNX ops.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "exec/graph.h"
+#include "exec/kernel.h"
+#include "salus/status.h"
+
+namespace salus::exec {
+
+using KernelFactory =
+    std::function<StatusOr<std::unique_ptr<Kernel>>(const Node& node, const Graph& graph)>;
+
+class KernelRegistry {
+ public:
+  // The process-wide registry with every built-in device's kernels registered.
+  static const KernelRegistry& Global();
+
+  void Register(const std::string& op, DeviceType device, KernelFactory factory);
+  bool Has(const std::string& op, DeviceType device) const;
+  // Unimplemented naming the node and op when no kernel is registered, or whatever the
+  // factory says about the node's attributes and types.
+  StatusOr<std::unique_ptr<Kernel>> Create(const Node& node, const Graph& graph,
+                                           DeviceType device) const;
+
+ private:
+  std::map<std::pair<std::string, DeviceType>, KernelFactory> factories_;
+};
+
+// Defined in cpu_kernels.cc and cpu_grad_kernels.cc.
+void RegisterCpuKernels(KernelRegistry* registry);
+void RegisterCpuGradKernels(KernelRegistry* registry);
+
+}  // namespace salus::exec

@@ -1,0 +1,372 @@
+#include "exec/onnx_importer.h"
+
+#include <onnx/checker.h>
+#include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
+
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <set>
+
+#include "exec/dnnl_kernel.h"
+#include "exec/kernel_registry.h"
+#include "exec/shape_inference.h"
+
+namespace salus::exec {
+namespace {
+
+// Upper bound on the elements of one tensor read from a model (4 GiB of floats).
+constexpr int64_t kMaxElements = int64_t{1} << 30;
+
+bool TooLarge(const Shape& s, int64_t max) {
+  const int64_t n = NumElements(s);
+  return n < 0 || n > max;
+}
+
+StatusOr<Shape> ShapeFromProto(const onnx::TensorProto& p) {
+  Shape s;
+  int64_t n = 1;
+  for (int64_t d : p.dims()) {
+    if (d < 0 || (d > 0 && n > kMaxElements / d)) {
+      return InvalidArgumentError("tensor '" + p.name() + "' has bad dims");
+    }
+    n *= d;
+    s.push_back(d);
+  }
+  return s;
+}
+
+StatusOr<Attribute> AttributeFromProto(const onnx::AttributeProto& a) {
+  Attribute out;
+  switch (a.type()) {
+    case onnx::AttributeProto::INT:
+      out.kind = Attribute::Kind::kInt;
+      out.i = a.i();
+      break;
+    case onnx::AttributeProto::FLOAT:
+      out.kind = Attribute::Kind::kFloat;
+      out.f = a.f();
+      break;
+    case onnx::AttributeProto::STRING:
+      out.kind = Attribute::Kind::kString;
+      out.s = a.s();
+      break;
+    case onnx::AttributeProto::INTS:
+      out.kind = Attribute::Kind::kInts;
+      out.ints.assign(a.ints().begin(), a.ints().end());
+      break;
+    case onnx::AttributeProto::FLOATS:
+      out.kind = Attribute::Kind::kFloats;
+      out.floats.assign(a.floats().begin(), a.floats().end());
+      break;
+    case onnx::AttributeProto::TENSOR: {
+      out.kind = Attribute::Kind::kTensor;
+      SALUS_ASSIGN_OR_RETURN(out.t, OnnxImporter::TensorFromProto(a.t()));
+      break;
+    }
+    default:
+      return UnimplementedError("attribute '" + a.name() + "' of an unsupported kind");
+  }
+  return out;
+}
+
+// The value of a Constant node.
+StatusOr<HostTensor> ConstantValue(const Node& n) {
+  if (n.Has("value")) return n.attrs.at("value").t;
+  if (n.Has("value_float")) return HostTensor::FromFloats({}, {n.GetFloat("value_float", 0)});
+  if (n.Has("value_floats")) {
+    const auto& f = n.attrs.at("value_floats").floats;
+    return HostTensor::FromFloats({static_cast<int64_t>(f.size())}, f);
+  }
+  if (n.Has("value_int")) return HostTensor::FromInt64s({}, {n.GetInt("value_int", 0)});
+  if (n.Has("value_ints")) {
+    const auto& v = n.attrs.at("value_ints").ints;
+    return HostTensor::FromInt64s({static_cast<int64_t>(v.size())}, v);
+  }
+  return UnimplementedError("node '" + n.name + "': op Constant with an unsupported value kind");
+}
+
+Status Fold(Graph* g, int node_index) {
+  const Node& n = g->nodes()[node_index];
+  SALUS_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> kernel,
+                         KernelRegistry::Global().Create(n, *g, DeviceType::kCpu));
+  KernelArgs args;
+  for (ValueId id : n.inputs) {
+    args.inputs.push_back(id == kNoValue ? nullptr : g->value(id).data.bytes.data());
+  }
+  std::vector<HostTensor> outs;
+  for (ValueId id : n.outputs) {
+    outs.emplace_back(id == kNoValue ? DataType::kFloat32 : g->value(id).type,
+                      id == kNoValue ? Shape{0} : g->value(id).shape);
+  }
+  for (HostTensor& t : outs) args.outputs.push_back(t.bytes.empty() ? nullptr : t.bytes.data());
+  std::vector<std::byte> scratch(kernel->scratch_bytes() + kAlignment);
+  args.scratch =
+      scratch.data() + (kAlignment - reinterpret_cast<uintptr_t>(scratch.data()) % kAlignment);
+  SALUS_RETURN_IF_ERROR(kernel->Run(args));
+  for (size_t i = 0; i < n.outputs.size(); ++i) {
+    if (n.outputs[i] == kNoValue) continue;
+    Value& v = g->value(n.outputs[i]);
+    v.kind = ValueKind::kConstant;
+    v.producer = -1;
+    v.data = std::move(outs[i]);
+  }
+  return OkStatus();
+}
+
+bool SameShape(const onnx::TypeProto& t, const Shape& s) {
+  if (!t.has_tensor_type() || !t.tensor_type().has_shape()) return true;
+  const auto& dims = t.tensor_type().shape().dim();
+  if (dims.size() != static_cast<int>(s.size())) return false;
+  for (int i = 0; i < dims.size(); ++i) {
+    if (dims[i].has_dim_value() && dims[i].dim_value() != s[i]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+StatusOr<DataType> OnnxImporter::TypeFromOnnx(int elem_type) {
+  switch (elem_type) {
+    case onnx::TensorProto::FLOAT:
+      return DataType::kFloat32;
+    case onnx::TensorProto::INT64:
+      return DataType::kInt64;
+    case onnx::TensorProto::BOOL:
+      return DataType::kBool;
+    default:
+      return UnimplementedError(
+          "element type " +
+          onnx::TensorProto_DataType_Name(static_cast<onnx::TensorProto_DataType>(elem_type)));
+  }
+}
+
+StatusOr<HostTensor> OnnxImporter::TensorFromProto(const onnx::TensorProto& p) {
+  if (p.data_location() == onnx::TensorProto::EXTERNAL) {
+    return UnimplementedError("tensor '" + p.name() + "' uses external data");
+  }
+  SALUS_ASSIGN_OR_RETURN(DataType type, TypeFromOnnx(p.data_type()));
+  SALUS_ASSIGN_OR_RETURN(Shape shape, ShapeFromProto(p));
+  const size_t n = static_cast<size_t>(NumElements(shape));
+  // Check the data's size before allocating, so a header cannot ask for gigabytes.
+  auto mismatch = [&](size_t got) {
+    return InvalidArgumentError("tensor '" + p.name() + "' has " + std::to_string(got) +
+                                " values, expected " + std::to_string(n));
+  };
+  if (p.has_raw_data()) {
+    if (p.raw_data().size() != n * ElementSize(type)) {
+      return InvalidArgumentError("tensor '" + p.name() + "': raw_data has " +
+                                  std::to_string(p.raw_data().size()) + " bytes, expected " +
+                                  std::to_string(n * ElementSize(type)));
+    }
+  } else if (type == DataType::kFloat32) {
+    if (static_cast<size_t>(p.float_data_size()) != n) return mismatch(p.float_data_size());
+  } else if (type == DataType::kInt64) {
+    if (static_cast<size_t>(p.int64_data_size()) != n) return mismatch(p.int64_data_size());
+  } else if (static_cast<size_t>(p.int32_data_size()) != n) {
+    return mismatch(p.int32_data_size());
+  }
+  HostTensor t(type, shape);
+  if (p.has_raw_data()) {
+    if (!t.bytes.empty()) std::memcpy(t.bytes.data(), p.raw_data().data(), t.bytes.size());
+  } else if (type == DataType::kFloat32) {
+    for (size_t i = 0; i < n; ++i) t.floats()[i] = p.float_data(i);
+  } else if (type == DataType::kInt64) {
+    for (size_t i = 0; i < n; ++i) t.int64s()[i] = p.int64_data(i);
+  } else {
+    for (size_t i = 0; i < n; ++i) t.bytes[i] = std::byte(p.int32_data(i) != 0);
+  }
+  return t;
+}
+
+StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const ImportOptions& options) {
+  if (size > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return InvalidArgumentError("model larger than 2 GiB");
+  }
+  onnx::ModelProto model;
+  if (!model.ParseFromArray(data, static_cast<int>(size))) {
+    return InvalidArgumentError("model bytes are not a valid ONNX ModelProto");
+  }
+  if (!model.has_graph()) return InvalidArgumentError("model has no graph");
+  for (const auto& np : model.graph().node()) {
+    if (!np.domain().empty() && np.domain() != "ai.onnx") {
+      return UnimplementedError("node '" + np.name() + "': op " + np.domain() + "." + np.op_type() +
+                                " is not supported");
+    }
+  }
+  int opset = -1;
+  for (const auto& imp : model.opset_import()) {
+    if (imp.domain().empty() || imp.domain() == "ai.onnx") opset = static_cast<int>(imp.version());
+  }
+  if (opset < 0) return InvalidArgumentError("model imports no default-domain opset");
+  onnx::GraphProto* gp = model.mutable_graph();
+  if (gp->node_size() == 0) return InvalidArgumentError("model graph has no nodes");
+
+  std::set<std::string> initializer_names;
+  for (const auto& init : gp->initializer()) initializer_names.insert(init.name());
+  // Fix input shapes; drop stale intermediate and output shapes so that inference recomputes
+  // them for these inputs.
+  for (auto& in : *gp->mutable_input()) {
+    if (initializer_names.count(in.name())) continue;
+    if (!in.type().has_tensor_type()) {
+      return UnimplementedError("input '" + in.name() + "' is not a tensor");
+    }
+    auto* shape = in.mutable_type()->mutable_tensor_type()->mutable_shape();
+    auto it = options.input_shapes.find(in.name());
+    auto ct = options.constant_inputs.find(in.name());
+    if (it != options.input_shapes.end() || ct != options.constant_inputs.end()) {
+      const Shape& s = it != options.input_shapes.end() ? it->second : ct->second.shape;
+      shape->clear_dim();
+      for (int64_t d : s) shape->add_dim()->set_dim_value(d);
+    } else {
+      for (const auto& d : shape->dim()) {
+        if (!d.has_dim_value() || d.dim_value() < 0) {
+          return InvalidArgumentError("input '" + in.name() +
+                                      "' has a symbolic dim; give its shape when compiling");
+        }
+      }
+    }
+  }
+  gp->clear_value_info();
+  for (auto& out : *gp->mutable_output()) {
+    if (!out.type().has_tensor_type() || !out.type().tensor_type().has_shape()) continue;
+    for (auto& d : *out.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim()) {
+      d.clear_dim_value();
+    }
+  }
+  try {
+    onnx::checker::check_model(model);
+    onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(),
+                                       onnx::ShapeInferenceOptions(true, 1, false));
+  } catch (const std::exception& e) {
+    return InvalidArgumentError(std::string("ONNX check or shape inference failed: ") + e.what());
+  }
+  std::map<std::string, const onnx::TypeProto*> inferred;
+  for (const auto& vi : gp->value_info()) inferred[vi.name()] = &vi.type();
+
+  Graph g;
+  g.set_opset(opset);
+  for (const auto& init : gp->initializer()) {
+    if (g.Find(init.name()) != kNoValue) {
+      return InvalidArgumentError("initializer '" + init.name() + "' defined twice");
+    }
+    Value v;
+    v.name = init.name();
+    SALUS_ASSIGN_OR_RETURN(v.data, TensorFromProto(init));
+    v.type = v.data.type;
+    v.shape = v.data.shape;
+    v.kind = options.trainable_initializers && v.type == DataType::kFloat32 ? ValueKind::kParameter
+                                                                            : ValueKind::kConstant;
+    g.AddValue(std::move(v));
+  }
+  for (const auto& in : gp->input()) {
+    if (initializer_names.count(in.name())) continue;
+    Value v;
+    v.name = in.name();
+    SALUS_ASSIGN_OR_RETURN(v.type, TypeFromOnnx(in.type().tensor_type().elem_type()));
+    for (const auto& d : in.type().tensor_type().shape().dim()) v.shape.push_back(d.dim_value());
+    if (TooLarge(v.shape, options.max_tensor_elements)) {
+      return InvalidArgumentError("input '" + in.name() + "' is too large");
+    }
+    auto ct = options.constant_inputs.find(in.name());
+    if (ct != options.constant_inputs.end()) {
+      if (ct->second.type != v.type) {
+        return InvalidArgumentError("constant input '" + in.name() + "' has the wrong type");
+      }
+      v.kind = ValueKind::kConstant;
+      v.data = ct->second;
+      g.AddValue(std::move(v));
+    } else {
+      v.kind = ValueKind::kInput;
+      g.inputs().push_back(g.AddValue(std::move(v)));
+    }
+  }
+  for (int ni = 0; ni < gp->node_size(); ++ni) {
+    const onnx::NodeProto& np = gp->node(ni);
+    Node n;
+    n.op = np.op_type();
+    n.name = np.name().empty() ? np.op_type() + "_" + std::to_string(ni) : np.name();
+    if (!np.domain().empty() && np.domain() != "ai.onnx") {
+      return UnimplementedError("node '" + n.name + "': op " + np.domain() + "." + n.op +
+                                " is not supported");
+    }
+    if (!IsSupportedOp(n.op)) {
+      return UnimplementedError("node '" + n.name + "': op " + n.op + " is not supported");
+    }
+    for (const auto& a : np.attribute()) {
+      auto attr = AttributeFromProto(a);
+      if (!attr.ok()) return attr.status().WithContext("node '" + n.name + "': op " + n.op);
+      n.attrs[a.name()] = std::move(attr).value();
+    }
+    for (const std::string& name : np.input()) {
+      if (name.empty()) {
+        n.inputs.push_back(kNoValue);
+        continue;
+      }
+      ValueId id = g.Find(name);
+      if (id == kNoValue) {
+        return InvalidArgumentError(n.Describe() + ": input '" + name + "' is undefined");
+      }
+      n.inputs.push_back(id);
+    }
+    while (!n.inputs.empty() && n.inputs.back() == kNoValue) n.inputs.pop_back();
+    for (const std::string& name : np.output()) {
+      if (name.empty()) {
+        n.outputs.push_back(kNoValue);
+        continue;
+      }
+      if (g.Find(name) != kNoValue) {
+        return InvalidArgumentError(n.Describe() + ": output '" + name + "' defined twice");
+      }
+      Value v;
+      v.name = name;
+      v.type = DataType::kUndefined;
+      n.outputs.push_back(g.AddValue(std::move(v)));
+    }
+    while (!n.outputs.empty() && n.outputs.back() == kNoValue) n.outputs.pop_back();
+    if (n.op == "Constant") {
+      SALUS_ASSIGN_OR_RETURN(HostTensor t, ConstantValue(n));
+      if (n.outputs.size() != 1) return InvalidArgumentError(n.Describe() + ": needs one output");
+      Value& v = g.value(n.outputs[0]);
+      v.kind = ValueKind::kConstant;
+      v.type = t.type;
+      v.shape = t.shape;
+      v.data = std::move(t);
+      continue;
+    }
+    const int idx = g.AddNode(std::move(n));
+    SALUS_RETURN_IF_ERROR(InferNodeShapes(&g, idx));
+    const Node& added = g.nodes()[idx];
+    for (ValueId o : added.outputs) {
+      if (o == kNoValue) continue;
+      const Value& v = g.value(o);
+      if (TooLarge(v.shape, options.max_tensor_elements)) {
+        return InvalidArgumentError(added.Describe() + ": output '" + v.name + "' is too large");
+      }
+      auto it = inferred.find(v.name);
+      if (it != inferred.end() && !SameShape(*it->second, v.shape)) {
+        return InvalidArgumentError(added.Describe() + ": output '" + v.name + "' has shape " +
+                                    ShapeString(v.shape) + " but ONNX infers another");
+      }
+    }
+    bool all_constant = !added.inputs.empty();
+    for (ValueId id : added.inputs) {
+      if (id != kNoValue && g.value(id).kind != ValueKind::kConstant) all_constant = false;
+    }
+    if (all_constant) {
+      SALUS_RETURN_IF_ERROR(Fold(&g, idx));
+      g.nodes().pop_back();
+    }
+  }
+  for (const auto& out : gp->output()) {
+    ValueId id = g.Find(out.name());
+    if (id == kNoValue) {
+      return InvalidArgumentError("graph output '" + out.name() + "' is never produced");
+    }
+    g.outputs().push_back(id);
+  }
+  return g;
+}
+
+}  // namespace salus::exec

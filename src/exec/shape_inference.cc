@@ -1,0 +1,457 @@
+#include "exec/shape_inference.h"
+
+#include <algorithm>
+#include <set>
+
+#include "exec/window.h"
+
+namespace salus::exec {
+namespace {
+
+const std::set<std::string>& Ops() {
+  static const std::set<std::string> ops = {"Gemm",
+                                            "MatMul",
+                                            "Add",
+                                            "Sub",
+                                            "Mul",
+                                            "Div",
+                                            "Relu",
+                                            "LeakyRelu",
+                                            "Sigmoid",
+                                            "Tanh",
+                                            "Softmax",
+                                            "LogSoftmax",
+                                            "Conv",
+                                            "ConvTranspose",
+                                            "MaxPool",
+                                            "AveragePool",
+                                            "GlobalAveragePool",
+                                            "BatchNormalization",
+                                            "Dropout",
+                                            "Flatten",
+                                            "Reshape",
+                                            "Transpose",
+                                            "Concat",
+                                            "Identity",
+                                            "DepthToSpace",
+                                            "Pad",
+                                            "ReduceMean",
+                                            "ReduceSum",
+                                            "Constant",
+                                            "SoftmaxCrossEntropyLoss",
+                                            "Exp",
+                                            "Log",
+                                            "Sqrt",
+                                            "Neg",
+                                            "Abs",
+                                            "Elu",
+                                            "Softplus",
+                                            "Squeeze",
+                                            "Unsqueeze",
+                                            "GlobalMaxPool"};
+  return ops;
+}
+
+const HostTensor* ConstantInput(const Graph& g, const Node& n, size_t i) {
+  ValueId id = n.input(i);
+  if (id == kNoValue) return nullptr;
+  const Value& v = g.value(id);
+  if (v.kind != ValueKind::kConstant) return nullptr;
+  return &v.data;
+}
+
+Status Expect(const Node& n, bool cond, const std::string& what) {
+  if (!cond) return InvalidArgumentError(n.Describe() + ": " + what);
+  return OkStatus();
+}
+
+}  // namespace
+
+bool IsSupportedOp(const std::string& op) { return Ops().count(op) > 0; }
+
+std::vector<std::string> SupportedOps() { return {Ops().begin(), Ops().end()}; }
+
+StatusOr<Shape> BroadcastShapes(const Shape& a, const Shape& b) {
+  const size_t rank = std::max(a.size(), b.size());
+  Shape out(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+    int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+    if (da != db && da != 1 && db != 1) {
+      return InvalidArgumentError("shapes " + ShapeString(a) + " and " + ShapeString(b) +
+                                  " do not broadcast");
+    }
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+StatusOr<int64_t> NormalizeAxis(const Node& node, int64_t axis, int64_t rank) {
+  if (axis < -rank || axis >= std::max<int64_t>(rank, 1)) {
+    return InvalidArgumentError(node.Describe() + ": axis " + std::to_string(axis) +
+                                " out of range for rank " + std::to_string(rank));
+  }
+  return axis < 0 ? axis + rank : axis;
+}
+
+StatusOr<std::vector<int64_t>> ReductionAxes(const Graph& graph, const Node& node) {
+  const Shape& x = graph.value(node.input(0)).shape;
+  const int64_t rank = static_cast<int64_t>(x.size());
+  std::vector<int64_t> axes;
+  bool axes_from_input = node.op == "ReduceSum" && graph.opset() >= 13;
+  if (axes_from_input) {
+    if (node.input(1) != kNoValue) {
+      const HostTensor* t = ConstantInput(graph, node, 1);
+      if (!t) {
+        return UnimplementedError(node.Describe() + ": axes must be a compile-time constant");
+      }
+      axes = t->ToInt64s();
+    }
+  } else {
+    axes = node.GetInts("axes");
+  }
+  if (axes.empty()) {
+    if (node.GetInt("noop_with_empty_axes", 0) != 0) return axes;
+    for (int64_t i = 0; i < rank; ++i) axes.push_back(i);
+    return axes;
+  }
+  for (int64_t& a : axes) {
+    SALUS_ASSIGN_OR_RETURN(a, NormalizeAxis(node, a, rank));
+  }
+  std::sort(axes.begin(), axes.end());
+  axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
+  return axes;
+}
+
+Status InferNodeShapes(Graph* graph, int node_index) {
+  Graph& g = *graph;
+  const Node& n = g.nodes()[node_index];
+  auto in = [&](size_t i) -> const Value& { return g.value(n.inputs[i]); };
+  auto has_in = [&](size_t i) { return n.input(i) != kNoValue; };
+  auto set_out = [&](size_t i, DataType t, Shape s) {
+    if (n.output(i) == kNoValue) return;
+    Value& v = g.value(n.outputs[i]);
+    v.type = t;
+    v.shape = std::move(s);
+  };
+  const std::string& op = n.op;
+  size_t required_inputs = 1;
+  if (op == "Gemm" || op == "MatMul" || op == "Add" || op == "Sub" || op == "Mul" || op == "Div" ||
+      op == "Conv" || op == "ConvTranspose" || op == "Reshape" || op == "SoftmaxCrossEntropyLoss") {
+    required_inputs = 2;
+  } else if (op == "BatchNormalization") {
+    required_inputs = 5;
+  } else if (op == "Constant" || op == "Concat") {
+    required_inputs = 0;
+  }
+  for (size_t i = 0; i < required_inputs; ++i) {
+    if (!has_in(i))
+      return InvalidArgumentError(n.Describe() + ": missing input " + std::to_string(i));
+  }
+  if (n.outputs.empty() || n.outputs[0] == kNoValue) {
+    return InvalidArgumentError(n.Describe() + ": no output");
+  }
+  const DataType t0 = required_inputs > 0 || has_in(0) ? in(0).type : DataType::kFloat32;
+
+  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
+    SALUS_ASSIGN_OR_RETURN(Shape s, BroadcastShapes(in(0).shape, in(1).shape));
+    set_out(0, t0, s);
+  } else if (op == "Relu" || op == "LeakyRelu" || op == "Sigmoid" || op == "Tanh" ||
+             op == "Identity" || op == "Exp" || op == "Log" || op == "Sqrt" || op == "Neg" ||
+             op == "Abs" || op == "Elu" || op == "Softplus") {
+    set_out(0, t0, in(0).shape);
+  } else if (op == "Softmax" || op == "LogSoftmax") {
+    const int64_t rank = in(0).shape.size();
+    SALUS_ASSIGN_OR_RETURN(int64_t axis,
+                           NormalizeAxis(n, n.GetInt("axis", g.opset() >= 13 ? -1 : 1), rank));
+    (void)axis;
+    set_out(0, t0, in(0).shape);
+  } else if (op == "Dropout") {
+    set_out(0, t0, in(0).shape);
+    set_out(1, DataType::kBool, in(0).shape);
+  } else if (op == "Gemm") {
+    const Shape& a = in(0).shape;
+    const Shape& b = in(1).shape;
+    SALUS_RETURN_IF_ERROR(Expect(n, a.size() == 2 && b.size() == 2, "A and B must be 2-D"));
+    const bool ta = n.GetInt("transA", 0) != 0, tb = n.GetInt("transB", 0) != 0;
+    const int64_t m = ta ? a[1] : a[0], k = ta ? a[0] : a[1];
+    const int64_t kb = tb ? b[1] : b[0], nn = tb ? b[0] : b[1];
+    SALUS_RETURN_IF_ERROR(Expect(n, k == kb, "inner dimensions differ"));
+    if (has_in(2)) {
+      SALUS_ASSIGN_OR_RETURN(Shape c, BroadcastShapes(in(2).shape, Shape{m, nn}));
+      SALUS_RETURN_IF_ERROR(Expect(n, c == Shape({m, nn}), "C does not broadcast to (M, N)"));
+    }
+    set_out(0, t0, {m, nn});
+  } else if (op == "MatMul") {
+    Shape a = in(0).shape, b = in(1).shape;
+    SALUS_RETURN_IF_ERROR(Expect(n, !a.empty() && !b.empty(), "scalar operand"));
+    const bool a1 = a.size() == 1, b1 = b.size() == 1;
+    if (a1) a.insert(a.begin(), 1);
+    if (b1) b.push_back(1);
+    SALUS_RETURN_IF_ERROR(Expect(n, a[a.size() - 1] == b[b.size() - 2], "inner dimensions differ"));
+    SALUS_ASSIGN_OR_RETURN(
+        Shape batch, BroadcastShapes(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2)));
+    Shape out = batch;
+    if (!a1) out.push_back(a[a.size() - 2]);
+    if (!b1) out.push_back(b.back());
+    set_out(0, t0, out);
+  } else if (op == "Conv" || op == "ConvTranspose") {
+    const Shape& x = in(0).shape;
+    const Shape& w = in(1).shape;
+    SALUS_RETURN_IF_ERROR(Expect(n, x.size() == w.size() && x.size() >= 3, "bad X/W rank"));
+    if (x.size() != 4) return UnimplementedError(n.Describe() + ": only 2-D convolutions");
+    const int64_t group = n.GetInt("group", 1);
+    SALUS_RETURN_IF_ERROR(Expect(n, group >= 1 && x[1] % group == 0, "bad group"));
+    std::vector<int64_t> spatial(x.begin() + 2, x.end());
+    std::vector<int64_t> kernel(w.begin() + 2, w.end());
+    std::vector<int64_t> ks = n.GetInts("kernel_shape");
+    SALUS_RETURN_IF_ERROR(Expect(n, ks.empty() || ks == kernel, "kernel_shape differs from W"));
+    if (op == "Conv") {
+      SALUS_RETURN_IF_ERROR(Expect(n, w[1] * group == x[1], "W channels do not match X"));
+      SALUS_RETURN_IF_ERROR(Expect(n, w[0] % group == 0, "M not divisible by group"));
+      SALUS_ASSIGN_OR_RETURN(Window win, ComputeWindow(n, spatial, kernel, false));
+      Shape out = {x[0], w[0]};
+      out.insert(out.end(), win.out.begin(), win.out.end());
+      if (has_in(2)) SALUS_RETURN_IF_ERROR(Expect(n, in(2).shape == Shape{w[0]}, "bad B"));
+      set_out(0, t0, out);
+    } else {
+      SALUS_RETURN_IF_ERROR(Expect(n, w[0] == x[1], "W channels do not match X"));
+      SALUS_ASSIGN_OR_RETURN(Window win, ComputeTransposedWindow(n, spatial, kernel));
+      Shape out = {x[0], w[1] * group};
+      out.insert(out.end(), win.out.begin(), win.out.end());
+      if (has_in(2)) SALUS_RETURN_IF_ERROR(Expect(n, in(2).shape == Shape{w[1] * group}, "bad B"));
+      set_out(0, t0, out);
+    }
+  } else if (op == "MaxPool" || op == "AveragePool") {
+    const Shape& x = in(0).shape;
+    if (x.size() != 4) return UnimplementedError(n.Describe() + ": only 2-D pooling");
+    if (n.output(1) != kNoValue) {
+      return UnimplementedError(n.Describe() + ": the Indices output is not supported");
+    }
+    if (n.GetInt("storage_order", 0) != 0) {
+      return UnimplementedError(n.Describe() + ": storage_order=1");
+    }
+    if (op == "AveragePool" && !n.GetInts("dilations").empty()) {
+      for (int64_t d : n.GetInts("dilations")) {
+        if (d != 1) return UnimplementedError(n.Describe() + ": dilated average pooling");
+      }
+    }
+    std::vector<int64_t> spatial(x.begin() + 2, x.end());
+    SALUS_ASSIGN_OR_RETURN(Window win, ComputeWindow(n, spatial, n.GetInts("kernel_shape"),
+                                                     n.GetInt("ceil_mode", 0) != 0));
+    Shape out = {x[0], x[1]};
+    out.insert(out.end(), win.out.begin(), win.out.end());
+    set_out(0, t0, out);
+  } else if (op == "GlobalAveragePool" || op == "GlobalMaxPool") {
+    Shape out = in(0).shape;
+    SALUS_RETURN_IF_ERROR(Expect(n, out.size() >= 3, "input rank below 3"));
+    for (size_t i = 2; i < out.size(); ++i) out[i] = 1;
+    set_out(0, t0, out);
+  } else if (op == "BatchNormalization") {
+    const Shape& x = in(0).shape;
+    SALUS_RETURN_IF_ERROR(Expect(n, x.size() >= 2, "input rank below 2"));
+    for (size_t i = 1; i < 5; ++i) {
+      SALUS_RETURN_IF_ERROR(Expect(n, in(i).shape == Shape{x[1]}, "parameter shape is not [C]"));
+    }
+    set_out(0, t0, x);
+    const bool training = n.GetInt("training_mode", 0) != 0;
+    if (!training && n.outputs.size() > 1) {
+      for (size_t i = 1; i < n.outputs.size(); ++i) {
+        if (n.outputs[i] != kNoValue) {
+          return UnimplementedError(n.Describe() + ": extra outputs outside training mode");
+        }
+      }
+    }
+    set_out(1, t0, {x[1]});
+    set_out(2, t0, {x[1]});
+    if (n.output(3) != kNoValue || n.output(4) != kNoValue) {
+      return UnimplementedError(n.Describe() + ": saved_mean/saved_var outputs");
+    }
+  } else if (op == "Flatten") {
+    const Shape& x = in(0).shape;
+    const int64_t rank = x.size();
+    int64_t axis = n.GetInt("axis", 1);
+    if (axis < 0) axis += rank;
+    SALUS_RETURN_IF_ERROR(Expect(n, axis >= 0 && axis <= rank, "axis out of range"));
+    int64_t outer = 1;
+    for (int64_t i = 0; i < axis; ++i) outer *= x[i];
+    set_out(0, t0, {outer, NumElements(x) / std::max<int64_t>(outer, 1)});
+    if (outer == 0) set_out(0, t0, {0, 0});
+  } else if (op == "Reshape") {
+    const HostTensor* shape = ConstantInput(g, n, 1);
+    if (!shape) return UnimplementedError(n.Describe() + ": shape must be a compile-time constant");
+    std::vector<int64_t> dims = shape->ToInt64s();
+    const Shape& x = in(0).shape;
+    const bool allowzero = n.GetInt("allowzero", 0) != 0;
+    int64_t known = 1, infer = -1;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      if (dims[i] == 0 && !allowzero) {
+        SALUS_RETURN_IF_ERROR(Expect(n, i < x.size(), "0 dim beyond the input rank"));
+        dims[i] = x[i];
+      }
+      if (dims[i] == -1) {
+        SALUS_RETURN_IF_ERROR(Expect(n, infer < 0, "more than one -1"));
+        infer = i;
+      } else {
+        SALUS_RETURN_IF_ERROR(Expect(n, dims[i] >= 0, "negative dim"));
+        SALUS_RETURN_IF_ERROR(
+            Expect(n, !__builtin_mul_overflow(known, dims[i], &known), "dims overflow"));
+      }
+    }
+    if (infer >= 0) {
+      SALUS_RETURN_IF_ERROR(Expect(n, known > 0 && NumElements(x) % known == 0, "cannot infer -1"));
+      dims[infer] = NumElements(x) / known;
+    }
+    SALUS_RETURN_IF_ERROR(Expect(n, NumElements(dims) == NumElements(x), "element count changes"));
+    set_out(0, t0, dims);
+  } else if (op == "Transpose") {
+    const Shape& x = in(0).shape;
+    std::vector<int64_t> perm = n.GetInts("perm");
+    if (perm.empty()) {
+      for (int64_t i = static_cast<int64_t>(x.size()) - 1; i >= 0; --i) perm.push_back(i);
+    }
+    SALUS_RETURN_IF_ERROR(Expect(n, perm.size() == x.size(), "perm rank mismatch"));
+    std::vector<bool> seen(x.size(), false);
+    Shape out;
+    for (int64_t p : perm) {
+      SALUS_RETURN_IF_ERROR(Expect(n, p >= 0 && p < static_cast<int64_t>(x.size()) && !seen[p],
+                                   "perm is not a permutation"));
+      seen[p] = true;
+      out.push_back(x[p]);
+    }
+    set_out(0, t0, out);
+  } else if (op == "Concat") {
+    SALUS_RETURN_IF_ERROR(Expect(n, !n.inputs.empty() && has_in(0), "no inputs"));
+    Shape out = in(0).shape;
+    SALUS_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(n, n.GetInt("axis", 0), out.size()));
+    SALUS_RETURN_IF_ERROR(Expect(n, !out.empty(), "scalar inputs"));
+    for (size_t i = 1; i < n.inputs.size(); ++i) {
+      SALUS_RETURN_IF_ERROR(Expect(n, has_in(i), "missing input"));
+      const Shape& s = in(i).shape;
+      SALUS_RETURN_IF_ERROR(
+          Expect(n, s.size() == out.size() && in(i).type == t0, "input mismatch"));
+      for (size_t d = 0; d < s.size(); ++d) {
+        if (static_cast<int64_t>(d) == axis) continue;
+        SALUS_RETURN_IF_ERROR(Expect(n, s[d] == out[d], "input dims differ"));
+      }
+      out[axis] += s[axis];
+    }
+    set_out(0, t0, out);
+  } else if (op == "DepthToSpace") {
+    const Shape& x = in(0).shape;
+    const int64_t b = n.GetInt("blocksize", 0);
+    SALUS_RETURN_IF_ERROR(Expect(n, x.size() == 4 && b > 0 && b < (1 << 15), "bad blocksize"));
+    SALUS_RETURN_IF_ERROR(Expect(n, x[1] % (b * b) == 0, "channels not divisible by blocksize^2"));
+    const std::string mode = n.GetString("mode", "DCR");
+    SALUS_RETURN_IF_ERROR(Expect(n, mode == "DCR" || mode == "CRD", "unknown mode"));
+    set_out(0, t0, {x[0], x[1] / (b * b), x[2] * b, x[3] * b});
+  } else if (op == "Pad") {
+    const Shape& x = in(0).shape;
+    const std::string mode = n.GetString("mode", "constant");
+    if (mode != "constant") return UnimplementedError(n.Describe() + ": mode '" + mode + "'");
+    std::vector<int64_t> pads;
+    if (g.opset() >= 11) {
+      const HostTensor* p = ConstantInput(g, n, 1);
+      if (!p) return UnimplementedError(n.Describe() + ": pads must be a compile-time constant");
+      pads = p->ToInt64s();
+      if (has_in(2) && !ConstantInput(g, n, 2)) {
+        return UnimplementedError(n.Describe() +
+                                  ": constant_value must be a compile-time constant");
+      }
+      if (n.input(3) != kNoValue) return UnimplementedError(n.Describe() + ": the axes input");
+    } else {
+      pads = n.GetInts("pads");
+    }
+    SALUS_RETURN_IF_ERROR(Expect(n, pads.size() == 2 * x.size(), "pads must have 2*rank entries"));
+    Shape out = x;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (pads[i] < 0 || pads[i + x.size()] < 0) {
+        return UnimplementedError(n.Describe() + ": negative pads");
+      }
+      if (pads[i] > (int64_t{1} << 30) || pads[i + x.size()] > (int64_t{1} << 30)) {
+        return InvalidArgumentError(n.Describe() + ": pads out of range");
+      }
+      out[i] += pads[i] + pads[i + x.size()];
+    }
+    set_out(0, t0, out);
+  } else if (op == "ReduceMean" || op == "ReduceSum") {
+    SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReductionAxes(g, n));
+    const bool keep = n.GetInt("keepdims", 1) != 0;
+    Shape out;
+    const Shape& x = in(0).shape;
+    for (size_t i = 0; i < x.size(); ++i) {
+      bool reduced = std::find(axes.begin(), axes.end(), static_cast<int64_t>(i)) != axes.end();
+      if (!reduced)
+        out.push_back(x[i]);
+      else if (keep)
+        out.push_back(1);
+    }
+    set_out(0, t0, out);
+  } else if (op == "Squeeze" || op == "Unsqueeze") {
+    std::vector<int64_t> axes;
+    if (g.opset() >= 13) {
+      if (has_in(1)) {
+        const HostTensor* a = ConstantInput(g, n, 1);
+        if (!a) return UnimplementedError(n.Describe() + ": axes must be a compile-time constant");
+        axes = a->ToInt64s();
+      }
+    } else {
+      axes = n.GetInts("axes");
+    }
+    const Shape& x = in(0).shape;
+    Shape out;
+    if (op == "Squeeze") {
+      const int64_t rank = x.size();
+      std::vector<bool> drop(rank, false);
+      if (axes.empty()) {
+        for (int64_t i = 0; i < rank; ++i) drop[i] = x[i] == 1;
+      }
+      for (int64_t a : axes) {
+        SALUS_ASSIGN_OR_RETURN(int64_t ax, NormalizeAxis(n, a, rank));
+        SALUS_RETURN_IF_ERROR(Expect(n, x[ax] == 1, "squeezed dim is not 1"));
+        drop[ax] = true;
+      }
+      for (int64_t i = 0; i < rank; ++i) {
+        if (!drop[i]) out.push_back(x[i]);
+      }
+    } else {
+      const int64_t rank = x.size() + axes.size();
+      std::vector<bool> ins(rank, false);
+      for (int64_t a : axes) {
+        SALUS_ASSIGN_OR_RETURN(int64_t ax, NormalizeAxis(n, a, rank));
+        SALUS_RETURN_IF_ERROR(Expect(n, !ins[ax], "repeated axis"));
+        ins[ax] = true;
+      }
+      size_t j = 0;
+      for (int64_t i = 0; i < rank; ++i) out.push_back(ins[i] ? 1 : x[j++]);
+    }
+    set_out(0, t0, out);
+  } else if (op == "SoftmaxCrossEntropyLoss") {
+    const Shape& s = in(0).shape;
+    const Shape& l = in(1).shape;
+    SALUS_RETURN_IF_ERROR(Expect(n, s.size() >= 2 && l.size() + 1 == s.size(), "bad ranks"));
+    SALUS_RETURN_IF_ERROR(Expect(n, l[0] == s[0], "batch mismatch"));
+    for (size_t i = 1; i < l.size(); ++i) {
+      SALUS_RETURN_IF_ERROR(Expect(n, l[i] == s[i + 1], "label dims mismatch"));
+    }
+    if (in(1).type != DataType::kInt64) {
+      return UnimplementedError(n.Describe() + ": labels of type " + DataTypeName(in(1).type));
+    }
+    if (has_in(2)) SALUS_RETURN_IF_ERROR(Expect(n, in(2).shape == Shape{s[1]}, "bad weights"));
+    const std::string red = n.GetString("reduction", "mean");
+    SALUS_RETURN_IF_ERROR(
+        Expect(n, red == "mean" || red == "sum" || red == "none", "bad reduction"));
+    set_out(0, t0, red == "none" ? l : Shape{});
+    set_out(1, t0, s);
+  } else {
+    return UnimplementedError("node '" + n.name + "': op " + op + " is not supported");
+  }
+  for (ValueId o : n.outputs) {
+    if (o != kNoValue && g.value(o).type == DataType::kUndefined) {
+      return InvalidArgumentError(n.Describe() + ": undefined output type");
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace salus::exec

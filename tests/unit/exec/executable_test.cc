@@ -1,0 +1,245 @@
+// Compilation, memory planning and relocation of executables, and bad input.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "exec/memory_planner.h"
+#include "model_builder.h"
+
+namespace salus::exec {
+namespace {
+
+using testing::Memory;
+using testing::ModelBuilder;
+using testing::RandomFloats;
+using testing::RunHost;
+
+std::string ReadModel(const std::string& name) {
+  std::ifstream f(std::string(SALUS_MODELS_DIR) + "/" + name + ".onnx", std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+uint64_t Aligned(uint64_t n) { return (n + 63) / 64 * 64; }
+
+TEST(MemoryPlannerTest, LiveBuffersNeverOverlapAndPeakIsTight) {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 50; ++round) {
+    std::vector<PlannedBuffer> bufs;
+    const int steps = 20;
+    for (int i = 0; i < 40; ++i) {
+      int a = static_cast<int>(rng() % steps), b = static_cast<int>(rng() % steps);
+      bufs.push_back({1 + rng() % 5000, std::min(a, b) - 1, std::max(a, b)});
+    }
+    MemoryPlan plan = MemoryPlanner::Plan(bufs);
+    uint64_t lower = 0;  // the largest set of simultaneously live bytes
+    for (int t = -1; t <= steps; ++t) {
+      uint64_t live = 0;
+      for (const auto& b : bufs) {
+        if (b.first <= t && t <= b.last) live += Aligned(b.size);
+      }
+      lower = std::max(lower, live);
+    }
+    uint64_t total = 0;
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      total += Aligned(bufs[i].size);
+      EXPECT_EQ(plan.offsets[i] % 64, 0u);
+      EXPECT_LE(plan.offsets[i] + bufs[i].size, plan.peak);
+      for (size_t j = i + 1; j < bufs.size(); ++j) {
+        const bool live_together = bufs[i].first <= bufs[j].last && bufs[j].first <= bufs[i].last;
+        const bool disjoint = plan.offsets[i] + bufs[i].size <= plan.offsets[j] ||
+                              plan.offsets[j] + bufs[j].size <= plan.offsets[i];
+        EXPECT_TRUE(!live_together || disjoint) << "round " << round << " " << i << "," << j;
+      }
+    }
+    EXPECT_GE(plan.peak, lower);
+    EXPECT_LE(plan.peak, total);
+  }
+}
+
+TEST(ExecutableTest, PersistentBytesAreExactlyParametersAndOptimizerState) {
+  const std::string mlp = ReadModel("mlp");
+  uint64_t params = 0;
+  for (uint64_t n : {784 * 512, 512, 512 * 512, 512, 512 * 10, 10}) params += Aligned(n * 4);
+  CompileOptions o;
+  o.input_shapes = {{"x", {8, 784}}, {"labels", {8}}};
+  auto inference = Executable::Compile(mlp, o);
+  ASSERT_TRUE(inference.ok()) << inference.status();
+  EXPECT_EQ((*inference)->persistent_bytes(), params);
+  EXPECT_GT((*inference)->ephemeral_bytes(), 0u);
+
+  o.mode = Mode::kTraining;
+  o.loss = "loss";
+  o.optimizer.momentum = 0.9f;  // one velocity per parameter
+  auto sgd = Executable::Compile(mlp, o);
+  ASSERT_TRUE(sgd.ok()) << sgd.status();
+  // Parameters, velocities and the constant gradient seed of the loss.
+  EXPECT_EQ((*sgd)->persistent_bytes(), 2 * params + 64);
+  o.optimizer.kind = OptimizerOptions::Kind::kAdam;
+  auto adam = Executable::Compile(mlp, o);
+  ASSERT_TRUE(adam.ok()) << adam.status();
+  EXPECT_EQ((*adam)->persistent_bytes(), 3 * params + 6 * 64 + 64);
+  // E grows with the batch; the plan reuses memory, so it is far below the sum of all buffers.
+  o.input_shapes = {{"x", {64, 784}}, {"labels", {64}}};
+  auto big = Executable::Compile(mlp, o);
+  ASSERT_TRUE(big.ok());
+  EXPECT_GT((*big)->ephemeral_bytes(), (*adam)->ephemeral_bytes());
+}
+
+// Invariant 4: the state can move between iterations. Training on in one place and on a
+// copy at other addresses with a different lane gives bit-identical results, and an iteration
+// writes nothing outside [lane, lane + E) and [persistent, persistent + P).
+TEST(ExecutableTest, RelocatableBetweenIterations) {
+  CompileOptions o;
+  o.mode = Mode::kTraining;
+  o.loss = "loss";
+  o.optimizer.momentum = 0.9f;
+  o.input_shapes = {{"x", {4, 784}}, {"labels", {4}}};
+  auto exe = Executable::Compile(ReadModel("mlp"), o);
+  ASSERT_TRUE(exe.ok());
+  Executable& x = **exe;
+  std::vector<HostTensor> feeds = {HostTensor::FromFloats({4, 784}, RandomFloats(4 * 784, 1)),
+                                   HostTensor::FromInt64s({4}, {1, 2, 3, 4})};
+  Memory a(x);
+  ASSERT_TRUE(RunHost(x, a, feeds).ok());
+
+  constexpr size_t kGuard = 4096;
+  const size_t p = x.persistent_bytes(), e = x.ephemeral_bytes();
+  std::vector<std::byte> pbuf(p + 2 * kGuard + 64, std::byte{0x5a}),
+      lbuf(e + 2 * kGuard + 64, std::byte{0x5a});
+  std::byte* pb = Memory::Align(pbuf) + kGuard;
+  std::byte* lb = Memory::Align(lbuf) + kGuard;
+  std::memcpy(pb, a.p(), p);
+  auto ra = RunHost(x, a, feeds);
+  std::vector<void*> out(1);
+  HostTensor loss_b(DataType::kFloat32, {});
+  out[0] = loss_b.bytes.data();
+  std::vector<const void*> in = {feeds[0].bytes.data(), feeds[1].bytes.data()};
+  ASSERT_TRUE(x.Run(pb, lb, in, out).ok());
+  ASSERT_TRUE(ra.ok());
+  EXPECT_EQ(std::memcmp((*ra)[0].bytes.data(), loss_b.bytes.data(), 4), 0);
+  EXPECT_EQ(std::memcmp(a.p(), pb, p), 0);
+  for (size_t i = 0; i < kGuard; ++i) {
+    ASSERT_EQ(pb[-1 - static_cast<ptrdiff_t>(i)], std::byte{0x5a});
+    ASSERT_EQ(pb[p + i], std::byte{0x5a});
+    ASSERT_EQ(lb[-1 - static_cast<ptrdiff_t>(i)], std::byte{0x5a});
+    ASSERT_EQ(lb[e + i], std::byte{0x5a});
+  }
+}
+
+TEST(ExecutableTest, ConstantSubgraphsAreFolded) {
+  ModelBuilder mb;
+  mb.Input("x", {2, 6});
+  mb.Initializer("a", {2, 6}, RandomFloats(12, 2)).Initializer("b", {6}, RandomFloats(6, 3));
+  mb.Node("Add", {"a", "b"}, {"c"});  // both initializers: folded for inference
+  auto& shape = mb.Node("Constant", {}, {"shape"});
+  auto* attr = shape.add_attribute();
+  attr->set_name("value");
+  attr->set_type(onnx::AttributeProto::TENSOR);
+  attr->mutable_t()->set_data_type(onnx::TensorProto::INT64);
+  attr->mutable_t()->add_dims(2);
+  attr->mutable_t()->add_int64_data(3);
+  attr->mutable_t()->add_int64_data(-1);
+  mb.Node("Mul", {"x", "c"}, {"m"});
+  mb.Node("Reshape", {"m", "shape"}, {"y"});
+  mb.Output("y", {3, 4});
+  auto exe = Executable::Compile(mb.Bytes(), {});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_EQ((*exe)->num_steps(), 2u);  // Mul and Reshape
+  EXPECT_EQ((*exe)->fetches()[0].shape, (Shape{3, 4}));
+  Memory mem(**exe);
+  HostTensor x = HostTensor::FromFloats({2, 6}, RandomFloats(12, 4));
+  auto out = RunHost(**exe, mem, {x});
+  ASSERT_TRUE(out.ok());
+  std::vector<float> a = RandomFloats(12, 2), b = RandomFloats(6, 3);
+  for (int i = 0; i < 12; ++i)
+    EXPECT_FLOAT_EQ((*out)[0].floats()[i], x.floats()[i] * (a[i] + b[i % 6]));
+}
+
+TEST(BadInputTest, MalformedAndTruncatedModelsAreInvalidArgument) {
+  EXPECT_EQ(Executable::Compile("", {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Executable::Compile("\x08\x01garbage\xff\xff", {}).status().code(),
+            StatusCode::kInvalidArgument);
+  const std::string mlp = ReadModel("mlp");
+  CompileOptions o;
+  o.input_shapes = {{"x", {2, 784}}, {"labels", {2}}};
+  ASSERT_TRUE(Executable::Compile(mlp, o).ok());
+  for (size_t cut : {size_t{10}, mlp.size() / 3, mlp.size() - 7}) {
+    EXPECT_EQ(Executable::Compile(std::string_view(mlp).substr(0, cut), o).status().code(),
+              StatusCode::kInvalidArgument)
+        << cut;
+  }
+  // The batch is symbolic: its shape must be given.
+  EXPECT_EQ(Executable::Compile(mlp, {}).status().code(), StatusCode::kInvalidArgument);
+  o.mode = Mode::kTraining;
+  o.loss = "no_such_output";
+  EXPECT_EQ(Executable::Compile(mlp, o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(BadInputTest, UnsupportedOpsAndAttributesNameTheNodeAndOp) {
+  ModelBuilder mb;
+  mb.Input("x", {2, 3});
+  auto& n = mb.Node("Erf", {"x"}, {"y"});
+  n.set_name("my_erf");
+  mb.Output("y", {2, 3});
+  Status st = Executable::Compile(mb.Bytes(), {}).status();
+  EXPECT_EQ(st.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(st.message().find("my_erf"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("Erf"), std::string::npos) << st;
+
+  ModelBuilder pool;
+  pool.Input("x", {1, 1, 4, 4});
+  auto& p = pool.Node("MaxPool", {"x"}, {"y"});
+  p.set_name("pool1");
+  ModelBuilder::Attr(p, "kernel_shape", std::vector<int64_t>{2, 2});
+  ModelBuilder::Attr(p, "storage_order", int64_t{1});
+  pool.Output("y", {1, 1, 3, 3});
+  st = Executable::Compile(pool.Bytes(), {}).status();
+  EXPECT_EQ(st.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(st.message().find("pool1"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("MaxPool"), std::string::npos) << st;
+
+  // A gradient the engine lacks is refused when training is compiled.
+  ModelBuilder m;
+  m.Input("x", {2, 3});
+  m.Initializer("w", {3}, {1, 1, 1});
+  m.Node("Mul", {"x", "w"}, {"m"});
+  auto& pad = m.Node("Pad", {"m", "pads"}, {"padded"});
+  pad.set_name("pad1");
+  m.Int64Initializer("pads", {4}, {0, 1, 0, 1});
+  auto& s = m.Node("ReduceSum", {"padded"}, {"loss"});
+  ModelBuilder::Attr(s, "keepdims", int64_t{0});
+  m.Output("loss", {});
+  CompileOptions o;
+  o.mode = Mode::kTraining;
+  o.loss = "loss";
+  st = Executable::Compile(m.Bytes(), o).status();
+  EXPECT_EQ(st.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(st.message().find("pad1"), std::string::npos) << st;
+}
+
+TEST(BadInputTest, InconsistentShapesAreInvalidArgument) {
+  ModelBuilder mb;
+  mb.Input("a", {2, 3}).Input("b", {4, 5});
+  mb.Node("Gemm", {"a", "b"}, {"y"});
+  mb.Output("y", {2, 5});
+  EXPECT_EQ(Executable::Compile(mb.Bytes(), {}).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(BadInputTest, RunChecksFeedAndFetchCounts) {
+  ModelBuilder mb;
+  mb.Input("x", {2});
+  mb.Node("Relu", {"x"}, {"y"});
+  mb.Output("y", {2});
+  auto exe = Executable::Compile(mb.Bytes(), {});
+  ASSERT_TRUE(exe.ok());
+  Memory mem(**exe);
+  EXPECT_EQ(RunHost(**exe, mem, {}).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace salus::exec

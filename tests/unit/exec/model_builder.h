@@ -1,0 +1,139 @@
+// Builds small ONNX models in tests (ir_version 8, opset 17).
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "exec/executable.h"
+
+namespace salus::exec::testing {
+
+class ModelBuilder {
+ public:
+  ModelBuilder() {
+    model_.set_ir_version(8);
+    auto* op = model_.add_opset_import();
+    op->set_domain("");
+    op->set_version(17);
+    model_.mutable_graph()->set_name("test");
+  }
+
+  ModelBuilder& Input(const std::string& name, const Shape& shape,
+                      int type = onnx::TensorProto::FLOAT) {
+    auto* in = model_.mutable_graph()->add_input();
+    in->set_name(name);
+    auto* t = in->mutable_type()->mutable_tensor_type();
+    t->set_elem_type(type);
+    for (int64_t d : shape) t->mutable_shape()->add_dim()->set_dim_value(d);
+    return *this;
+  }
+  // libonnx's checker wants a shape on every graph output; its dims may stay unknown.
+  ModelBuilder& Output(const std::string& name, const Shape& shape) {
+    auto* out = model_.mutable_graph()->add_output();
+    out->set_name(name);
+    auto* t = out->mutable_type()->mutable_tensor_type();
+    t->set_elem_type(onnx::TensorProto::FLOAT);
+    t->mutable_shape();
+    for (int64_t d : shape) t->mutable_shape()->add_dim()->set_dim_value(d);
+    return *this;
+  }
+  ModelBuilder& Initializer(const std::string& name, const Shape& shape,
+                            const std::vector<float>& values) {
+    auto* t = model_.mutable_graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    for (int64_t d : shape) t->add_dims(d);
+    for (float v : values) t->add_float_data(v);
+    return *this;
+  }
+  ModelBuilder& Int64Initializer(const std::string& name, const Shape& shape,
+                                 const std::vector<int64_t>& values) {
+    auto* t = model_.mutable_graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    for (int64_t d : shape) t->add_dims(d);
+    for (int64_t v : values) t->add_int64_data(v);
+    return *this;
+  }
+  onnx::NodeProto& Node(const std::string& op, const std::vector<std::string>& inputs,
+                        const std::vector<std::string>& outputs) {
+    auto* n = model_.mutable_graph()->add_node();
+    n->set_op_type(op);
+    n->set_name(op + "_" + std::to_string(model_.graph().node_size()));
+    for (const auto& i : inputs) n->add_input(i);
+    for (const auto& o : outputs) n->add_output(o);
+    return *n;
+  }
+  static void Attr(onnx::NodeProto& n, const std::string& name, int64_t v) {
+    auto* a = n.add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(v);
+  }
+  static void Attr(onnx::NodeProto& n, const std::string& name, float v) {
+    auto* a = n.add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::FLOAT);
+    a->set_f(v);
+  }
+  static void Attr(onnx::NodeProto& n, const std::string& name, const std::string& v) {
+    auto* a = n.add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::STRING);
+    a->set_s(v);
+  }
+  static void Attr(onnx::NodeProto& n, const std::string& name, const std::vector<int64_t>& v) {
+    auto* a = n.add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INTS);
+    for (int64_t x : v) a->add_ints(x);
+  }
+  std::string Bytes() const { return model_.SerializeAsString(); }
+  onnx::ModelProto& proto() { return model_; }
+
+ private:
+  onnx::ModelProto model_;
+};
+
+inline std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Host memory for one executable: a persistent block and a lane, 64-byte aligned.
+struct Memory {
+  explicit Memory(const Executable& exe)
+      : persistent(exe.persistent_bytes() + 64), lane(exe.ephemeral_bytes() + 64) {
+    exe.InitializePersistent(p());
+  }
+  std::byte* p() { return Align(persistent); }
+  std::byte* l() { return Align(lane); }
+  static std::byte* Align(std::vector<std::byte>& v) {
+    auto addr = reinterpret_cast<uintptr_t>(v.data());
+    return v.data() + (64 - addr % 64) % 64;
+  }
+  std::vector<std::byte> persistent, lane;
+};
+
+// Runs one iteration with host tensors; returns the fetches.
+inline StatusOr<std::vector<HostTensor>> RunHost(Executable& exe, Memory& mem,
+                                                 const std::vector<HostTensor>& feeds) {
+  std::vector<const void*> in;
+  for (const HostTensor& f : feeds) in.push_back(f.bytes.data());
+  std::vector<HostTensor> out;
+  for (const TensorInfo& info : exe.fetches()) out.emplace_back(info.type, info.shape);
+  std::vector<void*> out_ptrs;
+  for (HostTensor& t : out) out_ptrs.push_back(t.bytes.data());
+  Status st = exe.Run(mem.p(), mem.l(), in, out_ptrs);
+  if (!st.ok()) return st;
+  return out;
+}
+
+}  // namespace salus::exec::testing
