@@ -224,7 +224,11 @@ StatusOr<std::optional<Grant>> ArenaMemoryManager::Admit(SessionId session, Requ
     DcheckInvariants();
     return std::optional<Grant>(g);
   }
-  if (timeout) w.deadline = clock_->Now() + *timeout;
+  if (timeout) {
+    const Nanos now = clock_->Now();
+    // A timeout too long to represent is no timeout.
+    if (*timeout <= Nanos::max() - now) w.deadline = now + *timeout;
+  }
   waiting_.push_back(w);
   return std::optional<Grant>();
 }
@@ -776,25 +780,34 @@ Status ArenaMemoryManager::CheckInvariantsLocked() const {
   // Invariant 2 and 3 physically: lanes mid-iteration are disjoint from each other and from
   // placed blocks; layout places stay below the persistent region.
   if (lane_bytes_ > region_.floor()) return broken("lane layout reaches the persistent region");
-  std::vector<std::tuple<uint64_t, uint64_t, std::string>> placed;
+  // (offset, size, lane or session id, is a lane); names are formatted only on failure.
+  struct Placed {
+    uint64_t offset, size, id;
+    bool lane;
+    bool operator<(const Placed& o) const { return offset < o.offset; }
+  };
+  std::vector<Placed> placed;
+  placed.reserve(in_flight_.size() + sessions_.size());
   for (const LaneId id : in_flight_) {
     const auto it = lanes_.find(id);
     const Lane& l = it != lanes_.end() ? it->second : draining_.at(id);
-    placed.emplace_back(l.placed_offset, l.placed_size, fmt::format("lane {}", id));
+    placed.push_back({l.placed_offset, l.placed_size, id, true});
   }
   for (const auto& [id, s] : sessions_) {
     if (s.req.persistent_bytes > 0 && !s.block_pending) {
-      placed.emplace_back(s.block_offset, s.req.persistent_bytes, fmt::format("block {}", id));
+      placed.push_back({s.block_offset, s.req.persistent_bytes, id, false});
     }
   }
   std::sort(placed.begin(), placed.end());
   uint64_t end = 0;
-  for (size_t i = 0; i < placed.size(); ++i) {
-    const auto& [o, n, what] = placed[i];
-    if (n == 0) continue;
-    if (o + n > c) return broken(what + " leaves the arena");
-    if (i > 0 && o < end) return broken(what + " overlaps its neighbour");
-    end = std::max(end, o + n);
+  for (const Placed& x : placed) {
+    if (x.size == 0) continue;
+    const auto name = [&] {
+      return fmt::format("{} {}", x.lane ? "lane" : "block of session", x.id);
+    };
+    if (x.offset + x.size > c) return broken(name() + " leaves the arena");
+    if (x.offset < end) return broken(name() + " overlaps its neighbour");
+    end = x.offset + x.size;
   }
   return OkStatus();
 }

@@ -31,7 +31,7 @@ void LaneAllocator::ResetDynamic(uint64_t from) {
   dynamic_free_bytes_ = 0;
   if (from < size_) {
     const Handle h = NewChunk(from, size_ - from);
-    free_.emplace(size_ - from, h);
+    InsertFree(size_ - from, h);
     dynamic_free_bytes_ = size_ - from;
   }
 }
@@ -95,6 +95,23 @@ StatusOr<std::byte*> LaneAllocator::AllocatePlanned(uint64_t offset, uint64_t by
   return base_ + offset;
 }
 
+void LaneAllocator::InsertFree(uint64_t size, Handle h) {
+  if (spare_nodes_.empty()) {
+    free_.emplace(size, h);
+    return;
+  }
+  FreeSet::node_type node = std::move(spare_nodes_.back());
+  spare_nodes_.pop_back();
+  node.value() = {size, h};
+  free_.insert(std::move(node));
+}
+
+void LaneAllocator::EraseFree(uint64_t size, Handle h) {
+  const auto it = free_.find({size, h});
+  SALUS_DCHECK(it != free_.end(), "a free chunk is missing from the free set");
+  spare_nodes_.push_back(free_.extract(it));
+}
+
 LaneAllocator::Handle LaneAllocator::NewChunk(uint64_t offset, uint64_t size) {
   Handle h;
   if (!spare_.empty()) {
@@ -133,7 +150,7 @@ StatusOr<LaneAllocator::Allocation> LaneAllocator::Allocate(uint64_t bytes) {
         FormatBytes(dynamic_free_bytes_), FormatBytes(size_)));
   }
   const Handle h = it->second;
-  free_.erase(it);
+  spare_nodes_.push_back(free_.extract(it));
   if (chunks_[h].size > rounded) {
     // Split: the remainder stays free, after the allocation.
     const Handle rest = NewChunk(chunks_[h].offset + rounded, chunks_[h].size - rounded);
@@ -144,7 +161,7 @@ StatusOr<LaneAllocator::Allocation> LaneAllocator::Allocate(uint64_t bytes) {
     if (c.next != kNoChunk) chunks_[c.next].prev = rest;
     c.next = rest;
     c.size = rounded;
-    free_.emplace(r.size, rest);
+    InsertFree(r.size, rest);
   }
   Chunk& c = chunks_[h];
   c.in_use = true;
@@ -173,7 +190,7 @@ Status LaneAllocator::Free(const Allocation& a) {
   // Coalesce with a free successor, then with a free predecessor.
   const Handle next = chunks_[h].next;
   if (next != kNoChunk && !chunks_[next].in_use) {
-    free_.erase({chunks_[next].size, next});
+    EraseFree(chunks_[next].size, next);
     chunks_[h].size += chunks_[next].size;
     chunks_[h].next = chunks_[next].next;
     if (chunks_[h].next != kNoChunk) chunks_[chunks_[h].next].prev = h;
@@ -181,14 +198,14 @@ Status LaneAllocator::Free(const Allocation& a) {
   }
   const Handle prev = chunks_[h].prev;
   if (prev != kNoChunk && !chunks_[prev].in_use) {
-    free_.erase({chunks_[prev].size, prev});
+    EraseFree(chunks_[prev].size, prev);
     chunks_[prev].size += chunks_[h].size;
     chunks_[prev].next = chunks_[h].next;
     if (chunks_[prev].next != kNoChunk) chunks_[chunks_[prev].next].prev = prev;
     DropChunk(h);
     h = prev;
   }
-  free_.emplace(chunks_[h].size, h);
+  InsertFree(chunks_[h].size, h);
   return OkStatus();
 }
 

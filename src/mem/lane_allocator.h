@@ -108,6 +108,9 @@ class LaneAllocator {
     std::atomic<uint64_t> v_{0};
   };
 
+  // The free set's nodes are recycled so that an allocate/free pair does not touch the heap.
+  void InsertFree(uint64_t size, Handle h);
+  void EraseFree(uint64_t size, Handle h);
   Handle NewChunk(uint64_t offset, uint64_t size);
   void DropChunk(Handle h);
   void ResetDynamic(uint64_t from);
@@ -120,8 +123,10 @@ class LaneAllocator {
   uint64_t planned_live_bytes_ = 0;
 
   std::vector<Chunk> chunks_;
-  std::vector<Handle> spare_;                   // indices of dropped chunks, for reuse
-  std::set<std::pair<uint64_t, Handle>> free_;  // (size, handle) of free chunks
+  std::vector<Handle> spare_;  // indices of dropped chunks, for reuse
+  using FreeSet = std::set<std::pair<uint64_t, Handle>>;
+  FreeSet free_;  // (size, handle) of free chunks
+  std::vector<FreeSet::node_type> spare_nodes_;
   uint64_t dynamic_free_bytes_ = 0;
   uint64_t dynamic_live_bytes_ = 0;
   uint64_t dynamic_live_count_ = 0;

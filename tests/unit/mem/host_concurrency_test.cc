@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -19,15 +20,17 @@ namespace {
 
 constexpr int kWorkers = 4;
 constexpr int kIterationsPerWorker = 150;
-constexpr uint64_t kCapacity = 64 * kMiB;
-constexpr uint64_t kP = 2 * kMiB;
-constexpr uint64_t kE = 4 * kMiB;
+// Four workers (P + E = 3MiB each) and a low lane of 1MiB leave 4MiB: enough for the churn
+// thread's small sessions to open lanes, and too little for its larger ones, which grow the low
+// lane or a worker's lane (Algorithm 1 step 3) and so move the workers' lanes about.
+constexpr uint64_t kCapacity = 18 * kMiB;
+constexpr uint64_t kP = kMiB;
+constexpr uint64_t kE = 2 * kMiB;
+constexpr uint64_t kPlan = 512 * kKiB;
 
 bool AllBytesAre(const std::byte* p, uint64_t n, std::byte v) {
-  for (uint64_t i = 0; i < n; ++i) {
-    if (p[i] != v) return false;
-  }
-  return true;
+  const std::vector<std::byte> want(n, v);
+  return std::memcmp(p, want.data(), n) == 0;
 }
 
 TEST(HostConcurrencyTest, WorkersWriteTheirLanesAndBlocksAtOnce) {
@@ -39,7 +42,11 @@ TEST(HostConcurrencyTest, WorkersWriteTheirLanesAndBlocksAtOnce) {
   ASSERT_TRUE(created.ok()) << created.status();
   MemoryManager& m = **created;
 
-  // Worker w is session w + 1, alone in its lane; P and E leave room for the churn thread.
+  // A lane below the workers' (session 50), then worker w as session w + 1 in its own lane.
+  {
+    auto low = m.Admit(50, {kMiB, kMiB});
+    ASSERT_TRUE(low.ok() && low->has_value());
+  }
   std::vector<LaneId> lanes;
   for (int w = 0; w < kWorkers; ++w) {
     auto g = m.Admit(w + 1, {kP, kE});
@@ -48,13 +55,17 @@ TEST(HostConcurrencyTest, WorkersWriteTheirLanesAndBlocksAtOnce) {
   }
   std::atomic<bool> stop{false};
   std::atomic<int> failures{0};
+  std::atomic<int> moves{0};
+  std::atomic<int> retries{0};
 
   auto worker = [&](int w) {
     const auto mark = static_cast<std::byte>(0x10 + w);
     const SessionId session = w + 1;
+    uint64_t last_base = UINT64_MAX;
     for (int i = 0; i < kIterationsPerWorker; ++i) {
       StatusOr<LaneIteration> it = m.BeginIteration(lanes[w], session);
       while (!it.ok() && it.status().code() == StatusCode::kUnavailable) {
+        ++retries;
         std::this_thread::yield();
         it = m.BeginIteration(lanes[w], session);
       }
@@ -62,6 +73,8 @@ TEST(HostConcurrencyTest, WorkersWriteTheirLanesAndBlocksAtOnce) {
         ++failures;
         return;
       }
+      if (last_base != UINT64_MAX && it->base != last_base) ++moves;
+      last_base = it->base;
       auto block = m.Persistent(session);
       if (!block.ok()) {
         ++failures;
@@ -71,18 +84,18 @@ TEST(HostConcurrencyTest, WorkersWriteTheirLanesAndBlocksAtOnce) {
       if (i > 0 && !AllBytesAre(block->address, block->size, mark)) ++failures;
       std::memset(block->address, static_cast<int>(mark), block->size);
       LaneAllocator* a = it->allocator;
-      if (!a->ReservePlan(kMiB).ok()) ++failures;
-      auto planned = a->AllocatePlanned(0, kMiB);
-      auto dyn1 = a->Allocate(kMiB);
-      auto dyn2 = a->Allocate(512 * kKiB);
+      if (!a->ReservePlan(kPlan).ok()) ++failures;
+      auto planned = a->AllocatePlanned(0, kPlan);
+      auto dyn1 = a->Allocate(kPlan);
+      auto dyn2 = a->Allocate(kPlan / 2);
       if (!planned.ok() || !dyn1.ok() || !dyn2.ok()) {
         ++failures;
       } else {
-        std::memset(*planned, static_cast<int>(mark), kMiB);
+        std::memset(*planned, static_cast<int>(mark), kPlan);
         std::memset(dyn1->address, static_cast<int>(mark) + 1, dyn1->size);
         std::memset(dyn2->address, static_cast<int>(mark) + 2, dyn2->size);
         std::this_thread::yield();
-        if (!AllBytesAre(*planned, kMiB, mark) ||
+        if (!AllBytesAre(*planned, kPlan, mark) ||
             !AllBytesAre(dyn1->address, dyn1->size, static_cast<std::byte>(0x11 + w)) ||
             !AllBytesAre(dyn2->address, dyn2->size, static_cast<std::byte>(0x12 + w))) {
           ++failures;
@@ -100,6 +113,7 @@ TEST(HostConcurrencyTest, WorkersWriteTheirLanesAndBlocksAtOnce) {
     while (!stop.load()) {
       const SessionId s = next++;
       auto g = m.Admit(s, {kMiB, (1 + s % 5) * kMiB});
+      std::this_thread::yield();
       if (!g.ok()) ++failures;
       const nlohmann::json stats = m.Stats();
       const nlohmann::json map = m.MemoryMap();
@@ -125,6 +139,9 @@ TEST(HostConcurrencyTest, WorkersWriteTheirLanesAndBlocksAtOnce) {
   EXPECT_EQ(s.ephemeral.allocation_count,
             static_cast<uint64_t>(kWorkers) * kIterationsPerWorker * 3);
   for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(m.Release(w + 1).ok());
+  ASSERT_TRUE(m.Release(50).ok());
+  std::printf("lane moves seen by workers: %d, UNAVAILABLE retries: %d\n", moves.load(),
+              retries.load());
   EXPECT_EQ(m.CommittedBytes(), 0u);
 }
 

@@ -23,7 +23,7 @@ constexpr uint64_t kDefaultSteps = 100'000;
 constexpr uint64_t kCapacity = kGiB;
 constexpr uint64_t kUnit = kMiB;  // sizes are random multiples of this, some unaligned
 // How often the full (quadratic) checks run, in steps.
-constexpr uint64_t kFullCheckEvery = 1;
+constexpr uint64_t kFullCheckEvery = 4;
 
 uint64_t EnvOr(const char* name, uint64_t fallback) {
   const char* v = std::getenv(name);
