@@ -1,0 +1,13 @@
+"""Python client of the Salus GPU execution service.
+
+    client = salus.connect("tcp://127.0.0.1:5501")
+    s = client.create_session(synthetic={"persistent_bytes": 1 << 20,
+                                         "ephemeral_bytes": 1 << 20,
+                                         "iteration_seconds": 0.01}, iterations=10)
+    s.run()
+    s.close()
+"""
+
+from salus.client import Client, IterationStats, SalusError, Session, connect, default_endpoint
+
+__all__ = ["Client", "IterationStats", "SalusError", "Session", "connect", "default_endpoint"]

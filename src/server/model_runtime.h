@@ -1,0 +1,43 @@
+// ModelRuntime: a session that runs a compiled ONNX model (exec::Executable).
+//
+// The model is compiled once at CreateSession with its input shapes fixed, so P and E are
+// exact from the memory plan. Every graph output (and the loss) can be fetched. The first
+// iteration writes the initial parameters into the session's persistent block; training
+// iterations update them in place there, so a session's state never leaves the device
+// between iterations.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "exec/executable.h"
+#include "server/session_runtime.h"
+
+namespace salus::server {
+
+class ModelRuntime final : public SessionRuntime {
+ public:
+  static StatusOr<std::unique_ptr<ModelRuntime>> Create(const v1::ModelSpec& spec,
+                                                        exec::DeviceType device);
+
+  std::string_view kind() const override { return "model"; }
+  mem::Requirement requirement() const override {
+    return {exe_->persistent_bytes(), exe_->ephemeral_bytes()};
+  }
+  std::vector<v1::TensorSpec> input_specs() const override { return inputs_; }
+  std::vector<v1::TensorSpec> output_specs() const override { return outputs_; }
+  Status Validate(const std::vector<HostTensor>& feeds,
+                  const std::vector<std::string>& fetches) const override;
+  Status Run(const sched::Dispatch& dispatch, const std::vector<HostTensor>& feeds,
+             const std::vector<std::string>& fetches, IterationOutputs* out) override;
+
+ private:
+  explicit ModelRuntime(std::unique_ptr<exec::Executable> exe);
+
+  std::unique_ptr<exec::Executable> exe_;
+  std::vector<v1::TensorSpec> inputs_, outputs_;
+  bool initialized_ = false;  // touched only by the session's lane worker
+};
+
+}  // namespace salus::server

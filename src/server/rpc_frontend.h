@@ -1,0 +1,113 @@
+// RpcFrontend: the daemon's ZeroMQ front door.
+//
+// One I/O thread owns every socket: a ROUTER bound to each configured endpoint, and an
+// inproc PULL socket on which replies come back from whichever thread produced them
+// (ZeroMQ sockets are not thread-safe, so no other thread touches a ROUTER). The I/O thread
+// only decodes envelopes and hands each request to the handler, which must not block; it
+// never waits on execution.
+//
+// Framing (see proto/salus/v1/salus.proto): frame 0 is a salus.v1.Request, frames 1..n raw
+// tensors. An envelope that does not parse, is empty or too large is answered here with
+// INVALID_ARGUMENT (request id 0 when none could be read); everything else reaches the
+// handler with a Call that must be answered exactly once. A Call destroyed unanswered
+// answers INTERNAL itself, so no request ever goes without its one reply.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "common/thread_annotations.h"
+#include "salus/status.h"
+#include "salus/v1/salus.pb.h"
+
+namespace salus::server {
+
+// Largest envelope frame (a CreateSession carries a whole ONNX model).
+inline constexpr size_t kMaxEnvelopeBytes = 512ull << 20;
+// Largest message ZeroMQ accepts at all; larger ones drop the connection.
+inline constexpr int64_t kMaxMessageBytes = 2ll << 30;
+
+class RpcFrontend;
+
+// One request and the means to answer it. Movable, answer-once.
+class Call {
+ public:
+  Call(RpcFrontend* frontend, size_t socket, std::string route, uint64_t request_id);
+  Call(Call&& other) noexcept;
+  Call& operator=(Call&&) = delete;
+  ~Call();
+
+  v1::Request& request() { return request_; }
+  std::vector<zmq::message_t>& frames() { return frames_; }
+  // Who sent it: the endpoint index and ZeroMQ routing id, as one printable string.
+  std::string peer() const;
+
+  // Sends `reply` (its request_id is set here) followed by `frames`.
+  void Reply(v1::Reply reply, std::vector<zmq::message_t> frames = {});
+  void ReplyError(const Status& status);
+  bool answered() const { return frontend_ == nullptr; }
+
+ private:
+  friend class RpcFrontend;
+  RpcFrontend* frontend_;
+  size_t socket_;
+  std::string route_;
+  uint64_t request_id_;
+  v1::Request request_;
+  std::vector<zmq::message_t> frames_;
+};
+
+class RpcFrontend {
+ public:
+  using Handler = std::function<void(Call call)>;
+
+  // Binds every endpoint ("ipc:///run/salus/salus.sock", "tcp://127.0.0.1:5501"). Errors name
+  // the endpoint.
+  static StatusOr<std::unique_ptr<RpcFrontend>> Create(const std::vector<std::string>& endpoints,
+                                                       Handler handler);
+  ~RpcFrontend();
+
+  // Starts the I/O thread.
+  void Start();
+  // Stops it after sending every reply already posted. Idempotent.
+  void Stop();
+  // The endpoints as bound (a tcp port of 0 resolved to the real one).
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+
+  uint64_t requests_received() const { return received_.load(); }
+  uint64_t bad_envelopes() const { return bad_envelopes_.load(); }
+
+ private:
+  friend class Call;
+  RpcFrontend(Handler handler);
+  void Post(size_t socket, const std::string& route, std::vector<zmq::message_t> frames);
+  void Loop();
+  void OnRequest(size_t socket, std::vector<zmq::message_t>& msg);
+  void SendDirect(size_t socket, const std::string& route, v1::Reply reply);
+
+  Handler handler_;
+  zmq::context_t ctx_;
+  std::vector<zmq::socket_t> routers_;
+  std::vector<std::string> endpoints_;
+  zmq::socket_t reply_pull_;
+  Mutex push_mu_;
+  zmq::socket_t reply_push_ GUARDED_BY(push_mu_);
+  std::string inproc_;
+  std::thread io_;
+  std::atomic<bool> started_{false};
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> received_{0};
+  std::atomic<uint64_t> bad_envelopes_{0};
+};
+
+// Status <-> wire.
+void ToProto(const Status& s, v1::Status* out);
+Status FromProto(const v1::Status& s);
+
+}  // namespace salus::server

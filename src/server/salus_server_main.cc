@@ -1,0 +1,157 @@
+// salus-server: the Salus daemon.
+//
+//   salus-server [--config FILE] [--listen EP]... [--device cpu|cuda:N] [--memory 16GiB]
+//                [--policy fifo|srtf|pack|fair] [--log-level info] [--metrics-listen HOST:PORT]
+//
+// Flags override the config file (JSON: listen, device, memory, policy, policy_options,
+// metrics_listen, log_level, lease_seconds). SIGTERM and SIGINT drain the daemon: it stops
+// admitting, finishes the iterations in flight, answers every waiter and exits 0.
+#include <signal.h>
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <iostream>
+#include <thread>
+
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/units.h"
+#include "server/model_factory.h"
+#include "server/server.h"
+
+namespace po = boost::program_options;
+
+namespace {
+
+// Note [OpenMP wait policy]
+// The CPU kernels (oneDNN) run on GNU OpenMP teams, one per lane worker. With several lanes
+// busy, or any other load on the host, the teams oversubscribe the cores, and OpenMP's
+// default of spinning at barriers turns a 4 ms iteration into a 90 ms one (measured on a
+// loaded 2-core host). Passive waiting costs a few microseconds per barrier instead. libgomp
+// reads the policy when it loads, before main(), so the daemon re-executes itself once with
+// OMP_WAIT_POLICY=PASSIVE unless the environment already chose a policy.
+void EnsurePassiveOpenMp(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  execv("/proc/self/exe", argv);
+  // If re-executing fails the daemon still works, only slower under load.
+}
+
+int Fail(const salus::Status& s) {
+  std::cerr << "salus-server: " << s.ToString() << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  EnsurePassiveOpenMp(argv);
+  std::vector<std::string> listen;
+  std::string config_path, device, memory, policy, policy_options, log_level, metrics_listen;
+  double lease_seconds = 0;
+  po::options_description desc("salus-server: the Salus GPU execution service");
+  desc.add_options()("help,h", "show this help")("config", po::value(&config_path),
+                                                 "JSON config file")(
+      "listen", po::value(&listen)->composing(),
+      "endpoint to serve on (repeatable), e.g. ipc:///run/salus/salus.sock, tcp://127.0.0.1:5501")(
+      "device", po::value(&device), "cpu (default) or cuda:N")(
+      "memory", po::value(&memory), "the arena's capacity, e.g. 16GiB")(
+      "policy", po::value(&policy), "fifo, srtf, pack or fair (default)")(
+      "policy-options", po::value(&policy_options), "the policy's options as a JSON object")(
+      "log-level", po::value(&log_level), "trace, debug, info (default), warn, error")(
+      "metrics-listen", po::value(&metrics_listen), "HOST:PORT for /metrics and /healthz")(
+      "lease-seconds", po::value(&lease_seconds), "a silent client's sessions close after this");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, desc), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "salus-server: " << e.what() << "\n\n" << desc;
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << desc;
+    return 0;
+  }
+
+  // Config file first, flags on top.
+  salus::Config config;
+  if (!config_path.empty()) {
+    auto c = salus::Config::FromFile(config_path);
+    if (!c.ok()) return Fail(c.status());
+    config = std::move(*c);
+  }
+  std::vector<std::string> overrides;
+  if (vm.count("device")) overrides.push_back("device=\"" + device + "\"");
+  if (vm.count("memory")) overrides.push_back("memory=\"" + memory + "\"");
+  if (vm.count("policy")) overrides.push_back("policy=\"" + policy + "\"");
+  if (vm.count("log-level")) overrides.push_back("log_level=\"" + log_level + "\"");
+  if (vm.count("metrics-listen")) overrides.push_back("metrics_listen=\"" + metrics_listen + "\"");
+  if (vm.count("lease-seconds")) overrides.push_back("lease_seconds=" + std::to_string(lease_seconds));
+  if (auto s = config.ApplyOverrides(overrides); !s.ok()) return Fail(s);
+
+  salus::server::ServerOptions o;
+  auto get_string = [&](const char* key, std::string* out) -> salus::Status {
+    auto v = config.GetString(key, *out);
+    if (!v.ok()) return v.status();
+    *out = *v;
+    return salus::OkStatus();
+  };
+  std::string level = "info";
+  for (auto [key, out] : {std::pair{"device", &o.device}, std::pair{"policy", &o.policy},
+                          std::pair{"metrics_listen", &o.metrics_listen},
+                          std::pair{"log_level", &level}}) {
+    if (auto s = get_string(key, out); !s.ok()) return Fail(s);
+  }
+  if (auto s = salus::logging::SetLevel(level); !s.ok()) return Fail(s);
+  auto mem = config.GetBytes("memory", 0);
+  if (!mem.ok()) return Fail(mem.status());
+  o.memory = *mem;
+  if (!listen.empty()) {
+    o.listen = listen;
+  } else if (config.Has("listen")) {
+    auto l = config.GetStrings("listen");
+    if (!l.ok()) return Fail(l.status());
+    o.listen = *l;
+  }
+  auto lease = config.GetDouble("lease_seconds", 30.0);
+  if (!lease.ok()) return Fail(lease.status());
+  if (!(*lease > 0)) return Fail(salus::InvalidArgumentError("lease_seconds must be positive"));
+  o.lease = salus::FromSeconds(*lease);
+  if (vm.count("policy-options")) {
+    o.policy_options = nlohmann::json::parse(policy_options, nullptr, false);
+    if (o.policy_options.is_discarded()) {
+      return Fail(salus::InvalidArgumentError("--policy-options is not valid JSON"));
+    }
+  } else {
+    o.policy_options = config.Section("policy_options");
+  }
+  o.model_factory = salus::server::MakeModelFactory(o.device);
+
+  // Block the drain signals in every thread; one thread waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto server = salus::server::Server::Create(std::move(o));
+  if (!server.ok()) return Fail(server.status());
+  if (auto s = (*server)->Start(); !s.ok()) return Fail(s);
+
+  salus::server::Server* srv = server->get();
+  std::thread signal_waiter([srv, signals] {
+    int sig = 0;
+    while (sigwait(&signals, &sig) == 0) {
+      salus::logging::Event("server", "signal", {{"signal", sig}});
+      srv->Drain();
+      return;
+    }
+  });
+  (*server)->Wait();
+  // Wake the signal thread if the drain came from a Drain request instead of a signal.
+  pthread_kill(signal_waiter.native_handle(), SIGTERM);
+  signal_waiter.join();
+  server->reset();
+  return 0;
+}

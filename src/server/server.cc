@@ -1,0 +1,347 @@
+#include "server/server.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "common/logging.h"
+#include "common/units.h"
+#include "device/cuda_query.h"
+
+namespace salus::server {
+namespace {
+
+constexpr uint64_t kDefaultCpuArenaBytes = 8 * kGiB;
+constexpr uint64_t kCudaReserveBytes = 512 * kMiB;
+constexpr auto kHousekeepingPeriod = std::chrono::milliseconds(100);
+
+std::string RuntimeDir() {
+  if (const char* d = std::getenv("RUNTIME_DIRECTORY"); d != nullptr && *d != '\0') {
+    std::string s(d);
+    return s.substr(0, s.find(':'));  // systemd may list several
+  }
+  if (const char* d = std::getenv("XDG_RUNTIME_DIR"); d != nullptr && *d != '\0') {
+    return std::string(d) + "/salus";
+  }
+  return fmt::format("/tmp/salus-{}", getuid());
+}
+
+}  // namespace
+
+std::vector<std::string> DefaultEndpoints() {
+  return {fmt::format("ipc://{}/salus.sock", RuntimeDir()),
+          fmt::format("tcp://127.0.0.1:{}", kDefaultTcpPort)};
+}
+
+StatusOr<uint64_t> DefaultMemory(const std::string& device) {
+  if (device == "cpu") return kDefaultCpuArenaBytes;
+  if (device.rfind("cuda", 0) == 0) {
+    const device::CudaAvailability cuda = device::QueryCuda();
+    int ordinal = 0;
+    if (device.size() > 5) ordinal = std::atoi(device.c_str() + 5);
+    for (const auto& d : cuda.devices) {
+      if (d.ordinal == ordinal) {
+        if (d.free_bytes <= kCudaReserveBytes) {
+          return ResourceExhaustedError(fmt::format("{} has only {} free", device,
+                                                    FormatBytes(d.free_bytes)));
+        }
+        return d.free_bytes - kCudaReserveBytes;
+      }
+    }
+    return FailedPreconditionError(fmt::format("device '{}' is not available: {}", device,
+                                               cuda.reason.empty() ? "no such ordinal" : cuda.reason));
+  }
+  return InvalidArgumentError(fmt::format("unknown device '{}' (expected cpu or cuda:N)", device));
+}
+
+StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
+  if (options.device != "cpu" && options.device.rfind("cuda", 0) != 0) {
+    return InvalidArgumentError(
+        fmt::format("unknown device '{}' (expected cpu or cuda:N)", options.device));
+  }
+  if (options.memory == 0) {
+      SALUS_ASSIGN_OR_RETURN(options.memory, DefaultMemory(options.device));
+    }
+  if (options.listen.empty()) options.listen = DefaultEndpoints();
+  if (options.lease <= Nanos(0)) return InvalidArgumentError("the client lease must be positive");
+  std::unique_ptr<Server> s(new Server(std::move(options)));
+  SALUS_ASSIGN_OR_RETURN(s->provider_, device::CreateMemoryProvider(s->o_.device));
+  SALUS_ASSIGN_OR_RETURN(auto policy, sched::CreatePolicy(s->o_.policy, s->o_.policy_options));
+
+  Server* self = s.get();
+  sched::Engine::Options eo;
+  eo.clock = SteadyClock::Get();
+  eo.provider = s->provider_.get();
+  eo.capacity = s->o_.memory;
+  eo.policy = std::move(policy);
+  eo.on_admitted = [self](uint64_t id, uint64_t lane) { self->sessions_->OnAdmitted(id, lane); };
+  eo.on_admission_failed = [self](uint64_t id, const Status& st) {
+    self->sessions_->OnAdmissionFailed(id, st);
+  };
+  SALUS_ASSIGN_OR_RETURN(s->executor_, sched::Executor::Create(std::move(eo)));
+
+  SessionManager::Options so;
+  so.executor = s->executor_.get();
+  so.clock = SteadyClock::Get();
+  so.lease = s->o_.lease;
+  so.host_accessible = s->provider_->host_accessible();
+  so.model_factory = s->o_.model_factory;
+  so.metrics = &s->metrics_;
+  s->sessions_ = std::make_unique<SessionManager>(std::move(so));
+  s->metrics_.SetGaugeSource([self] { return self->Gauges(); });
+
+  for (const std::string& ep : s->o_.listen) {
+    if (ep.rfind("ipc://", 0) == 0) {
+      const std::filesystem::path dir = std::filesystem::path(ep.substr(6)).parent_path();
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+    }
+  }
+  SALUS_ASSIGN_OR_RETURN(s->frontend_,
+                         RpcFrontend::Create(s->o_.listen, [self](Call c) { self->Handle(std::move(c)); }));
+  if (!s->o_.metrics_listen.empty()) {
+    SALUS_ASSIGN_OR_RETURN(
+        s->http_, MetricsHttpServer::Create(
+                      s->o_.metrics_listen, [self] { return self->metrics_.RenderPrometheus(); },
+                      [self] { return !self->draining(); }));
+  }
+  return s;
+}
+
+Server::~Server() {
+  Drain();
+  Wait();
+}
+
+Status Server::Start() {
+  control_ = std::thread([this] { ControlLoop(); });
+  housekeeping_ = std::thread([this] { HousekeepingLoop(); });
+  frontend_->Start();
+  nlohmann::json ready = {{"version", kServerVersion},
+                          {"protocol", kProtocolVersion},
+                          {"device", o_.device},
+                          {"capacity_bytes", o_.memory},
+                          {"policy", o_.policy},
+                          {"endpoints", frontend_->endpoints()},
+                          {"pid", getpid()}};
+  if (http_) ready["metrics"] = http_->address();
+  logging::Event("server", "ready", ready);
+  return OkStatus();
+}
+
+const std::vector<std::string>& Server::endpoints() const { return frontend_->endpoints(); }
+std::string Server::metrics_address() const { return http_ ? http_->address() : ""; }
+
+bool Server::draining() const {
+  MutexLock lock(&mu_);
+  return draining_;
+}
+
+void Server::Drain() {
+  {
+    MutexLock lock(&mu_);
+    if (draining_) return;
+    draining_ = true;
+  }
+  logging::Event("server", "draining", {{"sessions", sessions_->Count()}});
+  drainer_ = std::thread([this] {
+    // Queued iterations are answered UNAVAILABLE, those in flight finish, memory returns.
+    executor_->Shutdown();
+    sessions_->CloseAll();
+    MutexLock lock(&mu_);
+    drained_ = true;
+    cv_.NotifyAll();
+  });
+}
+
+void Server::Wait() {
+  {
+    MutexLock lock(&mu_);
+    while (!drained_) cv_.Wait(&mu_);
+    if (stop_) return;
+    stop_ = true;
+    cv_.NotifyAll();
+  }
+  if (drainer_.joinable()) drainer_.join();
+  if (control_.joinable()) control_.join();
+  if (housekeeping_.joinable()) housekeeping_.join();
+  frontend_->Stop();  // after every reply has been posted
+  if (http_) http_->Stop();
+  logging::Event("server", "stopped", nlohmann::json::object());
+}
+
+void Server::Handle(Call call) {
+  metrics_.RequestReceived();
+  const v1::Request& req = call.request();
+  sessions_->Touch(call.peer());
+  const bool draining_now = draining();
+  switch (req.body_case()) {
+    case v1::Request::kHello:
+      return HandleHello(std::move(call));
+    case v1::Request::kHeartbeat: {
+      v1::Reply reply;
+      reply.mutable_heartbeat();
+      return call.Reply(std::move(reply));
+    }
+    case v1::Request::kCreateSession: {
+      if (draining_now) break;
+      MutexLock lock(&mu_);
+      control_queue_.push_back(std::move(call));
+      cv_.NotifyAll();
+      return;
+    }
+    case v1::Request::kRunIteration:
+      if (draining_now) break;
+      return sessions_->Run(std::move(call));
+    case v1::Request::kCloseSession: {
+      Status s = sessions_->Close(req.session_id());
+      if (!s.ok()) {
+        metrics_.RequestFailed();
+        return call.ReplyError(s);
+      }
+      v1::Reply reply;
+      reply.mutable_close_session();
+      return call.Reply(std::move(reply));
+    }
+    case v1::Request::kListSessions: {
+      v1::Reply reply;
+      for (auto& info : sessions_->List()) *reply.mutable_list_sessions()->add_sessions() = info;
+      return call.Reply(std::move(reply));
+    }
+    case v1::Request::kGetStats: {
+      v1::Reply reply;
+      reply.mutable_get_stats()->set_json(StatsJson().dump());
+      return call.Reply(std::move(reply));
+    }
+    case v1::Request::kGetMemoryMap: {
+      v1::Reply reply;
+      reply.mutable_get_memory_map()->set_json(executor_->engine().memory().MemoryMap().dump());
+      return call.Reply(std::move(reply));
+    }
+    case v1::Request::kDrain: {
+      v1::Reply reply;
+      reply.mutable_drain();
+      call.Reply(std::move(reply));
+      return Drain();
+    }
+    case v1::Request::BODY_NOT_SET:
+      metrics_.RequestFailed();
+      return call.ReplyError(
+          InvalidArgumentError("the request has no body (or one this server does not know)"));
+  }
+  metrics_.RequestFailed();
+  call.ReplyError(UnavailableError("the server is draining and takes no new work"));
+}
+
+void Server::HandleHello(Call call) {
+  const v1::Hello& hello = call.request().hello();
+  if (hello.protocol_version() != kProtocolVersion) {
+    metrics_.RequestFailed();
+    return call.ReplyError(FailedPreconditionError(
+        fmt::format("protocol version {} is not supported; this server speaks {}",
+                    hello.protocol_version(), kProtocolVersion)));
+  }
+  v1::Reply reply;
+  v1::HelloReply* h = reply.mutable_hello();
+  h->set_protocol_version(kProtocolVersion);
+  h->set_server_version(kServerVersion);
+  h->set_device(o_.device);
+  h->set_capacity_bytes(o_.memory);
+  h->set_policy(o_.policy);
+  h->set_client_id(call.peer());
+  h->set_lease_ms(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(o_.lease).count()));
+  call.Reply(std::move(reply));
+}
+
+void Server::ControlLoop() {
+  while (true) {
+    std::optional<Call> call;
+    {
+      MutexLock lock(&mu_);
+      while (control_queue_.empty() && !stop_) cv_.Wait(&mu_);
+      if (control_queue_.empty()) return;
+      call.emplace(std::move(control_queue_.front()));
+      control_queue_.pop_front();
+    }
+    if (draining()) {
+      metrics_.RequestFailed();
+      call->ReplyError(UnavailableError("the server is draining and takes no new work"));
+      continue;
+    }
+    auto created = sessions_->Create(call->peer(), call->request().create_session());
+    if (!created.ok()) {
+      metrics_.RequestFailed();
+      call->ReplyError(created.status());
+      continue;
+    }
+    v1::Reply reply;
+    *reply.mutable_create_session() = std::move(*created);
+    call->Reply(std::move(reply));
+  }
+}
+
+void Server::HousekeepingLoop() {
+  while (true) {
+    {
+      MutexLock lock(&mu_);
+      if (!stop_) cv_.WaitFor(&mu_, kHousekeepingPeriod);
+      if (stop_) return;
+      if (draining_) continue;
+    }
+    executor_->ExpireWaiting();
+    sessions_->ExpireLeases();
+  }
+}
+
+std::string Server::Gauges() const {
+  std::string out;
+  size_t waiting = 0, admitted = 0;
+  for (const auto& s : sessions_->List()) {
+    (s.state() == v1::WAITING ? waiting : admitted)++;
+  }
+  const auto& mem = executor_->engine().memory();
+  const auto lanes = mem.Lanes();
+  out += "# HELP salus_server_sessions Sessions by state.\n# TYPE salus_server_sessions gauge\n";
+  out += fmt::format("salus_server_sessions{{state=\"waiting\"}} {}\n", waiting);
+  out += fmt::format("salus_server_sessions{{state=\"admitted\"}} {}\n", admitted);
+  out += fmt::format("# HELP salus_mem_lanes Open lanes.\n# TYPE salus_mem_lanes gauge\nsalus_mem_lanes {}\n",
+                     lanes.size());
+  out += "# HELP salus_mem_lane_bytes Size of each lane.\n# TYPE salus_mem_lane_bytes gauge\n";
+  uint64_t lane_total = 0;
+  for (const auto& l : lanes) {
+    out += fmt::format("salus_mem_lane_bytes{{lane=\"{}\"}} {}\n", l.id, l.size);
+    lane_total += l.size;
+  }
+  const uint64_t committed = mem.CommittedBytes();
+  out += "# HELP salus_mem_region_bytes Bytes committed per region of the arena.\n"
+         "# TYPE salus_mem_region_bytes gauge\n";
+  out += fmt::format("salus_mem_region_bytes{{region=\"ephemeral\"}} {}\n", lane_total);
+  out += fmt::format("salus_mem_region_bytes{{region=\"persistent\"}} {}\n",
+                     committed >= lane_total ? committed - lane_total : 0);
+  out += fmt::format("# HELP salus_mem_capacity_bytes The arena.\n# TYPE salus_mem_capacity_bytes gauge\n"
+                     "salus_mem_capacity_bytes {}\n", mem.capacity());
+  out += fmt::format("# HELP salus_mem_admission_queue Sessions waiting for memory.\n"
+                     "# TYPE salus_mem_admission_queue gauge\nsalus_mem_admission_queue {}\n",
+                     mem.WaitingCount());
+  return out;
+}
+
+nlohmann::json Server::StatsJson() const {
+  const auto& mem = executor_->engine().memory();
+  return {{"device", o_.device},
+          {"policy", o_.policy},
+          {"capacity_bytes", mem.capacity()},
+          {"committed_bytes", mem.CommittedBytes()},
+          {"sessions", sessions_->Count()},
+          {"waiting", mem.WaitingCount()},
+          {"lanes", mem.Lanes().size()},
+          {"running_iterations", executor_->engine().RunningIterations()},
+          {"requests", frontend_->requests_received()},
+          {"bad_envelopes", frontend_->bad_envelopes()},
+          {"draining", draining()},
+          {"memory", mem.Stats()}};
+}
+
+}  // namespace salus::server

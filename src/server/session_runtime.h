@@ -1,0 +1,56 @@
+// SessionRuntime: what a session runs in each iteration. Two kinds exist: a compiled model
+// (exec) and a synthetic load generator. The session manager owns one per session; the lane
+// worker calls Run with the iteration's resolved memory (invariant 4: addresses are valid for
+// this iteration only, and may differ in the next).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/clock.h"
+#include "mem/memory_manager.h"
+#include "salus/status.h"
+#include "salus/v1/salus.pb.h"
+#include "sched/engine.h"
+
+namespace salus::server {
+
+// A tensor received or to be sent as a raw frame.
+struct HostTensor {
+  v1::TensorSpec spec;
+  const std::byte* data = nullptr;  // feeds: the frame's bytes (valid during Run)
+  size_t bytes = 0;
+};
+
+struct IterationOutputs {
+  std::vector<v1::TensorSpec> specs;
+  std::vector<std::string> data;  // one buffer per spec
+};
+
+class SessionRuntime {
+ public:
+  virtual ~SessionRuntime() = default;
+  virtual std::string_view kind() const = 0;
+  virtual mem::Requirement requirement() const = 0;
+  virtual std::optional<Nanos> iteration_time_hint() const { return std::nullopt; }
+  virtual std::vector<v1::TensorSpec> input_specs() const { return {}; }
+  virtual std::vector<v1::TensorSpec> output_specs() const { return {}; }
+  // Checks feeds and fetches before the iteration is queued, so bad input is refused at once
+  // (INVALID_ARGUMENT naming the tensor) and never reaches a lane.
+  virtual Status Validate(const std::vector<HostTensor>& feeds,
+                          const std::vector<std::string>& fetches) const = 0;
+  // One iteration, on the lane worker.
+  virtual Status Run(const sched::Dispatch& dispatch, const std::vector<HostTensor>& feeds,
+                     const std::vector<std::string>& fetches, IterationOutputs* out) = 0;
+};
+
+// Bytes per element of a wire dtype; 0 for an unspecified or unknown one.
+size_t DataTypeSize(v1::DataType dtype);
+// INVALID_ARGUMENT naming the tensor when the frame's size is not what dtype × shape says.
+Status CheckFrame(const v1::TensorSpec& spec, size_t frame_bytes);
+
+}  // namespace salus::server
