@@ -1,0 +1,158 @@
+// The C++ client of salus-server.
+//
+//   auto client = salus::client::Client::Connect("tcp://127.0.0.1:5501");
+//   salus::client::SessionOptions o;
+//   o.model = ReadFile("mlp.onnx");
+//   o.mode = salus::client::Mode::kTrain;
+//   o.inputs = {{"x", {64, 784}}, {"labels", {64}}};
+//   o.loss = "loss";
+//   o.optimizer.lr = 0.1;
+//   auto session = (*client)->CreateSession(o);
+//   auto out = (*session)->Run({x, labels}, {"loss"});
+//
+// Every call returns a Status: the daemon's error (its canonical code and message) or a
+// transport failure (UNAVAILABLE, DEADLINE_EXCEEDED). A Client is thread-safe; calls are
+// serialised on its one connection. While it lives it renews its lease, so the daemon keeps
+// its sessions; when the process dies the daemon frees them after the lease.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "salus/status.h"
+
+namespace salus::client {
+
+enum class DType { kFloat32 = 1, kInt64 = 2, kInt32 = 3, kFloat64 = 4, kUInt8 = 5, kBool = 6 };
+size_t DTypeSize(DType dtype);
+
+struct Tensor {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> data;
+
+  static Tensor Floats(std::string name, std::vector<int64_t> shape, const std::vector<float>& v);
+  static Tensor Int64s(std::string name, std::vector<int64_t> shape, const std::vector<int64_t>& v);
+  const float* floats() const { return reinterpret_cast<const float*>(data.data()); }
+  const int64_t* int64s() const { return reinterpret_cast<const int64_t*>(data.data()); }
+  size_t num_elements() const;
+};
+
+enum class Mode { kTrain, kInfer };
+
+struct Optimizer {
+  std::string type = "sgd";  // "sgd" or "adam"
+  double lr = 0.01;
+  double momentum = 0;
+  bool nesterov = false;
+  double weight_decay = 0;
+  double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;
+};
+
+struct Synthetic {
+  uint64_t persistent_bytes = 0;
+  uint64_t ephemeral_bytes = 0;
+  double iteration_seconds = 0;
+};
+
+struct SessionOptions {
+  // Either a model (ONNX bytes) or a synthetic profile.
+  std::string model;
+  std::optional<Synthetic> synthetic;
+  Mode mode = Mode::kTrain;
+  std::map<std::string, std::vector<int64_t>> inputs;
+  std::string loss;
+  Optimizer optimizer;
+  int64_t iterations = 0;        // declared length, 0: undeclared
+  double duration_seconds = 0;   // declared length, 0: undeclared
+  int32_t priority = 0;
+  std::string name;
+  double admission_timeout_seconds = 0;  // 0: wait as long as it takes
+};
+
+struct IterationStats {
+  uint64_t iteration = 0;
+  uint64_t lane = 0;
+  double queue_delay_us = 0;
+  double run_us = 0;
+  double switch_gap_us = 0;
+};
+
+struct ServerInfo {
+  uint32_t protocol_version = 0;
+  std::string server_version, device, policy, client_id;
+  uint64_t capacity_bytes = 0;
+  uint64_t lease_ms = 0;
+};
+
+struct SessionInfo {
+  uint64_t id = 0;
+  std::string name, kind, state, client_id;
+  uint64_t lane = 0;
+  int32_t priority = 0;
+  uint64_t persistent_bytes = 0, ephemeral_bytes = 0;
+  int64_t iterations_done = 0, iterations_declared = 0;
+  double avg_iteration_seconds = 0;
+};
+
+class Client;
+
+class Session {
+ public:
+  ~Session();
+  uint64_t id() const { return id_; }
+  bool admitted() const { return admitted_; }  // at creation; false: it was queued
+  uint64_t persistent_bytes() const { return p_; }
+  uint64_t ephemeral_bytes() const { return e_; }
+  // One iteration (waits for admission first when the session is queued).
+  StatusOr<std::map<std::string, Tensor>> Run(const std::vector<Tensor>& feeds = {},
+                                              const std::vector<std::string>& fetches = {});
+  const IterationStats& last_stats() const { return stats_; }
+  Status Close();
+
+ private:
+  friend class Client;
+  Session(Client* client, uint64_t id) : client_(client), id_(id) {}
+  Client* client_;
+  uint64_t id_;
+  bool admitted_ = false;
+  bool closed_ = false;
+  uint64_t p_ = 0, e_ = 0;
+  IterationStats stats_;
+};
+
+class Client {
+ public:
+  struct Options {
+    std::string name = "cpp";
+    // Control requests fail with DEADLINE_EXCEEDED after this; iterations wait as long as
+    // they take.
+    std::chrono::milliseconds timeout{30000};
+  };
+  static StatusOr<std::unique_ptr<Client>> Connect(const std::string& endpoint);
+  static StatusOr<std::unique_ptr<Client>> Connect(const std::string& endpoint, Options options);
+  ~Client();
+
+  const ServerInfo& server() const;
+  StatusOr<std::unique_ptr<Session>> CreateSession(const SessionOptions& options);
+  StatusOr<std::vector<SessionInfo>> ListSessions();
+  StatusOr<std::string> StatsJson();
+  StatusOr<std::string> MemoryMapJson();
+  Status Drain();
+
+  struct Impl;
+
+ private:
+  friend class Session;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace salus::client

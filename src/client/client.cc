@@ -1,0 +1,319 @@
+#include "salus/client.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "salus/v1/salus.pb.h"
+
+namespace salus::client {
+namespace {
+
+constexpr uint32_t kProtocolVersion = 1;
+// Heartbeats go out this many times per lease.
+constexpr int kBeatsPerLease = 3;
+
+v1::DataType ToWire(DType d) { return static_cast<v1::DataType>(static_cast<int>(d)); }
+
+Status FromWire(const v1::Status& s) {
+  if (s.code() < 0 || s.code() > 16) return UnknownError(s.message());
+  return Status(static_cast<StatusCode>(s.code()), s.message());
+}
+
+}  // namespace
+
+size_t DTypeSize(DType d) {
+  switch (d) {
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+    case DType::kFloat64:
+      return 8;
+    case DType::kUInt8:
+    case DType::kBool:
+      return 1;
+  }
+  return 0;
+}
+
+size_t Tensor::num_elements() const {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+Tensor Tensor::Floats(std::string name, std::vector<int64_t> shape, const std::vector<float>& v) {
+  Tensor t{std::move(name), DType::kFloat32, std::move(shape), {}};
+  t.data.resize(v.size() * sizeof(float));
+  std::memcpy(t.data.data(), v.data(), t.data.size());
+  return t;
+}
+
+Tensor Tensor::Int64s(std::string name, std::vector<int64_t> shape, const std::vector<int64_t>& v) {
+  Tensor t{std::move(name), DType::kInt64, std::move(shape), {}};
+  t.data.resize(v.size() * sizeof(int64_t));
+  std::memcpy(t.data.data(), v.data(), t.data.size());
+  return t;
+}
+
+struct Client::Impl {
+  std::string endpoint;
+  Options options;
+  zmq::context_t ctx{1};
+  zmq::socket_t sock{ctx, zmq::socket_type::dealer};
+  std::mutex mu;  // serialises requests on the socket
+  uint64_t next_id = 1;
+  ServerInfo server;
+  std::thread heartbeat;
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  bool stop = false;
+
+  // Sends one request and waits for its reply (forever when wait is empty).
+  StatusOr<std::pair<v1::Reply, std::vector<zmq::message_t>>> Call(
+      v1::Request req, std::vector<zmq::message_t> frames,
+      std::optional<std::chrono::milliseconds> wait) {
+    std::lock_guard<std::mutex> lock(mu);
+    req.set_request_id(next_id++);
+    std::string bytes;
+    req.SerializeToString(&bytes);
+    std::vector<zmq::message_t> msg;
+    msg.emplace_back(bytes.data(), bytes.size());
+    for (auto& f : frames) msg.push_back(std::move(f));
+    try {
+      zmq::send_multipart(sock, msg);
+      while (true) {
+        if (wait) {
+          zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
+          if (zmq::poll(&item, 1, *wait) == 0) {
+            return DeadlineExceededError(
+                fmt::format("no reply from {} within {} ms", endpoint, wait->count()));
+          }
+        }
+        std::vector<zmq::message_t> parts;
+        if (!zmq::recv_multipart(sock, std::back_inserter(parts))) continue;
+        if (parts.empty()) continue;
+        v1::Reply reply;
+        if (!reply.ParseFromArray(parts[0].data(), static_cast<int>(parts[0].size()))) {
+          return DataLossError("the server's reply does not parse");
+        }
+        if (reply.request_id() != req.request_id() && reply.request_id() != 0) continue;  // stale
+        SALUS_RETURN_IF_ERROR(FromWire(reply.status()));
+        parts.erase(parts.begin());
+        return std::make_pair(std::move(reply), std::move(parts));
+      }
+    } catch (const zmq::error_t& e) {
+      return UnavailableError(fmt::format("talking to {}: {}", endpoint, e.what()));
+    }
+  }
+
+  StatusOr<v1::Reply> Control(v1::Request req) {
+    SALUS_ASSIGN_OR_RETURN(auto r, Call(std::move(req), {}, options.timeout));
+    return std::move(r.first);
+  }
+
+  void Beat(std::chrono::milliseconds period) {
+    std::unique_lock<std::mutex> lock(stop_mu);
+    while (!stop_cv.wait_for(lock, period, [this] { return stop; })) {
+      lock.unlock();
+      // A request in flight keeps the lease alive by itself; only beat when idle.
+      std::unique_lock<std::mutex> busy(mu, std::try_to_lock);
+      if (busy.owns_lock()) {
+        busy.unlock();
+        v1::Request req;
+        req.mutable_heartbeat();
+        Control(std::move(req)).status().IgnoreError();
+      }
+      lock.lock();
+    }
+  }
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->stop_mu);
+    impl_->stop = true;
+  }
+  impl_->stop_cv.notify_all();
+  if (impl_->heartbeat.joinable()) impl_->heartbeat.join();
+  impl_->sock.close();
+}
+
+StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& endpoint) {
+  return Connect(endpoint, Options{});
+}
+
+StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& endpoint, Options options) {
+  auto impl = std::make_unique<Impl>();
+  impl->endpoint = endpoint;
+  impl->options = options;
+  try {
+    impl->sock.set(zmq::sockopt::linger, 0);
+    impl->sock.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    return InvalidArgumentError(fmt::format("cannot connect to '{}': {}", endpoint, e.what()));
+  }
+  v1::Request req;
+  req.mutable_hello()->set_protocol_version(kProtocolVersion);
+  req.mutable_hello()->set_client_name(options.name);
+  SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl->Control(std::move(req)));
+  const v1::HelloReply& h = reply.hello();
+  impl->server = {h.protocol_version(), h.server_version(), h.device(), h.policy(),
+                  h.client_id(),        h.capacity_bytes(), h.lease_ms()};
+  const auto period =
+      std::chrono::milliseconds(std::max<uint64_t>(h.lease_ms() / kBeatsPerLease, 100));
+  Impl* raw = impl.get();
+  impl->heartbeat = std::thread([raw, period] { raw->Beat(period); });
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+const ServerInfo& Client::server() const { return impl_->server; }
+
+StatusOr<std::unique_ptr<Session>> Client::CreateSession(const SessionOptions& o) {
+  v1::Request req;
+  v1::CreateSession* cs = req.mutable_create_session();
+  if (o.synthetic.has_value() == !o.model.empty()) {
+    return InvalidArgumentError("give exactly one of a model and a synthetic profile");
+  }
+  if (o.synthetic) {
+    cs->mutable_synthetic()->set_persistent_bytes(o.synthetic->persistent_bytes);
+    cs->mutable_synthetic()->set_ephemeral_bytes(o.synthetic->ephemeral_bytes);
+    cs->mutable_synthetic()->set_iteration_seconds(o.synthetic->iteration_seconds);
+  } else {
+    v1::ModelSpec* m = cs->mutable_model();
+    m->set_onnx(o.model);
+    m->set_mode(o.mode == Mode::kTrain ? v1::TRAIN : v1::INFER);
+    for (const auto& [name, dims] : o.inputs) {
+      v1::InputShape* in = m->add_inputs();
+      in->set_name(name);
+      for (int64_t d : dims) in->add_dims(d);
+    }
+    m->set_loss(o.loss);
+    v1::Optimizer* opt = m->mutable_optimizer();
+    opt->set_type(o.optimizer.type);
+    opt->set_lr(o.optimizer.lr);
+    opt->set_momentum(o.optimizer.momentum);
+    opt->set_nesterov(o.optimizer.nesterov);
+    opt->set_weight_decay(o.optimizer.weight_decay);
+    opt->set_beta1(o.optimizer.beta1);
+    opt->set_beta2(o.optimizer.beta2);
+    opt->set_epsilon(o.optimizer.epsilon);
+  }
+  cs->set_iterations(o.iterations);
+  cs->set_duration_seconds(o.duration_seconds);
+  cs->set_priority(o.priority);
+  cs->set_name(o.name);
+  cs->set_admission_timeout_seconds(o.admission_timeout_seconds);
+  SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl_->Control(std::move(req)));
+  const v1::CreateSessionReply& r = reply.create_session();
+  std::unique_ptr<Session> s(new Session(this, r.session_id()));
+  s->admitted_ = r.state() == v1::ADMITTED;
+  s->p_ = r.persistent_bytes();
+  s->e_ = r.ephemeral_bytes();
+  return s;
+}
+
+StatusOr<std::vector<SessionInfo>> Client::ListSessions() {
+  v1::Request req;
+  req.mutable_list_sessions();
+  SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl_->Control(std::move(req)));
+  std::vector<SessionInfo> out;
+  for (const v1::SessionInfo& s : reply.list_sessions().sessions()) {
+    SessionInfo i;
+    i.id = s.session_id();
+    i.name = s.name();
+    i.kind = s.kind();
+    i.state = v1::SessionState_Name(s.state());
+    i.client_id = s.client_id();
+    i.lane = s.lane();
+    i.priority = s.priority();
+    i.persistent_bytes = s.persistent_bytes();
+    i.ephemeral_bytes = s.ephemeral_bytes();
+    i.iterations_done = s.iterations_done();
+    i.iterations_declared = s.iterations_declared();
+    i.avg_iteration_seconds = s.avg_iteration_seconds();
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+StatusOr<std::string> Client::StatsJson() {
+  v1::Request req;
+  req.mutable_get_stats();
+  SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl_->Control(std::move(req)));
+  return reply.get_stats().json();
+}
+
+StatusOr<std::string> Client::MemoryMapJson() {
+  v1::Request req;
+  req.mutable_get_memory_map();
+  SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl_->Control(std::move(req)));
+  return reply.get_memory_map().json();
+}
+
+Status Client::Drain() {
+  v1::Request req;
+  req.mutable_drain();
+  return impl_->Control(std::move(req)).status();
+}
+
+Session::~Session() {
+  if (!closed_) Close().IgnoreError();  // best effort; the lease frees it otherwise
+}
+
+StatusOr<std::map<std::string, Tensor>> Session::Run(const std::vector<Tensor>& feeds,
+                                                     const std::vector<std::string>& fetches) {
+  v1::Request req;
+  req.set_session_id(id_);
+  v1::RunIteration* body = req.mutable_run_iteration();
+  std::vector<zmq::message_t> frames;
+  for (const Tensor& t : feeds) {
+    v1::TensorSpec* spec = body->add_feeds();
+    spec->set_name(t.name);
+    spec->set_dtype(ToWire(t.dtype));
+    for (int64_t d : t.shape) spec->add_shape(d);
+    frames.emplace_back(t.data.data(), t.data.size());
+  }
+  for (const auto& f : fetches) body->add_fetches(f);
+  SALUS_ASSIGN_OR_RETURN(auto r, client_->impl_->Call(std::move(req), std::move(frames), std::nullopt));
+  const v1::RunIterationReply& reply = r.first.run_iteration();
+  const v1::IterationStats& st = reply.stats();
+  stats_ = {st.iteration(), st.lane(), st.queue_delay_us(), st.run_us(), st.switch_gap_us()};
+  if (static_cast<size_t>(reply.outputs_size()) != r.second.size()) {
+    return DataLossError("the reply's tensor frames do not match its output list");
+  }
+  std::map<std::string, Tensor> out;
+  for (int i = 0; i < reply.outputs_size(); ++i) {
+    const v1::TensorSpec& spec = reply.outputs(i);
+    Tensor t;
+    t.name = spec.name();
+    t.dtype = static_cast<DType>(spec.dtype());
+    t.shape.assign(spec.shape().begin(), spec.shape().end());
+    const zmq::message_t& f = r.second[i];
+    t.data.resize(f.size());
+    std::memcpy(t.data.data(), f.data(), f.size());
+    out[t.name] = std::move(t);
+  }
+  return out;
+}
+
+Status Session::Close() {
+  if (closed_) return OkStatus();
+  v1::Request req;
+  req.set_session_id(id_);
+  req.mutable_close_session();
+  Status s = client_->impl_->Control(std::move(req)).status();
+  closed_ = true;
+  return s;
+}
+
+}  // namespace salus::client

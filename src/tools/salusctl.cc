@@ -1,0 +1,158 @@
+// salusctl: inspect and control a running salus-server.
+//
+//   salusctl [--endpoint EP] status            server, device, memory and session counts
+//   salusctl [--endpoint EP] sessions [--json]
+//   salusctl [--endpoint EP] memory [--json]   the memory map: lanes, blocks, free ranges
+//   salusctl [--endpoint EP] drain             finish in-flight work and stop the daemon
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "common/units.h"
+#include "salus/client.h"
+
+namespace po = boost::program_options;
+
+namespace {
+
+int Fail(const salus::Status& s) {
+  std::cerr << "salusctl: " << s.ToString() << "\n";
+  return 1;
+}
+
+std::string DefaultEndpoint() {
+  const char* env = std::getenv("SALUS_ENDPOINT");
+  return env != nullptr && *env != '\0' ? env : "tcp://127.0.0.1:5501";
+}
+
+int Status(salus::client::Client& c) {
+  auto stats = c.StatsJson();
+  if (!stats.ok()) return Fail(stats.status());
+  const auto j = nlohmann::json::parse(*stats);
+  const auto& info = c.server();
+  std::printf("server     salus-server %s (protocol %u)\n", info.server_version.c_str(),
+              info.protocol_version);
+  std::printf("device     %s, policy %s\n", info.device.c_str(), info.policy.c_str());
+  std::printf("memory     %s committed of %s (%zu lanes)\n",
+              salus::FormatBytes(j.value("committed_bytes", 0ull)).c_str(),
+              salus::FormatBytes(j.value("capacity_bytes", 0ull)).c_str(),
+              j.value("lanes", size_t{0}));
+  std::printf("sessions   %zu (%zu waiting for memory), %zu iterations running\n",
+              j.value("sessions", size_t{0}), j.value("waiting", size_t{0}),
+              j.value("running_iterations", size_t{0}));
+  std::printf("state      %s\n", j.value("draining", false) ? "draining" : "serving");
+  return 0;
+}
+
+int Sessions(salus::client::Client& c, bool json) {
+  auto list = c.ListSessions();
+  if (!list.ok()) return Fail(list.status());
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& s : *list) {
+      out.push_back({{"session_id", s.id}, {"name", s.name}, {"kind", s.kind},
+                     {"state", s.state}, {"lane", s.lane}, {"priority", s.priority},
+                     {"persistent_bytes", s.persistent_bytes},
+                     {"ephemeral_bytes", s.ephemeral_bytes},
+                     {"iterations_done", s.iterations_done},
+                     {"iterations_declared", s.iterations_declared},
+                     {"avg_iteration_seconds", s.avg_iteration_seconds}});
+    }
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%-6s %-16s %-9s %-9s %5s %4s %10s %10s %12s %9s\n", "ID", "NAME", "KIND", "STATE",
+              "LANE", "PRIO", "P", "E", "ITERATIONS", "ITER ms");
+  for (const auto& s : *list) {
+    const std::string iters = s.iterations_declared > 0
+                                  ? std::to_string(s.iterations_done) + "/" +
+                                        std::to_string(s.iterations_declared)
+                                  : std::to_string(s.iterations_done);
+    std::printf("%-6llu %-16s %-9s %-9s %5llu %4d %10s %10s %12s %9.2f\n",
+                static_cast<unsigned long long>(s.id), s.name.substr(0, 16).c_str(),
+                s.kind.c_str(), s.state.c_str(), static_cast<unsigned long long>(s.lane),
+                s.priority, salus::FormatBytes(s.persistent_bytes).c_str(),
+                salus::FormatBytes(s.ephemeral_bytes).c_str(), iters.c_str(),
+                s.avg_iteration_seconds * 1e3);
+  }
+  return 0;
+}
+
+int Memory(salus::client::Client& c, bool json) {
+  auto map = c.MemoryMapJson();
+  if (!map.ok()) return Fail(map.status());
+  const auto j = nlohmann::json::parse(*map);
+  if (json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("capacity %s\n\n", salus::FormatBytes(j.value("capacity", 0ull)).c_str());
+  std::printf("%-12s %-8s %14s %12s  %s\n", "KIND", "ID", "OFFSET", "SIZE", "SESSIONS");
+  for (const auto& l : j.value("lanes", nlohmann::json::array())) {
+    std::string sessions;
+    for (const auto& s : l.value("sessions", nlohmann::json::array())) {
+      sessions += (sessions.empty() ? "" : ",") + std::to_string(s.get<uint64_t>());
+    }
+    std::printf("%-12s %-8llu %14llu %12s  %s\n", "lane",
+                static_cast<unsigned long long>(l.value("id", 0ull)),
+                static_cast<unsigned long long>(l.value("offset", 0ull)),
+                salus::FormatBytes(l.value("size", 0ull)).c_str(), sessions.c_str());
+  }
+  for (const auto& b : j.value("persistent_blocks", nlohmann::json::array())) {
+    std::printf("%-12s %-8llu %14llu %12s  %llu\n", "persistent",
+                static_cast<unsigned long long>(b.value("session", 0ull)),
+                static_cast<unsigned long long>(b.value("offset", 0ull)),
+                salus::FormatBytes(b.value("size", 0ull)).c_str(),
+                static_cast<unsigned long long>(b.value("session", 0ull)));
+  }
+  for (const auto& f : j.value("free_ranges", nlohmann::json::array())) {
+    std::printf("%-12s %-8s %14llu %12s\n", "free", "-",
+                static_cast<unsigned long long>(f.value("offset", 0ull)),
+                salus::FormatBytes(f.value("size", 0ull)).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string endpoint = DefaultEndpoint(), command;
+  po::options_description desc(
+      "salusctl: inspect and control a running salus-server\n\n"
+      "commands: status | sessions | memory | drain\n\noptions");
+  desc.add_options()("help,h", "show this help")(
+      "endpoint", po::value(&endpoint), "the daemon (default $SALUS_ENDPOINT or tcp://127.0.0.1:5501)")(
+      "json", "print JSON (sessions, memory)")("command", po::value(&command), "the command");
+  po::positional_options_description pos;
+  pos.add("command", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "salusctl: " << e.what() << "\n\n" << desc;
+    return 2;
+  }
+  if (vm.count("help") || command.empty()) {
+    std::cout << desc;
+    return command.empty() && !vm.count("help") ? 2 : 0;
+  }
+  if (command != "status" && command != "sessions" && command != "memory" && command != "drain") {
+    std::cerr << "salusctl: unknown command '" << command << "'\n\n" << desc;
+    return 2;
+  }
+  salus::client::Client::Options o;
+  o.name = "salusctl";
+  o.timeout = std::chrono::milliseconds(5000);
+  auto client = salus::client::Client::Connect(endpoint, o);
+  if (!client.ok()) return Fail(client.status());
+  const bool json = vm.count("json") > 0;
+  if (command == "status") return Status(**client);
+  if (command == "sessions") return Sessions(**client, json);
+  if (command == "memory") return Memory(**client, json);
+  if (auto s = (*client)->Drain(); !s.ok()) return Fail(s);
+  std::cout << "draining: in-flight iterations finish, then the daemon exits\n";
+  return 0;
+}
