@@ -245,8 +245,12 @@ class Session:
         self.outputs = {t.name: (tuple(t.shape), _NP_DTYPES.get(t.dtype)) for t in reply.outputs}
         self.last_stats: IterationStats | None = None
 
-    def run(self, feeds: dict[str, np.ndarray] | None = None,
-            fetches: list[str] | None = None, timeout: float | None = None) -> dict[str, np.ndarray]:
+    def run(
+        self,
+        feeds: dict[str, np.ndarray] | None = None,
+        fetches: list[str] | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, np.ndarray]:
         """Runs one iteration; waits for admission first if the session is waiting."""
         req = pb.Request()
         req.session_id = self.id
@@ -270,9 +274,10 @@ class Session:
         self.last_stats = IterationStats(st.iteration, st.lane, st.queue_delay_us, st.run_us,
                                          st.switch_gap_us)
         out = {}
-        for spec, frame in zip(r.outputs, parts):
+        for spec, frame in zip(r.outputs, parts, strict=False):
             dtype = _NP_DTYPES[spec.dtype]
-            out[spec.name] = np.frombuffer(frame.buffer, dtype=dtype).reshape(tuple(spec.shape)).copy()
+            arr = np.frombuffer(frame.buffer, dtype=dtype).reshape(tuple(spec.shape))
+            out[spec.name] = arr.copy()
         return out
 
     def close(self) -> None:

@@ -1,0 +1,297 @@
+"""The daemon as a user meets it: real process, real sockets, real models."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import zmq
+from salus_daemon import MODELS, REPO, Daemon
+
+import salus
+from salus._generated.salus.v1 import salus_pb2 as pb
+
+MiB = 1 << 20
+
+
+def synthetic(client: salus.Client, p: int, e: int, t: float, **kw):  # noqa: ANN201
+    return client.create_session(
+        synthetic={"persistent_bytes": p, "ephemeral_bytes": e, "iteration_seconds": t}, **kw
+    )
+
+
+def mlp_session(client: salus.Client, batch: int = 16):  # noqa: ANN201
+    return client.create_session(model=MODELS / "mlp.onnx", mode="train",
+                                 inputs={"x": (batch, 784), "labels": (batch,)}, loss="loss",
+                                 optimizer={"type": "sgd", "lr": 0.05}, name="mlp")
+
+
+def mlp_feeds(batch: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((batch, 784), dtype=np.float32),
+            "labels": rng.integers(0, 10, batch).astype(np.int64)}
+
+
+def test_hello_reports_the_server(daemon: Daemon) -> None:
+    with salus.connect(daemon.endpoint) as c:
+        assert c.server["protocol_version"] == 1
+        assert c.server["device"] == "cpu"
+        assert c.server["capacity_bytes"] == 1 << 30
+        assert c.server["policy"] == "fair"
+
+
+def test_session_waits_for_memory_and_is_admitted_when_another_closes(daemon_factory) -> None:
+    d = daemon_factory(memory="256MiB", policy="fifo")  # FIFO: one job on the device
+    with salus.connect(d.endpoint) as a, salus.connect(d.endpoint) as b:
+        first = synthetic(a, 64 * MiB, 64 * MiB, 0.01)
+        assert first.state == "ADMITTED"
+        second = synthetic(b, 64 * MiB, 64 * MiB, 0.01)
+        assert second.state == "WAITING"
+        done = threading.Event()
+
+        def run_second() -> None:
+            second.run(timeout=30)  # blocks until admitted
+            done.set()
+
+        t = threading.Thread(target=run_second)
+        t.start()
+        time.sleep(0.3)
+        assert not done.is_set(), "a waiting session ran before memory was free"
+        first.run()
+        first.close()
+        t.join(timeout=30)
+        assert done.is_set()
+        assert [s["state"] for s in a.sessions()] == ["ADMITTED"]
+
+
+def test_session_that_can_never_fit_is_refused(daemon: Daemon) -> None:
+    with salus.connect(daemon.endpoint) as c:
+        with pytest.raises(salus.SalusError) as e:
+            synthetic(c, 700 * MiB, 400 * MiB, 0.0)
+        assert e.value.code == "RESOURCE_EXHAUSTED"
+        assert "700MiB" in e.value.message and "1GiB" in e.value.message
+
+
+def test_admission_timeout(daemon_factory) -> None:
+    d = daemon_factory(memory="256MiB", policy="fifo")
+    with salus.connect(d.endpoint) as c:
+        keep = synthetic(c, 64 * MiB, 64 * MiB, 0.0)
+        late = synthetic(c, 64 * MiB, 64 * MiB, 0.0, admission_timeout=0.3)
+        assert late.state == "WAITING"
+        with pytest.raises(salus.SalusError) as e:
+            late.run(timeout=10)
+        assert e.value.code == "DEADLINE_EXCEEDED"
+        keep.run()
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+def raw_call(endpoint: str, frames: list[bytes]) -> list[bytes]:
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(endpoint)
+    try:
+        s.send_multipart(frames)
+        assert s.poll(10000), "no reply"
+        return s.recv_multipart()
+    finally:
+        s.close()
+
+
+def reply_status(frames: list[bytes]) -> tuple[int, str, int]:
+    r = pb.Reply()
+    r.ParseFromString(frames[0])
+    return r.status.code, r.status.message, r.request_id
+
+
+def request(**kw: object) -> pb.Request:
+    r = pb.Request(request_id=77)
+    for k, v in kw.items():
+        if isinstance(v, int):
+            setattr(r, k, v)
+        else:
+            getattr(r, k).CopyFrom(v)
+    return r
+
+
+def run_request(session_id: int, specs: list[tuple[str, int, tuple[int, ...]]]) -> pb.Request:
+    r = request(session_id=session_id)
+    for name, dtype, shape in specs:
+        t = r.run_iteration.feeds.add()
+        t.name, t.dtype = name, dtype
+        t.shape.extend(shape)
+    r.run_iteration.fetches.append("loss")
+    return r
+
+
+def test_bad_input_battery_gets_errors_and_harms_no_one(daemon: Daemon) -> None:
+    with salus.connect(daemon.endpoint) as good:
+        s = mlp_session(good)
+        feeds = mlp_feeds()
+        before = float(s.run(feeds=feeds, fetches=["loss"])["loss"])
+        sid = s.id
+        x = feeds["x"].tobytes()
+        y = feeds["labels"].tobytes()
+        rng = np.random.default_rng(3)
+        junk = rng.bytes(4096)
+        create_bad_model = request()
+        create_bad_model.create_session.model.onnx = b"\x08\x07not a model"
+        create_bad_model.create_session.model.mode = pb.TRAIN
+        create_bad_model.create_session.model.loss = "loss"
+        body_less = request()
+        f32, i64 = pb.FLOAT32, pb.INT64
+        def env(*specs: tuple[str, int, tuple[int, ...]], sid: int = sid) -> bytes:
+            return run_request(sid, list(specs)).SerializeToString()
+
+        xs, ls = ("x", f32, (16, 784)), ("labels", i64, (16,))
+        bad_time = request(create_session=pb.CreateSession(
+            synthetic=pb.SyntheticProfile(iteration_seconds=-1)))
+        close_unknown = request(session_id=12345, close_session=pb.CloseSession())
+        old_hello = request(hello=pb.Hello(protocol_version=9))
+        cases: list[tuple[str, list[bytes], int]] = [
+            ("random bytes", [junk], 3),
+            ("empty envelope", [b""], 3),
+            ("truncated envelope", [env(xs)[:7]], 3),
+            ("no body", [body_less.SerializeToString()], 3),
+            ("unknown session", [env(sid=999)], 5),
+            ("missing frame", [env(xs, ls), x], 3),
+            ("extra frame", [env(xs), x, y], 3),
+            ("frame of the wrong size", [env(xs, ls), x[:100], y], 3),
+            ("wrong dtype", [env(("x", pb.FLOAT64, (16, 392)), ls), x, y], 3),
+            ("oversized frame", [env(xs, ls), x * 40, y], 3),
+            ("unknown dtype", [env(("x", 42, (16, 784)), ls), x, y], 3),
+            ("wrong shape", [env(("x", f32, (784, 16)), ls), x, y], 3),
+            ("unknown feed", [env(("z", f32, (16, 784)), ls), x, y], 3),
+            ("model that does not parse", [create_bad_model.SerializeToString()], 3),
+            ("synthetic with bad time", [bad_time.SerializeToString()], 3),
+            ("close unknown session", [close_unknown.SerializeToString()], 5),
+            ("wrong protocol version", [old_hello.SerializeToString()], 9),
+        ]
+        for name, frames, want in cases:
+            code, message, rid = reply_status(raw_call(daemon.endpoint, frames))
+            assert code == want, f"{name}: got {code} {message!r}"
+            assert message, f"{name}: an error needs a message"
+            if want != 3 or name not in ("random bytes", "empty envelope", "truncated envelope"):
+                assert rid == 77, f"{name}: reply must carry the request id"
+        # The good session still trains, and its state was not touched.
+        after = float(s.run(feeds=feeds, fetches=["loss"])["loss"])
+        assert after < before
+        assert daemon.proc.poll() is None
+
+
+# -- clients that die, draining --------------------------------------------------------------
+
+
+def _hold_iteration(endpoint: str, started: mp.Event) -> None:  # type: ignore[valid-type]
+    c = salus.connect(endpoint)
+    s = synthetic(c, 128 * MiB, 128 * MiB, 5.0)
+    started.set()
+    s.run()  # killed while this iteration runs
+
+
+def test_client_killed_mid_iteration_frees_its_memory(daemon_factory) -> None:
+    d = daemon_factory(memory="1GiB", lease=1.0)
+    started = mp.get_context("fork").Event()
+    victim = mp.get_context("fork").Process(target=_hold_iteration, args=(d.endpoint, started))
+    victim.start()
+    assert started.wait(20)
+    with salus.connect(d.endpoint) as other:
+        time.sleep(0.3)  # the victim's iteration is in flight
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join()
+        s = mlp_session(other)
+        for _ in range(3):
+            s.run(feeds=mlp_feeds(), fetches=["loss"])  # unaffected
+        mine = s.persistent_bytes + s.ephemeral_bytes
+        # The iteration ends (5 s), then the lease (1 s) lapses: its memory returns.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            st = other.stats()
+            if st["sessions"] == 1:
+                break
+            time.sleep(0.2)
+        assert st["sessions"] == 1
+        assert st["committed_bytes"] < mine + 4096
+        s.close()
+
+
+def test_sigterm_drains_answers_everyone_and_exits_zero(daemon: Daemon) -> None:
+    results: dict[str, object] = {}
+    with salus.connect(daemon.endpoint) as c:
+        s = synthetic(c, MiB, MiB, 1.0)
+
+        def first() -> None:
+            try:
+                s.run(timeout=30)
+                results["first"] = "ok"
+            except salus.SalusError as e:
+                results["first"] = e.code
+
+        t = threading.Thread(target=first)
+        t.start()
+        time.sleep(0.3)  # the iteration is in flight
+        daemon.proc.send_signal(signal.SIGTERM)
+        t.join(30)
+        assert daemon.proc.wait(30) == 0
+    assert results["first"] == "ok"
+    assert any("event: draining" in line for line in daemon.log)
+
+
+def test_drain_request_with_salusctl(daemon: Daemon) -> None:
+    ctl = REPO / "build" / "bin" / "salusctl"
+    out = subprocess.run([str(ctl), "--endpoint", daemon.endpoint, "status"], check=True,
+                         capture_output=True, text=True).stdout
+    assert "policy fair" in out and "serving" in out
+    subprocess.run([str(ctl), "--endpoint", daemon.endpoint, "drain"], check=True,
+                   capture_output=True)
+    assert daemon.proc.wait(30) == 0
+
+
+def test_metrics_and_health(daemon: Daemon) -> None:
+    with salus.connect(daemon.endpoint) as c:
+        s = synthetic(c, MiB, MiB, 0.0)
+        for _ in range(5):
+            s.run()
+        base = f"http://127.0.0.1:{daemon.metrics_port}"
+        text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+        assert "salus_sched_iterations_total 5" in text
+        assert 'salus_server_sessions{state="admitted"} 1' in text
+        assert "salus_sched_queue_delay_seconds_bucket" in text
+        assert "salus_mem_lane_bytes" in text
+        assert urllib.request.urlopen(base + "/healthz", timeout=10).read() == b"ok\n"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(base + "/nope", timeout=10)
+        assert e.value.code == 404
+
+
+def test_many_processes_train_at_once(daemon_factory) -> None:
+    d = daemon_factory(memory="2GiB")
+    ctx = mp.get_context("fork")
+    with ctx.Pool(4) as pool:
+        results = pool.starmap(_train_mlp, [(d.endpoint, seed) for seed in range(4)])
+    for first, last in results:
+        assert last < first / 5, (first, last)
+
+
+def _train_mlp(endpoint: str, seed: int) -> tuple[float, float]:
+    c = salus.connect(endpoint)
+    s = mlp_session(c)
+    feeds = mlp_feeds(seed=seed)
+    losses = [float(s.run(feeds=feeds, fetches=["loss"])["loss"]) for _ in range(40)]
+    s.close()
+    c.close()
+    return losses[0], losses[-1]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

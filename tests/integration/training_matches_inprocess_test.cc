@@ -1,0 +1,208 @@
+// Several client processes train real models through one salus-server at once; each must
+// reach exactly the losses of the same executable run in-process (within 1e-6).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "exec/executable.h"
+#include "salus/client.h"
+
+namespace {
+
+constexpr int kSteps = 12;
+
+struct ModelCase {
+  const char* file;
+  std::map<std::string, std::vector<int64_t>> inputs;
+  // Label inputs are int64 in [0, classes); everything else float32 in N(0, 1).
+  std::string label_input;
+  int classes = 10;
+};
+
+const std::vector<ModelCase>& Cases() {
+  static const std::vector<ModelCase> cases = {
+      {"mlp.onnx", {{"x", {16, 784}}, {"labels", {16}}}, "labels"},
+      {"lenet5.onnx", {{"x", {8, 1, 28, 28}}, {"labels", {8}}}, "labels"},
+      {"espcn.onnx", {{"x", {4, 1, 16, 16}}, {"target", {4, 1, 48, 48}}}, ""},
+  };
+  return cases;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The seeded feeds of step `step` of case `c`, identical for the daemon and in-process runs.
+std::vector<salus::client::Tensor> Feeds(const ModelCase& c, int step) {
+  std::mt19937 rng(7);  // one fixed batch: the model can fit it, so the loss falls
+  (void)step;
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<salus::client::Tensor> out;
+  for (const auto& [name, dims] : c.inputs) {
+    int64_t n = 1;
+    for (int64_t d : dims) n *= d;
+    if (name == c.label_input) {
+      std::vector<int64_t> v(n);
+      for (auto& x : v) x = static_cast<int64_t>(rng() % c.classes);
+      out.push_back(salus::client::Tensor::Int64s(name, dims, v));
+    } else {
+      std::vector<float> v(n);
+      for (auto& x : v) x = normal(rng);
+      out.push_back(salus::client::Tensor::Floats(name, dims, v));
+    }
+  }
+  return out;
+}
+
+salus::client::Optimizer Sgd() {
+  salus::client::Optimizer o;
+  o.lr = 0.02;
+  o.momentum = 0.9;
+  return o;
+}
+
+std::vector<float> TrainInProcess(const ModelCase& c) {
+  salus::exec::CompileOptions o;
+  for (const auto& [name, dims] : c.inputs) o.input_shapes[name] = dims;
+  o.mode = salus::exec::Mode::kTraining;
+  o.loss = "loss";
+  o.optimizer.learning_rate = 0.02f;
+  o.optimizer.momentum = 0.9f;
+  auto exe = salus::exec::Executable::Compile(ReadFile(std::string(SALUS_MODELS_DIR "/") + c.file), o);
+  EXPECT_TRUE(exe.ok()) << exe.status();
+  if (!exe.ok()) return {};
+  auto aligned = [](uint64_t n) {
+    return std::unique_ptr<std::byte, decltype(&std::free)>(
+        static_cast<std::byte*>(std::aligned_alloc(256, ((n + 255) / 256 + 1) * 256)), &std::free);
+  };
+  auto persistent = aligned((*exe)->persistent_bytes());
+  auto lane = aligned((*exe)->ephemeral_bytes());
+  (*exe)->InitializePersistent(persistent.get());
+  std::vector<float> losses;
+  for (int step = 0; step < kSteps; ++step) {
+    auto feeds = Feeds(c, step);
+    std::vector<const void*> ptrs;
+    for (const auto& info : (*exe)->inputs()) {
+      for (const auto& f : feeds) {
+        if (f.name == info.name) ptrs.push_back(f.data.data());
+      }
+    }
+    float loss = 0;
+    std::vector<void*> fetches = {&loss};
+    EXPECT_TRUE((*exe)->Run(persistent.get(), lane.get(), ptrs, fetches).ok());
+    losses.push_back(loss);
+  }
+  return losses;
+}
+
+// Child process: trains case `c` through the daemon and writes its losses to `fd`.
+int TrainThroughDaemon(const std::string& endpoint, const ModelCase& c, int fd) {
+  auto client = salus::client::Client::Connect(endpoint);
+  if (!client.ok()) return 10;
+  salus::client::SessionOptions o;
+  o.model = ReadFile(std::string(SALUS_MODELS_DIR "/") + c.file);
+  o.inputs = c.inputs;
+  o.loss = "loss";
+  o.optimizer = Sgd();
+  o.name = c.file;
+  auto session = (*client)->CreateSession(o);
+  if (!session.ok()) return 11;
+  for (int step = 0; step < kSteps; ++step) {
+    auto out = (*session)->Run(Feeds(c, step), {"loss"});
+    if (!out.ok()) return 12;
+    const float loss = out->at("loss").floats()[0];
+    if (write(fd, &loss, sizeof(loss)) != sizeof(loss)) return 13;
+  }
+  return (*session)->Close().ok() ? 0 : 14;
+}
+
+class Daemon {
+ public:
+  Daemon() {
+    dir_ = std::filesystem::temp_directory_path() / ("salus-it-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+    endpoint_ = "ipc://" + (dir_ / "salus.sock").string();
+    pid_ = fork();
+    if (pid_ == 0) {
+      execl(SALUS_SERVER_BIN, SALUS_SERVER_BIN, "--listen", endpoint_.c_str(), "--memory", "2GiB",
+            "--policy", "pack", "--log-level", "warn", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
+  ~Daemon() {
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    std::filesystem::remove_all(dir_);
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  // Waits until a Hello succeeds.
+  bool WaitReady() {
+    salus::client::Client::Options o;
+    o.timeout = std::chrono::milliseconds(500);
+    for (int i = 0; i < 40; ++i) {
+      if (salus::client::Client::Connect(endpoint_, o).ok()) return true;
+    }
+    return false;
+  }
+
+ private:
+  std::filesystem::path dir_;
+  std::string endpoint_;
+  pid_t pid_ = -1;
+};
+
+TEST(TrainingThroughDaemon, ConcurrentClientsMatchInProcessLosses) {
+  Daemon daemon;
+  ASSERT_TRUE(daemon.WaitReady());
+  struct Child {
+    pid_t pid;
+    int fd;
+  };
+  std::vector<Child> children;
+  for (const ModelCase& c : Cases()) {
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      _exit(TrainThroughDaemon(daemon.endpoint(), c, fds[1]));
+    }
+    close(fds[1]);
+    children.push_back({pid, fds[0]});
+  }
+  std::vector<std::vector<float>> remote(children.size());
+  for (size_t i = 0; i < children.size(); ++i) {
+    float v;
+    while (read(children[i].fd, &v, sizeof(v)) == sizeof(v)) remote[i].push_back(v);
+    close(children[i].fd);
+    int status = 0;
+    waitpid(children[i].pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << Cases()[i].file << ": client exited with " << WEXITSTATUS(status);
+  }
+  for (size_t i = 0; i < children.size(); ++i) {
+    const std::vector<float> local = TrainInProcess(Cases()[i]);
+    ASSERT_EQ(remote[i].size(), static_cast<size_t>(kSteps)) << Cases()[i].file;
+    ASSERT_EQ(local.size(), static_cast<size_t>(kSteps));
+    for (int s = 0; s < kSteps; ++s) {
+      EXPECT_NEAR(remote[i][s], local[s], 1e-6 * std::max(1.0f, std::abs(local[s])))
+          << Cases()[i].file << " step " << s;
+    }
+    EXPECT_LT(local.back(), local.front()) << Cases()[i].file << " did not learn";
+  }
+}
+
+}  // namespace
