@@ -24,6 +24,15 @@ Registry& GetRegistry() {
 }
 
 constexpr std::string_view kPattern = "[%Y-%m-%d %H:%M:%S.%e] [%n] [%l] %v";
+constexpr std::string_view kLifecycle = "lifecycle";
+
+// The lifecycle logger stays at info whatever the level, unless logging is off.
+spdlog::level::level_enum LevelFor(std::string_view name, spdlog::level::level_enum level) {
+  if (name == "salus." + std::string(kLifecycle) && level != spdlog::level::off) {
+    return std::min(level, spdlog::level::info);
+  }
+  return level;
+}
 
 }  // namespace
 
@@ -34,7 +43,7 @@ std::shared_ptr<spdlog::logger> Get(std::string_view module) {
   if (auto existing = spdlog::get(name)) return existing;
   auto logger = std::make_shared<spdlog::logger>(name, r.sink);
   logger->set_pattern(std::string(kPattern));
-  logger->set_level(r.level);
+  logger->set_level(LevelFor(name, r.level));
   logger->flush_on(spdlog::level::info);
   spdlog::register_logger(logger);
   return logger;
@@ -53,7 +62,7 @@ Status SetLevel(std::string_view level) {
   std::lock_guard<std::mutex> lock(r.mu);
   r.level = spdlog::level::from_str(std::string(level));
   spdlog::apply_all([&](const std::shared_ptr<spdlog::logger>& l) {
-    if (l->name().rfind("salus.", 0) == 0) l->set_level(r.level);
+    if (l->name().rfind("salus.", 0) == 0) l->set_level(LevelFor(l->name(), r.level));
   });
   return OkStatus();
 }
@@ -69,6 +78,10 @@ std::string FormatEvent(std::string_view name, const nlohmann::json& fields) {
 
 void Event(std::string_view module, std::string_view name, const nlohmann::json& fields) {
   Get(module)->info("{}", FormatEvent(name, fields));
+}
+
+void Lifecycle(std::string_view name, const nlohmann::json& fields) {
+  Event(kLifecycle, name, fields);
 }
 
 }  // namespace salus::logging

@@ -34,4 +34,8 @@ std::string FormatEvent(std::string_view name, const nlohmann::json& fields);
 // Logs FormatEvent(name, fields) at info level on the module's logger.
 void Event(std::string_view module, std::string_view name, const nlohmann::json& fields);
 
+// A lifecycle event (ready, signal, draining, stopped): what supervisors and tools wait for,
+// so it is written at every log level but "off", on the logger "salus.lifecycle".
+void Lifecycle(std::string_view name, const nlohmann::json& fields);
+
 }  // namespace salus::logging

@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
   std::thread signal_waiter([srv, signals] {
     int sig = 0;
     while (sigwait(&signals, &sig) == 0) {
-      salus::logging::Event("server", "signal", {{"signal", sig}});
+      salus::logging::Lifecycle("signal", {{"signal", sig}});
       srv->Drain();
       return;
     }

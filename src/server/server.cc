@@ -127,7 +127,7 @@ Status Server::Start() {
                           {"endpoints", frontend_->endpoints()},
                           {"pid", getpid()}};
   if (http_) ready["metrics"] = http_->address();
-  logging::Event("server", "ready", ready);
+  logging::Lifecycle("ready", ready);
   return OkStatus();
 }
 
@@ -145,7 +145,7 @@ void Server::Drain() {
     if (draining_) return;
     draining_ = true;
   }
-  logging::Event("server", "draining", {{"sessions", sessions_->Count()}});
+  logging::Lifecycle("draining", {{"sessions", sessions_->Count()}});
   drainer_ = std::thread([this] {
     // Queued iterations are answered UNAVAILABLE, those in flight finish, memory returns.
     executor_->Shutdown();
@@ -169,7 +169,7 @@ void Server::Wait() {
   if (housekeeping_.joinable()) housekeeping_.join();
   frontend_->Stop();  // after every reply has been posted
   if (http_) http_->Stop();
-  logging::Event("server", "stopped", nlohmann::json::object());
+  logging::Lifecycle("stopped", nlohmann::json::object());
 }
 
 void Server::Handle(Call call) {

@@ -41,6 +41,23 @@ TEST(LoggingTest, EventsReachSinksAndLevelsFilter) {
   EXPECT_EQ(text.find("hidden"), std::string::npos);
 }
 
+TEST(LoggingTest, LifecycleEventsSurviveQuietLevels) {
+  std::ostringstream out;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+  logging::AddSink(sink);
+  ASSERT_TRUE(logging::SetLevel("error").ok());
+  logging::Lifecycle("ready", {{"pid", 1}});
+  logging::Event("server", "quiet", {{"pid", 1}});
+  ASSERT_TRUE(logging::SetLevel("off").ok());
+  logging::Lifecycle("stopped", nlohmann::json::object());
+  ASSERT_TRUE(logging::SetLevel("info").ok());
+  logging::RemoveSink(sink);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("event: ready {\"pid\":1}"), std::string::npos) << text;
+  EXPECT_EQ(text.find("quiet"), std::string::npos);
+  EXPECT_EQ(text.find("stopped"), std::string::npos);
+}
+
 TEST(LoggingTest, RejectsUnknownLevel) {
   Status s = logging::SetLevel("loud");
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
