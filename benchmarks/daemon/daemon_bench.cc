@@ -1,0 +1,312 @@
+// daemon_bench: what the daemon costs, measured against a real salus-server process.
+//
+//   build/benchmarks/daemon_bench [--server build/bin/salus-server] [--models benchmarks/models]
+//                                 [--json FILE]
+//
+// 1. round trip of an empty iteration (a synthetic session with P = E = 0 and no work) over
+//    ipc and over tcp;
+// 2. per-iteration time of a model calibrated to take about 10 ms, through the daemon versus
+//    the same executable run in this process, measured in alternating blocks so both see the
+//    same machine load;
+// 3. the switch gap between two sessions sharing one lane (FAIR, single lane), each always
+//    with an iteration queued;
+// 4. the daemon's resident memory with 500 idle sessions.
+// Medians (and p90) are reported; the machine is shared, so only side-by-side ratios count.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "exec/executable.h"
+#include "salus/client.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using salus::client::Client;
+using salus::client::SessionOptions;
+using salus::client::Tensor;
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+class Daemon {
+ public:
+  Daemon(const std::string& server, const std::vector<std::string>& args) {
+    dir_ = std::filesystem::temp_directory_path() / ("salus-bench-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+    ipc_ = "ipc://" + (dir_ / "s.sock").string();
+    tcp_ = "tcp://127.0.0.1:" + std::to_string(20000 + getpid() % 20000);
+    std::vector<std::string> argv = {server, "--listen", ipc_, "--listen", tcp_, "--log-level", "warn"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::vector<char*> cargv;
+      for (auto& a : argv) cargv.push_back(a.data());
+      cargv.push_back(nullptr);
+      execv(cargv[0], cargv.data());
+      _exit(127);
+    }
+    for (int i = 0; i < 100; ++i) {
+      Client::Options o;
+      o.timeout = std::chrono::milliseconds(200);
+      if (Client::Connect(ipc_, o).ok()) return;
+    }
+    std::fprintf(stderr, "daemon_bench: salus-server did not come up\n");
+    std::exit(1);
+  }
+  ~Daemon() {
+    kill(pid_, SIGTERM);
+    int st = 0;
+    waitpid(pid_, &st, 0);
+    std::filesystem::remove_all(dir_);
+  }
+  const std::string& ipc() const { return ipc_; }
+  const std::string& tcp() const { return tcp_; }
+  // VmRSS of the daemon, bytes.
+  uint64_t Rss() const {
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    }
+    return 0;
+  }
+
+ private:
+  std::filesystem::path dir_;
+  std::string ipc_, tcp_;
+  pid_t pid_ = -1;
+};
+
+std::unique_ptr<Client> MustConnect(const std::string& ep) {
+  auto c = Client::Connect(ep);
+  if (!c.ok()) {
+    std::fprintf(stderr, "daemon_bench: %s\n", c.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(*c);
+}
+
+template <typename T>
+T Must(salus::StatusOr<T> v) {
+  if (!v.ok()) {
+    std::fprintf(stderr, "daemon_bench: %s\n", v.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(*v);
+}
+
+nlohmann::json RoundTrip(const Daemon& d) {
+  nlohmann::json out;
+  for (const auto& [name, ep] : {std::pair{"ipc", d.ipc()}, std::pair{"tcp", d.tcp()}}) {
+    auto c = MustConnect(ep);
+    SessionOptions o;
+    o.synthetic = salus::client::Synthetic{0, 0, 0};
+    auto s = Must(c->CreateSession(o));
+    std::vector<double> us;
+    for (int i = 0; i < 3000; ++i) {
+      const auto t0 = Clock::now();
+      Must(s->Run());
+      if (i >= 200) us.push_back(Ms(Clock::now() - t0) * 1e3);
+    }
+    out[name] = {{"median_us", Percentile(us, 0.5)}, {"p90_us", Percentile(us, 0.9)},
+                 {"samples", us.size()}};
+    std::printf("round trip, empty iteration, %s: median %.1f us, p90 %.1f us\n", name,
+                Percentile(us, 0.5), Percentile(us, 0.9));
+  }
+  return out;
+}
+
+struct ModelRun {
+  std::unique_ptr<salus::exec::Executable> exe;
+  std::vector<Tensor> feeds;
+  std::vector<const void*> feed_ptrs;
+  std::unique_ptr<std::byte, decltype(&std::free)> p{nullptr, &std::free}, e{nullptr, &std::free};
+  std::vector<float> loss = std::vector<float>(1);
+};
+
+std::vector<Tensor> MlpFeeds(int64_t batch) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> n(0, 1);
+  std::vector<float> x(batch * 784);
+  for (auto& v : x) v = n(rng);
+  std::vector<int64_t> y(batch);
+  for (auto& v : y) v = static_cast<int64_t>(rng() % 10);
+  return {Tensor::Floats("x", {batch, 784}, x), Tensor::Int64s("labels", {batch}, y)};
+}
+
+ModelRun CompileMlp(const std::string& model, int64_t batch) {
+  salus::exec::CompileOptions o;
+  o.input_shapes = {{"x", {batch, 784}}, {"labels", {batch}}};
+  o.mode = salus::exec::Mode::kTraining;
+  o.loss = "loss";
+  o.optimizer.learning_rate = 0.01f;
+  ModelRun r;
+  r.exe = Must(salus::exec::Executable::Compile(model, o));
+  auto alloc = [](uint64_t n) { return static_cast<std::byte*>(std::aligned_alloc(256, (n / 256 + 1) * 256)); };
+  r.p.reset(alloc(r.exe->persistent_bytes()));
+  r.e.reset(alloc(r.exe->ephemeral_bytes()));
+  r.exe->InitializePersistent(r.p.get());
+  r.feeds = MlpFeeds(batch);
+  for (const auto& info : r.exe->inputs()) {
+    for (const auto& f : r.feeds) {
+      if (f.name == info.name) r.feed_ptrs.push_back(f.data.data());
+    }
+  }
+  return r;
+}
+
+double RunLocal(ModelRun& r) {
+  std::vector<void*> fetches = {r.loss.data()};
+  const auto t0 = Clock::now();
+  if (!r.exe->Run(r.p.get(), r.e.get(), r.feed_ptrs, fetches).ok()) std::exit(1);
+  return Ms(Clock::now() - t0);
+}
+
+nlohmann::json Overhead(const Daemon& d, const std::string& models) {
+  const std::string model = ReadFile(models + "/mlp.onnx");
+  // Calibrate the batch so one in-process iteration takes about 10 ms.
+  int64_t batch = 64;
+  double ms = 0;
+  for (int round = 0; round < 6; ++round) {
+    ModelRun r = CompileMlp(model, batch);
+    std::vector<double> t;
+    for (int i = 0; i < 15; ++i) t.push_back(RunLocal(r));
+    ms = Percentile(t, 0.5);
+    if (ms > 8 && ms < 13) break;
+    batch = std::clamp<int64_t>(static_cast<int64_t>(static_cast<double>(batch) * 10.0 / ms), 8, 8192);
+  }
+  ModelRun local = CompileMlp(model, batch);
+  auto c = MustConnect(d.ipc());
+  SessionOptions o;
+  o.model = model;
+  o.inputs = {{"x", {batch, 784}}, {"labels", {batch}}};
+  o.loss = "loss";
+  o.optimizer.lr = 0.01;
+  auto s = Must(c->CreateSession(o));
+  std::vector<double> local_ms, daemon_ms, daemon_run_ms;
+  for (int i = 0; i < 5; ++i) {  // warm both
+    RunLocal(local);
+    Must(s->Run(local.feeds, {"loss"}));
+  }
+  for (int block = 0; block < 20; ++block) {
+    for (int i = 0; i < 10; ++i) local_ms.push_back(RunLocal(local));
+    for (int i = 0; i < 10; ++i) {
+      const auto t0 = Clock::now();
+      Must(s->Run(local.feeds, {"loss"}));
+      daemon_ms.push_back(Ms(Clock::now() - t0));
+      daemon_run_ms.push_back(s->last_stats().run_us / 1e3);
+    }
+  }
+  const double lm = Percentile(local_ms, 0.5), dm = Percentile(daemon_ms, 0.5),
+               rm = Percentile(daemon_run_ms, 0.5);
+  std::printf("~10 ms model (mlp, batch %lld, training): in-process median %.3f ms, through the "
+              "daemon %.3f ms round trip (%.3f ms in the lane): overhead %.1f%%\n",
+              static_cast<long long>(batch), lm, dm, rm, (dm / lm - 1) * 100);
+  return {{"model", "mlp"}, {"batch", batch}, {"in_process_median_ms", lm},
+          {"daemon_round_trip_median_ms", dm}, {"daemon_run_median_ms", rm},
+          {"overhead_pct", (dm / lm - 1) * 100}, {"samples", local_ms.size()}};
+}
+
+nlohmann::json SwitchGap(const std::string& server) {
+  Daemon d(server, {"--memory", "1GiB", "--policy", "fair", "--policy-options", "{\"single_lane\":true}"});
+  std::atomic<bool> stop{false};
+  std::vector<double> gaps[2];
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 2; ++k) {
+    threads.emplace_back([&, k] {
+      auto c = MustConnect(d.ipc());
+      SessionOptions o;
+      o.synthetic = salus::client::Synthetic{1 << 20, 1 << 20, 0.002};
+      auto s = Must(c->CreateSession(o));
+      for (int i = 0; i < 600 && !stop; ++i) {
+        Must(s->Run());
+        if (i >= 50) gaps[k].push_back(s->last_stats().switch_gap_us);
+      }
+      stop = true;
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<double> all = gaps[0];
+  all.insert(all.end(), gaps[1].begin(), gaps[1].end());
+  std::printf("switch gap, two sessions sharing one lane: median %.1f us, p90 %.1f us (%zu samples)\n",
+              Percentile(all, 0.5), Percentile(all, 0.9), all.size());
+  return {{"median_us", Percentile(all, 0.5)}, {"p90_us", Percentile(all, 0.9)},
+          {"samples", all.size()}};
+}
+
+nlohmann::json IdleSessions(const std::string& server) {
+  Daemon d(server, {"--memory", "4GiB", "--policy", "pack"});
+  auto c = MustConnect(d.ipc());
+  const uint64_t before = d.Rss();
+  std::vector<std::unique_ptr<salus::client::Session>> sessions;
+  for (int i = 0; i < 500; ++i) {
+    SessionOptions o;
+    o.synthetic = salus::client::Synthetic{64 << 10, 64 << 10, 0};
+    o.name = "idle-" + std::to_string(i);
+    sessions.push_back(Must(c->CreateSession(o)));
+  }
+  const uint64_t after = d.Rss();
+  auto list = Must(c->ListSessions());
+  std::printf("500 idle sessions: daemon RSS %.1f MiB before, %.1f MiB after (%.1f KiB per session), "
+              "%zu listed\n", before / 1048576.0, after / 1048576.0,
+              (static_cast<double>(after) - static_cast<double>(before)) / 500 / 1024, list.size());
+  return {{"sessions", list.size()}, {"rss_before_bytes", before}, {"rss_after_bytes", after},
+          {"per_session_bytes", (static_cast<double>(after) - static_cast<double>(before)) / 500}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string server = "build/bin/salus-server", models = "benchmarks/models", json_out;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--server") server = argv[i + 1];
+    else if (flag == "--models") models = argv[i + 1];
+    else if (flag == "--json") json_out = argv[i + 1];
+    else {
+      std::fprintf(stderr, "usage: daemon_bench [--server PATH] [--models DIR] [--json FILE]\n");
+      return 2;
+    }
+  }
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {  // same as the daemon: Note [OpenMP wait policy]
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    execv("/proc/self/exe", argv);
+  }
+  nlohmann::json out;
+  {
+    Daemon d(server, {"--memory", "2GiB", "--policy", "fair"});
+    out["round_trip"] = RoundTrip(d);
+    out["overhead"] = Overhead(d, models);
+  }
+  out["switch_gap"] = SwitchGap(server);
+  out["idle_sessions"] = IdleSessions(server);
+  if (!json_out.empty()) std::ofstream(json_out) << out.dump(2) << "\n";
+  return 0;
+}
