@@ -30,6 +30,9 @@
 #include <thread>
 #include <vector>
 
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
 #include "exec/executable.h"
 #include "salus/client.h"
 
@@ -151,19 +154,34 @@ struct ModelRun {
   std::vector<float> loss = std::vector<float>(1);
 };
 
-std::vector<Tensor> MlpFeeds(int64_t batch) {
+// A classifier model: input x of shape {batch, sample...}, int64 labels of shape {batch}.
+struct Classifier {
+  const char* name;
+  std::vector<int64_t> sample;  // x's shape without the batch
+};
+
+std::vector<int64_t> XShape(const Classifier& m, int64_t batch) {
+  std::vector<int64_t> shape = {batch};
+  shape.insert(shape.end(), m.sample.begin(), m.sample.end());
+  return shape;
+}
+
+std::vector<Tensor> Feeds(const Classifier& m, int64_t batch) {
   std::mt19937 rng(1);
   std::normal_distribution<float> n(0, 1);
-  std::vector<float> x(batch * 784);
+  const auto shape = XShape(m, batch);
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  std::vector<float> x(count);
   for (auto& v : x) v = n(rng);
   std::vector<int64_t> y(batch);
   for (auto& v : y) v = static_cast<int64_t>(rng() % 10);
-  return {Tensor::Floats("x", {batch, 784}, x), Tensor::Int64s("labels", {batch}, y)};
+  return {Tensor::Floats("x", shape, x), Tensor::Int64s("labels", {batch}, y)};
 }
 
-ModelRun CompileMlp(const std::string& model, int64_t batch) {
+ModelRun Compile(const Classifier& m, const std::string& model, int64_t batch) {
   salus::exec::CompileOptions o;
-  o.input_shapes = {{"x", {batch, 784}}, {"labels", {batch}}};
+  o.input_shapes = {{"x", XShape(m, batch)}, {"labels", {batch}}};
   o.mode = salus::exec::Mode::kTraining;
   o.loss = "loss";
   o.optimizer.learning_rate = 0.01f;
@@ -173,7 +191,7 @@ ModelRun CompileMlp(const std::string& model, int64_t batch) {
   r.p.reset(alloc(r.exe->persistent_bytes()));
   r.e.reset(alloc(r.exe->ephemeral_bytes()));
   r.exe->InitializePersistent(r.p.get());
-  r.feeds = MlpFeeds(batch);
+  r.feeds = Feeds(m, batch);
   for (const auto& info : r.exe->inputs()) {
     for (const auto& f : r.feeds) {
       if (f.name == info.name) r.feed_ptrs.push_back(f.data.data());
@@ -189,27 +207,29 @@ double RunLocal(ModelRun& r) {
   return Ms(Clock::now() - t0);
 }
 
-nlohmann::json Overhead(const Daemon& d, const std::string& models) {
-  const std::string model = ReadFile(models + "/mlp.onnx");
+nlohmann::json Overhead(const Daemon& d, const std::string& models, const Classifier& m) {
+  const std::string model = ReadFile(models + "/" + m.name + ".onnx");
   // Calibrate the batch so one in-process iteration takes about 10 ms.
-  int64_t batch = 64;
+  int64_t batch = 16;
   double ms = 0;
   for (int round = 0; round < 6; ++round) {
-    ModelRun r = CompileMlp(model, batch);
+    ModelRun r = Compile(m, model, batch);
     std::vector<double> t;
     for (int i = 0; i < 15; ++i) t.push_back(RunLocal(r));
     ms = Percentile(t, 0.5);
     if (ms > 8 && ms < 13) break;
     batch = std::clamp<int64_t>(static_cast<int64_t>(static_cast<double>(batch) * 10.0 / ms), 8, 8192);
   }
-  ModelRun local = CompileMlp(model, batch);
+  ModelRun local = Compile(m, model, batch);
   auto c = MustConnect(d.ipc());
   SessionOptions o;
   o.model = model;
-  o.inputs = {{"x", {batch, 784}}, {"labels", {batch}}};
+  o.inputs = {{"x", XShape(m, batch)}, {"labels", {batch}}};
   o.loss = "loss";
   o.optimizer.lr = 0.01;
   auto s = Must(c->CreateSession(o));
+  uint64_t feed_bytes = 0;
+  for (const auto& f : local.feeds) feed_bytes += f.data.size();
   std::vector<double> local_ms, daemon_ms, daemon_run_ms;
   for (int i = 0; i < 5; ++i) {  // warm both
     RunLocal(local);
@@ -226,12 +246,44 @@ nlohmann::json Overhead(const Daemon& d, const std::string& models) {
   }
   const double lm = Percentile(local_ms, 0.5), dm = Percentile(daemon_ms, 0.5),
                rm = Percentile(daemon_run_ms, 0.5);
-  std::printf("~10 ms model (mlp, batch %lld, training): in-process median %.3f ms, through the "
-              "daemon %.3f ms round trip (%.3f ms in the lane): overhead %.1f%%\n",
-              static_cast<long long>(batch), lm, dm, rm, (dm / lm - 1) * 100);
-  return {{"model", "mlp"}, {"batch", batch}, {"in_process_median_ms", lm},
+  std::printf("~10 ms model (%s, batch %lld, training, %.0f KiB of feeds): in-process median "
+              "%.3f ms, through the daemon %.3f ms round trip (%.3f ms in the lane): overhead "
+              "%.1f%%\n",
+              m.name, static_cast<long long>(batch), feed_bytes / 1024.0, lm, dm, rm,
+              (dm / lm - 1) * 100);
+  return {{"model", m.name}, {"batch", batch}, {"feed_bytes", feed_bytes},
+          {"in_process_median_ms", lm},
           {"daemon_round_trip_median_ms", dm}, {"daemon_run_median_ms", rm},
           {"overhead_pct", (dm / lm - 1) * 100}, {"samples", local_ms.size()}};
+}
+
+// The floor under any round trip: a bare ZeroMQ DEALER -> ROUTER echo over ipc between this
+// process's threads, with no protobuf and no scheduling.
+nlohmann::json ZmqEcho(const std::string& endpoint) {
+  zmq::context_t ctx(1);
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.bind(endpoint);
+  std::thread echo([&] {
+    for (int i = 0; i < 3000; ++i) {
+      std::vector<zmq::message_t> msg;
+      if (!zmq::recv_multipart(router, std::back_inserter(msg))) return;
+      zmq::send_multipart(router, msg);
+    }
+  });
+  zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
+  dealer.connect(endpoint);
+  std::vector<double> us;
+  for (int i = 0; i < 3000; ++i) {
+    const auto t0 = Clock::now();
+    dealer.send(zmq::buffer("ping", 4));
+    zmq::message_t reply;
+    if (!dealer.recv(reply)) break;
+    if (i >= 200) us.push_back(Ms(Clock::now() - t0) * 1e3);
+  }
+  echo.join();
+  std::printf("bare ZeroMQ echo over ipc (the transport's floor): median %.1f us, p90 %.1f us\n",
+              Percentile(us, 0.5), Percentile(us, 0.9));
+  return {{"median_us", Percentile(us, 0.5)}, {"p90_us", Percentile(us, 0.9)}};
 }
 
 nlohmann::json SwitchGap(const std::string& server) {
@@ -303,7 +355,9 @@ int main(int argc, char** argv) {
   {
     Daemon d(server, {"--memory", "2GiB", "--policy", "fair"});
     out["round_trip"] = RoundTrip(d);
-    out["overhead"] = Overhead(d, models);
+    out["zmq_echo"] = ZmqEcho(d.ipc() + ".echo");
+    out["overhead"] = nlohmann::json::array(
+        {Overhead(d, models, {"mlp", {784}}), Overhead(d, models, {"resnet", {3, 32, 32}})});
   }
   out["switch_gap"] = SwitchGap(server);
   out["idle_sessions"] = IdleSessions(server);
