@@ -230,6 +230,19 @@ TEST(BadInputTest, InconsistentShapesAreInvalidArgument) {
   EXPECT_EQ(Executable::Compile(mb.Bytes(), {}).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Inputs the fuzzer found (tests/fuzz/regressions/): each must be refused with a status.
+TEST(BadInputTest, FuzzerRegressions) {
+  for (const char* name : {"convtranspose_weight_without_shape"}) {
+    std::ifstream f(std::string(SALUS_FUZZ_REGRESSIONS_DIR) + "/" + name + ".onnx",
+                    std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    ASSERT_FALSE(ss.str().empty()) << name;
+    EXPECT_EQ(Executable::Compile(ss.str(), {}).status().code(), StatusCode::kInvalidArgument)
+        << name;
+  }
+}
+
 TEST(BadInputTest, RunChecksFeedAndFetchCounts) {
   ModelBuilder mb;
   mb.Input("x", {2});
