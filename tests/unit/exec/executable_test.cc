@@ -232,7 +232,8 @@ TEST(BadInputTest, InconsistentShapesAreInvalidArgument) {
 
 // Inputs the fuzzer found (tests/fuzz/regressions/): each must be refused with a status.
 TEST(BadInputTest, FuzzerRegressions) {
-  for (const char* name : {"convtranspose_weight_without_shape"}) {
+  for (const char* name :
+       {"convtranspose_weight_without_shape", "convtranspose_short_output_shape"}) {
     std::ifstream f(std::string(SALUS_FUZZ_REGRESSIONS_DIR) + "/" + name + ".onnx",
                     std::ios::binary);
     std::stringstream ss;
