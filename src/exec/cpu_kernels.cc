@@ -201,17 +201,20 @@ KernelOr Conv(const Node& n, const Graph& g) {
                          ConvFor(n, g.value(n.inputs[0]).shape, g.value(n.inputs[1]).shape, n.op));
   auto k = std::make_unique<DnnlKernel>();
   const bool bias = n.input(2) != kNoValue;
+  // Note [Blocked layouts] in dnnl_kernel.h.
+  auto src = AnyLayout(c.src), w = AnyLayout(c.weights), dst = AnyLayout(c.dst);
   dnnl::convolution_forward::desc d =
       bias ? dnnl::convolution_forward::desc(prop_kind::forward_training,
-                                             algorithm::convolution_direct, c.src, c.weights,
-                                             c.bias, c.dst, c.strides, c.dilates, c.pad_l, c.pad_r)
+                                             algorithm::convolution_direct, src, w, c.bias, dst,
+                                             c.strides, c.dilates, c.pad_l, c.pad_r)
            : dnnl::convolution_forward::desc(prop_kind::forward_training,
-                                             algorithm::convolution_direct, c.src, c.weights, c.dst,
-                                             c.strides, c.dilates, c.pad_l, c.pad_r);
+                                             algorithm::convolution_direct, src, w, dst, c.strides,
+                                             c.dilates, c.pad_l, c.pad_r);
   dnnl::convolution_forward::primitive_desc pd(d, UserScratchpad(), CpuEngine());
-  std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_SRC, c.src, Slot::In(0)},
-                                           {DNNL_ARG_WEIGHTS, c.weights, Slot::In(1)},
-                                           {DNNL_ARG_DST, c.dst, Slot::Out(0)}};
+  std::vector<DnnlKernel::Binding> bind = {
+      k->Input(DNNL_ARG_SRC, c.src, pd.src_desc(), Slot::In(0)),
+      k->Input(DNNL_ARG_WEIGHTS, c.weights, pd.weights_desc(), Slot::In(1)),
+      k->Output(DNNL_ARG_DST, c.dst, pd.dst_desc(), Slot::Out(0))};
   if (bias) bind.push_back({DNNL_ARG_BIAS, c.bias, Slot::In(2)});
   k->AddPrimitive(dnnl::convolution_forward(pd), bind, pd.scratchpad_desc().get_size());
   return std::unique_ptr<Kernel>(std::move(k));
