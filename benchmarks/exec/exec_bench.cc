@@ -1,7 +1,7 @@
 // salus-exec-bench: times iterations of one ONNX model on the engine and prints one JSON line.
 //
 //   salus-exec-bench --model FILE --input NAME=d0,d1,... [--input ...] [--train LOSS]
-//                    [--fetch NAME] [--warmup 5] [--iters 20]
+//                    [--fetch NAME] [--warmup 5] [--iters 20] [--profile]
 //
 // Inputs are filled with seeded values (int64 inputs with small class indices). Training uses
 // SGD with momentum 0.9. The thread count is OpenMP's (OMP_NUM_THREADS).
@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
       "input", po::value(&inputs)->composing(), "NAME=d0,d1,...")("train", po::value(&train_loss),
                                                                   "train with this loss output")(
       "fetch", po::value(&fetch), "output to fetch in inference")(
+      "profile", "print seconds per op type to stderr")(
       "warmup", po::value(&warmup), "untimed iterations")("iters", po::value(&iters),
                                                           "timed iterations");
   po::variables_map vm;
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
   } else if (!fetch.empty()) {
     o.fetches = {fetch};
   }
+  o.profile = vm.count("profile") > 0;
   auto exe = Executable::Compile(ss.str(), o);
   if (!exe.ok()) {
     std::cerr << exe.status() << "\n";
@@ -103,6 +105,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (i >= warmup) times.push_back(ms);
+  }
+  for (const auto& [op, sec] : x.Profile()) {
+    if (o.profile) std::cerr << op << " " << sec * 1e3 / (warmup + iters) << " ms/iter\n";
   }
   std::sort(times.begin(), times.end());
   nlohmann::json out = {{"model", model_path},

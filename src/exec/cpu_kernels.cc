@@ -210,7 +210,13 @@ KernelOr Conv(const Node& n, const Graph& g) {
            : dnnl::convolution_forward::desc(prop_kind::forward_training,
                                              algorithm::convolution_direct, src, w, dst, c.strides,
                                              c.dilates, c.pad_l, c.pad_r);
-  dnnl::convolution_forward::primitive_desc pd(d, UserScratchpad(), CpuEngine());
+  dnnl::primitive_attr attr = UserScratchpad();
+  if (n.GetString("fused_activation", "") == "Relu") {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+    attr.set_post_ops(ops);
+  }
+  dnnl::convolution_forward::primitive_desc pd(d, attr, CpuEngine());
   std::vector<DnnlKernel::Binding> bind = {
       k->Input(DNNL_ARG_SRC, c.src, pd.src_desc(), Slot::In(0)),
       k->Input(DNNL_ARG_WEIGHTS, c.weights, pd.weights_desc(), Slot::In(1)),

@@ -160,6 +160,35 @@ TEST(ExecutableTest, ConstantSubgraphsAreFolded) {
     EXPECT_FLOAT_EQ((*out)[0].floats()[i], x.floats()[i] * (a[i] + b[i % 6]));
 }
 
+// Inference fuses a Relu into the Conv it follows; the result is that of the two ops apart
+// (kept apart here by also fetching the Conv's output).
+TEST(ExecutableTest, ConvReluFusionKeepsResults) {
+  ModelBuilder mb;
+  mb.Input("x", {2, 3, 8, 8});
+  mb.Initializer("w", {4, 3, 3, 3}, RandomFloats(108, 5)).Initializer("b", {4}, RandomFloats(4, 6));
+  auto& conv = mb.Node("Conv", {"x", "w", "b"}, {"c"});
+  ModelBuilder::Attr(conv, "pads", std::vector<int64_t>{1, 1, 1, 1});
+  mb.Node("Relu", {"c"}, {"y"});
+  mb.Output("y", {2, 4, 8, 8});
+  HostTensor x = HostTensor::FromFloats({2, 3, 8, 8}, RandomFloats(384, 7));
+  auto fused = Executable::Compile(mb.Bytes(), {});
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_EQ((*fused)->num_steps(), 1u);
+  CompileOptions apart;
+  apart.fetches = {"y", "c"};
+  auto separate = Executable::Compile(mb.Bytes(), apart);
+  ASSERT_TRUE(separate.ok());
+  EXPECT_EQ((*separate)->num_steps(), 2u);
+  Memory m1(**fused), m2(**separate);
+  auto a = RunHost(**fused, m1, {x});
+  auto b = RunHost(**separate, m2, {x});
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (int64_t i = 0; i < 2 * 4 * 8 * 8; ++i) {
+    EXPECT_NEAR((*a)[0].floats()[i], (*b)[0].floats()[i], 1e-5);
+    EXPECT_GE((*a)[0].floats()[i], 0.f);
+  }
+}
+
 TEST(BadInputTest, MalformedAndTruncatedModelsAreInvalidArgument) {
   EXPECT_EQ(Executable::Compile("", {}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Executable::Compile("\x08\x01garbage\xff\xff", {}).status().code(),
