@@ -125,6 +125,13 @@ KernelOr Gemm(const Node& n, const Graph& g) {
       has_c && beta == 1.f && alpha == 1.f && (c_shape == Shape{nn} || c_shape == Shape{1, nn});
   dnnl::primitive_attr attr = UserScratchpad();
   if (alpha != 1.f) attr.set_output_scales(0, {alpha});
+  // A fused Relu (inference) is a post-op unless C is added by the loop below.
+  const bool relu = n.GetString("fused_activation", "") == "Relu";
+  if (relu && (!has_c || c_as_bias)) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+    attr.set_post_ops(ops);
+  }
   auto k = std::make_unique<DnnlKernel>();
   std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_SRC, a_md, Slot::In(0)},
                                            {DNNL_ARG_WEIGHTS, b_md, Slot::In(1)},
@@ -141,10 +148,13 @@ KernelOr Gemm(const Node& n, const Graph& g) {
   k->AddPrimitive(dnnl::matmul(pd), bind, pd.scratchpad_desc().get_size());
   if (has_c && !c_as_bias) {
     Shape cs = BroadcastStrides(c_shape, out);
-    k->AddLoop([out, cs, beta](const KernelArgs& args, std::byte*) {
+    k->AddLoop([out, cs, beta, relu](const KernelArgs& args, std::byte*) {
       const float* c = static_cast<const float*>(args.inputs[2]);
       float* y = static_cast<float*>(args.outputs[0]);
-      ForEachBroadcast(out, {cs}, [&](int64_t e, const int64_t* off) { y[e] += beta * c[off[0]]; });
+      ForEachBroadcast(out, {cs}, [&](int64_t e, const int64_t* off) {
+        y[e] += beta * c[off[0]];
+        if (relu) y[e] = std::max(y[e], 0.f);
+      });
     });
   }
   return std::unique_ptr<Kernel>(std::move(k));

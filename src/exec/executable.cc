@@ -10,10 +10,10 @@
 namespace salus::exec {
 namespace {
 
-// Inference only: a Relu that is the single consumer of a Conv's output becomes the
-// convolution's post-op (one pass over the data instead of two, and no reorder of the Conv's
+// Inference only: a Relu that is the single consumer of a Conv's or Gemm's output becomes
+// that op's post-op (one pass over the data instead of two, and for a Conv no reorder of its
 // output before the Relu). Training keeps them apart: the Relu's gradient needs its input.
-void FuseConvRelu(Graph* graph, const std::vector<ValueId>& keep) {
+void FuseRelu(Graph* graph, const std::vector<ValueId>& keep) {
   Graph& g = *graph;
   std::vector<int> consumers(g.values().size(), 0);
   for (const Node& n : g.nodes()) {
@@ -29,7 +29,8 @@ void FuseConvRelu(Graph* graph, const std::vector<ValueId>& keep) {
     if (relu.op != "Relu" || relu.outputs.size() != 1) continue;
     const ValueId v = relu.inputs[0];
     const int p = g.value(v).producer;
-    if (p < 0 || g.nodes()[p].op != "Conv" || consumers[v] != 1) continue;
+    if (p < 0 || consumers[v] != 1) continue;
+    if (g.nodes()[p].op != "Conv" && g.nodes()[p].op != "Gemm") continue;
     Node& conv = g.nodes()[p];
     if (conv.Has("fused_activation")) continue;
     Attribute a;
@@ -100,7 +101,7 @@ Status Executable::Build(const CompileOptions& options) {
   }
   input_ids_ = g.inputs();
   profile_ = options.profile;
-  if (options.mode == Mode::kInference) FuseConvRelu(&g, fetch_ids_);
+  if (options.mode == Mode::kInference) FuseRelu(&g, fetch_ids_);
 
   // Keep the nodes that feed a fetch or update persistent state.
   const int num_nodes = static_cast<int>(g.nodes().size());

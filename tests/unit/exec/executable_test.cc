@@ -189,6 +189,38 @@ TEST(ExecutableTest, ConvReluFusionKeepsResults) {
   }
 }
 
+TEST(ExecutableTest, GemmReluFusionKeepsResults) {
+  for (const Shape& c_shape : {Shape{5}, Shape{3, 5}}) {  // C as oneDNN bias, C by the loop
+    ModelBuilder mb;
+    mb.Input("a", {3, 4});
+    mb.Initializer("b", {5, 4}, RandomFloats(20, 8));
+    mb.Initializer("c", c_shape, RandomFloats(NumElements(c_shape), 9));
+    auto& gemm = mb.Node("Gemm", {"a", "b", "c"}, {"g"});
+    ModelBuilder::Attr(gemm, "transB", int64_t{1});
+    mb.Node("Relu", {"g"}, {"y"});
+    mb.Output("y", {3, 5});
+    HostTensor a = HostTensor::FromFloats({3, 4}, RandomFloats(12, 10));
+    auto fused = Executable::Compile(mb.Bytes(), {});
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    EXPECT_EQ((*fused)->num_steps(), 1u);
+    CompileOptions apart;
+    apart.fetches = {"y", "g"};
+    auto separate = Executable::Compile(mb.Bytes(), apart);
+    ASSERT_TRUE(separate.ok());
+    Memory m1(**fused), m2(**separate);
+    auto x = RunHost(**fused, m1, {a});
+    auto y = RunHost(**separate, m2, {a});
+    ASSERT_TRUE(x.ok() && y.ok());
+    int positives = 0;
+    for (int64_t i = 0; i < 15; ++i) {
+      EXPECT_NEAR((*x)[0].floats()[i], (*y)[0].floats()[i], 1e-5);
+      positives += (*y)[1].floats()[i] > 0;
+    }
+    EXPECT_GT(positives, 0);
+    EXPECT_LT(positives, 15);
+  }
+}
+
 TEST(BadInputTest, MalformedAndTruncatedModelsAreInvalidArgument) {
   EXPECT_EQ(Executable::Compile("", {}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Executable::Compile("\x08\x01garbage\xff\xff", {}).status().code(),
