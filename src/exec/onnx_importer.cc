@@ -4,6 +4,7 @@
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -345,6 +346,21 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
       if (TooLarge(v.shape, options.max_tensor_elements)) {
         return InvalidArgumentError(added.Describe() + ": output '" + v.name + "' is too large");
       }
+    }
+    if (added.op == "Shape") {
+      // Shapes are fixed at compile time: a Shape node is always a constant.
+      const Shape& x = g.value(added.inputs[0]).shape;
+      Value& out = g.value(added.outputs[0]);
+      const int64_t rank = x.size();
+      int64_t start = added.GetInt("start", 0);
+      if (start < 0) start += rank;
+      start = std::clamp<int64_t>(start, 0, rank);
+      std::vector<int64_t> dims(x.begin() + start, x.begin() + start + out.shape[0]);
+      out.kind = ValueKind::kConstant;
+      out.producer = -1;
+      out.data = HostTensor::FromInt64s(out.shape, dims);
+      g.nodes().pop_back();
+      continue;
     }
     bool all_constant = !added.inputs.empty();
     for (ValueId id : added.inputs) {
