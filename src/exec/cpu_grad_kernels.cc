@@ -58,11 +58,12 @@ KernelOr SoftmaxGrad(const Node& n, const Graph& g) {
   return std::unique_ptr<Kernel>(std::move(k));
 }
 
+// Convolutions pick their own layouts (Note [Blocked layouts] in dnnl_kernel.h).
 dnnl::convolution_forward::primitive_desc ConvForwardHint(const ConvSpec& c) {
   return dnnl::convolution_forward::primitive_desc(
       dnnl::convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
-                                      c.src, c.weights, c.bias, c.dst, c.strides, c.dilates,
-                                      c.pad_l, c.pad_r),
+                                      AnyLayout(c.src), AnyLayout(c.weights), c.bias,
+                                      AnyLayout(c.dst), c.strides, c.dilates, c.pad_l, c.pad_r),
       CpuEngine());
 }
 
@@ -71,15 +72,16 @@ KernelOr ConvGradData(const Node& n, const Graph& g) {
   SALUS_ASSIGN_OR_RETURN(ConvSpec c,
                          ConvFor(n, n.GetInts("x_shape"), g.value(n.inputs[1]).shape, "Conv"));
   dnnl::convolution_backward_data::primitive_desc pd(
-      dnnl::convolution_backward_data::desc(algorithm::convolution_direct, c.src, c.weights, c.dst,
-                                            c.strides, c.dilates, c.pad_l, c.pad_r),
+      dnnl::convolution_backward_data::desc(algorithm::convolution_direct, AnyLayout(c.src),
+                                            AnyLayout(c.weights), AnyLayout(c.dst), c.strides,
+                                            c.dilates, c.pad_l, c.pad_r),
       UserScratchpad(), CpuEngine(), ConvForwardHint(c));
   auto k = std::make_unique<DnnlKernel>();
-  k->AddPrimitive(dnnl::convolution_backward_data(pd),
-                  {{DNNL_ARG_DIFF_DST, c.dst, Slot::In(0)},
-                   {DNNL_ARG_WEIGHTS, c.weights, Slot::In(1)},
-                   {DNNL_ARG_DIFF_SRC, c.src, Slot::Out(0)}},
-                  pd.scratchpad_desc().get_size());
+  std::vector<DnnlKernel::Binding> bind = {
+      k->Input(DNNL_ARG_DIFF_DST, c.dst, pd.diff_dst_desc(), Slot::In(0)),
+      k->Input(DNNL_ARG_WEIGHTS, c.weights, pd.weights_desc(), Slot::In(1)),
+      k->Output(DNNL_ARG_DIFF_SRC, c.src, pd.diff_src_desc(), Slot::Out(0))};
+  k->AddPrimitive(dnnl::convolution_backward_data(pd), bind, pd.scratchpad_desc().get_size());
   return std::unique_ptr<Kernel>(std::move(k));
 }
 
@@ -88,19 +90,21 @@ KernelOr ConvGradWeights(const Node& n, const Graph& g) {
   SALUS_ASSIGN_OR_RETURN(ConvSpec c,
                          ConvFor(n, g.value(n.inputs[0]).shape, n.GetInts("w_shape"), "Conv"));
   const bool bias = n.output(1) != kNoValue;
-  auto d = bias ? dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, c.src,
-                                                           c.weights, c.bias, c.dst, c.strides,
-                                                           c.dilates, c.pad_l, c.pad_r)
-                : dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, c.src,
-                                                           c.weights, c.dst, c.strides, c.dilates,
-                                                           c.pad_l, c.pad_r);
+  auto src = AnyLayout(c.src), w = AnyLayout(c.weights), dst = AnyLayout(c.dst);
+  auto d =
+      bias ? dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, src, w, c.bias,
+                                                      dst, c.strides, c.dilates, c.pad_l, c.pad_r)
+           : dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, src, w, dst,
+                                                      c.strides, c.dilates, c.pad_l, c.pad_r);
   dnnl::convolution_backward_weights::primitive_desc pd(d, UserScratchpad(), CpuEngine(),
                                                         ConvForwardHint(c));
-  std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_SRC, c.src, Slot::In(0)},
-                                           {DNNL_ARG_DIFF_DST, c.dst, Slot::In(1)},
-                                           {DNNL_ARG_DIFF_WEIGHTS, c.weights, Slot::Out(0)}};
-  if (bias) bind.push_back({DNNL_ARG_DIFF_BIAS, c.bias, Slot::Out(1)});
   auto k = std::make_unique<DnnlKernel>();
+  std::vector<DnnlKernel::Binding> bind = {
+      k->Input(DNNL_ARG_SRC, c.src, pd.src_desc(), Slot::In(0)),
+      k->Input(DNNL_ARG_DIFF_DST, c.dst, pd.diff_dst_desc(), Slot::In(1)),
+      k->Output(DNNL_ARG_DIFF_WEIGHTS, c.weights, pd.diff_weights_desc(), Slot::Out(0))};
+  if (bias)
+    bind.push_back(k->Output(DNNL_ARG_DIFF_BIAS, c.bias, pd.diff_bias_desc(), Slot::Out(1)));
   k->AddPrimitive(dnnl::convolution_backward_weights(pd), bind, pd.scratchpad_desc().get_size());
   return std::unique_ptr<Kernel>(std::move(k));
 }

@@ -31,6 +31,10 @@ Status RequireFloat(const Node& n, const Graph& g, std::initializer_list<size_t>
   return OkStatus();
 }
 
+dnnl::memory::desc AnyLayout(const dnnl::memory::desc& d) {
+  return dnnl::memory::desc(d.dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::any);
+}
+
 StatusOr<EltwiseSpec> EltwiseFor(const Node& n) {
   const std::string op = n.GetString("forward_op", n.op);
   if (op == "Relu") return EltwiseSpec{algorithm::eltwise_relu, 0.f, 0.f};

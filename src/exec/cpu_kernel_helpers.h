@@ -15,6 +15,9 @@ namespace salus::exec {
 // float32.
 Status RequireFloat(const Node& n, const Graph& g, std::initializer_list<size_t> inputs = {});
 
+// The same dims with format_tag::any, for primitives that pick their own layout.
+dnnl::memory::desc AnyLayout(const dnnl::memory::desc& d);
+
 struct EltwiseSpec {
   dnnl::algorithm alg;
   float alpha = 0, beta = 0;

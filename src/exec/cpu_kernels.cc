@@ -79,9 +79,10 @@ KernelOr Binary(const Node& n, const Graph& g) {
                                 : algorithm::binary_div;
   size_t first = 0, second = 1;
   if (a != out && commutative && b == out) std::swap(first, second);
+  const bool pow = op == "Pow";
   const Shape& s0 = first == 0 ? a : b;
   const Shape& s1 = first == 0 ? b : a;
-  if (s0 == out) {
+  if (s0 == out && !pow) {
     Shape o = out.empty() ? Shape{1} : out;
     Shape p1 = s1;
     while (p1.size() < o.size()) p1.insert(p1.begin(), 1);
@@ -97,14 +98,18 @@ KernelOr Binary(const Node& n, const Graph& g) {
     return std::unique_ptr<Kernel>(std::move(k));
   }
   std::vector<Shape> strides = {BroadcastStrides(a, out), BroadcastStrides(b, out)};
-  const int which = op == "Add" ? 0 : op == "Sub" ? 1 : op == "Mul" ? 2 : 3;
+  const int which = op == "Add" ? 0 : op == "Sub" ? 1 : op == "Mul" ? 2 : op == "Div" ? 3 : 4;
   return std::unique_ptr<Kernel>(new LoopKernel([out, strides, which](const KernelArgs& args) {
     const float* x = static_cast<const float*>(args.inputs[0]);
     const float* y = static_cast<const float*>(args.inputs[1]);
     float* z = static_cast<float*>(args.outputs[0]);
     ForEachBroadcast(out, strides, [&](int64_t e, const int64_t* off) {
       const float u = x[off[0]], v = y[off[1]];
-      z[e] = which == 0 ? u + v : which == 1 ? u - v : which == 2 ? u * v : u / v;
+      z[e] = which == 0   ? u + v
+             : which == 1 ? u - v
+             : which == 2 ? u * v
+             : which == 3 ? u / v
+                          : std::pow(u, v);
     });
   }));
 }
@@ -125,6 +130,13 @@ KernelOr Gemm(const Node& n, const Graph& g) {
       has_c && beta == 1.f && alpha == 1.f && (c_shape == Shape{nn} || c_shape == Shape{1, nn});
   dnnl::primitive_attr attr = UserScratchpad();
   if (alpha != 1.f) attr.set_output_scales(0, {alpha});
+  // A fused Relu (inference) is a post-op unless C is added by the loop below.
+  const bool relu = n.GetString("fused_activation", "") == "Relu";
+  if (relu && (!has_c || c_as_bias)) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+    attr.set_post_ops(ops);
+  }
   auto k = std::make_unique<DnnlKernel>();
   std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_SRC, a_md, Slot::In(0)},
                                            {DNNL_ARG_WEIGHTS, b_md, Slot::In(1)},
@@ -141,10 +153,13 @@ KernelOr Gemm(const Node& n, const Graph& g) {
   k->AddPrimitive(dnnl::matmul(pd), bind, pd.scratchpad_desc().get_size());
   if (has_c && !c_as_bias) {
     Shape cs = BroadcastStrides(c_shape, out);
-    k->AddLoop([out, cs, beta](const KernelArgs& args, std::byte*) {
+    k->AddLoop([out, cs, beta, relu](const KernelArgs& args, std::byte*) {
       const float* c = static_cast<const float*>(args.inputs[2]);
       float* y = static_cast<float*>(args.outputs[0]);
-      ForEachBroadcast(out, {cs}, [&](int64_t e, const int64_t* off) { y[e] += beta * c[off[0]]; });
+      ForEachBroadcast(out, {cs}, [&](int64_t e, const int64_t* off) {
+        y[e] += beta * c[off[0]];
+        if (relu) y[e] = std::max(y[e], 0.f);
+      });
     });
   }
   return std::unique_ptr<Kernel>(std::move(k));
@@ -201,17 +216,26 @@ KernelOr Conv(const Node& n, const Graph& g) {
                          ConvFor(n, g.value(n.inputs[0]).shape, g.value(n.inputs[1]).shape, n.op));
   auto k = std::make_unique<DnnlKernel>();
   const bool bias = n.input(2) != kNoValue;
+  // Note [Blocked layouts] in dnnl_kernel.h.
+  auto src = AnyLayout(c.src), w = AnyLayout(c.weights), dst = AnyLayout(c.dst);
   dnnl::convolution_forward::desc d =
       bias ? dnnl::convolution_forward::desc(prop_kind::forward_training,
-                                             algorithm::convolution_direct, c.src, c.weights,
-                                             c.bias, c.dst, c.strides, c.dilates, c.pad_l, c.pad_r)
+                                             algorithm::convolution_direct, src, w, c.bias, dst,
+                                             c.strides, c.dilates, c.pad_l, c.pad_r)
            : dnnl::convolution_forward::desc(prop_kind::forward_training,
-                                             algorithm::convolution_direct, c.src, c.weights, c.dst,
-                                             c.strides, c.dilates, c.pad_l, c.pad_r);
-  dnnl::convolution_forward::primitive_desc pd(d, UserScratchpad(), CpuEngine());
-  std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_SRC, c.src, Slot::In(0)},
-                                           {DNNL_ARG_WEIGHTS, c.weights, Slot::In(1)},
-                                           {DNNL_ARG_DST, c.dst, Slot::Out(0)}};
+                                             algorithm::convolution_direct, src, w, dst, c.strides,
+                                             c.dilates, c.pad_l, c.pad_r);
+  dnnl::primitive_attr attr = UserScratchpad();
+  if (n.GetString("fused_activation", "") == "Relu") {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+    attr.set_post_ops(ops);
+  }
+  dnnl::convolution_forward::primitive_desc pd(d, attr, CpuEngine());
+  std::vector<DnnlKernel::Binding> bind = {
+      k->Input(DNNL_ARG_SRC, c.src, pd.src_desc(), Slot::In(0)),
+      k->Input(DNNL_ARG_WEIGHTS, c.weights, pd.weights_desc(), Slot::In(1)),
+      k->Output(DNNL_ARG_DST, c.dst, pd.dst_desc(), Slot::Out(0))};
   if (bias) bind.push_back({DNNL_ARG_BIAS, c.bias, Slot::In(2)});
   k->AddPrimitive(dnnl::convolution_forward(pd), bind, pd.scratchpad_desc().get_size());
   return std::unique_ptr<Kernel>(std::move(k));
@@ -368,11 +392,30 @@ KernelOr Reduce(const Node& n, const Graph& g) {
   SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReductionAxes(g, n));
   Shape kept = x;
   for (int64_t a : axes) kept[a] = 1;
-  if (kept == x || x.empty()) return Copy(n, g);
+  if (kept == x || x.empty()) {
+    // Nothing to reduce: the value itself, or its absolute value or square.
+    const int fn = n.op == "ReduceL1" || n.op == "ReduceL2" ? 1 : n.op == "ReduceSumSquare" ? 2 : 0;
+    if (fn == 0) return Copy(n, g);
+    const int64_t count = NumElements(x);
+    return std::unique_ptr<Kernel>(new LoopKernel([count, fn](const KernelArgs& a) {
+      const float* in = static_cast<const float*>(a.inputs[0]);
+      float* out = static_cast<float*>(a.outputs[0]);
+      for (int64_t i = 0; i < count; ++i) out[i] = fn == 1 ? std::abs(in[i]) : in[i] * in[i];
+    }));
+  }
   auto src = PlainDesc(x), dst = PlainDesc(kept);
-  algorithm alg = n.op == "ReduceMean" ? algorithm::reduction_mean : algorithm::reduction_sum;
-  dnnl::reduction::primitive_desc pd(dnnl::reduction::desc(alg, src, dst, 0.f, 0.f),
-                                     UserScratchpad(), CpuEngine());
+  algorithm alg = algorithm::reduction_sum;
+  float p = 0.f;
+  if (n.op == "ReduceMean") alg = algorithm::reduction_mean;
+  if (n.op == "ReduceMax") alg = algorithm::reduction_max;
+  if (n.op == "ReduceMin") alg = algorithm::reduction_min;
+  if (n.op == "ReduceProd") alg = algorithm::reduction_mul;
+  if (n.op == "ReduceL1" || n.op == "ReduceL2") alg = algorithm::reduction_norm_lp_sum;
+  if (n.op == "ReduceSumSquare") alg = algorithm::reduction_norm_lp_power_p_sum;
+  if (n.op == "ReduceL1") p = 1.f;
+  if (n.op == "ReduceL2" || n.op == "ReduceSumSquare") p = 2.f;
+  dnnl::reduction::primitive_desc pd(dnnl::reduction::desc(alg, src, dst, p, 0.f), UserScratchpad(),
+                                     CpuEngine());
   auto k = std::make_unique<DnnlKernel>();
   k->AddPrimitive(dnnl::reduction(pd),
                   {{DNNL_ARG_SRC, src, Slot::In(0)}, {DNNL_ARG_DST, dst, Slot::Out(0)}},
@@ -445,7 +488,7 @@ void RegisterCpuKernels(KernelRegistry* r) {
                          "Elu", "Softplus"}) {
     r->Register(op, cpu, Eltwise);
   }
-  for (const char* op : {"Add", "Sub", "Mul", "Div"}) r->Register(op, cpu, Binary);
+  for (const char* op : {"Add", "Sub", "Mul", "Div", "Pow"}) r->Register(op, cpu, Binary);
   r->Register("Gemm", cpu, Gemm);
   r->Register("MatMul", cpu, MatMul);
   r->Register("Softmax", cpu, Softmax);
@@ -458,8 +501,10 @@ void RegisterCpuKernels(KernelRegistry* r) {
   r->Register("BatchNormalization", cpu, BatchNorm);
   r->Register("Transpose", cpu, Transpose);
   r->Register("Concat", cpu, Concat);
-  r->Register("ReduceMean", cpu, Reduce);
-  r->Register("ReduceSum", cpu, Reduce);
+  for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+                         "ReduceL1", "ReduceL2", "ReduceSumSquare"}) {
+    r->Register(op, cpu, Reduce);
+  }
   r->Register("DepthToSpace", cpu, DepthToSpace);
   r->Register("Pad", cpu, Pad);
   r->Register("SoftmaxCrossEntropyLoss", cpu, SoftmaxCrossEntropy);

@@ -50,6 +50,38 @@ size_t DnnlKernel::AddTemp(size_t bytes) {
 
 void DnnlKernel::AddPrimitive(dnnl::primitive primitive, std::vector<Binding> bindings,
                               size_t scratchpad_bytes) {
+  AppendStep(std::move(primitive), std::move(bindings), scratchpad_bytes);
+  auto pending = std::move(pending_outputs_);
+  pending_outputs_.clear();
+  for (auto& [user, want, slot, temp] : pending) {
+    dnnl::reorder::primitive_desc rpd(CpuEngine(), want, CpuEngine(), user, UserScratchpad());
+    AppendStep(dnnl::reorder(rpd),
+               {{DNNL_ARG_FROM, want, Slot::Temp(temp)}, {DNNL_ARG_TO, user, slot}},
+               rpd.scratchpad_desc().get_size());
+  }
+}
+
+DnnlKernel::Binding DnnlKernel::Input(int arg, const dnnl::memory::desc& user,
+                                      const dnnl::memory::desc& want, Slot slot) {
+  if (user == want) return {arg, user, slot};
+  const size_t temp = AddTemp(want.get_size());
+  dnnl::reorder::primitive_desc rpd(CpuEngine(), user, CpuEngine(), want, UserScratchpad());
+  AppendStep(dnnl::reorder(rpd),
+             {{DNNL_ARG_FROM, user, slot}, {DNNL_ARG_TO, want, Slot::Temp(temp)}},
+             rpd.scratchpad_desc().get_size());
+  return {arg, want, Slot::Temp(temp)};
+}
+
+DnnlKernel::Binding DnnlKernel::Output(int arg, const dnnl::memory::desc& user,
+                                       const dnnl::memory::desc& want, Slot slot) {
+  if (user == want) return {arg, user, slot};
+  const size_t temp = AddTemp(want.get_size());
+  pending_outputs_.emplace_back(user, want, slot, temp);
+  return {arg, want, Slot::Temp(temp)};
+}
+
+void DnnlKernel::AppendStep(dnnl::primitive primitive, std::vector<Binding> bindings,
+                            size_t scratchpad_bytes) {
   Step step;
   step.primitive = std::move(primitive);
   for (Binding& b : bindings) {

@@ -1,6 +1,11 @@
 // Building blocks of the CPU kernels: a kernel made of oneDNN primitives and a kernel made of
 // a plain loop.
 //
+// Note [Blocked layouts]: convolutions (forward and backward) are created with
+// format_tag::any, so oneDNN picks its fastest (blocked) layouts; the kernel reorders from and
+// to the graph's row-major tensors around them, in planned temp buffers. Every other op works
+// on row-major tensors directly.
+//
 // Note [oneDNN memory]: every primitive is created at compile time with plain (row-major)
 // memory descriptors, `scratchpad_mode::user` and memory objects that own no buffer. At run
 // time the kernel points those memory objects at the addresses the executable resolved for
@@ -61,6 +66,15 @@ class DnnlKernel : public Kernel {
   // Appends a plain loop step (runs in order with the primitives).
   void AddLoop(Loop loop);
 
+  // Layout adaptation for primitives created with format_tag::any (Note [Blocked layouts]).
+  // The binding for argument `arg` of the next primitive, whose data the caller has in layout
+  // `user` at `slot` while the primitive wants `want`: when they differ, an input is first
+  // reordered into a temp buffer (a reorder step is appended now), and an output is written to
+  // a temp buffer and reordered to `slot` right after the next AddPrimitive.
+  Binding Input(int arg, const dnnl::memory::desc& user, const dnnl::memory::desc& want, Slot slot);
+  Binding Output(int arg, const dnnl::memory::desc& user, const dnnl::memory::desc& want,
+                 Slot slot);
+
   size_t scratch_bytes() const override { return temp_bytes_ + scratchpad_bytes_; }
   Status Run(const KernelArgs& args) override;
 
@@ -71,7 +85,11 @@ class DnnlKernel : public Kernel {
     std::vector<std::pair<int, Slot>> slots;
     Loop loop;
   };
+  void AppendStep(dnnl::primitive primitive, std::vector<Binding> bindings,
+                  size_t scratchpad_bytes);
+
   std::vector<Step> steps_;
+  std::vector<std::tuple<dnnl::memory::desc, dnnl::memory::desc, Slot, size_t>> pending_outputs_;
   size_t temp_bytes_ = 0;
   size_t scratchpad_bytes_ = 0;
 };

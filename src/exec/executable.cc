@@ -8,6 +8,52 @@
 #include "exec/onnx_importer.h"
 
 namespace salus::exec {
+namespace {
+
+// Inference only: a Relu that is the single consumer of a Conv's or Gemm's output becomes
+// that op's post-op (one pass over the data instead of two, and for a Conv no reorder of its
+// output before the Relu). Training keeps them apart: the Relu's gradient needs its input.
+void FuseRelu(Graph* graph, const std::vector<ValueId>& keep) {
+  Graph& g = *graph;
+  std::vector<int> consumers(g.values().size(), 0);
+  for (const Node& n : g.nodes()) {
+    for (ValueId in : n.inputs) {
+      if (in != kNoValue) ++consumers[in];
+    }
+  }
+  for (ValueId id : keep) consumers[id] += 2;
+  for (ValueId id : g.outputs()) consumers[id] += 2;
+  std::vector<bool> dead(g.nodes().size(), false);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    Node& relu = g.nodes()[i];
+    if (relu.op != "Relu" || relu.outputs.size() != 1) continue;
+    const ValueId v = relu.inputs[0];
+    const int p = g.value(v).producer;
+    if (p < 0 || consumers[v] != 1) continue;
+    if (g.nodes()[p].op != "Conv" && g.nodes()[p].op != "Gemm") continue;
+    Node& conv = g.nodes()[p];
+    if (conv.Has("fused_activation")) continue;
+    Attribute a;
+    a.kind = Attribute::Kind::kString;
+    a.s = "Relu";
+    conv.attrs["fused_activation"] = a;
+    conv.outputs[0] = relu.outputs[0];
+    g.value(v).producer = -1;
+    dead[i] = true;
+  }
+  std::vector<Node> live;
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    if (!dead[i]) live.push_back(std::move(g.nodes()[i]));
+  }
+  g.nodes() = std::move(live);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    for (ValueId o : g.nodes()[i].outputs) {
+      if (o != kNoValue) g.value(o).producer = static_cast<int>(i);
+    }
+  }
+}
+
+}  // namespace
 
 Executable::~Executable() = default;
 
@@ -55,6 +101,7 @@ Status Executable::Build(const CompileOptions& options) {
   }
   input_ids_ = g.inputs();
   profile_ = options.profile;
+  if (options.mode == Mode::kInference) FuseRelu(&g, fetch_ids_);
 
   // Keep the nodes that feed a fetch or update persistent state.
   const int num_nodes = static_cast<int>(g.nodes().size());

@@ -4,6 +4,7 @@
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -212,6 +213,7 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
     if (!in.type().has_tensor_type()) {
       return UnimplementedError("input '" + in.name() + "' is not a tensor");
     }
+    const bool had_shape = in.type().tensor_type().has_shape();
     auto* shape = in.mutable_type()->mutable_tensor_type()->mutable_shape();
     auto it = options.input_shapes.find(in.name());
     auto ct = options.constant_inputs.find(in.name());
@@ -220,6 +222,10 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
       shape->clear_dim();
       for (int64_t d : s) shape->add_dim()->set_dim_value(d);
     } else {
+      if (!had_shape) {
+        return InvalidArgumentError("input '" + in.name() +
+                                    "' has no shape; give it when compiling");
+      }
       for (const auto& d : shape->dim()) {
         if (!d.has_dim_value() || d.dim_value() < 0) {
           return InvalidArgumentError("input '" + in.name() +
@@ -237,13 +243,9 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
   }
   try {
     onnx::checker::check_model(model);
-    onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(),
-                                       onnx::ShapeInferenceOptions(true, 1, false));
   } catch (const std::exception& e) {
-    return InvalidArgumentError(std::string("ONNX check or shape inference failed: ") + e.what());
+    return InvalidArgumentError(std::string("ONNX check failed: ") + e.what());
   }
-  std::map<std::string, const onnx::TypeProto*> inferred;
-  for (const auto& vi : gp->value_info()) inferred[vi.name()] = &vi.type();
 
   Graph g;
   g.set_opset(opset);
@@ -344,11 +346,21 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
       if (TooLarge(v.shape, options.max_tensor_elements)) {
         return InvalidArgumentError(added.Describe() + ": output '" + v.name + "' is too large");
       }
-      auto it = inferred.find(v.name);
-      if (it != inferred.end() && !SameShape(*it->second, v.shape)) {
-        return InvalidArgumentError(added.Describe() + ": output '" + v.name + "' has shape " +
-                                    ShapeString(v.shape) + " but ONNX infers another");
-      }
+    }
+    if (added.op == "Shape") {
+      // Shapes are fixed at compile time: a Shape node is always a constant.
+      const Shape& x = g.value(added.inputs[0]).shape;
+      Value& out = g.value(added.outputs[0]);
+      const int64_t rank = x.size();
+      int64_t start = added.GetInt("start", 0);
+      if (start < 0) start += rank;
+      start = std::clamp<int64_t>(start, 0, rank);
+      std::vector<int64_t> dims(x.begin() + start, x.begin() + start + out.shape[0]);
+      out.kind = ValueKind::kConstant;
+      out.producer = -1;
+      out.data = HostTensor::FromInt64s(out.shape, dims);
+      g.nodes().pop_back();
+      continue;
     }
     bool all_constant = !added.inputs.empty();
     for (ValueId id : added.inputs) {
@@ -357,6 +369,22 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
     if (all_constant) {
       SALUS_RETURN_IF_ERROR(Fold(&g, idx));
       g.nodes().pop_back();
+    }
+  }
+  // libonnx's shape inference runs only now, on a graph the engine's own rules have
+  // validated: some of its inference functions assume well-formed inputs (ConvTranspose's
+  // dereferences a missing weight shape). Its results must agree with the engine's.
+  try {
+    onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(),
+                                       onnx::ShapeInferenceOptions(true, 1, false));
+  } catch (const std::exception& e) {
+    return InvalidArgumentError(std::string("ONNX shape inference failed: ") + e.what());
+  }
+  for (const auto& vi : gp->value_info()) {
+    ValueId id = g.Find(vi.name());
+    if (id != kNoValue && !SameShape(vi.type(), g.value(id).shape)) {
+      return InvalidArgumentError("value '" + vi.name() + "' has shape " +
+                                  ShapeString(g.value(id).shape) + " but ONNX infers another");
     }
   }
   for (const auto& out : gp->output()) {

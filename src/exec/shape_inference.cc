@@ -9,46 +9,18 @@ namespace salus::exec {
 namespace {
 
 const std::set<std::string>& Ops() {
-  static const std::set<std::string> ops = {"Gemm",
-                                            "MatMul",
-                                            "Add",
-                                            "Sub",
-                                            "Mul",
-                                            "Div",
-                                            "Relu",
-                                            "LeakyRelu",
-                                            "Sigmoid",
-                                            "Tanh",
-                                            "Softmax",
-                                            "LogSoftmax",
-                                            "Conv",
-                                            "ConvTranspose",
-                                            "MaxPool",
-                                            "AveragePool",
-                                            "GlobalAveragePool",
-                                            "BatchNormalization",
-                                            "Dropout",
-                                            "Flatten",
-                                            "Reshape",
-                                            "Transpose",
-                                            "Concat",
-                                            "Identity",
-                                            "DepthToSpace",
-                                            "Pad",
-                                            "ReduceMean",
-                                            "ReduceSum",
-                                            "Constant",
-                                            "SoftmaxCrossEntropyLoss",
-                                            "Exp",
-                                            "Log",
-                                            "Sqrt",
-                                            "Neg",
-                                            "Abs",
-                                            "Elu",
-                                            "Softplus",
-                                            "Squeeze",
-                                            "Unsqueeze",
-                                            "GlobalMaxPool"};
+  // clang-format off
+  static const std::set<std::string> ops = {
+      "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Pow",
+      "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Neg", "Abs", "Elu", "Softplus",
+      "Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss",
+      "Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+      "BatchNormalization", "Dropout",
+      "Flatten", "Reshape", "Transpose", "Concat", "Identity", "Squeeze", "Unsqueeze", "Shape",
+      "DepthToSpace", "Pad", "Constant",
+      "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+      "ReduceSumSquare"};
+  // clang-format on
   return ops;
 }
 
@@ -153,7 +125,7 @@ Status InferNodeShapes(Graph* graph, int node_index) {
   }
   const DataType t0 = required_inputs > 0 || has_in(0) ? in(0).type : DataType::kFloat32;
 
-  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
+  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow") {
     SALUS_ASSIGN_OR_RETURN(Shape s, BroadcastShapes(in(0).shape, in(1).shape));
     set_out(0, t0, s);
   } else if (op == "Relu" || op == "LeakyRelu" || op == "Sigmoid" || op == "Tanh" ||
@@ -374,7 +346,9 @@ Status InferNodeShapes(Graph* graph, int node_index) {
       out[i] += pads[i] + pads[i + x.size()];
     }
     set_out(0, t0, out);
-  } else if (op == "ReduceMean" || op == "ReduceSum") {
+  } else if (op == "ReduceMean" || op == "ReduceSum" || op == "ReduceMax" || op == "ReduceMin" ||
+             op == "ReduceProd" || op == "ReduceL1" || op == "ReduceL2" ||
+             op == "ReduceSumSquare") {
     SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReductionAxes(g, n));
     const bool keep = n.GetInt("keepdims", 1) != 0;
     Shape out;
@@ -426,6 +400,14 @@ Status InferNodeShapes(Graph* graph, int node_index) {
       for (int64_t i = 0; i < rank; ++i) out.push_back(ins[i] ? 1 : x[j++]);
     }
     set_out(0, t0, out);
+  } else if (op == "Shape") {
+    const int64_t rank = in(0).shape.size();
+    int64_t start = n.GetInt("start", 0), end = n.GetInt("end", rank);
+    if (start < 0) start += rank;
+    if (end < 0) end += rank;
+    start = std::clamp<int64_t>(start, 0, rank);
+    end = std::clamp<int64_t>(end, 0, rank);
+    set_out(0, DataType::kInt64, {std::max<int64_t>(0, end - start)});
   } else if (op == "SoftmaxCrossEntropyLoss") {
     const Shape& s = in(0).shape;
     const Shape& l = in(1).shape;

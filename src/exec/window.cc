@@ -114,6 +114,9 @@ StatusOr<Window> ComputeTransposedWindow(const Node& node, const std::vector<int
   if (output_shape.size() > rank) {
     output_shape.erase(output_shape.begin(), output_shape.end() - rank);
   }
+  if (!output_shape.empty() && output_shape.size() != rank) {
+    return InvalidArgumentError(node.Describe() + ": output_shape rank mismatch");
+  }
   const std::string auto_pad = node.GetString("auto_pad", "NOTSET");
   std::vector<int64_t> pads = node.GetInts("pads");
   w.pad_begin.assign(rank, 0);

@@ -160,6 +160,67 @@ TEST(ExecutableTest, ConstantSubgraphsAreFolded) {
     EXPECT_FLOAT_EQ((*out)[0].floats()[i], x.floats()[i] * (a[i] + b[i % 6]));
 }
 
+// Inference fuses a Relu into the Conv it follows; the result is that of the two ops apart
+// (kept apart here by also fetching the Conv's output).
+TEST(ExecutableTest, ConvReluFusionKeepsResults) {
+  ModelBuilder mb;
+  mb.Input("x", {2, 3, 8, 8});
+  mb.Initializer("w", {4, 3, 3, 3}, RandomFloats(108, 5)).Initializer("b", {4}, RandomFloats(4, 6));
+  auto& conv = mb.Node("Conv", {"x", "w", "b"}, {"c"});
+  ModelBuilder::Attr(conv, "pads", std::vector<int64_t>{1, 1, 1, 1});
+  mb.Node("Relu", {"c"}, {"y"});
+  mb.Output("y", {2, 4, 8, 8});
+  HostTensor x = HostTensor::FromFloats({2, 3, 8, 8}, RandomFloats(384, 7));
+  auto fused = Executable::Compile(mb.Bytes(), {});
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_EQ((*fused)->num_steps(), 1u);
+  CompileOptions apart;
+  apart.fetches = {"y", "c"};
+  auto separate = Executable::Compile(mb.Bytes(), apart);
+  ASSERT_TRUE(separate.ok());
+  EXPECT_EQ((*separate)->num_steps(), 2u);
+  Memory m1(**fused), m2(**separate);
+  auto a = RunHost(**fused, m1, {x});
+  auto b = RunHost(**separate, m2, {x});
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (int64_t i = 0; i < 2 * 4 * 8 * 8; ++i) {
+    EXPECT_NEAR((*a)[0].floats()[i], (*b)[0].floats()[i], 1e-5);
+    EXPECT_GE((*a)[0].floats()[i], 0.f);
+  }
+}
+
+TEST(ExecutableTest, GemmReluFusionKeepsResults) {
+  for (const Shape& c_shape : {Shape{5}, Shape{3, 5}}) {  // C as oneDNN bias, C by the loop
+    ModelBuilder mb;
+    mb.Input("a", {3, 4});
+    mb.Initializer("b", {5, 4}, RandomFloats(20, 8));
+    mb.Initializer("c", c_shape, RandomFloats(NumElements(c_shape), 9));
+    auto& gemm = mb.Node("Gemm", {"a", "b", "c"}, {"g"});
+    ModelBuilder::Attr(gemm, "transB", int64_t{1});
+    mb.Node("Relu", {"g"}, {"y"});
+    mb.Output("y", {3, 5});
+    HostTensor a = HostTensor::FromFloats({3, 4}, RandomFloats(12, 10));
+    auto fused = Executable::Compile(mb.Bytes(), {});
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    EXPECT_EQ((*fused)->num_steps(), 1u);
+    CompileOptions apart;
+    apart.fetches = {"y", "g"};
+    auto separate = Executable::Compile(mb.Bytes(), apart);
+    ASSERT_TRUE(separate.ok());
+    Memory m1(**fused), m2(**separate);
+    auto x = RunHost(**fused, m1, {a});
+    auto y = RunHost(**separate, m2, {a});
+    ASSERT_TRUE(x.ok() && y.ok());
+    int positives = 0;
+    for (int64_t i = 0; i < 15; ++i) {
+      EXPECT_NEAR((*x)[0].floats()[i], (*y)[0].floats()[i], 1e-5);
+      positives += (*y)[1].floats()[i] > 0;
+    }
+    EXPECT_GT(positives, 0);
+    EXPECT_LT(positives, 15);
+  }
+}
+
 TEST(BadInputTest, MalformedAndTruncatedModelsAreInvalidArgument) {
   EXPECT_EQ(Executable::Compile("", {}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Executable::Compile("\x08\x01garbage\xff\xff", {}).status().code(),
@@ -228,6 +289,20 @@ TEST(BadInputTest, InconsistentShapesAreInvalidArgument) {
   mb.Node("Gemm", {"a", "b"}, {"y"});
   mb.Output("y", {2, 5});
   EXPECT_EQ(Executable::Compile(mb.Bytes(), {}).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Inputs the fuzzer found (tests/fuzz/regressions/): each must be refused with a status.
+TEST(BadInputTest, FuzzerRegressions) {
+  for (const char* name :
+       {"convtranspose_weight_without_shape", "convtranspose_short_output_shape"}) {
+    std::ifstream f(std::string(SALUS_FUZZ_REGRESSIONS_DIR) + "/" + name + ".onnx",
+                    std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    ASSERT_FALSE(ss.str().empty()) << name;
+    EXPECT_EQ(Executable::Compile(ss.str(), {}).status().code(), StatusCode::kInvalidArgument)
+        << name;
+  }
 }
 
 TEST(BadInputTest, RunChecksFeedAndFetchCounts) {

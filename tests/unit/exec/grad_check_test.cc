@@ -202,6 +202,15 @@ TEST(GradCheckTest, BinaryWithBroadcasting) {
   CheckGradients(binary("Div", P("A", {2, 3}, 22), P("B", {3}, 23, 0.5f, 2.f), {2, 3}));
 }
 
+// A value reaching the loss along several paths: its gradients are summed.
+TEST(GradCheckTest, GradientsOfSeveralPathsAreSummed) {
+  CheckGradients({"x * x + relu(x)", {AwayFromZero("X", {3, 4}, 40)}, {3, 4}, [](ModelBuilder& mb) {
+                    mb.Node("Mul", {"X", "X"}, {"sq"});
+                    mb.Node("Relu", {"X"}, {"r"});
+                    mb.Node("Add", {"sq", "r"}, {"y"});
+                  }});
+}
+
 TEST(GradCheckTest, GemmAndMatMul) {
   CheckGradients({"gemm transB with vector C",
                   {P("A", {3, 4}, 24), P("B", {5, 4}, 25), P("C", {5}, 26)},

@@ -28,6 +28,7 @@ class ModelBuilder {
     in->set_name(name);
     auto* t = in->mutable_type()->mutable_tensor_type();
     t->set_elem_type(type);
+    t->mutable_shape();
     for (int64_t d : shape) t->mutable_shape()->add_dim()->set_dim_value(d);
     return *this;
   }
