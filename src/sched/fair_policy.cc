@@ -15,11 +15,11 @@ StatusOr<std::unique_ptr<Policy>> FairPolicy::Create(const nlohmann::json& optio
 }
 
 Decision FairPolicy::Pick(const LaneSnapshot& s) const {
-  return internal::PickMin(s, [](const SessionView& a, const SessionView& b) {
-    const double sa = static_cast<double>(a.service.count()) / PriorityWeight(a.priority);
-    const double sb = static_cast<double>(b.service.count()) / PriorityWeight(b.priority);
-    if (sa != sb) return sa < sb;
-    return a.admit_seq < b.admit_seq;
+  return internal::PickMinBy(s, [](const SessionView& v) {
+    // Note [Ordered bits]: weighted service is never negative.
+    return std::pair(
+        internal::OrderedBits(static_cast<double>(v.service.count()) * InversePriorityWeight(v.priority)),
+        v.admit_seq);
   });
 }
 

@@ -8,9 +8,7 @@ StatusOr<std::unique_ptr<Policy>> FifoPolicy::Create(const nlohmann::json& optio
 }
 
 Decision FifoPolicy::Pick(const LaneSnapshot& s) const {
-  return internal::PickMin(s, [](const SessionView& a, const SessionView& b) {
-    return a.admit_seq < b.admit_seq;
-  });
+  return internal::PickMinBy(s, [](const SessionView& v) { return v.admit_seq; });
 }
 
 }  // namespace salus::sched

@@ -1,3 +1,5 @@
+#include <tuple>
+
 #include "sched/pack_policy.h"
 
 namespace salus::sched {
@@ -8,10 +10,8 @@ StatusOr<std::unique_ptr<Policy>> PackPolicy::Create(const nlohmann::json& optio
 }
 
 Decision PackPolicy::Pick(const LaneSnapshot& s) const {
-  return internal::PickMin(s, [](const SessionView& a, const SessionView& b) {
-    if (a.requested_at != b.requested_at) return a.requested_at < b.requested_at;
-    if (a.priority != b.priority) return a.priority > b.priority;
-    return a.admit_seq < b.admit_seq;
+  return internal::PickMinBy(s, [](const SessionView& v) {
+    return std::tuple(v.requested_at.count(), -v.priority, v.admit_seq);
   });
 }
 

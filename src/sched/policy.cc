@@ -17,6 +17,7 @@ double PriorityWeight(int priority) {
   return priority >= 0 ? 1.0 + priority : 1.0 / (1.0 - priority);
 }
 
+
 namespace internal {
 
 Status CheckPolicyOptions(std::string_view policy, const nlohmann::json& options,

@@ -7,6 +7,8 @@
 // memory manager, since who is on the device is part of the policy.
 #pragma once
 
+#include <array>
+#include <bit>
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -59,6 +61,22 @@ class Policy {
 // FAIR's weight for a priority: 1 + p for p >= 0, 1 / (1 - p) below; a priority-2 session
 // gets three times the service of a priority-0 one.
 double PriorityWeight(int priority);
+// 1 / PriorityWeight(priority): a table lookup for priorities in [-128, 128], so a decision
+// over many sessions does no division.
+inline constexpr int kWeightTableRange = 128;
+inline constexpr auto kInverseWeights = [] {
+  std::array<double, 2 * kWeightTableRange + 1> v{};
+  for (int p = -kWeightTableRange; p <= kWeightTableRange; ++p) {
+    v[p + kWeightTableRange] = p >= 0 ? 1.0 / (1.0 + p) : 1.0 - p;
+  }
+  return v;
+}();
+inline double InversePriorityWeight(int priority) {
+  if (priority < -kWeightTableRange || priority > kWeightTableRange) {
+    return 1.0 / PriorityWeight(priority);
+  }
+  return kInverseWeights[priority + kWeightTableRange];
+}
 
 // Creates a policy by name ("fifo", "srtf", "pack", "fair"; case-insensitive) with its
 // options as a JSON object (may be null or empty for the defaults). Unknown names and
@@ -71,12 +89,28 @@ std::vector<std::string> PolicyNames();
 
 namespace internal {
 
-// The runnable session that is smallest under `less` (a strict total order).
-template <typename Less>
-Decision PickMin(const LaneSnapshot& s, Less less) {
+// Note [Ordered bits]
+// For non-negative doubles (+infinity included) the IEEE-754 bit pattern read as an unsigned
+// integer orders exactly as the value does. Keys built from service and remaining time (never
+// negative) compare as integers this way, which keeps the decision loop on integer compares.
+// Adding 0.0 turns a -0.0 into +0.0; NaN never occurs in these quantities.
+inline uint64_t OrderedBits(double non_negative) {
+  return std::bit_cast<uint64_t>(non_negative + 0.0);
+}
+
+// The runnable session whose key is smallest. `key` maps a view to a totally ordered value
+// (ending in admit_seq, which is unique) and is computed once per session: one pass, one key
+// evaluation per element, the best key kept in registers.
+template <typename KeyFn>
+Decision PickMinBy(const LaneSnapshot& s, KeyFn key) {
   const SessionView* best = &s.runnable.front();
+  auto best_key = key(*best);
   for (const SessionView& v : s.runnable.subspan(1)) {
-    if (less(v, *best)) best = &v;
+    auto k = key(v);
+    if (k < best_key) {
+      best_key = k;
+      best = &v;
+    }
   }
   return Decision{best->id};
 }

@@ -1,3 +1,5 @@
+#include <tuple>
+
 #include "sched/srtf_policy.h"
 
 namespace salus::sched {
@@ -8,12 +10,9 @@ StatusOr<std::unique_ptr<Policy>> SrtfPolicy::Create(const nlohmann::json& optio
 }
 
 Decision SrtfPolicy::Pick(const LaneSnapshot& s) const {
-  return internal::PickMin(s, [](const SessionView& a, const SessionView& b) {
-    if (a.remaining_seconds != b.remaining_seconds) {
-      return a.remaining_seconds < b.remaining_seconds;
-    }
-    if (a.priority != b.priority) return a.priority > b.priority;
-    return a.admit_seq < b.admit_seq;
+  return internal::PickMinBy(s, [](const SessionView& v) {
+    // Note [Ordered bits]: remaining time is never negative (+infinity when undeclared).
+    return std::tuple(internal::OrderedBits(v.remaining_seconds), -v.priority, v.admit_seq);
   });
 }
 

@@ -125,6 +125,9 @@ TEST(PriorityWeightTest, Monotonic) {
   EXPECT_DOUBLE_EQ(PriorityWeight(2), 3.0);
   EXPECT_DOUBLE_EQ(PriorityWeight(-1), 0.5);
   for (int p = -10; p < 10; ++p) EXPECT_LT(PriorityWeight(p), PriorityWeight(p + 1));
+  for (int p : {-500, -128, -3, 0, 7, 128, 129, 1000}) {
+    EXPECT_DOUBLE_EQ(InversePriorityWeight(p), 1.0 / PriorityWeight(p)) << p;
+  }
 }
 
 }  // namespace
