@@ -84,6 +84,9 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
   result.jobs.resize(jobs.size());
   std::vector<JobState> state(jobs.size());
   std::vector<size_t> ready_to_request;  // jobs admitted from the queue, to start requesting
+  // Lanes and committed memory change only on arrivals, admissions and departures; the
+  // series and the safety check are sampled then, not after every iteration.
+  bool memory_changed = true;
   std::unordered_map<mem::SessionId, size_t> job_of;
   double now = 0;
 
@@ -97,6 +100,7 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     result.jobs[j].admitted_s = now;
     result.jobs[j].lane = lane;
     ready_to_request.push_back(j);
+    memory_changed = true;
   };
   eo.on_admission_failed = [&](mem::SessionId id, const Status& s) {
     const size_t j = job_of.at(id);
@@ -123,6 +127,8 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
   uint64_t last_mem = UINT64_MAX;
 
   auto sample = [&] {
+    if (!memory_changed) return;
+    memory_changed = false;
     const size_t lanes = engine->memory().Lanes().size();
     const uint64_t committed = engine->memory().CommittedBytes();
     if (committed > options.capacity) ++result.safety_violations;
@@ -183,6 +189,7 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
       if (++jr.units_done >= state[r.job].units) {
         jr.finish_s = now;
         SALUS_RETURN_IF_ERROR(engine->RemoveSession(r.dispatch.session).status());
+        memory_changed = true;
       } else {
         SALUS_RETURN_IF_ERROR(engine->RequestIteration(r.dispatch.session));
       }
@@ -192,6 +199,7 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     while (next_arrival < order.size() && jobs[order[next_arrival]].submit_s <= now) {
       const size_t j = order[next_arrival++];
       const TraceJob& job = jobs[j];
+      memory_changed = true;
       SimJobResult& jr = result.jobs[j];
       jr.job = &job;
       JobState& js = state[j];
