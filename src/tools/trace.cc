@@ -134,7 +134,10 @@ StatusOr<std::vector<TraceJob>> ParseTrace(const std::string& text, const std::s
             ci = Column(t, "iteration_s"), cu = Column(t, "utilization");
   std::vector<TraceJob> jobs;
   std::set<std::string> ids;
-  for (const auto& [line, f] : t.rows) {
+  for (const auto& row : t.rows) {
+    // Plain names, not a structured binding: lambdas below capture them.
+    const int line = row.first;
+    const std::vector<std::string>& f = row.second;
     TraceJob j;
     j.line = line;
     j.job_id = f[cj];
