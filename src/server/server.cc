@@ -140,17 +140,17 @@ bool Server::draining() const {
 }
 
 void Server::Drain() {
-  {
-    MutexLock lock(&mu_);
-    if (draining_) return;
-    draining_ = true;
-  }
+  MutexLock lock(&mu_);
+  if (draining_) return;
+  draining_ = true;
   logging::Lifecycle("draining", {{"sessions", sessions_->Count()}});
+  // Created under mu_, which the drainer needs before it can set drained_: Wait() therefore
+  // always sees drainer_ assigned once drained_ is true, and joins it.
   drainer_ = std::thread([this] {
     // Queued iterations are answered UNAVAILABLE, those in flight finish, memory returns.
     executor_->Shutdown();
     sessions_->CloseAll();
-    MutexLock lock(&mu_);
+    MutexLock done(&mu_);
     drained_ = true;
     cv_.NotifyAll();
   });
