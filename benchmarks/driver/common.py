@@ -222,7 +222,12 @@ def md_table(rows: Sequence[dict[str, Any]], fields: Sequence[str]) -> str:
 
 def write_report(out: Path, title: str, args: argparse.Namespace, sections: list[str],
                  wall_s: float) -> None:
-    params = {k: str(v) for k, v in sorted(vars(args).items()) if k not in ("func", "out")}
+    def shown(v: Any) -> str:
+        if isinstance(v, Path) and v.is_absolute() and v.is_relative_to(REPO):
+            return str(v.relative_to(REPO))
+        return str(v)
+
+    params = {k: shown(v) for k, v in sorted(vars(args).items()) if k not in ("func", "out")}
     head = [
         f"# {title}",
         "",

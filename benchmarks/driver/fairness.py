@@ -2,9 +2,11 @@
 
 Job A starts at 0 and leaves at 5T, B runs from T to 4T, C from 2T to 3T: they arrive one by
 one and leave in reverse order. Each job is a thread with its own connection that trains the
-same real model (same batch, seeded data) back to back while it is present. The plot shows
-each job's throughput and the total over time, in windows of --window seconds; the table
-gives, per phase, each job's mean throughput and Jain's fairness index over the jobs present.
+same real model (same batch, seeded data) back to back while it is present. Each job's session
+is created when it arrives and closed when it leaves. By default the experiment runs twice:
+FAIR with a lane per session, and FAIR with one shared lane. The plot shows each job's
+throughput and the total over time, in windows of --window seconds; the table gives, per
+phase, each job's mean throughput and Jain's fairness index over the jobs present.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--period", type=float, default=15.0, help="T, seconds between arrivals")
     p.add_argument("--window", type=float, default=0.0,
                    help="throughput window in seconds (default T/5)")
-    p.add_argument("--single-lane", action="store_true",
-                   help="FAIR's single shared lane (policy option single_lane)")
+    p.add_argument("--layout", default="both", choices=["lanes", "single-lane", "both"],
+                   help="FAIR with a lane per session, with one shared lane, or both in turn")
 
 
 def smoke(args: argparse.Namespace) -> None:
-    args.period = 2.0
+    args.period = 1.5
     args.batch = min(args.batch, 16)
 
 
@@ -42,69 +44,84 @@ def jain(values: list[float]) -> float:
     return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
 
 
-def run(args: argparse.Namespace) -> list[str]:
-    import salus
+LAYOUTS = {"lanes": None, "single-lane": {"single_lane": True}}
 
+
+def run(args: argparse.Namespace) -> list[str]:
+    layouts = ["lanes", "single-lane"] if args.layout == "both" else [args.layout]
+    if args.endpoint:
+        layouts = ["endpoint"]
     T = args.period
     window = args.window or T / 5
-    spans = {"A": (0.0, 5 * T), "B": (T, 4 * T), "C": (2 * T, 3 * T)}
-    options = {"single_lane": True} if args.single_lane else None
-    records: list[common.IterationRecord] = []
-    spec = common.MODEL_SPECS[args.model]
-    feeds = spec.feeds(args.batch, seed=args.seed)
-    with common.device(args, "fair", policy_options=options) as endpoint:
-        # Compile every job's session before the clock starts, so arrivals are on time.
-        clients = {j: salus.connect(endpoint, timeout=None, name=f"fairness-{j}") for j in JOBS}
-        sessions = {j: common.open_model_session(clients[j], args.model, args.batch, name=j)
-                    for j in JOBS}
-        for s in sessions.values():
-            s.run(feeds=feeds)  # warm-up, outside the measurement
-        bar = tqdm(total=round(5 * T), desc="fairness", unit="s")
-        t0 = time.monotonic()
-
-        def job(name: str) -> Any:
-            def body() -> None:
-                start, stop = spans[name]
-                time.sleep(max(0.0, t0 + start - time.monotonic()))
-                i = 0
-                while time.monotonic() - t0 < stop:
-                    records.append(common.timed_run(sessions[name], feeds, [], name, i, t0))
-                    i += 1
-                    if name == "A":
-                        bar.n = min(round(time.monotonic() - t0), bar.total)
-                        bar.refresh()
-            return body
-
-        try:
-            errors = common.run_threads([job(j) for j in JOBS])
-        finally:
-            bar.close()
-            for j in JOBS:
-                clients[j].close()
-        if errors:
-            raise errors[0]
-    records.sort(key=lambda r: r.end_s)
-    common.write_csv(args.out / "iterations.csv", [r.row() for r in records],
-                     common.ITERATION_FIELDS)
-    series = _series(records, 5 * T, window)
-    common.write_csv(args.out / "throughput.csv", series, ["t_s", *JOBS, "total"])
-    phases = _phases(records, T)
-    common.write_csv(args.out / "phases.csv", phases)
-    _plot(args.out / "throughput.png", series, T, args.model)
-    fields = ["phase", "from_s", "to_s", "present", *[f"{j}_it_s" for j in JOBS], "total_it_s",
-              "jain"]
+    fields = ["layout", "phase", "from_s", "to_s", "present", *[f"{j}_it_s" for j in JOBS],
+              "total_it_s", "jain"]
+    all_phases: list[dict[str, Any]] = []
+    all_series: dict[str, list[dict[str, Any]]] = {}
+    with tqdm(total=round(5 * T) * len(layouts), desc="fairness", unit="s") as bar:
+        for k, layout in enumerate(layouts):
+            bar.set_postfix_str(layout)
+            records = _measure(args, LAYOUTS.get(layout), bar, k * round(5 * T))
+            records.sort(key=lambda r: r.end_s)
+            common.write_csv(args.out / f"iterations-{layout}.csv", [r.row() for r in records],
+                             common.ITERATION_FIELDS)
+            all_series[layout] = _series(records, 5 * T, window)
+            common.write_csv(args.out / f"throughput-{layout}.csv", all_series[layout],
+                             ["t_s", *JOBS, "total"])
+            all_phases += [dict(p, layout=layout) for p in _phases(records, T)]
+    common.write_csv(args.out / "phases.csv", all_phases, fields)
+    _plot(args.out / "throughput.png", all_series, T, args.model)
     return [
-        f"Model `{args.model}` (training, batch {args.batch}), T = {T:g} s, policy FAIR"
-        f"{' (single lane)' if args.single_lane else ''}; iterations per second as the "
-        "clients saw them.",
+        f"Model `{args.model}` (training, batch {args.batch}), T = {T:g} s, policy FAIR. Each "
+        "job's session is created when it arrives and closed when it leaves. `lanes`: FAIR's "
+        "default, a lane per session where memory allows (the lanes run side by side and "
+        "share the CPU); `single-lane`: one shared lane, where FAIR's pick (least service "
+        "since the membership changed) alone decides who runs. Iterations per second as the "
+        "clients saw them; the edges of each phase (a tenth of T) are left out.",
         "",
-        common.md_table(phases, fields),
+        common.md_table(all_phases, fields),
         "",
         "Paper (Figure 9): each job present gets an equal share of the device, and the total "
         "stays flat as jobs come and go.",
         "",
         "![throughput](throughput.png)",
     ]
+
+
+def _measure(args: argparse.Namespace, options: dict[str, Any] | None, bar: tqdm,
+             bar_base: int) -> list[common.IterationRecord]:
+    import salus
+
+    T = args.period
+    spans = {"A": (0.0, 5 * T), "B": (T, 4 * T), "C": (2 * T, 3 * T)}
+    records: list[common.IterationRecord] = []
+    feeds = common.MODEL_SPECS[args.model].feeds(args.batch, seed=args.seed)
+    with common.device(args, "fair", policy_options=options) as endpoint:
+        clients = {j: salus.connect(endpoint, timeout=None, name=f"fairness-{j}") for j in JOBS}
+        t0 = time.monotonic()
+
+        def job(name: str) -> Any:
+            def body() -> None:
+                start, stop = spans[name]
+                time.sleep(max(0.0, t0 + start - time.monotonic()))
+                s = common.open_model_session(clients[name], args.model, args.batch, name=name)
+                i = 0
+                while time.monotonic() - t0 < stop:
+                    records.append(common.timed_run(s, feeds, [], name, i, t0))
+                    i += 1
+                    if name == "A":
+                        bar.n = bar_base + min(round(time.monotonic() - t0), round(5 * T))
+                        bar.refresh()
+                s.close()
+            return body
+
+        try:
+            errors = common.run_threads([job(j) for j in JOBS])
+        finally:
+            for c in clients.values():
+                c.close()
+        if errors:
+            raise errors[0]
+    return records
 
 
 def _series(records: list[common.IterationRecord], end: float,
@@ -142,19 +159,23 @@ def _phases(records: list[common.IterationRecord], T: float) -> list[dict[str, A
     return out
 
 
-def _plot(path: Any, series: list[dict[str, Any]], T: float, model: str) -> None:
+def _plot(path: Any, all_series: dict[str, list[dict[str, Any]]], T: float,
+          model: str) -> None:
     plt = common.plt_figure()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    t = [r["t_s"] for r in series]
-    for j in JOBS:
-        ax.plot(t, [r[j] for r in series], label=f"job {j}")
-    ax.plot(t, [r["total"] for r in series], "k--", label="total")
-    for k in range(1, 5):
-        ax.axvline(k * T, color="grey", alpha=0.3)
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel(f"{model} iterations / s")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    n = len(all_series)
+    fig, axes = plt.subplots(n, 1, figsize=(7, 3.2 * n), sharex=True, squeeze=False)
+    for ax, (layout, series) in zip(axes[:, 0], all_series.items(), strict=True):
+        t = [r["t_s"] for r in series]
+        for j in JOBS:
+            ax.plot(t, [r[j] for r in series], label=f"job {j}")
+        ax.plot(t, [r["total"] for r in series], "k--", label="total")
+        for k in range(1, 5):
+            ax.axvline(k * T, color="grey", alpha=0.3)
+        ax.set_title(f"FAIR, {layout}")
+        ax.set_ylabel(f"{model} iterations / s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[-1, 0].set_xlabel("time (s)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

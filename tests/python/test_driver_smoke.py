@@ -76,12 +76,15 @@ def test_trace_daemon(tmp_path: Path) -> None:
 def test_fairness(tmp_path: Path) -> None:
     out = drive(tmp_path, "fairness")
     phases = rows(out / "phases.csv")
-    assert [p["present"] for p in phases] == ["A", "A+B", "A+B+C", "A+B", "A"]
-    three = phases[2]
-    assert all(num(three[f"{j}_it_s"]) > 0 for j in "ABC")
-    # Jobs not yet arrived or already gone ran nothing in their phase.
-    assert num(phases[0]["B_it_s"]) == 0 and num(phases[0]["C_it_s"]) == 0
-    assert num(phases[4]["C_it_s"]) == 0
+    assert sorted({p["layout"] for p in phases}) == ["lanes", "single-lane"]
+    for layout in ("lanes", "single-lane"):
+        mine = [p for p in phases if p["layout"] == layout]
+        assert [p["present"] for p in mine] == ["A", "A+B", "A+B+C", "A+B", "A"]
+        three = mine[2]
+        assert all(num(three[f"{j}_it_s"]) > 0 for j in "ABC"), three
+        # Jobs not yet arrived or already gone ran nothing in their phase.
+        assert num(mine[0]["B_it_s"]) == 0 and num(mine[0]["C_it_s"]) == 0
+        assert num(mine[4]["C_it_s"]) == 0
     assert (out / "throughput.png").exists()
 
 
