@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -117,6 +118,7 @@ class Daemon:
         if policy_options:
             cmd += ["--policy-options", json.dumps(policy_options)]
         self.policy = policy
+        self._warned = False
         self._log = open(log_path, "a") if log_path else None  # closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True)
@@ -153,7 +155,12 @@ class Daemon:
         if self._log:
             self._log.close()
             self._log = None
-        return int(self.proc.returncode)
+        rc = int(self.proc.returncode)
+        if rc != 0 and not self._warned:
+            self._warned = True
+            print(f"warning: salus-server ({self.policy}) exited with status {rc} when stopped; "
+                  "see its log", file=sys.stderr)
+        return rc
 
     def __enter__(self) -> Daemon:
         return self

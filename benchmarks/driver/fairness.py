@@ -114,11 +114,11 @@ def _measure(args: argparse.Namespace, options: dict[str, Any] | None, bar: tqdm
                 s.close()
             return body
 
-        try:
-            errors = common.run_threads([job(j) for j in JOBS])
-        finally:
-            for c in clients.values():
-                c.close()
+        errors = common.run_threads([job(j) for j in JOBS])
+        # Not in a `finally`: a socket must not be closed under a thread still using it
+        # (after Ctrl-C, leaving the `with` stops the daemon and the threads end with it).
+        for c in clients.values():
+            c.close()
         if errors:
             raise errors[0]
     return records

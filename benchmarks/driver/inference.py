@@ -113,11 +113,10 @@ def run(args: argparse.Namespace) -> list[str]:
                         next_t += float(r.exponential(1 / args.rate))
                 return body
 
-            try:
-                errors = common.run_threads([service(k) for k in range(args.sessions)])
-            finally:
-                for c in clients:
-                    c.close()
+            errors = common.run_threads([service(k) for k in range(args.sessions)])
+            # Closed only once every thread is done with its socket (see fairness.py).
+            for c in clients:
+                c.close()
             if errors:
                 raise errors[0]
     finally:

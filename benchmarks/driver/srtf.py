@@ -64,10 +64,11 @@ def run(args: argparse.Namespace) -> list[str]:
                 return body
 
             errors = common.run_threads([job(*j) for j in jobs])
-        finally:
-            bar.close()
+            # Closed only once every thread is done with its socket (see fairness.py).
             for c in clients.values():
                 c.close()
+        finally:
+            bar.close()
         if errors:
             raise errors[0]
     records.sort(key=lambda r: r.start_s)
