@@ -68,8 +68,9 @@ def test_trace_daemon(tmp_path: Path) -> None:
     # FIFO runs one job at a time: its jobs never overlap.
     fifo = sorted((num(j["finish_s"]) - num(j["jct_s"]) + num(j["queuing_s"]), num(j["finish_s"]))
                   for j in jobs if j["policy"] == "fifo")
-    # (Client-side times carry the reply latency: allow 10 ms of replay time, in trace s.)
-    slack = 0.01 * 3000
+    # (Client-side times carry the reply latency: allow 20 ms of replay time, in trace s;
+    # jobs that overlapped would overlap by whole synthetic iterations of >= 50 ms.)
+    slack = 0.02 * 3000
     assert all(a[1] <= b[0] + slack for a, b in zip(fifo, fifo[1:], strict=False))
 
 
@@ -114,7 +115,7 @@ def test_hyperparam(tmp_path: Path) -> None:
         # client-side start estimate carries a few milliseconds of reply latency).
         fifo = sorted((num(j["first_start_s"]), num(j["jct_s"])) for j in jobs
                       if j["model"] == model and j["policy"] == "fifo")
-        assert all(a[1] <= b[0] + 0.01 for a, b in zip(fifo, fifo[1:], strict=False)), fifo
+        assert all(a[1] <= b[0] + 0.05 for a, b in zip(fifo, fifo[1:], strict=False)), fifo
         # PACK puts both jobs on the device at once.
         pack = sorted((num(j["first_start_s"]), num(j["jct_s"])) for j in jobs
                       if j["model"] == model and j["policy"] == "pack")
