@@ -32,8 +32,8 @@ using namespace salus::exec;  // NOLINT(google-build-using-namespace)
 
 namespace {
 
-constexpr size_t kAlignment = 64;        // lane and persistent bases, as the arena aligns them
-constexpr int64_t kLabelClasses = 10;    // every reference model classifies into 10 classes
+constexpr size_t kAlignment = 64;      // lane and persistent bases, as the arena aligns them
+constexpr int64_t kLabelClasses = 10;  // every reference model classifies into 10 classes
 
 // Note [OpenMP wait policy] in src/server/salus_server_main.cc: the daemon runs its kernels
 // with OMP_WAIT_POLICY=PASSIVE, so the in-process baseline must too, or the comparison
@@ -50,7 +50,8 @@ struct AlignedFree {
 using Buffer = std::unique_ptr<std::byte, AlignedFree>;
 
 Buffer Allocate(size_t bytes) {
-  const size_t rounded = std::max<size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+  const size_t rounded =
+      std::max<size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
   return Buffer(static_cast<std::byte*>(std::aligned_alloc(kAlignment, rounded)));
 }
 
@@ -167,8 +168,8 @@ int main(int argc, char** argv) {
       auto* p = reinterpret_cast<float*>(b.get());
       for (int64_t i = 0; i < n; ++i) p[i] = normal(rng);
     } else {
-      return Fail(InvalidArgumentError("input '" + in.name + "' has type " +
-                                       DataTypeName(in.type) + ", which salus-run cannot fill"));
+      return Fail(InvalidArgumentError("input '" + in.name + "' has type " + DataTypeName(in.type) +
+                                       ", which salus-run cannot fill"));
     }
     feed_ptrs.push_back(b.get());
     feeds.push_back(std::move(b));
@@ -183,7 +184,8 @@ int main(int argc, char** argv) {
   std::vector<double> ms;
   for (int i = 0; i < warmup + iterations; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (auto s = e.Run(persistent.get(), lane.get(), feed_ptrs, fetch_ptrs); !s.ok()) return Fail(s);
+    if (auto s = e.Run(persistent.get(), lane.get(), feed_ptrs, fetch_ptrs); !s.ok())
+      return Fail(s);
     const auto t1 = std::chrono::steady_clock::now();
     if (i >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
