@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +193,7 @@ def server_policy(endpoint: str) -> str:
 # -- outputs ----------------------------------------------------------------------------------
 def out_dir(experiment: str, given: Path | None) -> Path:
     if given is None:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         given = REPO / "results" / f"{experiment}-{stamp}"
     given.mkdir(parents=True, exist_ok=True)
     return given
@@ -238,7 +238,7 @@ def write_report(out: Path, title: str, args: argparse.Namespace, sections: list
     head = [
         f"# {title}",
         "",
-        f"Run {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} on "
+        f"Run {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} on "
         f"{os.cpu_count()} CPU cores (the CPU device); wall time {wall_s:.1f} s.",
         "",
         "Parameters: " + ", ".join(f"`{k}={v}`" for k, v in params.items()),
