@@ -29,7 +29,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -65,7 +64,8 @@ class Daemon {
     std::filesystem::create_directories(dir_);
     ipc_ = "ipc://" + (dir_ / "s.sock").string();
     tcp_ = "tcp://127.0.0.1:" + std::to_string(20000 + getpid() % 20000);
-    std::vector<std::string> argv = {server, "--listen", ipc_, "--listen", tcp_, "--log-level", "warn"};
+    std::vector<std::string> argv = {server, "--listen",    ipc_,  "--listen",
+                                     tcp_,   "--log-level", "warn"};
     argv.insert(argv.end(), args.begin(), args.end());
     pid_ = fork();
     if (pid_ == 0) {
@@ -138,7 +138,8 @@ nlohmann::json RoundTrip(const Daemon& d) {
       Must(s->Run());
       if (i >= 200) us.push_back(Ms(Clock::now() - t0) * 1e3);
     }
-    out[name] = {{"median_us", Percentile(us, 0.5)}, {"p90_us", Percentile(us, 0.9)},
+    out[name] = {{"median_us", Percentile(us, 0.5)},
+                 {"p90_us", Percentile(us, 0.9)},
                  {"samples", us.size()}};
     std::printf("round trip, empty iteration, %s: median %.1f us, p90 %.1f us\n", name,
                 Percentile(us, 0.5), Percentile(us, 0.9));
@@ -187,7 +188,9 @@ ModelRun Compile(const Classifier& m, const std::string& model, int64_t batch) {
   o.optimizer.learning_rate = 0.01f;
   ModelRun r;
   r.exe = Must(salus::exec::Executable::Compile(model, o));
-  auto alloc = [](uint64_t n) { return static_cast<std::byte*>(std::aligned_alloc(256, (n / 256 + 1) * 256)); };
+  auto alloc = [](uint64_t n) {
+    return static_cast<std::byte*>(std::aligned_alloc(256, (n / 256 + 1) * 256));
+  };
   r.p.reset(alloc(r.exe->persistent_bytes()));
   r.e.reset(alloc(r.exe->ephemeral_bytes()));
   r.exe->InitializePersistent(r.p.get());
@@ -218,7 +221,8 @@ nlohmann::json Overhead(const Daemon& d, const std::string& models, const Classi
     for (int i = 0; i < 15; ++i) t.push_back(RunLocal(r));
     ms = Percentile(t, 0.5);
     if (ms > 8 && ms < 13) break;
-    batch = std::clamp<int64_t>(static_cast<int64_t>(static_cast<double>(batch) * 10.0 / ms), 8, 8192);
+    batch =
+        std::clamp<int64_t>(static_cast<int64_t>(static_cast<double>(batch) * 10.0 / ms), 8, 8192);
   }
   ModelRun local = Compile(m, model, batch);
   auto c = MustConnect(d.ipc());
@@ -246,15 +250,19 @@ nlohmann::json Overhead(const Daemon& d, const std::string& models, const Classi
   }
   const double lm = Percentile(local_ms, 0.5), dm = Percentile(daemon_ms, 0.5),
                rm = Percentile(daemon_run_ms, 0.5);
-  std::printf("~10 ms model (%s, batch %lld, training, %.0f KiB of feeds): in-process median "
-              "%.3f ms, through the daemon %.3f ms round trip (%.3f ms in the lane): overhead "
-              "%.1f%%\n",
-              m.name, static_cast<long long>(batch), feed_bytes / 1024.0, lm, dm, rm,
-              (dm / lm - 1) * 100);
-  return {{"model", m.name}, {"batch", batch}, {"feed_bytes", feed_bytes},
+  std::printf(
+      "~10 ms model (%s, batch %lld, training, %.0f KiB of feeds): in-process median "
+      "%.3f ms, through the daemon %.3f ms round trip (%.3f ms in the lane): overhead "
+      "%.1f%%\n",
+      m.name, static_cast<long long>(batch), feed_bytes / 1024.0, lm, dm, rm, (dm / lm - 1) * 100);
+  return {{"model", m.name},
+          {"batch", batch},
+          {"feed_bytes", feed_bytes},
           {"in_process_median_ms", lm},
-          {"daemon_round_trip_median_ms", dm}, {"daemon_run_median_ms", rm},
-          {"overhead_pct", (dm / lm - 1) * 100}, {"samples", local_ms.size()}};
+          {"daemon_round_trip_median_ms", dm},
+          {"daemon_run_median_ms", rm},
+          {"overhead_pct", (dm / lm - 1) * 100},
+          {"samples", local_ms.size()}};
 }
 
 // The floor under any round trip: a bare ZeroMQ DEALER -> ROUTER echo over ipc between this
@@ -287,7 +295,8 @@ nlohmann::json ZmqEcho(const std::string& endpoint) {
 }
 
 nlohmann::json SwitchGap(const std::string& server) {
-  Daemon d(server, {"--memory", "1GiB", "--policy", "fair", "--policy-options", "{\"single_lane\":true}"});
+  Daemon d(server,
+           {"--memory", "1GiB", "--policy", "fair", "--policy-options", "{\"single_lane\":true}"});
   std::atomic<bool> stop{false};
   std::vector<double> gaps[2];
   std::vector<std::thread> threads;
@@ -307,9 +316,11 @@ nlohmann::json SwitchGap(const std::string& server) {
   for (auto& t : threads) t.join();
   std::vector<double> all = gaps[0];
   all.insert(all.end(), gaps[1].begin(), gaps[1].end());
-  std::printf("switch gap, two sessions sharing one lane: median %.1f us, p90 %.1f us (%zu samples)\n",
-              Percentile(all, 0.5), Percentile(all, 0.9), all.size());
-  return {{"median_us", Percentile(all, 0.5)}, {"p90_us", Percentile(all, 0.9)},
+  std::printf(
+      "switch gap, two sessions sharing one lane: median %.1f us, p90 %.1f us (%zu samples)\n",
+      Percentile(all, 0.5), Percentile(all, 0.9), all.size());
+  return {{"median_us", Percentile(all, 0.5)},
+          {"p90_us", Percentile(all, 0.9)},
           {"samples", all.size()}};
 }
 
@@ -326,10 +337,14 @@ nlohmann::json IdleSessions(const std::string& server) {
   }
   const uint64_t after = d.Rss();
   auto list = Must(c->ListSessions());
-  std::printf("500 idle sessions: daemon RSS %.1f MiB before, %.1f MiB after (%.1f KiB per session), "
-              "%zu listed\n", before / 1048576.0, after / 1048576.0,
-              (static_cast<double>(after) - static_cast<double>(before)) / 500 / 1024, list.size());
-  return {{"sessions", list.size()}, {"rss_before_bytes", before}, {"rss_after_bytes", after},
+  std::printf(
+      "500 idle sessions: daemon RSS %.1f MiB before, %.1f MiB after (%.1f KiB per session), "
+      "%zu listed\n",
+      before / 1048576.0, after / 1048576.0,
+      (static_cast<double>(after) - static_cast<double>(before)) / 500 / 1024, list.size());
+  return {{"sessions", list.size()},
+          {"rss_before_bytes", before},
+          {"rss_after_bytes", after},
           {"per_session_bytes", (static_cast<double>(after) - static_cast<double>(before)) / 500}};
 }
 
@@ -339,9 +354,12 @@ int main(int argc, char** argv) {
   std::string server = "build/bin/salus-server", models = "benchmarks/models", json_out;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--server") server = argv[i + 1];
-    else if (flag == "--models") models = argv[i + 1];
-    else if (flag == "--json") json_out = argv[i + 1];
+    if (flag == "--server")
+      server = argv[i + 1];
+    else if (flag == "--models")
+      models = argv[i + 1];
+    else if (flag == "--json")
+      json_out = argv[i + 1];
     else {
       std::fprintf(stderr, "usage: daemon_bench [--server PATH] [--models DIR] [--json FILE]\n");
       return 2;

@@ -70,8 +70,8 @@ struct SessionOptions {
   std::map<std::string, std::vector<int64_t>> inputs;
   std::string loss;
   Optimizer optimizer;
-  int64_t iterations = 0;        // declared length, 0: undeclared
-  double duration_seconds = 0;   // declared length, 0: undeclared
+  int64_t iterations = 0;       // declared length, 0: undeclared
+  double duration_seconds = 0;  // declared length, 0: undeclared
   int32_t priority = 0;
   std::string name;
   double admission_timeout_seconds = 0;  // 0: wait as long as it takes

@@ -92,14 +92,15 @@ Status DataLossError(std::string message);
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
-  StatusOr(const T& value) : v_(value) {}             // NOLINT(google-explicit-constructor)
-  StatusOr(T&& value) : v_(std::move(value)) {}       // NOLINT(google-explicit-constructor)
+  StatusOr(const T& value) : v_(value) {}                  // NOLINT(google-explicit-constructor)
+  StatusOr(T&& value) : v_(std::move(value)) {}            // NOLINT(google-explicit-constructor)
   StatusOr(const Status& status) : v_(Checked(status)) {}  // NOLINT
   StatusOr(Status&& status) : v_(Checked(std::move(status))) {}  // NOLINT
   template <typename U>
-    requires(std::is_constructible_v<T, U &&> && !std::is_same_v<std::decay_t<U>, Status> &&
-             !std::is_same_v<std::decay_t<U>, StatusOr<T>> && !std::is_same_v<std::decay_t<U>, T>)
-  StatusOr(U&& value) : v_(T(std::forward<U>(value))) {}  // NOLINT
+  requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, Status> &&
+           !std::is_same_v<std::decay_t<U>, StatusOr<T>> && !std::is_same_v<std::decay_t<U>, T>)
+      StatusOr(U&& value)
+      : v_(T(std::forward<U>(value))) {}  // NOLINT
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   Status status() const { return ok() ? Status() : std::get<Status>(v_); }
@@ -142,10 +143,10 @@ Status AsStatus(const StatusOr<T>& s) {
 #define SALUS_STATUS_CONCAT(a, b) SALUS_STATUS_CONCAT_INNER(a, b)
 
 // Returns the status of `expr` (a Status or StatusOr) from the enclosing function if not OK.
-#define SALUS_RETURN_IF_ERROR(expr)                                    \
-  do {                                                                 \
+#define SALUS_RETURN_IF_ERROR(expr)                                          \
+  do {                                                                       \
     const ::salus::Status _salus_status = ::salus::internal::AsStatus(expr); \
-    if (!_salus_status.ok()) return _salus_status;                     \
+    if (!_salus_status.ok()) return _salus_status;                           \
   } while (false)
 
 // SALUS_ASSIGN_OR_RETURN(auto x, MakeX()); declares or assigns lhs from a StatusOr, or

@@ -167,7 +167,7 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& endpoint, O
   req.mutable_hello()->set_client_name(options.name);
   SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl->Control(std::move(req)));
   const v1::HelloReply& h = reply.hello();
-  impl->server = {h.protocol_version(), h.server_version(), h.device(), h.policy(),
+  impl->server = {h.protocol_version(), h.server_version(), h.device(),  h.policy(),
                   h.client_id(),        h.capacity_bytes(), h.lease_ms()};
   const auto period =
       std::chrono::milliseconds(std::max<uint64_t>(h.lease_ms() / kBeatsPerLease, 100));
@@ -284,7 +284,8 @@ StatusOr<std::map<std::string, Tensor>> Session::Run(const std::vector<Tensor>& 
     frames.emplace_back(t.data.data(), t.data.size());
   }
   for (const auto& f : fetches) body->add_fetches(f);
-  SALUS_ASSIGN_OR_RETURN(auto r, client_->impl_->Call(std::move(req), std::move(frames), std::nullopt));
+  SALUS_ASSIGN_OR_RETURN(auto r,
+                         client_->impl_->Call(std::move(req), std::move(frames), std::nullopt));
   const v1::RunIterationReply& reply = r.first.run_iteration();
   const v1::IterationStats& st = reply.stats();
   stats_ = {st.iteration(), st.lane(), st.queue_delay_us(), st.run_us(), st.switch_gap_us()};

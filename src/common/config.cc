@@ -73,8 +73,8 @@ Status Config::ApplyOverride(std::string_view assignment) {
     }
     if (node->is_null()) *node = nlohmann::json::object();
     if (!node->is_object()) {
-      return InvalidArgumentError(fmt::format(
-          "config override '{}': '{}' is not an object", assignment, parts[i - 1]));
+      return InvalidArgumentError(
+          fmt::format("config override '{}': '{}' is not an object", assignment, parts[i - 1]));
     }
     node = &(*node)[std::string(parts[i])];
   }
@@ -160,10 +160,10 @@ StatusOr<std::vector<std::string>> Config::GetStrings(std::string_view key) cons
   return out;
 }
 
-#define SALUS_CONFIG_GET_OR(Type, Getter)                                               \
-  StatusOr<Type> Config::Getter(std::string_view key, Type fallback) const {           \
-    if (!Has(key)) return fallback;                                                    \
-    return Getter(key);                                                                \
+#define SALUS_CONFIG_GET_OR(Type, Getter)                                    \
+  StatusOr<Type> Config::Getter(std::string_view key, Type fallback) const { \
+    if (!Has(key)) return fallback;                                          \
+    return Getter(key);                                                      \
   }
 SALUS_CONFIG_GET_OR(std::string, GetString)
 SALUS_CONFIG_GET_OR(int64_t, GetInt)

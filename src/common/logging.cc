@@ -50,7 +50,7 @@ std::shared_ptr<spdlog::logger> Get(std::string_view module) {
 }
 
 Status SetLevel(std::string_view level) {
-  static constexpr std::string_view kLevels[] = {"trace", "debug", "info", "warn",
+  static constexpr std::string_view kLevels[] = {"trace", "debug",    "info", "warn",
                                                  "error", "critical", "off"};
   bool known = false;
   for (auto l : kLevels) known |= (l == level);

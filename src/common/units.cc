@@ -55,16 +55,15 @@ StatusOr<uint64_t> ParseBytes(std::string_view text) {
   while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.front()))) {
     unit.remove_prefix(1);
   }
-  if (number.empty() || std::count(number.begin(), number.end(), '.') > 1 ||
-      number == ".") {
+  if (number.empty() || std::count(number.begin(), number.end(), '.') > 1 || number == ".") {
     return BadSize(text, "expected a number followed by an optional unit");
   }
 
   std::string lower(unit);
   std::transform(lower.begin(), lower.end(), lower.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  const auto it = std::find_if(kUnits.begin(), kUnits.end(),
-                               [&](const Unit& u) { return u.name == lower; });
+  const auto it =
+      std::find_if(kUnits.begin(), kUnits.end(), [&](const Unit& u) { return u.name == lower; });
   if (it == kUnits.end()) {
     return BadSize(text, fmt::format("unknown unit '{}' (expected B, KB, MB, GB, TB, KiB, MiB, "
                                      "GiB, TiB, K, M, G or T)",
@@ -94,8 +93,8 @@ StatusOr<uint64_t> ParseBytes(std::string_view text) {
 }
 
 std::string FormatBytes(uint64_t bytes) {
-  static constexpr std::array<std::pair<std::string_view, uint64_t>, 4> kBinary = {{
-      {"TiB", kTiB}, {"GiB", kGiB}, {"MiB", kMiB}, {"KiB", kKiB}}};
+  static constexpr std::array<std::pair<std::string_view, uint64_t>, 4> kBinary = {
+      {{"TiB", kTiB}, {"GiB", kGiB}, {"MiB", kMiB}, {"KiB", kKiB}}};
   for (const auto& [name, factor] : kBinary) {
     if (bytes >= factor) {
       std::string num = fmt::format("{:.2f}", static_cast<double>(bytes) / factor);

@@ -14,8 +14,8 @@ CudaAvailability QueryCuda() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    out.reason = std::string("no GPU: ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
-                 ")";
+    out.reason =
+        std::string("no GPU: ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
     cudaGetLastError();  // clear the sticky error
     return out;
   }

@@ -19,7 +19,7 @@ struct CudaDeviceInfo {
 };
 
 struct CudaAvailability {
-  bool compiled = false;   // the build has the CUDA device
+  bool compiled = false;    // the build has the CUDA device
   int runtime_version = 0;  // cudaRuntimeGetVersion, 0 when not compiled
   std::vector<CudaDeviceInfo> devices;
   std::string reason;  // why there are no devices, empty when there are some

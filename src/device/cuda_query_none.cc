@@ -6,8 +6,9 @@ namespace salus::device {
 
 CudaAvailability QueryCuda() {
   CudaAvailability out;
-  out.reason = "no GPU: this build has no CUDA device (configured with SALUS_WITH_CUDA=OFF or "
-               "without the CUDA toolkit and cuDNN)";
+  out.reason =
+      "no GPU: this build has no CUDA device (configured with SALUS_WITH_CUDA=OFF or "
+      "without the CUDA toolkit and cuDNN)";
   return out;
 }
 

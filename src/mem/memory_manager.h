@@ -95,8 +95,8 @@ struct Grant {
 // One iteration's view of its lane. Valid between BeginIteration and EndIteration.
 struct LaneIteration {
   LaneId lane = 0;
-  uint64_t base = 0;      // arena offset of the lane
-  uint64_t size = 0;      // lane size in bytes
+  uint64_t base = 0;             // arena offset of the lane
+  uint64_t size = 0;             // lane size in bytes
   std::byte* address = nullptr;  // provider address of the lane base (not dereferenceable on
                                  // the fake provider)
   class LaneAllocator* allocator = nullptr;
@@ -150,7 +150,7 @@ class MemoryManager {
  public:
   struct Options {
     device::MemoryProvider* provider = nullptr;  // not owned; outlives the manager
-    uint64_t capacity = 0;                        // C
+    uint64_t capacity = 0;                       // C
     AdmissionMode mode = AdmissionMode::kPack;
     const Clock* clock = nullptr;  // for admission timeouts; SteadyClock when null
     std::function<void(const Grant&)> on_admitted;

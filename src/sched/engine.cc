@@ -236,7 +236,8 @@ std::vector<Dispatch> Engine::DispatchReady() {
     const Decision decision = policy_->Pick(LaneSnapshot{now, lane_id, scratch_});
     auto sit = sessions_.find(decision.next);
     assert(sit != sessions_.end() && sit->second.lane == lane_id);
-    if (sit == sessions_.end() || sit->second.lane != lane_id) continue;  // policy broke its contract
+    if (sit == sessions_.end() || sit->second.lane != lane_id)
+      continue;  // policy broke its contract
 
     auto lane_memory = memory_->BeginIteration(lane_id, decision.next);
     if (!lane_memory.ok()) {

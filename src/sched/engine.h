@@ -26,8 +26,8 @@
 #include "common/clock.h"
 #include "common/thread_annotations.h"
 #include "mem/memory_manager.h"
-#include "sched/policy.h"
 #include "salus/status.h"
+#include "sched/policy.h"
 
 namespace salus::sched {
 
@@ -52,7 +52,7 @@ struct Dispatch {
   mem::PersistentBlock persistent;
   Nanos requested_at{0};
   Nanos started_at{0};
-  Nanos switch_gap{0};   // the lane's previous iteration end to this start; 0 for a lane's first
+  Nanos switch_gap{0};     // the lane's previous iteration end to this start; 0 for a lane's first
   bool lane_first = true;  // the first iteration this lane ran
 };
 
@@ -87,10 +87,10 @@ struct SessionInfo {
 class Engine {
  public:
   struct Options {
-    const Clock* clock = nullptr;                 // required
+    const Clock* clock = nullptr;                // required
     device::MemoryProvider* provider = nullptr;  // required; outlives the engine
-    uint64_t capacity = 0;                        // the arena's size C
-    std::unique_ptr<Policy> policy;               // required
+    uint64_t capacity = 0;                       // the arena's size C
+    std::unique_ptr<Policy> policy;              // required
     // Weight of the newest measurement in the moving average of iteration time.
     double ewma_alpha = 0.25;
     // A session that waited was admitted, or gave up (DEADLINE_EXCEEDED). Called without the
@@ -169,7 +169,9 @@ class Engine {
   void DrainMemEventsLocked(Notices* notices) REQUIRES(mu_);
   void Notify(const Notices& notices);
   double RemainingSecondsLocked(const SessionRec& s) const REQUIRES(mu_);
-  int PendingLocked(const SessionRec& s) const { return static_cast<int>(s.requests.size() - s.requests_head); }
+  int PendingLocked(const SessionRec& s) const {
+    return static_cast<int>(s.requests.size() - s.requests_head);
+  }
 
   const Clock* clock_;
   std::unique_ptr<Policy> policy_;

@@ -17,9 +17,9 @@ StatusOr<std::unique_ptr<Policy>> FairPolicy::Create(const nlohmann::json& optio
 Decision FairPolicy::Pick(const LaneSnapshot& s) const {
   return internal::PickMinBy(s, [](const SessionView& v) {
     // Note [Ordered bits]: weighted service is never negative.
-    return std::pair(
-        internal::OrderedBits(static_cast<double>(v.service.count()) * InversePriorityWeight(v.priority)),
-        v.admit_seq);
+    return std::pair(internal::OrderedBits(static_cast<double>(v.service.count()) *
+                                           InversePriorityWeight(v.priority)),
+                     v.admit_seq);
   });
 }
 

@@ -17,16 +17,14 @@ double PriorityWeight(int priority) {
   return priority >= 0 ? 1.0 + priority : 1.0 / (1.0 - priority);
 }
 
-
 namespace internal {
 
 Status CheckPolicyOptions(std::string_view policy, const nlohmann::json& options,
                           std::initializer_list<std::string_view> known) {
   if (options.is_null()) return OkStatus();
   if (!options.is_object()) {
-    return InvalidArgumentError(
-        fmt::format("policy '{}': options must be a JSON object, got {}", policy,
-                    options.type_name()));
+    return InvalidArgumentError(fmt::format("policy '{}': options must be a JSON object, got {}",
+                                            policy, options.type_name()));
   }
   for (const auto& [key, value] : options.items()) {
     if (std::find(known.begin(), known.end(), key) == known.end()) {

@@ -29,11 +29,11 @@ using mem::SessionId;
 // What a policy may know of one runnable session. Plain data, filled by the engine.
 struct SessionView {
   SessionId id = 0;
-  int priority = 0;             // higher is more important
-  uint64_t admit_seq = 0;       // admission order, 0 first
-  Nanos requested_at{0};        // when its pending iteration was requested
-  Nanos service{0};             // device time attained since the lane's membership changed
-  Nanos total_service{0};       // device time attained since admission
+  int priority = 0;              // higher is more important
+  uint64_t admit_seq = 0;        // admission order, 0 first
+  Nanos requested_at{0};         // when its pending iteration was requested
+  Nanos service{0};              // device time attained since the lane's membership changed
+  Nanos total_service{0};        // device time attained since admission
   double remaining_seconds = 0;  // estimated remaining work (see Engine, Note [Remaining time])
   int64_t iterations_done = 0;
 };

@@ -1,6 +1,6 @@
-#include <tuple>
-
 #include "sched/srtf_policy.h"
+
+#include <tuple>
 
 namespace salus::sched {
 

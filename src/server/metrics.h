@@ -16,8 +16,8 @@ namespace salus::server {
 // A histogram over microseconds with fixed, exponential bucket bounds.
 class Histogram {
  public:
-  static constexpr std::array<double, 16> kBoundsUs = {
-      10, 25, 50, 100, 250, 500, 1e3, 2.5e3, 5e3, 1e4, 2.5e4, 5e4, 1e5, 2.5e5, 1e6, 1e7};
+  static constexpr std::array<double, 16> kBoundsUs = {10,  25,  50,    100, 250, 500,   1e3, 2.5e3,
+                                                       5e3, 1e4, 2.5e4, 5e4, 1e5, 2.5e5, 1e6, 1e7};
 
   void Observe(double us);
   // Appends the Prometheus lines of this histogram (in seconds, as Prometheus prefers).

@@ -30,8 +30,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     parser_.body_limit(kMaxRequestBytes);
     parser_.header_limit(kMaxRequestBytes);
     stream_.expires_after(std::chrono::seconds(10));
-    http::async_read(stream_, buffer_, parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+    http::async_read(
+        stream_, buffer_, parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
  private:
@@ -109,7 +110,8 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Create(const std
         fmt::format("metrics address '{}' must be HOST:PORT, e.g. 127.0.0.1:9464", listen));
   }
   std::string host = listen.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   unsigned long port = 0;
   try {
     size_t used = 0;
@@ -130,7 +132,8 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Create(const std
   if (!ec) impl->acceptor.bind(ep, ec);
   if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    return UnavailableError(fmt::format("cannot listen for metrics on '{}': {}", listen, ec.message()));
+    return UnavailableError(
+        fmt::format("cannot listen for metrics on '{}': {}", listen, ec.message()));
   }
   impl->Accept();
   Impl* raw = impl.get();

@@ -74,8 +74,8 @@ StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec
     if (in.name().empty()) return InvalidArgumentError("an input shape has no name");
     for (int64_t d : in.dims()) {
       if (d <= 0 || d > kMaxInputDim) {
-        return InvalidArgumentError(
-            fmt::format("input '{}': dimension {} is out of range [1, {}]", in.name(), d, kMaxInputDim));
+        return InvalidArgumentError(fmt::format("input '{}': dimension {} is out of range [1, {}]",
+                                                in.name(), d, kMaxInputDim));
       }
     }
     o.input_shapes[in.name()] = exec::Shape(in.dims().begin(), in.dims().end());
@@ -114,10 +114,12 @@ Status ModelRuntime::Validate(const std::vector<HostTensor>& feeds,
                               const std::vector<std::string>& fetches) const {
   std::set<std::string> seen;
   for (const HostTensor& f : feeds) {
-    const auto it = std::find_if(inputs_.begin(), inputs_.end(),
-                                 [&](const v1::TensorSpec& s) { return s.name() == f.spec.name(); });
+    const auto it = std::find_if(inputs_.begin(), inputs_.end(), [&](const v1::TensorSpec& s) {
+      return s.name() == f.spec.name();
+    });
     if (it == inputs_.end()) {
-      return InvalidArgumentError(fmt::format("feed '{}' is not an input of the model", f.spec.name()));
+      return InvalidArgumentError(
+          fmt::format("feed '{}' is not an input of the model", f.spec.name()));
     }
     if (!seen.insert(f.spec.name()).second) {
       return InvalidArgumentError(fmt::format("feed '{}' is given twice", f.spec.name()));
@@ -132,8 +134,9 @@ Status ModelRuntime::Validate(const std::vector<HostTensor>& feeds,
       std::string want, got;
       for (int64_t d : it->shape()) want += (want.empty() ? "" : ",") + std::to_string(d);
       for (int64_t d : f.spec.shape()) got += (got.empty() ? "" : ",") + std::to_string(d);
-      return InvalidArgumentError(fmt::format(
-          "feed '{}': shape [{}] where the session was compiled for [{}]", f.spec.name(), got, want));
+      return InvalidArgumentError(
+          fmt::format("feed '{}': shape [{}] where the session was compiled for [{}]",
+                      f.spec.name(), got, want));
     }
   }
   for (const v1::TensorSpec& s : inputs_) {
@@ -172,7 +175,8 @@ Status ModelRuntime::Run(const sched::Dispatch& d, const std::vector<HostTensor>
     buffers[i].resize(infos[i].bytes);
     fetch_ptrs[i] = buffers[i].data();
   }
-  SALUS_RETURN_IF_ERROR(exe_->Run(d.persistent.address, d.lane_memory.address, feed_ptrs, fetch_ptrs));
+  SALUS_RETURN_IF_ERROR(
+      exe_->Run(d.persistent.address, d.lane_memory.address, feed_ptrs, fetch_ptrs));
   for (const std::string& name : fetches) {
     for (size_t i = 0; i < infos.size(); ++i) {
       if (infos[i].name != name) continue;

@@ -138,7 +138,8 @@ void RpcFrontend::Stop() {
   if (io_.joinable()) io_.join();
 }
 
-void RpcFrontend::Post(size_t socket, const std::string& route, std::vector<zmq::message_t> frames) {
+void RpcFrontend::Post(size_t socket, const std::string& route,
+                       std::vector<zmq::message_t> frames) {
   // Header frame for the I/O thread: the socket index (8 bytes) and the route.
   std::string header(sizeof(uint64_t), '\0');
   const uint64_t idx = socket;
@@ -209,7 +210,8 @@ void RpcFrontend::Loop() {
         if (!zmq::recv_multipart(reply_pull_, std::back_inserter(msg), zmq::recv_flags::dontwait)) {
           break;
         }
-        if (msg.size() == 1 && msg[0].to_string_view() == std::string_view(kStopFrame, sizeof(kStopFrame) - 1)) {
+        if (msg.size() == 1 &&
+            msg[0].to_string_view() == std::string_view(kStopFrame, sizeof(kStopFrame) - 1)) {
           stop = true;
           continue;
         }

@@ -54,8 +54,8 @@ int main(int argc, char** argv) {
                                                  "JSON config file")(
       "listen", po::value(&listen)->composing(),
       "endpoint to serve on (repeatable), e.g. ipc:///run/salus/salus.sock, tcp://127.0.0.1:5501")(
-      "device", po::value(&device), "cpu (default) or cuda:N")(
-      "memory", po::value(&memory), "the arena's capacity, e.g. 16GiB")(
+      "device", po::value(&device), "cpu (default) or cuda:N")("memory", po::value(&memory),
+                                                               "the arena's capacity, e.g. 16GiB")(
       "policy", po::value(&policy), "fifo, srtf, pack or fair (default)")(
       "policy-options", po::value(&policy_options), "the policy's options as a JSON object")(
       "log-level", po::value(&log_level), "trace, debug, info (default), warn, error")(
@@ -87,7 +87,8 @@ int main(int argc, char** argv) {
   if (vm.count("policy")) overrides.push_back("policy=\"" + policy + "\"");
   if (vm.count("log-level")) overrides.push_back("log_level=\"" + log_level + "\"");
   if (vm.count("metrics-listen")) overrides.push_back("metrics_listen=\"" + metrics_listen + "\"");
-  if (vm.count("lease-seconds")) overrides.push_back("lease_seconds=" + std::to_string(lease_seconds));
+  if (vm.count("lease-seconds"))
+    overrides.push_back("lease_seconds=" + std::to_string(lease_seconds));
   if (auto s = config.ApplyOverrides(overrides); !s.ok()) return Fail(s);
 
   salus::server::ServerOptions o;
@@ -98,9 +99,9 @@ int main(int argc, char** argv) {
     return salus::OkStatus();
   };
   std::string level = "info";
-  for (auto [key, out] : {std::pair{"device", &o.device}, std::pair{"policy", &o.policy},
-                          std::pair{"metrics_listen", &o.metrics_listen},
-                          std::pair{"log_level", &level}}) {
+  for (auto [key, out] :
+       {std::pair{"device", &o.device}, std::pair{"policy", &o.policy},
+        std::pair{"metrics_listen", &o.metrics_listen}, std::pair{"log_level", &level}}) {
     if (auto s = get_string(key, out); !s.ok()) return Fail(s);
   }
   if (auto s = salus::logging::SetLevel(level); !s.ok()) return Fail(s);

@@ -44,14 +44,15 @@ StatusOr<uint64_t> DefaultMemory(const std::string& device) {
     for (const auto& d : cuda.devices) {
       if (d.ordinal == ordinal) {
         if (d.free_bytes <= kCudaReserveBytes) {
-          return ResourceExhaustedError(fmt::format("{} has only {} free", device,
-                                                    FormatBytes(d.free_bytes)));
+          return ResourceExhaustedError(
+              fmt::format("{} has only {} free", device, FormatBytes(d.free_bytes)));
         }
         return d.free_bytes - kCudaReserveBytes;
       }
     }
-    return FailedPreconditionError(fmt::format("device '{}' is not available: {}", device,
-                                               cuda.reason.empty() ? "no such ordinal" : cuda.reason));
+    return FailedPreconditionError(
+        fmt::format("device '{}' is not available: {}", device,
+                    cuda.reason.empty() ? "no such ordinal" : cuda.reason));
   }
   return InvalidArgumentError(fmt::format("unknown device '{}' (expected cpu or cuda:N)", device));
 }
@@ -62,8 +63,8 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
         fmt::format("unknown device '{}' (expected cpu or cuda:N)", options.device));
   }
   if (options.memory == 0) {
-      SALUS_ASSIGN_OR_RETURN(options.memory, DefaultMemory(options.device));
-    }
+    SALUS_ASSIGN_OR_RETURN(options.memory, DefaultMemory(options.device));
+  }
   if (options.listen.empty()) options.listen = DefaultEndpoints();
   if (options.lease <= Nanos(0)) return InvalidArgumentError("the client lease must be positive");
   std::unique_ptr<Server> s(new Server(std::move(options)));
@@ -99,8 +100,9 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
       if (!dir.empty()) std::filesystem::create_directories(dir, ec);
     }
   }
-  SALUS_ASSIGN_OR_RETURN(s->frontend_,
-                         RpcFrontend::Create(s->o_.listen, [self](Call c) { self->Handle(std::move(c)); }));
+  SALUS_ASSIGN_OR_RETURN(s->frontend_, RpcFrontend::Create(s->o_.listen, [self](Call c) {
+                           self->Handle(std::move(c));
+                         }));
   if (!s->o_.metrics_listen.empty()) {
     SALUS_ASSIGN_OR_RETURN(
         s->http_, MetricsHttpServer::Create(
@@ -251,7 +253,8 @@ void Server::HandleHello(Call call) {
   h->set_capacity_bytes(o_.memory);
   h->set_policy(o_.policy);
   h->set_client_id(call.peer());
-  h->set_lease_ms(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(o_.lease).count()));
+  h->set_lease_ms(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(o_.lease).count()));
   call.Reply(std::move(reply));
 }
 
@@ -306,8 +309,9 @@ std::string Server::Gauges() const {
   out += "# HELP salus_server_sessions Sessions by state.\n# TYPE salus_server_sessions gauge\n";
   out += fmt::format("salus_server_sessions{{state=\"waiting\"}} {}\n", waiting);
   out += fmt::format("salus_server_sessions{{state=\"admitted\"}} {}\n", admitted);
-  out += fmt::format("# HELP salus_mem_lanes Open lanes.\n# TYPE salus_mem_lanes gauge\nsalus_mem_lanes {}\n",
-                     lanes.size());
+  out += fmt::format(
+      "# HELP salus_mem_lanes Open lanes.\n# TYPE salus_mem_lanes gauge\nsalus_mem_lanes {}\n",
+      lanes.size());
   out += "# HELP salus_mem_lane_bytes Size of each lane.\n# TYPE salus_mem_lane_bytes gauge\n";
   uint64_t lane_total = 0;
   for (const auto& l : lanes) {
@@ -315,16 +319,20 @@ std::string Server::Gauges() const {
     lane_total += l.size;
   }
   const uint64_t committed = mem.CommittedBytes();
-  out += "# HELP salus_mem_region_bytes Bytes committed per region of the arena.\n"
-         "# TYPE salus_mem_region_bytes gauge\n";
+  out +=
+      "# HELP salus_mem_region_bytes Bytes committed per region of the arena.\n"
+      "# TYPE salus_mem_region_bytes gauge\n";
   out += fmt::format("salus_mem_region_bytes{{region=\"ephemeral\"}} {}\n", lane_total);
   out += fmt::format("salus_mem_region_bytes{{region=\"persistent\"}} {}\n",
                      committed >= lane_total ? committed - lane_total : 0);
-  out += fmt::format("# HELP salus_mem_capacity_bytes The arena.\n# TYPE salus_mem_capacity_bytes gauge\n"
-                     "salus_mem_capacity_bytes {}\n", mem.capacity());
-  out += fmt::format("# HELP salus_mem_admission_queue Sessions waiting for memory.\n"
-                     "# TYPE salus_mem_admission_queue gauge\nsalus_mem_admission_queue {}\n",
-                     mem.WaitingCount());
+  out += fmt::format(
+      "# HELP salus_mem_capacity_bytes The arena.\n# TYPE salus_mem_capacity_bytes gauge\n"
+      "salus_mem_capacity_bytes {}\n",
+      mem.capacity());
+  out += fmt::format(
+      "# HELP salus_mem_admission_queue Sessions waiting for memory.\n"
+      "# TYPE salus_mem_admission_queue gauge\nsalus_mem_admission_queue {}\n",
+      mem.WaitingCount());
   return out;
 }
 

@@ -31,13 +31,14 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const std::string& clien
                                             req.admission_timeout_seconds()));
   }
   if (std::abs(req.priority()) > kMaxPriority) {
-    return InvalidArgumentError(fmt::format("priority must be in [-{0}, {0}], got {1}",
-                                            kMaxPriority, req.priority()));
+    return InvalidArgumentError(
+        fmt::format("priority must be in [-{0}, {0}], got {1}", kMaxPriority, req.priority()));
   }
   std::unique_ptr<SessionRuntime> runtime;
   switch (req.workload_case()) {
     case v1::CreateSession::kSynthetic: {
-      SALUS_ASSIGN_OR_RETURN(runtime, SyntheticRuntime::Create(req.synthetic(), o_.host_accessible));
+      SALUS_ASSIGN_OR_RETURN(runtime,
+                             SyntheticRuntime::Create(req.synthetic(), o_.host_accessible));
       break;
     }
     case v1::CreateSession::kModel: {
@@ -116,9 +117,9 @@ void SessionManager::Run(Call call) {
   // Decode and check the feeds against their frames before anything is queued.
   const v1::RunIteration& body = call.request().run_iteration();
   if (static_cast<size_t>(body.feeds_size()) != call.frames().size()) {
-    return call.ReplyError(InvalidArgumentError(
-        fmt::format("RunIteration lists {} feeds but carries {} tensor frames", body.feeds_size(),
-                    call.frames().size())));
+    return call.ReplyError(
+        InvalidArgumentError(fmt::format("RunIteration lists {} feeds but carries {} tensor frames",
+                                         body.feeds_size(), call.frames().size())));
   }
   auto state = std::make_shared<Call>(std::move(call));
   std::vector<HostTensor> feeds;

@@ -23,13 +23,14 @@ size_t DataTypeSize(v1::DataType dtype) {
 Status CheckFrame(const v1::TensorSpec& spec, size_t frame_bytes) {
   const size_t elem = DataTypeSize(spec.dtype());
   if (elem == 0) {
-    return InvalidArgumentError(
-        fmt::format("tensor '{}': unsupported dtype {}", spec.name(), static_cast<int>(spec.dtype())));
+    return InvalidArgumentError(fmt::format("tensor '{}': unsupported dtype {}", spec.name(),
+                                            static_cast<int>(spec.dtype())));
   }
   uint64_t count = 1;
   for (int64_t d : spec.shape()) {
     if (d < 0) {
-      return InvalidArgumentError(fmt::format("tensor '{}': negative dimension {}", spec.name(), d));
+      return InvalidArgumentError(
+          fmt::format("tensor '{}': negative dimension {}", spec.name(), d));
     }
     if (d != 0 && count > UINT64_MAX / static_cast<uint64_t>(d) / elem) {
       return InvalidArgumentError(fmt::format("tensor '{}': shape is too large", spec.name()));
@@ -37,9 +38,9 @@ Status CheckFrame(const v1::TensorSpec& spec, size_t frame_bytes) {
     count *= static_cast<uint64_t>(d);
   }
   if (count * elem != frame_bytes) {
-    return InvalidArgumentError(fmt::format(
-        "tensor '{}': frame has {} bytes but its dtype and shape need {}", spec.name(),
-        frame_bytes, count * elem));
+    return InvalidArgumentError(
+        fmt::format("tensor '{}': frame has {} bytes but its dtype and shape need {}", spec.name(),
+                    frame_bytes, count * elem));
   }
   return OkStatus();
 }

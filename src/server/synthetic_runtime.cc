@@ -22,19 +22,20 @@ StatusOr<std::unique_ptr<SyntheticRuntime>> SyntheticRuntime::Create(
     const v1::SyntheticProfile& profile, bool host_accessible) {
   const double s = profile.iteration_seconds();
   if (!std::isfinite(s) || s < 0 || s > kMaxIterationSeconds) {
-    return InvalidArgumentError(fmt::format(
-        "synthetic profile: iteration_seconds must be in [0, {}], got {}", kMaxIterationSeconds, s));
+    return InvalidArgumentError(
+        fmt::format("synthetic profile: iteration_seconds must be in [0, {}], got {}",
+                    kMaxIterationSeconds, s));
   }
-  return std::unique_ptr<SyntheticRuntime>(
-      new SyntheticRuntime(profile.persistent_bytes(), profile.ephemeral_bytes(), FromSeconds(s),
-                           host_accessible));
+  return std::unique_ptr<SyntheticRuntime>(new SyntheticRuntime(
+      profile.persistent_bytes(), profile.ephemeral_bytes(), FromSeconds(s), host_accessible));
 }
 
 Status SyntheticRuntime::Validate(const std::vector<HostTensor>& feeds,
                                   const std::vector<std::string>& fetches) const {
   if (!feeds.empty()) {
-    return InvalidArgumentError(fmt::format(
-        "a synthetic session takes no feeds, got {} (first '{}')", feeds.size(), feeds[0].spec.name()));
+    return InvalidArgumentError(
+        fmt::format("a synthetic session takes no feeds, got {} (first '{}')", feeds.size(),
+                    feeds[0].spec.name()));
   }
   if (!fetches.empty()) {
     return InvalidArgumentError(

@@ -14,7 +14,7 @@ namespace salus::server {
 class SyntheticRuntime final : public SessionRuntime {
  public:
   static StatusOr<std::unique_ptr<SyntheticRuntime>> Create(const v1::SyntheticProfile& profile,
-                                                             bool host_accessible);
+                                                            bool host_accessible);
 
   std::string_view kind() const override { return "synthetic"; }
   mem::Requirement requirement() const override { return {persistent_, ephemeral_}; }

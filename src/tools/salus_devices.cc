@@ -37,8 +37,8 @@ int main(int argc, char** argv) {
                       {"name", d.name},
                       {"total_bytes", d.total_bytes},
                       {"free_bytes", d.free_bytes},
-                      {"compute_capability", std::to_string(d.compute_major) + "." +
-                                                 std::to_string(d.compute_minor)}});
+                      {"compute_capability",
+                       std::to_string(d.compute_major) + "." + std::to_string(d.compute_minor)}});
     }
     j["cuda"] = {{"compiled", cuda.compiled},
                  {"runtime_version", cuda.runtime_version},

@@ -81,7 +81,6 @@ int main(int argc, char** argv) {
             << " s, avg JCT " << sum["avg_jct_s"].get<double>() << " s, p95 JCT "
             << sum["p95_jct_s"].get<double>() << " s, avg queuing "
             << sum["avg_queuing_s"].get<double>() << " s, max lanes " << sum["max_lanes"]
-            << ", safety violations " << sum["safety_violations"] << " (" << wall
-            << " s wall)\n";
+            << ", safety violations " << sum["safety_violations"] << " (" << wall << " s wall)\n";
   return result->safety_violations == 0 ? 0 : 3;
 }

@@ -52,8 +52,12 @@ int Sessions(salus::client::Client& c, bool json) {
   if (json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& s : *list) {
-      out.push_back({{"session_id", s.id}, {"name", s.name}, {"kind", s.kind},
-                     {"state", s.state}, {"lane", s.lane}, {"priority", s.priority},
+      out.push_back({{"session_id", s.id},
+                     {"name", s.name},
+                     {"kind", s.kind},
+                     {"state", s.state},
+                     {"lane", s.lane},
+                     {"priority", s.priority},
                      {"persistent_bytes", s.persistent_bytes},
                      {"ephemeral_bytes", s.ephemeral_bytes},
                      {"iterations_done", s.iterations_done},
@@ -66,14 +70,13 @@ int Sessions(salus::client::Client& c, bool json) {
   std::printf("%-6s %-16s %-9s %-9s %5s %4s %10s %10s %12s %9s\n", "ID", "NAME", "KIND", "STATE",
               "LANE", "PRIO", "P", "E", "ITERATIONS", "ITER ms");
   for (const auto& s : *list) {
-    const std::string iters = s.iterations_declared > 0
-                                  ? std::to_string(s.iterations_done) + "/" +
-                                        std::to_string(s.iterations_declared)
-                                  : std::to_string(s.iterations_done);
+    const std::string iters = s.iterations_declared > 0 ? std::to_string(s.iterations_done) + "/" +
+                                                              std::to_string(s.iterations_declared)
+                                                        : std::to_string(s.iterations_done);
     std::printf("%-6llu %-16s %-9s %-9s %5llu %4d %10s %10s %12s %9.2f\n",
-                static_cast<unsigned long long>(s.id), s.name.substr(0, 16).c_str(),
-                s.kind.c_str(), s.state.c_str(), static_cast<unsigned long long>(s.lane),
-                s.priority, salus::FormatBytes(s.persistent_bytes).c_str(),
+                static_cast<unsigned long long>(s.id), s.name.substr(0, 16).c_str(), s.kind.c_str(),
+                s.state.c_str(), static_cast<unsigned long long>(s.lane), s.priority,
+                salus::FormatBytes(s.persistent_bytes).c_str(),
                 salus::FormatBytes(s.ephemeral_bytes).c_str(), iters.c_str(),
                 s.avg_iteration_seconds * 1e3);
   }
@@ -123,7 +126,8 @@ int main(int argc, char** argv) {
       "salusctl: inspect and control a running salus-server\n\n"
       "commands: status | sessions | memory | drain\n\noptions");
   desc.add_options()("help,h", "show this help")(
-      "endpoint", po::value(&endpoint), "the daemon (default $SALUS_ENDPOINT or tcp://127.0.0.1:5501)")(
+      "endpoint", po::value(&endpoint),
+      "the daemon (default $SALUS_ENDPOINT or tcp://127.0.0.1:5501)")(
       "json", "print JSON (sessions, memory)")("command", po::value(&command), "the command");
   po::positional_options_description pos;
   pos.add("command", 1);

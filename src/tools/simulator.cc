@@ -34,9 +34,9 @@ struct Running {
 };
 
 struct JobState {
-  int64_t units = 0;       // scheduling units in the job
-  int64_t per_unit = 1;    // iterations per unit
-  double unit_s = 0;       // seconds per unit at speed 1
+  int64_t units = 0;     // scheduling units in the job
+  int64_t per_unit = 1;  // iterations per unit
+  double unit_s = 0;     // seconds per unit at speed 1
 };
 
 double Percentile(std::vector<double> v, double q) {
@@ -167,7 +167,8 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     const double speed = util > 1 ? 1.0 / util : 1.0;
     double t_done = kInf;
     for (const auto& [lane, r] : running) t_done = std::min(t_done, now + r.work_left_s / speed);
-    const double t_arrival = next_arrival < order.size() ? jobs[order[next_arrival]].submit_s : kInf;
+    const double t_arrival =
+        next_arrival < order.size() ? jobs[order[next_arrival]].submit_s : kInf;
     if (t_done == kInf && t_arrival == kInf) break;
 
     const double t = std::min(t_done, t_arrival);
@@ -203,11 +204,13 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
       SimJobResult& jr = result.jobs[j];
       jr.job = &job;
       JobState& js = state[j];
-      js.per_unit = options.quantum_s > 0
-                        ? std::max<int64_t>(1, static_cast<int64_t>(options.quantum_s / job.iteration_s))
-                        : 1;
+      js.per_unit =
+          options.quantum_s > 0
+              ? std::max<int64_t>(1, static_cast<int64_t>(options.quantum_s / job.iteration_s))
+              : 1;
       js.units = (job.iterations + js.per_unit - 1) / js.per_unit;
-      js.unit_s = job.iteration_s * static_cast<double>(job.iterations) / static_cast<double>(js.units);
+      js.unit_s =
+          job.iteration_s * static_cast<double>(job.iterations) / static_cast<double>(js.units);
       const mem::SessionId id = j + 1;
       job_of[id] = j;
       sched::SessionSpec spec;
@@ -252,7 +255,8 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     last_finish = std::max(last_finish, r.finish_s);
   }
   auto mean = [](const std::vector<double>& v) {
-    return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+    return v.empty() ? 0.0
+                     : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
   };
   nlohmann::json& s = result.summary;
   s["policy"] = options.policy;

@@ -53,7 +53,7 @@ struct SimJobResult {
 struct SimResult {
   std::vector<SimJobResult> jobs;  // in trace order
   nlohmann::json summary;
-  uint64_t iterations = 0;        // scheduling units the engine ran
+  uint64_t iterations = 0;  // scheduling units the engine ran
   uint64_t safety_violations = 0;
 };
 

@@ -118,8 +118,8 @@ StatusOr<std::map<std::string, Profile>> LoadProfiles(const std::string& path) {
 StatusOr<std::vector<TraceJob>> ParseTrace(const std::string& text, const std::string& origin,
                                            const std::map<std::string, Profile>& profiles) {
   SALUS_ASSIGN_OR_RETURN(Table t, ParseCsv(text, origin));
-  const int cj = Column(t, "job_id"), cw = Column(t, "workload"),
-            cs = Column(t, "submit_time_s"), cn = Column(t, "iterations");
+  const int cj = Column(t, "job_id"), cw = Column(t, "workload"), cs = Column(t, "submit_time_s"),
+            cn = Column(t, "iterations");
   std::vector<std::string> missing;
   if (cj < 0) missing.push_back("job_id");
   if (cw < 0) missing.push_back("workload");
@@ -142,7 +142,8 @@ StatusOr<std::vector<TraceJob>> ParseTrace(const std::string& text, const std::s
     j.line = line;
     j.job_id = f[cj];
     j.workload = f[cw];
-    if (j.job_id.empty()) return InvalidArgumentError(fmt::format("{}:{}: empty job_id", origin, line));
+    if (j.job_id.empty())
+      return InvalidArgumentError(fmt::format("{}:{}: empty job_id", origin, line));
     if (!ids.insert(j.job_id).second) {
       return InvalidArgumentError(
           fmt::format("{}:{}: duplicate job_id '{}'", origin, line, j.job_id));
@@ -150,8 +151,8 @@ StatusOr<std::vector<TraceJob>> ParseTrace(const std::string& text, const std::s
     SALUS_ASSIGN_OR_RETURN(j.submit_s, ParseNumber(f[cs], origin, line, "submit_time_s"));
     SALUS_ASSIGN_OR_RETURN(double iters, ParseNumber(f[cn], origin, line, "iterations", false));
     if (iters != std::floor(iters)) {
-      return InvalidArgumentError(fmt::format("{}:{}: column 'iterations': {} is not a whole number",
-                                              origin, line, f[cn]));
+      return InvalidArgumentError(
+          fmt::format("{}:{}: column 'iterations': {} is not a whole number", origin, line, f[cn]));
     }
     j.iterations = static_cast<int64_t>(iters);
 
@@ -177,13 +178,12 @@ StatusOr<std::vector<TraceJob>> ParseTrace(const std::string& text, const std::s
       SALUS_ASSIGN_OR_RETURN(it_s, ParseNumber(f[ci], origin, line, "iteration_s", false));
     }
     if (it_s < 0) {
-      return InvalidArgumentError(fmt::format(
-          "{}:{}: workload '{}' has no measured iteration time; give iteration_s", origin, line,
-          j.workload));
+      return InvalidArgumentError(
+          fmt::format("{}:{}: workload '{}' has no measured iteration time; give iteration_s",
+                      origin, line, j.workload));
     }
     if (given(cu)) {
-      SALUS_ASSIGN_OR_RETURN(j.utilization,
-                             ParseNumber(f[cu], origin, line, "utilization", false));
+      SALUS_ASSIGN_OR_RETURN(j.utilization, ParseNumber(f[cu], origin, line, "utilization", false));
     }
     j.persistent_bytes = static_cast<uint64_t>(std::llround(p_mb * kProfileMegabyte));
     j.ephemeral_bytes = static_cast<uint64_t>(std::llround(e_mb * kProfileMegabyte));

@@ -80,7 +80,8 @@ std::vector<float> TrainInProcess(const ModelCase& c) {
   o.loss = "loss";
   o.optimizer.learning_rate = 0.02f;
   o.optimizer.momentum = 0.9f;
-  auto exe = salus::exec::Executable::Compile(ReadFile(std::string(SALUS_MODELS_DIR "/") + c.file), o);
+  auto exe =
+      salus::exec::Executable::Compile(ReadFile(std::string(SALUS_MODELS_DIR "/") + c.file), o);
   EXPECT_TRUE(exe.ok()) << exe.status();
   if (!exe.ok()) return {};
   auto aligned = [](uint64_t n) {

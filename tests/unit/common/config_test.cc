@@ -54,9 +54,9 @@ TEST(ConfigTest, ErrorsNameKeyAndOrigin) {
 
 TEST(ConfigTest, OverridesParseJsonOrString) {
   Config c = MustParse(R"({"memory": {"capacity": "16GiB"}, "policy": "fifo"})");
-  ASSERT_TRUE(c.ApplyOverrides({"memory.capacity=8GiB", "policy=srtf", "threads=2",
-                                "new.nested.flag=true"})
-                  .ok());
+  ASSERT_TRUE(
+      c.ApplyOverrides({"memory.capacity=8GiB", "policy=srtf", "threads=2", "new.nested.flag=true"})
+          .ok());
   EXPECT_EQ(*c.GetBytes("memory.capacity"), 8 * kGiB);
   EXPECT_EQ(*c.GetString("policy"), "srtf");
   EXPECT_EQ(*c.GetInt("threads"), 2);

@@ -35,8 +35,19 @@ TEST(ParseBytesTest, AcceptsUnits) {
 }
 
 TEST(ParseBytesTest, RejectsBadInputNamingIt) {
-  const char* bad[] = {"", "   ", "-1GiB", "GiB", "12XB", "1..5GiB", "1.2.3", ".", "abc",
-                       "99999999999999999999", "20000000TiB", "1e3", "16 GiB extra"};
+  const char* bad[] = {"",
+                       "   ",
+                       "-1GiB",
+                       "GiB",
+                       "12XB",
+                       "1..5GiB",
+                       "1.2.3",
+                       ".",
+                       "abc",
+                       "99999999999999999999",
+                       "20000000TiB",
+                       "1e3",
+                       "16 GiB extra"};
   for (const char* text : bad) {
     auto got = ParseBytes(text);
     ASSERT_FALSE(got.ok()) << "accepted '" << text << "'";

@@ -33,7 +33,10 @@ class Harness {
     o.provider = provider_.get();
     o.capacity = capacity;
     o.policy = std::move(*CreatePolicy(policy, options));
-    o.on_admitted = [this](SessionId id, LaneId) { admitted_later_.push_back(id); Request(id); };
+    o.on_admitted = [this](SessionId id, LaneId) {
+      admitted_later_.push_back(id);
+      Request(id);
+    };
     engine_ = std::move(*Engine::Create(std::move(o)));
   }
 
@@ -110,7 +113,8 @@ class Harness {
     const std::vector<LaneId> blocked = engine_->BlockedLanes();
     for (const auto& [lane, has_pending] : pending) {
       const bool is_blocked = std::find(blocked.begin(), blocked.end(), lane) != blocked.end();
-      EXPECT_FALSE(has_pending && !busy[lane] && !is_blocked) << "lane " << lane << " idles with work";
+      EXPECT_FALSE(has_pending && !busy[lane] && !is_blocked)
+          << "lane " << lane << " idles with work";
       if (is_blocked) ++blocked_seen_;
     }
     if (engine_->RunningIterations() == 0) {
@@ -152,7 +156,8 @@ TEST(EngineTest, SrtfSwitchesToShorterArrivalAtNextBoundary) {
 
 TEST(EngineTest, FairGivesEqualJobsEqualServiceInOneLane) {
   Harness h("fair", {{"single_lane", true}});
-  for (SessionId id = 1; id <= 3; ++id) ASSERT_TRUE(*h.Add(id, kGiB, kGiB, milliseconds(100), 100000));
+  for (SessionId id = 1; id <= 3; ++id)
+    ASSERT_TRUE(*h.Add(id, kGiB, kGiB, milliseconds(100), 100000));
   h.RunUntil(seconds(300));
   std::vector<double> service;
   for (const SessionInfo& s : h.engine_->Sessions()) service.push_back(ToSeconds(s.total_service));
@@ -256,8 +261,8 @@ TEST(EngineTest, RemovalDuringIterationWaitsForItsEnd) {
   ASSERT_TRUE(h.engine_->RequestIteration(1).ok());
   auto dropped = h.engine_->RemoveSession(1);
   ASSERT_TRUE(dropped.ok());
-  EXPECT_EQ(*dropped, 1);                      // the queued request is dropped
-  EXPECT_TRUE(h.admitted_later_.empty());      // memory still in use by the iteration
+  EXPECT_EQ(*dropped, 1);                  // the queued request is dropped
+  EXPECT_TRUE(h.admitted_later_.empty());  // memory still in use by the iteration
   EXPECT_EQ(h.engine_->RequestIteration(1).code(), StatusCode::kNotFound);
   h.clock_.Advance(seconds(1));
   ASSERT_TRUE(h.engine_->Complete(ds[0]).ok());

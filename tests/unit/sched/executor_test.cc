@@ -102,8 +102,10 @@ TEST_F(ExecutorTest, PackRunsLanesInParallel) {
     if (cv.wait_for(l, std::chrono::seconds(10), [&] { return inside >= 2; })) met++;
     return OkStatus();
   };
-  ASSERT_TRUE(ex_->Submit(1, work, [&](const Status&, const IterationRecord&) { p1.set_value(); }).ok());
-  ASSERT_TRUE(ex_->Submit(2, work, [&](const Status&, const IterationRecord&) { p2.set_value(); }).ok());
+  ASSERT_TRUE(
+      ex_->Submit(1, work, [&](const Status&, const IterationRecord&) { p1.set_value(); }).ok());
+  ASSERT_TRUE(
+      ex_->Submit(2, work, [&](const Status&, const IterationRecord&) { p2.set_value(); }).ok());
   p1.get_future().wait();
   p2.get_future().wait();
   EXPECT_EQ(met.load(), 2);
@@ -133,8 +135,9 @@ TEST_F(ExecutorTest, RemoveCancelsQueuedIterations) {
   EXPECT_EQ(results[2].get_future().get().code(), StatusCode::kCancelled);
   release.set_value();
   EXPECT_TRUE(results[0].get_future().get().ok());
-  EXPECT_EQ(ex_->Submit(1, [](const Dispatch&) { return OkStatus(); },
-                        [](const Status&, const IterationRecord&) {})
+  EXPECT_EQ(ex_->Submit(
+                   1, [](const Dispatch&) { return OkStatus(); },
+                   [](const Status&, const IterationRecord&) {})
                 .code(),
             StatusCode::kNotFound);
 }
@@ -153,8 +156,9 @@ TEST_F(ExecutorTest, ShutdownAnswersWaitersAndFinishesInFlight) {
                      },
                      [&](const Status& s, const IterationRecord&) { first.set_value(s); })
                   .ok());
-  ASSERT_TRUE(ex_->Submit(1, [](const Dispatch&) { return OkStatus(); },
-                          [&](const Status& s, const IterationRecord&) { second.set_value(s); })
+  ASSERT_TRUE(ex_->Submit(
+                     1, [](const Dispatch&) { return OkStatus(); },
+                     [&](const Status& s, const IterationRecord&) { second.set_value(s); })
                   .ok());
   while (ex_->engine().RunningIterations() == 0) std::this_thread::yield();
   ex_->Shutdown();

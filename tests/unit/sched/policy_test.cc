@@ -35,13 +35,20 @@ void RunTable(std::string_view policy_name, const std::vector<Case>& cases,
 
 TEST(FifoPolicyTest, Table) {
   RunTable("fifo", {
-      // One session on the device: it runs.
-      {"single session", {S(7, 3)}, 7},
-      // Several runnable: the earliest admitted runs all its iterations first.
-      {"earliest admitted wins", {S(1, 5), S(2, 2), S(3, 9)}, 2},
-      // Priority does not reorder FIFO.
-      {"priority ignored", {[] { auto v = S(1, 4); v.priority = 9; return v; }(), S(2, 1)}, 2},
-  });
+                       // One session on the device: it runs.
+                       {"single session", {S(7, 3)}, 7},
+                       // Several runnable: the earliest admitted runs all its iterations first.
+                       {"earliest admitted wins", {S(1, 5), S(2, 2), S(3, 9)}, 2},
+                       // Priority does not reorder FIFO.
+                       {"priority ignored",
+                        {[] {
+                           auto v = S(1, 4);
+                           v.priority = 9;
+                           return v;
+                         }(),
+                         S(2, 1)},
+                        2},
+                   });
 }
 
 TEST(SrtfPolicyTest, Table) {
@@ -52,15 +59,15 @@ TEST(SrtfPolicyTest, Table) {
     return v;
   };
   RunTable("srtf", {
-      // A long job running and a shorter arrival: the shorter preempts.
-      {"shortest remaining wins", {rem(1, 0, 3600), rem(2, 1, 60)}, 2},
-      // Equal remaining time: the higher priority goes first.
-      {"tie broken by priority", {rem(1, 0, 60, 0), rem(2, 1, 60, 5)}, 2},
-      // Equal remaining and priority: the earlier admitted.
-      {"tie broken by admission", {rem(3, 7, 60), rem(4, 2, 60)}, 4},
-      // An undeclared (infinite) job yields to any declared one.
-      {"unknown length last", {rem(1, 0, INFINITY), rem(2, 1, 1e6)}, 2},
-  });
+                       // A long job running and a shorter arrival: the shorter preempts.
+                       {"shortest remaining wins", {rem(1, 0, 3600), rem(2, 1, 60)}, 2},
+                       // Equal remaining time: the higher priority goes first.
+                       {"tie broken by priority", {rem(1, 0, 60, 0), rem(2, 1, 60, 5)}, 2},
+                       // Equal remaining and priority: the earlier admitted.
+                       {"tie broken by admission", {rem(3, 7, 60), rem(4, 2, 60)}, 4},
+                       // An undeclared (infinite) job yields to any declared one.
+                       {"unknown length last", {rem(1, 0, INFINITY), rem(2, 1, 1e6)}, 2},
+                   });
 }
 
 TEST(PackPolicyTest, Table) {
@@ -71,12 +78,12 @@ TEST(PackPolicyTest, Table) {
     return v;
   };
   RunTable("pack", {
-      // Iterations run in the order they were requested.
-      {"oldest request first", {req(1, 0, 50), req(2, 1, 10), req(3, 2, 30)}, 2},
-      // Requests at the same moment: priority, then admission order.
-      {"same time, priority", {req(1, 0, 10), req(2, 1, 10, 1)}, 2},
-      {"same time, admission", {req(5, 4, 10), req(6, 3, 10)}, 6},
-  });
+                       // Iterations run in the order they were requested.
+                       {"oldest request first", {req(1, 0, 50), req(2, 1, 10), req(3, 2, 30)}, 2},
+                       // Requests at the same moment: priority, then admission order.
+                       {"same time, priority", {req(1, 0, 10), req(2, 1, 10, 1)}, 2},
+                       {"same time, admission", {req(5, 4, 10), req(6, 3, 10)}, 6},
+                   });
 }
 
 TEST(FairPolicyTest, Table) {
@@ -86,16 +93,18 @@ TEST(FairPolicyTest, Table) {
     v.priority = prio;
     return v;
   };
-  RunTable("fair", {
-      // The session with the least attained service runs next.
-      {"least service first", {svc(1, 0, 30), svc(2, 1, 10), svc(3, 2, 20)}, 2},
-      // Priority 2 has weight 3: 50 s of its service counts as 16.7 s, less than 20 s.
-      {"weighted by priority", {svc(1, 0, 20), svc(2, 1, 50, 2)}, 2},
-      // A negative priority weighs less: 10 s at priority -1 counts as 20 s, more than 15 s.
-      {"negative priority", {svc(1, 0, 10, -1), svc(2, 1, 15)}, 2},
-      // Equal service: the earlier admitted.
-      {"tie broken by admission", {svc(4, 9, 0), svc(5, 3, 0)}, 5},
-  });
+  RunTable(
+      "fair",
+      {
+          // The session with the least attained service runs next.
+          {"least service first", {svc(1, 0, 30), svc(2, 1, 10), svc(3, 2, 20)}, 2},
+          // Priority 2 has weight 3: 50 s of its service counts as 16.7 s, less than 20 s.
+          {"weighted by priority", {svc(1, 0, 20), svc(2, 1, 50, 2)}, 2},
+          // A negative priority weighs less: 10 s at priority -1 counts as 20 s, more than 15 s.
+          {"negative priority", {svc(1, 0, 10, -1), svc(2, 1, 15)}, 2},
+          // Equal service: the earlier admitted.
+          {"tie broken by admission", {svc(4, 9, 0), svc(5, 3, 0)}, 5},
+      });
 }
 
 TEST(PolicyRegistryTest, CreatesByNameWithAdmissionModes) {

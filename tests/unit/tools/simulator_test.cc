@@ -14,8 +14,8 @@ namespace {
 
 constexpr uint64_t kCap = 16 * kGiB;
 
-TraceJob Job(std::string id, double submit, int64_t iters, double p_gib, double e_gib,
-             double it_s, double util = 1.0) {
+TraceJob Job(std::string id, double submit, int64_t iters, double p_gib, double e_gib, double it_s,
+             double util = 1.0) {
   TraceJob j;
   j.job_id = std::move(id);
   j.workload = "w";
@@ -28,8 +28,8 @@ TraceJob Job(std::string id, double submit, int64_t iters, double p_gib, double 
   return j;
 }
 
-SimResult Simulated(const std::vector<TraceJob>& jobs, const std::string& policy, uint64_t cap = kCap,
-              SimOptions o = {}) {
+SimResult Simulated(const std::vector<TraceJob>& jobs, const std::string& policy,
+                    uint64_t cap = kCap, SimOptions o = {}) {
   auto provider = device::CreateMemoryProvider("fake");
   EXPECT_TRUE(provider.ok());
   o.policy = policy;

@@ -14,7 +14,8 @@ std::map<std::string, Profile> Profiles() {
 
 TEST(TraceTest, ParsesProfileRowsAndOverrides) {
   auto jobs = ParseTrace(
-      "job_id,workload,submit_time_s,iterations,persistent_mb,ephemeral_mb,iteration_s,utilization\n"
+      "job_id,workload,submit_time_s,iterations,persistent_mb,ephemeral_mb,iteration_s,"
+      "utilization\n"
       "a,resnet50_25,0,10,,,,\n"
       "b,resnet50_25,1.5,20,200,,0.5,0.4\n"
       "c,custom,3,5,10,20,1,\n",
