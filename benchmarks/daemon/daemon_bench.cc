@@ -32,6 +32,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "common/openmp_env.h"
 #include "exec/executable.h"
 #include "salus/client.h"
 
@@ -365,10 +366,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {  // same as the daemon: Note [OpenMP wait policy]
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    execv("/proc/self/exe", argv);
-  }
+  salus::EnsurePassiveOpenMpWait(argv);  // as the daemon: Note [OpenMP wait policy]
   nlohmann::json out;
   {
     Daemon d(server, {"--memory", "2GiB", "--policy", "fair"});

@@ -15,6 +15,7 @@
 
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/openmp_env.h"
 #include "common/units.h"
 #include "server/model_factory.h"
 #include "server/server.h"
@@ -22,20 +23,6 @@
 namespace po = boost::program_options;
 
 namespace {
-
-// Note [OpenMP wait policy]
-// The CPU kernels (oneDNN) run on GNU OpenMP teams, one per lane worker. With several lanes
-// busy, or any other load on the host, the teams oversubscribe the cores, and OpenMP's
-// default of spinning at barriers turns a 4 ms iteration into a 90 ms one (measured on a
-// loaded 2-core host). Passive waiting costs a few microseconds per barrier instead. libgomp
-// reads the policy when it loads, before main(), so the daemon re-executes itself once with
-// OMP_WAIT_POLICY=PASSIVE unless the environment already chose a policy.
-void EnsurePassiveOpenMp(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-  execv("/proc/self/exe", argv);
-  // If re-executing fails the daemon still works, only slower under load.
-}
 
 int Fail(const salus::Status& s) {
   std::cerr << "salus-server: " << s.ToString() << "\n";
@@ -45,7 +32,7 @@ int Fail(const salus::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  EnsurePassiveOpenMp(argv);
+  salus::EnsurePassiveOpenMpWait(argv);  // Note [OpenMP wait policy]
   std::vector<std::string> listen;
   std::string config_path, device, memory, policy, policy_options, log_level, metrics_listen;
   double lease_seconds = 0;

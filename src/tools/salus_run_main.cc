@@ -24,6 +24,7 @@
 #include <random>
 #include <sstream>
 
+#include "common/openmp_env.h"
 #include "exec/executable.h"
 
 namespace po = boost::program_options;
@@ -34,15 +35,6 @@ namespace {
 
 constexpr size_t kAlignment = 64;      // lane and persistent bases, as the arena aligns them
 constexpr int64_t kLabelClasses = 10;  // every reference model classifies into 10 classes
-
-// Note [OpenMP wait policy] in src/server/salus_server_main.cc: the daemon runs its kernels
-// with OMP_WAIT_POLICY=PASSIVE, so the in-process baseline must too, or the comparison
-// measures the wait policy instead of the daemon.
-void EnsurePassiveOpenMp(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-  execv("/proc/self/exe", argv);
-}
 
 struct AlignedFree {
   void operator()(std::byte* p) const { std::free(p); }
@@ -83,7 +75,9 @@ int Fail(const Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  EnsurePassiveOpenMp(argv);
+  // Note [OpenMP wait policy]: the daemon runs its kernels this way, so the in-process
+  // baseline must too, or the comparison measures the wait policy instead of the daemon.
+  EnsurePassiveOpenMpWait(argv);
   std::string model_path, mode = "train", loss = "loss";
   std::vector<std::string> input_texts;
   double lr = 0.05;
