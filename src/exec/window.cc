@@ -17,7 +17,16 @@ Status CheckRange(const Node& node, const std::vector<int64_t>& values) {
   return OkStatus();
 }
 
-Status FillCommon(const Node& node, size_t rank, Window* w) {
+// The part of a window both builders share: input and kernel shapes (of equal rank),
+// strides and dilations, all range-checked.
+Status FillCommon(const Node& node, const std::vector<int64_t>& in,
+                  const std::vector<int64_t>& kernel, Window* w) {
+  const size_t rank = in.size();
+  w->in = in;
+  w->kernel = kernel;
+  if (kernel.size() != rank) {
+    return InvalidArgumentError(node.Describe() + ": kernel rank does not match the input");
+  }
   for (const char* a : {"strides", "dilations", "pads", "output_padding", "output_shape"}) {
     SALUS_RETURN_IF_ERROR(CheckRange(node, node.GetInts(a)));
   }
@@ -44,12 +53,7 @@ StatusOr<Window> ComputeWindow(const Node& node, const std::vector<int64_t>& in,
                                const std::vector<int64_t>& kernel, bool ceil_mode) {
   Window w;
   const size_t rank = in.size();
-  w.in = in;
-  w.kernel = kernel;
-  if (kernel.size() != rank) {
-    return InvalidArgumentError(node.Describe() + ": kernel rank does not match the input");
-  }
-  SALUS_RETURN_IF_ERROR(FillCommon(node, rank, &w));
+  SALUS_RETURN_IF_ERROR(FillCommon(node, in, kernel, &w));
   const std::string auto_pad = node.GetString("auto_pad", "NOTSET");
   w.pad_begin.assign(rank, 0);
   w.pad_end.assign(rank, 0);
@@ -99,12 +103,7 @@ StatusOr<Window> ComputeTransposedWindow(const Node& node, const std::vector<int
                                          const std::vector<int64_t>& kernel) {
   Window w;
   const size_t rank = in.size();
-  w.in = in;
-  w.kernel = kernel;
-  if (kernel.size() != rank) {
-    return InvalidArgumentError(node.Describe() + ": kernel rank does not match the input");
-  }
-  SALUS_RETURN_IF_ERROR(FillCommon(node, rank, &w));
+  SALUS_RETURN_IF_ERROR(FillCommon(node, in, kernel, &w));
   w.output_padding = node.GetInts("output_padding");
   if (w.output_padding.empty()) w.output_padding.assign(rank, 0);
   if (w.output_padding.size() != rank) {

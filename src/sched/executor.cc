@@ -59,6 +59,10 @@ StatusOr<bool> Executor::AddSession(SessionId id, const SessionSpec& spec) {
 
 Status Executor::RemoveSession(SessionId id) {
   auto dropped = engine_->RemoveSession(id);
+  {
+    MutexLock lock(&mu_);
+    reap_pending_ = true;  // its lane may close now, or when its iteration in flight ends
+  }
   AnswerQueued(id, CancelledError(fmt::format("session {} was closed", id)));
   Pump(std::nullopt);  // its memory may have admitted others
   return dropped.status();
@@ -161,43 +165,41 @@ void Executor::WorkerLoop(LaneId lane, Worker* w) {
 }
 
 void Executor::ReapWorkersLocked() {
-  if (workers_.empty()) return;
+  if (!reap_pending_) return;
   std::set<LaneId> live;
   for (const mem::LaneInfo& l : engine_->memory().Lanes()) live.insert(l.id);
+  bool dead_lane_busy = false;  // its worker still runs the lane's last iteration
   for (auto it = workers_.begin(); it != workers_.end();) {
     Worker* w = it->second.get();
+    if (live.count(it->first) != 0) {
+      ++it;
+      continue;
+    }
     bool idle = false;
-    if (live.count(it->first) == 0) {
+    {
       MutexLock wl(&w->mu);
       idle = !w->busy && !w->job;
       if (idle) w->stop = true;
     }
     if (!idle) {
+      dead_lane_busy = true;
       ++it;
       continue;
     }
+    // An idle worker waits on its own condition variable and exits without taking mu_, so
+    // joining it here cannot deadlock.
     w->cv.NotifyOne();
-    // The worker is waiting on its own condition variable and exits without taking mu_, but
-    // joining here could still wait on a thread being scheduled; retire it and join later.
-    retired_.push_back(std::move(it->second));
+    w->thread.join();
     it = workers_.erase(it);
   }
-  // Join retired workers that have finished (their stop flag is set and they hold no lock).
-  for (auto it = retired_.begin(); it != retired_.end();) {
-    if ((*it)->thread.joinable() && (*it)->thread.get_id() != std::this_thread::get_id()) {
-      (*it)->thread.join();
-      it = retired_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  reap_pending_ = dead_lane_busy;
 }
 
 void Executor::Shutdown() {
   std::vector<SessionId> ids;
   {
     MutexLock lock(&mu_);
-    if (shutting_down_ && workers_.empty() && retired_.empty()) return;
+    if (shutting_down_ && workers_.empty()) return;
     shutting_down_ = true;
   }
   for (const SessionInfo& s : engine_->Sessions()) ids.push_back(s.id);
@@ -206,12 +208,10 @@ void Executor::Shutdown() {
     AnswerQueued(id, UnavailableError("the scheduler is shutting down"));
   }
   std::map<LaneId, std::unique_ptr<Worker>> workers;
-  std::vector<std::unique_ptr<Worker>> retired;
   {
     MutexLock lock(&mu_);
     while (engine_->RunningIterations() > 0) idle_cv_.Wait(&mu_);
     workers.swap(workers_);
-    retired.swap(retired_);
   }
   for (auto& [lane, w] : workers) {
     {
@@ -221,7 +221,6 @@ void Executor::Shutdown() {
     w->cv.NotifyOne();
   }
   for (auto& [lane, w] : workers) w->thread.join();
-  for (auto& w : retired) w->thread.join();
 }
 
 size_t Executor::WorkerCount() const {

@@ -81,7 +81,9 @@ class Executor {
   bool shutting_down_ GUARDED_BY(mu_) = false;
   std::unordered_map<SessionId, std::deque<Item>> pending_ GUARDED_BY(mu_);
   std::map<LaneId, std::unique_ptr<Worker>> workers_ GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<Worker>> retired_ GUARDED_BY(mu_);
+  // A session left since the last reap that found every worker's lane alive: only then can a
+  // lane have closed, so only then does Pump look for workers to join.
+  bool reap_pending_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace salus::sched
