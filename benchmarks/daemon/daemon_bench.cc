@@ -35,6 +35,7 @@
 #include "common/openmp_env.h"
 #include "exec/executable.h"
 #include "salus/client.h"
+#include "salus/v1/salus.pb.h"
 
 namespace {
 
@@ -146,6 +147,31 @@ nlohmann::json RoundTrip(const Daemon& d) {
                 Percentile(us, 0.5), Percentile(us, 0.9));
   }
   return out;
+}
+
+// A request the daemon's I/O thread answers itself (a Heartbeat): the round trip without a
+// lane worker, sent from a bare DEALER so no client library is involved either.
+nlohmann::json HeartbeatRoundTrip(const Daemon& d) {
+  zmq::context_t ctx(1);
+  zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.connect(d.ipc());
+  std::vector<double> us;
+  for (int i = 0; i < 3000; ++i) {
+    salus::v1::Request req;
+    req.set_request_id(static_cast<uint64_t>(i) + 1);
+    req.mutable_heartbeat();
+    const std::string bytes = req.SerializeAsString();
+    const auto t0 = Clock::now();
+    dealer.send(zmq::buffer(bytes));
+    zmq::message_t reply;
+    if (!dealer.recv(reply)) break;
+    if (i >= 200) us.push_back(Ms(Clock::now() - t0) * 1e3);
+  }
+  std::printf(
+      "round trip, heartbeat (answered by the I/O thread), ipc: median %.1f us, p90 %.1f us\n",
+      Percentile(us, 0.5), Percentile(us, 0.9));
+  return {{"median_us", Percentile(us, 0.5)}, {"p90_us", Percentile(us, 0.9)}};
 }
 
 struct ModelRun {
@@ -352,7 +378,7 @@ nlohmann::json IdleSessions(const std::string& server) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string server = "build/bin/salus-server", models = "benchmarks/models", json_out;
+  std::string server = "build/bin/salus-server", models = "benchmarks/models", json_out, only;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--server")
@@ -361,22 +387,32 @@ int main(int argc, char** argv) {
       models = argv[i + 1];
     else if (flag == "--json")
       json_out = argv[i + 1];
+    else if (flag == "--only")
+      only = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: daemon_bench [--server PATH] [--models DIR] [--json FILE]\n");
+      std::fprintf(stderr,
+                   "usage: daemon_bench [--server PATH] [--models DIR] [--json FILE] "
+                   "[--only round_trip|overhead|switch_gap|idle_sessions]\n");
       return 2;
     }
   }
   salus::EnsurePassiveOpenMpWait(argv);  // as the daemon: Note [OpenMP wait policy]
+  auto want = [&](const char* part) { return only.empty() || only == part; };
   nlohmann::json out;
-  {
+  if (want("round_trip") || want("overhead")) {
     Daemon d(server, {"--memory", "2GiB", "--policy", "fair"});
-    out["round_trip"] = RoundTrip(d);
-    out["zmq_echo"] = ZmqEcho(d.ipc() + ".echo");
-    out["overhead"] = nlohmann::json::array(
-        {Overhead(d, models, {"mlp", {784}}), Overhead(d, models, {"resnet", {3, 32, 32}})});
+    if (want("round_trip")) {
+      out["round_trip"] = RoundTrip(d);
+      out["heartbeat"] = HeartbeatRoundTrip(d);
+      out["zmq_echo"] = ZmqEcho(d.ipc() + ".echo");
+    }
+    if (want("overhead")) {
+      out["overhead"] = nlohmann::json::array(
+          {Overhead(d, models, {"mlp", {784}}), Overhead(d, models, {"resnet", {3, 32, 32}})});
+    }
   }
-  out["switch_gap"] = SwitchGap(server);
-  out["idle_sessions"] = IdleSessions(server);
+  if (want("switch_gap")) out["switch_gap"] = SwitchGap(server);
+  if (want("idle_sessions")) out["idle_sessions"] = IdleSessions(server);
   if (!json_out.empty()) std::ofstream(json_out) << out.dump(2) << "\n";
   return 0;
 }

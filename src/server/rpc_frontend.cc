@@ -1,8 +1,11 @@
 #include "server/rpc_frontend.h"
 
 #include <fmt/format.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
-#include <atomic>
+#include <cerrno>
 #include <cstring>
 
 #include "common/logging.h"
@@ -10,9 +13,8 @@
 namespace salus::server {
 namespace {
 
-// Internal control frame: one byte, posted by Stop() to wake the I/O thread.
-constexpr char kStopFrame[] = "\x00stop";
-std::atomic<uint64_t> g_frontend_seq{0};
+// Requests taken from one ROUTER before the others get a turn.
+constexpr int kBurst = 256;
 
 std::string Hex(const std::string& bytes) {
   static constexpr char kDigits[] = "0123456789abcdef";
@@ -87,6 +89,11 @@ StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(
     const std::vector<std::string>& endpoints, Handler handler) {
   if (endpoints.empty()) return InvalidArgumentError("no endpoint to listen on");
   std::unique_ptr<RpcFrontend> fe(new RpcFrontend(std::move(handler)));
+  fe->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fe->wake_fd_ < 0) {
+    return InternalError(fmt::format("eventfd for the rpc frontend: {}", std::strerror(errno)));
+  }
+  MutexLock lock(&fe->sock_mu_);
   for (const std::string& ep : endpoints) {
     zmq::socket_t s(fe->ctx_, zmq::socket_type::router);
     s.set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
@@ -98,16 +105,8 @@ StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(
       return UnavailableError(fmt::format("cannot listen on '{}': {}", ep, e.what()));
     }
     fe->endpoints_.push_back(s.get(zmq::sockopt::last_endpoint));
+    fe->router_fds_.push_back(s.get(zmq::sockopt::fd));
     fe->routers_.push_back(std::move(s));
-  }
-  fe->inproc_ = fmt::format("inproc://salus-replies-{}", g_frontend_seq++);
-  fe->reply_pull_ = zmq::socket_t(fe->ctx_, zmq::socket_type::pull);
-  fe->reply_pull_.bind(fe->inproc_);
-  {
-    MutexLock lock(&fe->push_mu_);
-    fe->reply_push_ = zmq::socket_t(fe->ctx_, zmq::socket_type::push);
-    fe->reply_push_.set(zmq::sockopt::sndhwm, 0);  // never drop a reply
-    fe->reply_push_.connect(fe->inproc_);
   }
   return fe;
 }
@@ -115,11 +114,11 @@ StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(
 RpcFrontend::~RpcFrontend() {
   Stop();
   {
-    MutexLock lock(&push_mu_);
-    reply_push_.close();
+    MutexLock lock(&sock_mu_);
+    closed_ = true;
+    for (auto& r : routers_) r.close();
   }
-  reply_pull_.close();
-  for (auto& r : routers_) r.close();
+  if (wake_fd_ >= 0) close(wake_fd_);
 }
 
 void RpcFrontend::Start() {
@@ -129,37 +128,54 @@ void RpcFrontend::Start() {
 
 void RpcFrontend::Stop() {
   if (!started_.load() || stopping_.exchange(true)) return;
-  {
-    MutexLock lock(&push_mu_);
-    std::vector<zmq::message_t> msg;
-    msg.emplace_back(kStopFrame, sizeof(kStopFrame) - 1);
-    zmq::send_multipart(reply_push_, msg);
-  }
+  Wake();
   if (io_.joinable()) io_.join();
 }
 
+void RpcFrontend::Wake() {
+  const uint64_t one = 1;
+  // A full counter (never in practice) still leaves the descriptor readable: the wake is kept.
+  [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
+}
+
+// Note [Sending from any thread]
+// The I/O thread sleeps in poll() on each ROUTER's ZMQ_FD, which is edge-triggered: it turns
+// readable when commands (such as "a message arrived") reach the socket's mailbox, and any
+// operation on the socket - a send included - may process those commands and so consume the
+// edge. A worker that sends a reply could therefore swallow the wake-up for a request that
+// arrived meanwhile. So every sender, still holding the lock, asks the socket for ZMQ_EVENTS
+// after sending; when a message is waiting it wakes the I/O thread through the eventfd.
+// Anything arriving after that check signals ZMQ_FD anew. The I/O thread itself drains each
+// ROUTER and checks ZMQ_EVENTS before it sleeps.
 void RpcFrontend::Post(size_t socket, const std::string& route,
                        std::vector<zmq::message_t> frames) {
-  // Header frame for the I/O thread: the socket index (8 bytes) and the route.
-  std::string header(sizeof(uint64_t), '\0');
-  const uint64_t idx = socket;
-  std::memcpy(header.data(), &idx, sizeof(idx));
-  header += route;
   std::vector<zmq::message_t> msg;
   msg.reserve(frames.size() + 1);
-  msg.emplace_back(header.data(), header.size());
+  msg.emplace_back(route.data(), route.size());
   for (auto& f : frames) msg.push_back(std::move(f));
-  MutexLock lock(&push_mu_);
-  zmq::send_multipart(reply_push_, msg);
+  bool wake = false;
+  {
+    MutexLock lock(&sock_mu_);
+    if (closed_) return;
+    zmq::socket_t& router = routers_[socket];
+    try {
+      // A peer that went away loses its reply; the ROUTER drops it silently.
+      zmq::send_multipart(router, msg, zmq::send_flags::dontwait);
+      wake = (router.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+    } catch (const zmq::error_t& e) {
+      logging::Get("server")->error("rpc: sending a reply failed: {}", e.what());
+      wake = true;  // let the I/O thread look at the socket again
+    }
+  }
+  if (wake) Wake();
 }
 
 void RpcFrontend::SendDirect(size_t socket, const std::string& route, v1::Reply reply) {
   std::string bytes;
   reply.SerializeToString(&bytes);
-  std::vector<zmq::message_t> out;
-  out.emplace_back(route.data(), route.size());
-  out.emplace_back(bytes.data(), bytes.size());
-  zmq::send_multipart(routers_[socket], out, zmq::send_flags::dontwait);
+  std::vector<zmq::message_t> frames;
+  frames.emplace_back(bytes.data(), bytes.size());
+  Post(socket, route, std::move(frames));
 }
 
 void RpcFrontend::OnRequest(size_t socket, std::vector<zmq::message_t>& msg) {
@@ -190,49 +206,42 @@ void RpcFrontend::OnRequest(size_t socket, std::vector<zmq::message_t>& msg) {
 }
 
 void RpcFrontend::Loop() {
-  std::vector<zmq::pollitem_t> items;
-  for (auto& r : routers_) items.push_back({r.handle(), 0, ZMQ_POLLIN, 0});
-  items.push_back({reply_pull_.handle(), 0, ZMQ_POLLIN, 0});
-  const size_t pull_index = items.size() - 1;
-  bool stop = false;
-  while (!stop) {
-    try {
-      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(-1));
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;
-      logging::Get("server")->error("rpc: poll failed: {}", e.what());
+  std::vector<pollfd> fds;
+  for (int fd : router_fds_) fds.push_back({fd, POLLIN, 0});
+  fds.push_back({wake_fd_, POLLIN, 0});
+  std::vector<std::pair<size_t, std::vector<zmq::message_t>>> batch;
+  while (!stopping_.load()) {
+    bool more = false;
+    {
+      MutexLock lock(&sock_mu_);
+      for (size_t i = 0; i < routers_.size(); ++i) {
+        int burst = 0;
+        for (; burst < kBurst; ++burst) {
+          std::vector<zmq::message_t> msg;
+          if (!zmq::recv_multipart(routers_[i], std::back_inserter(msg),
+                                   zmq::recv_flags::dontwait)) {
+            break;
+          }
+          batch.emplace_back(i, std::move(msg));
+        }
+        // Note [Sending from any thread]: sleep only when nothing is waiting.
+        if (burst == kBurst || (routers_[i].get(zmq::sockopt::events) & ZMQ_POLLIN) != 0) {
+          more = true;
+        }
+      }
+    }
+    // Handlers reply through Post, which takes the lock: call them outside it.
+    for (auto& [socket, msg] : batch) OnRequest(socket, msg);
+    batch.clear();
+    if (more) continue;
+    if (poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      logging::Get("server")->error("rpc: poll failed: {}", std::strerror(errno));
       break;
     }
-    // Replies first, so answers go out before new work comes in.
-    if (items[pull_index].revents & ZMQ_POLLIN) {
-      for (int burst = 0; burst < 256; ++burst) {
-        std::vector<zmq::message_t> msg;
-        if (!zmq::recv_multipart(reply_pull_, std::back_inserter(msg), zmq::recv_flags::dontwait)) {
-          break;
-        }
-        if (msg.size() == 1 &&
-            msg[0].to_string_view() == std::string_view(kStopFrame, sizeof(kStopFrame) - 1)) {
-          stop = true;
-          continue;
-        }
-        uint64_t idx = 0;
-        std::memcpy(&idx, msg[0].data(), sizeof(idx));
-        const std::string route(static_cast<const char*>(msg[0].data()) + sizeof(idx),
-                                msg[0].size() - sizeof(idx));
-        msg[0].rebuild(route.data(), route.size());
-        // A peer that went away loses its reply; the ROUTER drops it silently.
-        zmq::send_multipart(routers_[idx], msg, zmq::send_flags::dontwait);
-      }
-    }
-    for (size_t i = 0; i < routers_.size(); ++i) {
-      if (!(items[i].revents & ZMQ_POLLIN)) continue;
-      for (int burst = 0; burst < 256; ++burst) {
-        std::vector<zmq::message_t> msg;
-        if (!zmq::recv_multipart(routers_[i], std::back_inserter(msg), zmq::recv_flags::dontwait)) {
-          break;
-        }
-        OnRequest(i, msg);
-      }
+    if (fds.back().revents & POLLIN) {
+      uint64_t count = 0;
+      [[maybe_unused]] ssize_t n = read(wake_fd_, &count, sizeof(count));
     }
   }
 }

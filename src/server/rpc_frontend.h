@@ -1,10 +1,12 @@
 // RpcFrontend: the daemon's ZeroMQ front door.
 //
-// One I/O thread owns every socket: a ROUTER bound to each configured endpoint, and an
-// inproc PULL socket on which replies come back from whichever thread produced them
-// (ZeroMQ sockets are not thread-safe, so no other thread touches a ROUTER). The I/O thread
-// only decodes envelopes and hands each request to the handler, which must not block; it
-// never waits on execution.
+// One ROUTER is bound to each configured endpoint. The I/O thread receives: it decodes
+// envelopes and hands each request to the handler, which must not block; it never waits on
+// execution. Replies are sent by whichever thread produced them, straight onto the ROUTER
+// under a mutex (ZeroMQ sockets are not thread-safe, but may be used from several threads
+// with a full barrier between uses), so a reply costs no extra thread hand-off. See
+// Note [Sending from any thread] in rpc_frontend.cc for how the I/O thread still wakes for
+// every request.
 //
 // Framing (see proto/salus/v1/salus.proto): frame 0 is a salus.v1.Request, frames 1..n raw
 // tensors. An envelope that does not parse, is empty or too large is answered here with
@@ -75,7 +77,8 @@ class RpcFrontend {
 
   // Starts the I/O thread.
   void Start();
-  // Stops it after sending every reply already posted. Idempotent.
+  // Stops the I/O thread: no request is received after it returns. Replies are sent as they
+  // are posted, before and after, until the frontend is destroyed. Idempotent.
   void Stop();
   // The endpoints as bound (a tcp port of 0 resolved to the real one).
   const std::vector<std::string>& endpoints() const { return endpoints_; }
@@ -86,19 +89,22 @@ class RpcFrontend {
  private:
   friend class Call;
   RpcFrontend(Handler handler);
-  void Post(size_t socket, const std::string& route, std::vector<zmq::message_t> frames);
+  // Sends [route, frames...] on ROUTER `socket`, from any thread.
+  void Post(size_t socket, const std::string& route, std::vector<zmq::message_t> frames)
+      EXCLUDES(sock_mu_);
+  void Wake();
   void Loop();
   void OnRequest(size_t socket, std::vector<zmq::message_t>& msg);
   void SendDirect(size_t socket, const std::string& route, v1::Reply reply);
 
   Handler handler_;
   zmq::context_t ctx_;
-  std::vector<zmq::socket_t> routers_;
   std::vector<std::string> endpoints_;
-  zmq::socket_t reply_pull_;
-  Mutex push_mu_;
-  zmq::socket_t reply_push_ GUARDED_BY(push_mu_);
-  std::string inproc_;
+  Mutex sock_mu_;
+  std::vector<zmq::socket_t> routers_ GUARDED_BY(sock_mu_);
+  bool closed_ GUARDED_BY(sock_mu_) = false;
+  std::vector<int> router_fds_;  // each ROUTER's ZMQ_FD, polled by the I/O thread
+  int wake_fd_ = -1;             // eventfd: wakes the I/O thread (Stop, Note above)
   std::thread io_;
   std::atomic<bool> started_{false};
   std::atomic<bool> stopping_{false};
