@@ -103,6 +103,29 @@ struct SessionInfo {
 };
 
 class Client;
+class Session;
+
+// An iteration handed to Session::Submit and not yet collected. It keeps its feeds alive until
+// the server has them (they are sent without a copy). Wait collects the outputs, once;
+// destroying it uncollected waits for the reply and drops it.
+class PendingIteration {
+ public:
+  PendingIteration(const PendingIteration&) = delete;
+  PendingIteration& operator=(const PendingIteration&) = delete;
+  ~PendingIteration();
+  uint64_t request_id() const { return request_id_; }
+  // The fetched tensors, or the iteration's error. Updates the session's last_stats().
+  StatusOr<std::map<std::string, Tensor>> Wait();
+
+ private:
+  friend class Session;
+  PendingIteration(Session* session, std::vector<Tensor> feeds)
+      : session_(session), feeds_(std::move(feeds)) {}
+  Session* session_;
+  std::vector<Tensor> feeds_;
+  uint64_t request_id_ = 0;
+  bool waited_ = false;
+};
 
 class Session {
  public:
@@ -114,12 +137,21 @@ class Session {
   // One iteration (waits for admission first when the session is queued).
   StatusOr<std::map<std::string, Tensor>> Run(const std::vector<Tensor>& feeds = {},
                                               const std::vector<std::string>& fetches = {});
+  // Queues one iteration and returns at once, so the next iteration's feeds travel while
+  // this one runs. A session's iterations run in submission order; Wait on each in turn.
+  StatusOr<std::unique_ptr<PendingIteration>> Submit(std::vector<Tensor> feeds = {},
+                                                     std::vector<std::string> fetches = {});
   const IterationStats& last_stats() const { return stats_; }
   Status Close();
 
  private:
   friend class Client;
+  friend class PendingIteration;
   Session(Client* client, uint64_t id) : client_(client), id_(id) {}
+  // Sends a RunIteration whose frames point at `feeds` (which must outlive the send).
+  StatusOr<uint64_t> Send(const std::vector<Tensor>& feeds,
+                          const std::vector<std::string>& fetches);
+  StatusOr<std::map<std::string, Tensor>> Collect(uint64_t request_id);
   Client* client_;
   uint64_t id_;
   bool admitted_ = false;
@@ -151,6 +183,7 @@ class Client {
 
  private:
   friend class Session;
+  friend class PendingIteration;
   explicit Client(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

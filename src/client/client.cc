@@ -5,7 +5,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -76,42 +78,86 @@ struct Client::Impl {
   std::condition_variable stop_cv;
   bool stop = false;
 
-  // Sends one request and waits for its reply (forever when wait is empty).
-  StatusOr<std::pair<v1::Reply, std::vector<zmq::message_t>>> Call(
-      v1::Request req, std::vector<zmq::message_t> frames,
-      std::optional<std::chrono::milliseconds> wait) {
+  // Replies that arrived for requests other than the one being waited for, by request id.
+  std::map<uint64_t, std::pair<v1::Reply, std::vector<zmq::message_t>>> stash;
+  std::set<uint64_t> outstanding;  // sent, reply not yet taken; others' replies are stale
+
+  using Answer = std::pair<v1::Reply, std::vector<zmq::message_t>>;
+
+  // Sends one request; its reply is collected with Await.
+  StatusOr<uint64_t> Send(v1::Request req, std::vector<zmq::message_t> frames) {
     std::lock_guard<std::mutex> lock(mu);
     req.set_request_id(next_id++);
     std::string bytes;
     req.SerializeToString(&bytes);
     std::vector<zmq::message_t> msg;
+    msg.reserve(frames.size() + 1);
     msg.emplace_back(bytes.data(), bytes.size());
     for (auto& f : frames) msg.push_back(std::move(f));
     try {
       zmq::send_multipart(sock, msg);
+    } catch (const zmq::error_t& e) {
+      return UnavailableError(fmt::format("talking to {}: {}", endpoint, e.what()));
+    }
+    outstanding.insert(req.request_id());
+    return req.request_id();
+  }
+
+  // Waits for the reply to request `id` (forever when wait is empty), keeping replies to
+  // other outstanding requests for their own Await. The reply's status becomes the result.
+  StatusOr<Answer> Await(uint64_t id, std::optional<std::chrono::milliseconds> wait) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto take = [&](Answer a) -> StatusOr<Answer> {
+      outstanding.erase(id);
+      SALUS_RETURN_IF_ERROR(FromWire(a.first.status()));
+      return a;
+    };
+    const auto deadline = std::chrono::steady_clock::now() + wait.value_or(std::chrono::hours(0));
+    try {
       while (true) {
+        if (auto it = stash.find(id); it != stash.end()) {
+          Answer a = std::move(it->second);
+          stash.erase(it);
+          return take(std::move(a));
+        }
         if (wait) {
+          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+              deadline - std::chrono::steady_clock::now());
           zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
-          if (zmq::poll(&item, 1, *wait) == 0) {
+          if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0) {
+            outstanding.erase(id);  // a late reply is dropped
             return DeadlineExceededError(
                 fmt::format("no reply from {} within {} ms", endpoint, wait->count()));
           }
         }
         std::vector<zmq::message_t> parts;
-        if (!zmq::recv_multipart(sock, std::back_inserter(parts))) continue;
-        if (parts.empty()) continue;
+        if (!zmq::recv_multipart(sock, std::back_inserter(parts)) || parts.empty()) continue;
         v1::Reply reply;
         if (!reply.ParseFromArray(parts[0].data(), static_cast<int>(parts[0].size()))) {
+          outstanding.erase(id);
           return DataLossError("the server's reply does not parse");
         }
-        if (reply.request_id() != req.request_id() && reply.request_id() != 0) continue;  // stale
-        SALUS_RETURN_IF_ERROR(FromWire(reply.status()));
         parts.erase(parts.begin());
-        return std::make_pair(std::move(reply), std::move(parts));
+        const uint64_t rid = reply.request_id();
+        // 0: the server could not read an envelope at all; it answers the oldest request.
+        if (rid == id || (rid == 0 && !outstanding.empty() && *outstanding.begin() == id)) {
+          return take({std::move(reply), std::move(parts)});
+        }
+        if (outstanding.count(rid) != 0) {
+          stash.emplace(rid, Answer{std::move(reply), std::move(parts)});
+        }
+        // Anything else answers a request that timed out: dropped.
       }
     } catch (const zmq::error_t& e) {
+      outstanding.erase(id);
       return UnavailableError(fmt::format("talking to {}: {}", endpoint, e.what()));
     }
+  }
+
+  StatusOr<Answer> Call(v1::Request req, std::vector<zmq::message_t> frames,
+                        std::optional<std::chrono::milliseconds> wait) {
+    SALUS_ASSIGN_OR_RETURN(uint64_t id, Send(std::move(req), std::move(frames)));
+    return Await(id, wait);
   }
 
   StatusOr<v1::Reply> Control(v1::Request req) {
@@ -270,8 +316,8 @@ Session::~Session() {
   if (!closed_) Close().IgnoreError();  // best effort; the lease frees it otherwise
 }
 
-StatusOr<std::map<std::string, Tensor>> Session::Run(const std::vector<Tensor>& feeds,
-                                                     const std::vector<std::string>& fetches) {
+StatusOr<uint64_t> Session::Send(const std::vector<Tensor>& feeds,
+                                 const std::vector<std::string>& fetches) {
   v1::Request req;
   req.set_session_id(id_);
   v1::RunIteration* body = req.mutable_run_iteration();
@@ -281,11 +327,16 @@ StatusOr<std::map<std::string, Tensor>> Session::Run(const std::vector<Tensor>& 
     spec->set_name(t.name);
     spec->set_dtype(ToWire(t.dtype));
     for (int64_t d : t.shape) spec->add_shape(d);
-    frames.emplace_back(t.data.data(), t.data.size());
+    // Zero-copy: ZeroMQ reads the caller's bytes in place. The caller keeps them until the
+    // reply, which the server can only send once the whole message arrived.
+    frames.emplace_back(const_cast<std::byte*>(t.data.data()), t.data.size(), nullptr, nullptr);
   }
   for (const auto& f : fetches) body->add_fetches(f);
-  SALUS_ASSIGN_OR_RETURN(auto r,
-                         client_->impl_->Call(std::move(req), std::move(frames), std::nullopt));
+  return client_->impl_->Send(std::move(req), std::move(frames));
+}
+
+StatusOr<std::map<std::string, Tensor>> Session::Collect(uint64_t request_id) {
+  SALUS_ASSIGN_OR_RETURN(auto r, client_->impl_->Await(request_id, std::nullopt));
   const v1::RunIterationReply& reply = r.first.run_iteration();
   const v1::IterationStats& st = reply.stats();
   stats_ = {st.iteration(), st.lane(), st.queue_delay_us(), st.run_us(), st.switch_gap_us()};
@@ -305,6 +356,29 @@ StatusOr<std::map<std::string, Tensor>> Session::Run(const std::vector<Tensor>& 
     out[t.name] = std::move(t);
   }
   return out;
+}
+
+StatusOr<std::map<std::string, Tensor>> Session::Run(const std::vector<Tensor>& feeds,
+                                                     const std::vector<std::string>& fetches) {
+  SALUS_ASSIGN_OR_RETURN(uint64_t id, Send(feeds, fetches));
+  return Collect(id);
+}
+
+StatusOr<std::unique_ptr<PendingIteration>> Session::Submit(std::vector<Tensor> feeds,
+                                                            std::vector<std::string> fetches) {
+  std::unique_ptr<PendingIteration> p(new PendingIteration(this, std::move(feeds)));
+  SALUS_ASSIGN_OR_RETURN(p->request_id_, Send(p->feeds_, fetches));
+  return p;
+}
+
+PendingIteration::~PendingIteration() {
+  if (!waited_) Wait().status().IgnoreError();  // the feeds must outlive the send
+}
+
+StatusOr<std::map<std::string, Tensor>> PendingIteration::Wait() {
+  if (waited_) return FailedPreconditionError("this iteration's result was already taken");
+  waited_ = true;
+  return session_->Collect(request_id_);
 }
 
 Status Session::Close() {
