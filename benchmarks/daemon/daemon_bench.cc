@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -268,66 +269,95 @@ nlohmann::json Overhead(const Daemon& d, const std::string& models, const Classi
   auto s = Must(c->CreateSession(o));
   uint64_t feed_bytes = 0;
   for (const auto& f : local.feeds) feed_bytes += f.data.size();
-  // Three ways to run, in short alternating blocks so all see the same machine load:
-  // in-process; through the daemon one call at a time; and pipelined, where the next
-  // iteration is submitted (its feeds copied into a new batch, as a training loop's input
-  // pipeline would) before the current one is collected, so its bytes travel while the lane
-  // computes (per-iteration time = the interval between completions). The overhead is the
-  // median over blocks of each block's median ratio to the in-process block.
+  // Feeds in a shared buffer, two slots (a pipelined iteration's batch would be written into
+  // one while the previous iteration reads the other). The batch is written once, before
+  // timing, as the in-process run's batch is: a loader writes batches in place either way.
+  auto shm = Must(c->CreateSharedBuffer(2 * feed_bytes));
+  std::vector<Tensor> slots[2];
+  for (int slot = 0; slot < 2; ++slot) {
+    uint64_t offset = static_cast<uint64_t>(slot) * feed_bytes;
+    for (const Tensor& f : local.feeds) {
+      std::memcpy(shm->data() + offset, f.data.data(), f.data.size());
+      slots[slot].push_back(Tensor::InBuffer(f.name, f.dtype, f.shape, *shm, offset));
+      offset += f.data.size();
+    }
+  }
+  auto shm_feeds = [&](int slot) { return slots[slot]; };
+  // Five ways to run, in short alternating blocks so all see the same machine load:
+  // in-process; through the daemon with feeds in frames or in the shared buffer, each one
+  // call at a time and pipelined. Pipelined, the next iteration is submitted (with frames, its
+  // feeds copied into a new batch, as a training loop's input pipeline would) before the
+  // current one is collected, so its bytes travel while the lane computes; per-iteration time is then
+  // the interval between completions. A mode's overhead is the median over blocks of the
+  // block's median ratio to the in-process block.
   constexpr int kBlocks = 30, kPerBlock = 8;
-  std::vector<double> local_ms, daemon_ms, daemon_run_ms, piped_ms, sync_ratio, piped_ratio;
+  struct Mode {
+    const char* name;
+    bool shared, pipelined;
+    std::vector<double> ms, ratio;
+  };
+  std::vector<Mode> modes = {{"frames, one call at a time", false, false, {}, {}},
+                             {"frames, pipelined", false, true, {}, {}},
+                             {"shared buffer, one call at a time", true, false, {}, {}},
+                             {"shared buffer, pipelined", true, true, {}, {}}};
+  std::vector<double> local_ms, daemon_run_ms;
   for (int i = 0; i < 5; ++i) {  // warm both
     RunLocal(local);
     Must(s->Run(local.feeds, {"loss"}));
   }
   for (int block = 0; block < kBlocks; ++block) {
-    std::vector<double> l, d, p;
+    std::vector<double> l;
     for (int i = 0; i < kPerBlock; ++i) l.push_back(RunLocal(local));
-    for (int i = 0; i < kPerBlock; ++i) {
-      const auto t0 = Clock::now();
-      Must(s->Run(local.feeds, {"loss"}));
-      d.push_back(Ms(Clock::now() - t0));
-      daemon_run_ms.push_back(s->last_stats().run_us / 1e3);
-    }
-    std::deque<std::unique_ptr<salus::client::PendingIteration>> inflight;
-    inflight.push_back(Must(s->Submit(local.feeds, {"loss"})));
-    auto last = Clock::now();
-    for (int i = 0; i <= kPerBlock; ++i) {
-      inflight.push_back(Must(s->Submit(local.feeds, {"loss"})));
-      Must(inflight.front()->Wait());
-      inflight.pop_front();
-      const auto now = Clock::now();
-      if (i > 0) p.push_back(Ms(now - last));  // the first interval includes the pipeline fill
-      last = now;
-    }
-    Must(inflight.front()->Wait());
-    sync_ratio.push_back(Percentile(d, 0.5) / Percentile(l, 0.5));
-    piped_ratio.push_back(Percentile(p, 0.5) / Percentile(l, 0.5));
     local_ms.insert(local_ms.end(), l.begin(), l.end());
-    daemon_ms.insert(daemon_ms.end(), d.begin(), d.end());
-    piped_ms.insert(piped_ms.end(), p.begin(), p.end());
+    for (Mode& mode : modes) {
+      auto feeds = [&](int i) { return mode.shared ? shm_feeds(i % 2) : local.feeds; };
+      std::vector<double> t;
+      if (!mode.pipelined) {
+        for (int i = 0; i < kPerBlock; ++i) {
+          const auto t0 = Clock::now();
+          Must(s->Run(feeds(i), {"loss"}));
+          t.push_back(Ms(Clock::now() - t0));
+          if (!mode.shared) daemon_run_ms.push_back(s->last_stats().run_us / 1e3);
+        }
+      } else {
+        std::deque<std::unique_ptr<salus::client::PendingIteration>> inflight;
+        inflight.push_back(Must(s->Submit(feeds(0), {"loss"})));
+        auto last = Clock::now();
+        for (int i = 0; i <= kPerBlock; ++i) {
+          inflight.push_back(Must(s->Submit(feeds(i + 1), {"loss"})));
+          Must(inflight.front()->Wait());
+          inflight.pop_front();
+          const auto now = Clock::now();
+          if (i > 0) t.push_back(Ms(now - last));  // the first interval includes the fill
+          last = now;
+        }
+        Must(inflight.front()->Wait());
+      }
+      mode.ratio.push_back(Percentile(t, 0.5) / Percentile(l, 0.5));
+      mode.ms.insert(mode.ms.end(), t.begin(), t.end());
+    }
   }
-  const double lm = Percentile(local_ms, 0.5), dm = Percentile(daemon_ms, 0.5),
-               rm = Percentile(daemon_run_ms, 0.5), pm = Percentile(piped_ms, 0.5);
-  const double sync_pct = (Percentile(sync_ratio, 0.5) - 1) * 100,
-               piped_pct = (Percentile(piped_ratio, 0.5) - 1) * 100;
+  const double lm = Percentile(local_ms, 0.5), rm = Percentile(daemon_run_ms, 0.5);
   std::printf(
-      "~10 ms model (%s, batch %lld, training, %.0f KiB of feeds): in-process median %.3f ms\n"
-      "  one call at a time: %.3f ms round trip (%.3f ms in the lane): overhead %.1f%%\n"
-      "  pipelined (next iteration submitted before collecting): %.3f ms per iteration: "
-      "overhead %.1f%%\n",
-      m.name, static_cast<long long>(batch), feed_bytes / 1024.0, lm, dm, rm, sync_pct, pm,
-      piped_pct);
-  return {{"model", m.name},
-          {"batch", batch},
-          {"feed_bytes", feed_bytes},
-          {"in_process_median_ms", lm},
-          {"daemon_round_trip_median_ms", dm},
-          {"daemon_run_median_ms", rm},
-          {"overhead_pct", sync_pct},
-          {"pipelined_median_ms", pm},
-          {"pipelined_overhead_pct", piped_pct},
-          {"samples", local_ms.size()}};
+      "~10 ms model (%s, batch %lld, training, %.0f KiB of feeds): in-process median %.3f ms, "
+      "in the lane %.3f ms\n",
+      m.name, static_cast<long long>(batch), feed_bytes / 1024.0, lm, rm);
+  nlohmann::json out = {{"model", m.name},
+                        {"batch", batch},
+                        {"feed_bytes", feed_bytes},
+                        {"in_process_median_ms", lm},
+                        {"daemon_run_median_ms", rm},
+                        {"blocks", kBlocks},
+                        {"per_block", kPerBlock},
+                        {"modes", nlohmann::json::array()}};
+  for (const Mode& mode : modes) {
+    const double pct = (Percentile(mode.ratio, 0.5) - 1) * 100;
+    std::printf("  %-34s %.3f ms per iteration: overhead %+.1f%%\n", mode.name,
+                Percentile(mode.ms, 0.5), pct);
+    out["modes"].push_back(
+        {{"mode", mode.name}, {"median_ms", Percentile(mode.ms, 0.5)}, {"overhead_pct", pct}});
+  }
+  return out;
 }
 
 // The floor under any round trip: a bare ZeroMQ DEALER -> ROUTER echo over ipc between this

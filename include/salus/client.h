@@ -32,14 +32,22 @@ namespace salus::client {
 enum class DType { kFloat32 = 1, kInt64 = 2, kInt32 = 3, kFloat64 = 4, kUInt8 = 5, kBool = 6 };
 size_t DTypeSize(DType dtype);
 
+class SharedBuffer;
+
+// A tensor's bytes travel in `data`, or (feeds only) lie in a SharedBuffer at an offset.
 struct Tensor {
   std::string name;
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
   std::vector<std::byte> data;
+  uint64_t buffer_id = 0;  // non-zero: the bytes are in that shared buffer, not in data
+  uint64_t buffer_offset = 0;
 
   static Tensor Floats(std::string name, std::vector<int64_t> shape, const std::vector<float>& v);
   static Tensor Int64s(std::string name, std::vector<int64_t> shape, const std::vector<int64_t>& v);
+  // A feed whose dtype × shape bytes the caller placed in `buffer` at `offset`.
+  static Tensor InBuffer(std::string name, DType dtype, std::vector<int64_t> shape,
+                         const SharedBuffer& buffer, uint64_t offset = 0);
   const float* floats() const { return reinterpret_cast<const float*>(data.data()); }
   const int64_t* int64s() const { return reinterpret_cast<const int64_t*>(data.data()); }
   size_t num_elements() const;
@@ -104,6 +112,29 @@ struct SessionInfo {
 
 class Client;
 class Session;
+
+// Memory shared with a daemon on the same host (POSIX shared memory, mapped by both), so feeds
+// written into it reach the daemon without travelling through the socket. Create with
+// Client::CreateSharedBuffer; refer to its bytes with Tensor::InBuffer. Do not change bytes an
+// iteration reads until that iteration's reply has arrived.
+class SharedBuffer {
+ public:
+  SharedBuffer(const SharedBuffer&) = delete;
+  SharedBuffer& operator=(const SharedBuffer&) = delete;
+  ~SharedBuffer();  // unregisters it (best effort) and unmaps it
+  uint64_t id() const { return id_; }
+  std::byte* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  friend class Client;
+  SharedBuffer(Client* client, uint64_t id, std::byte* data, uint64_t size)
+      : client_(client), id_(id), data_(data), size_(size) {}
+  Client* client_;
+  uint64_t id_;
+  std::byte* data_;
+  uint64_t size_;
+};
 
 // An iteration handed to Session::Submit and not yet collected. It keeps its feeds alive until
 // the server has them (they are sent without a copy). Wait collects the outputs, once;
@@ -178,12 +209,16 @@ class Client {
   StatusOr<std::string> StatsJson();
   StatusOr<std::string> MemoryMapJson();
   Status Drain();
+  // A shared buffer of `bytes` (the daemon must run on this host and be able to read this
+  // user's shared memory: NOT_FOUND or PERMISSION_DENIED otherwise). Outlived by the Client.
+  StatusOr<std::unique_ptr<SharedBuffer>> CreateSharedBuffer(uint64_t bytes);
 
   struct Impl;
 
  private:
   friend class Session;
   friend class PendingIteration;
+  friend class SharedBuffer;
   explicit Client(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

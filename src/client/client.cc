@@ -1,8 +1,13 @@
 #include "salus/client.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <random>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -62,6 +67,14 @@ Tensor Tensor::Int64s(std::string name, std::vector<int64_t> shape, const std::v
   Tensor t{std::move(name), DType::kInt64, std::move(shape), {}};
   t.data.resize(v.size() * sizeof(int64_t));
   std::memcpy(t.data.data(), v.data(), t.data.size());
+  return t;
+}
+
+Tensor Tensor::InBuffer(std::string name, DType dtype, std::vector<int64_t> shape,
+                        const SharedBuffer& buffer, uint64_t offset) {
+  Tensor t{std::move(name), dtype, std::move(shape), {}};
+  t.buffer_id = buffer.id();
+  t.buffer_offset = offset;
   return t;
 }
 
@@ -312,6 +325,47 @@ Status Client::Drain() {
   return impl_->Control(std::move(req)).status();
 }
 
+StatusOr<std::unique_ptr<SharedBuffer>> Client::CreateSharedBuffer(uint64_t bytes) {
+  if (bytes == 0) return InvalidArgumentError("a shared buffer needs at least one byte");
+  static std::atomic<uint64_t> seq{0};
+  std::random_device rd;
+  const std::string name = fmt::format("/salus-{}-{}-{:08x}{:08x}", getpid(), seq++, rd(), rd());
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return UnavailableError(
+        fmt::format("cannot create shared memory '{}': {}", name, std::strerror(errno)));
+  }
+  void* p = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  const int err = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return ResourceExhaustedError(
+        fmt::format("cannot size or map shared memory of {} bytes: {}", bytes, std::strerror(err)));
+  }
+  v1::Request req;
+  req.mutable_register_buffer()->set_shm_name(name);
+  req.mutable_register_buffer()->set_bytes(bytes);
+  auto reply = impl_->Control(std::move(req));
+  shm_unlink(name.c_str());  // both sides hold it mapped; the name is no longer needed
+  if (!reply.ok()) {
+    munmap(p, bytes);
+    return reply.status();
+  }
+  return std::unique_ptr<SharedBuffer>(new SharedBuffer(
+      this, reply->register_buffer().buffer_id(), static_cast<std::byte*>(p), bytes));
+}
+
+SharedBuffer::~SharedBuffer() {
+  v1::Request req;
+  req.mutable_unregister_buffer()->set_buffer_id(id_);
+  client_->impl_->Control(std::move(req)).status().IgnoreError();  // the lease frees it anyway
+  munmap(data_, size_);
+}
+
 Session::~Session() {
   if (!closed_) Close().IgnoreError();  // best effort; the lease frees it otherwise
 }
@@ -327,6 +381,11 @@ StatusOr<uint64_t> Session::Send(const std::vector<Tensor>& feeds,
     spec->set_name(t.name);
     spec->set_dtype(ToWire(t.dtype));
     for (int64_t d : t.shape) spec->add_shape(d);
+    if (t.buffer_id != 0) {
+      spec->mutable_buffer()->set_buffer_id(t.buffer_id);
+      spec->mutable_buffer()->set_offset(t.buffer_offset);
+      continue;  // no frame: the daemon reads the bytes from the buffer
+    }
     // Zero-copy: ZeroMQ reads the caller's bytes in place. The caller keeps them until the
     // reply, which the server can only send once the whole message arrived.
     frames.emplace_back(const_cast<std::byte*>(t.data.data()), t.data.size(), nullptr, nullptr);

@@ -207,6 +207,27 @@ void Server::Handle(Call call) {
       reply.mutable_close_session();
       return call.Reply(std::move(reply));
     }
+    case v1::Request::kRegisterBuffer: {
+      if (draining_now) break;
+      auto id = sessions_->RegisterBuffer(call.peer(), req.register_buffer());
+      if (!id.ok()) {
+        metrics_.RequestFailed();
+        return call.ReplyError(id.status());
+      }
+      v1::Reply reply;
+      reply.mutable_register_buffer()->set_buffer_id(*id);
+      return call.Reply(std::move(reply));
+    }
+    case v1::Request::kUnregisterBuffer: {
+      Status s = sessions_->UnregisterBuffer(call.peer(), req.unregister_buffer().buffer_id());
+      if (!s.ok()) {
+        metrics_.RequestFailed();
+        return call.ReplyError(s);
+      }
+      v1::Reply reply;
+      reply.mutable_unregister_buffer();
+      return call.Reply(std::move(reply));
+    }
     case v1::Request::kListSessions: {
       v1::Reply reply;
       for (auto& info : sessions_->List()) *reply.mutable_list_sessions()->add_sessions() = info;
@@ -343,6 +364,7 @@ nlohmann::json Server::StatsJson() const {
           {"capacity_bytes", mem.capacity()},
           {"committed_bytes", mem.CommittedBytes()},
           {"sessions", sessions_->Count()},
+          {"shared_buffers", sessions_->BufferCount()},
           {"waiting", mem.WaitingCount()},
           {"lanes", mem.Lanes().size()},
           {"running_iterations", executor_->engine().RunningIterations()},

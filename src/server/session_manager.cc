@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/logging.h"
@@ -14,6 +15,8 @@ namespace {
 
 // Priorities outside this range are refused (FAIR's weights would be meaningless).
 constexpr int32_t kMaxPriority = 100;
+// Shared buffers one client may hold at once.
+constexpr size_t kMaxBuffersPerClient = 64;
 
 }  // namespace
 
@@ -114,32 +117,55 @@ void SessionManager::Run(Call call) {
   }
   if (!entry) return call.ReplyError(NotFoundError(fmt::format("session {} does not exist", id)));
 
-  // Decode and check the feeds against their frames before anything is queued.
+  // Decode and check the feeds against their frames and buffers before anything is queued.
   const v1::RunIteration& body = call.request().run_iteration();
-  if (static_cast<size_t>(body.feeds_size()) != call.frames().size()) {
-    return call.ReplyError(
-        InvalidArgumentError(fmt::format("RunIteration lists {} feeds but carries {} tensor frames",
-                                         body.feeds_size(), call.frames().size())));
+  const std::string client = call.peer();
+  size_t framed = 0;
+  for (const v1::TensorSpec& spec : body.feeds()) framed += spec.has_buffer() ? 0 : 1;
+  if (framed != call.frames().size()) {
+    return call.ReplyError(InvalidArgumentError(fmt::format(
+        "RunIteration lists {} feeds without a shared buffer but carries {} tensor frames",
+        framed, call.frames().size())));
   }
   auto state = std::make_shared<Call>(std::move(call));
   std::vector<HostTensor> feeds;
-  for (int i = 0; i < body.feeds_size(); ++i) {
-    const v1::TensorSpec& spec = body.feeds(i);
-    zmq::message_t& frame = state->frames()[i];
-    if (Status s = CheckFrame(spec, frame.size()); !s.ok()) return state->ReplyError(s);
-    feeds.push_back(HostTensor{spec, static_cast<const std::byte*>(frame.data()), frame.size()});
+  std::vector<std::shared_ptr<SharedBuffer>> buffers;  // distinct, kept alive by the work
+  size_t next_frame = 0;
+  for (const v1::TensorSpec& spec : body.feeds()) {
+    if (!spec.has_buffer()) {
+      zmq::message_t& frame = state->frames()[next_frame++];
+      if (Status s = CheckFrame(spec, frame.size()); !s.ok()) return state->ReplyError(s);
+      feeds.push_back(HostTensor{spec, static_cast<const std::byte*>(frame.data()), frame.size()});
+      continue;
+    }
+    auto slice = ResolveSlice(client, spec, &buffers);
+    if (!slice.ok()) return state->ReplyError(slice.status());
+    feeds.push_back(*slice);
   }
   std::vector<std::string> fetches(body.fetches().begin(), body.fetches().end());
   if (Status s = entry->runtime->Validate(feeds, fetches); !s.ok()) return state->ReplyError(s);
 
-  const std::string client = state->peer();
   {
     MutexLock lock(&mu_);
     clients_[client].in_flight++;
   }
   auto outputs = std::make_shared<IterationOutputs>();
-  auto work = [entry, state, feeds, fetches, outputs](const sched::Dispatch& d) {
-    return entry->runtime->Run(d, feeds, fetches, outputs.get());
+  auto work = [entry, state, feeds, fetches, outputs, buffers](const sched::Dispatch& d) {
+    if (buffers.empty()) return entry->runtime->Run(d, feeds, fetches, outputs.get());
+    for (const auto& b : buffers) SALUS_RETURN_IF_ERROR(b->CheckIntact());
+    Status s;
+    {
+      SharedReadScope guard(buffers);
+      s = entry->runtime->Run(d, feeds, fetches, outputs.get());
+    }
+    for (const auto& b : buffers) {
+      if (b->faulted()) {
+        return DataLossError(fmt::format(
+            "shared buffer '{}' was truncated by its owner while the iteration read it",
+            b->name()));
+      }
+    }
+    return s;
   };
   Metrics* metrics = o_.metrics;
   auto done = [this, client, state, outputs, metrics](const Status& status,
@@ -166,6 +192,87 @@ void SessionManager::Run(Call call) {
     IterationEnded(client);
     state->ReplyError(s);
   }
+}
+
+StatusOr<HostTensor> SessionManager::ResolveSlice(
+    const std::string& client, const v1::TensorSpec& spec,
+    std::vector<std::shared_ptr<SharedBuffer>>* buffers) {
+  const uint64_t id = spec.buffer().buffer_id();
+  std::shared_ptr<SharedBuffer> buffer;
+  {
+    MutexLock lock(&mu_);
+    auto c = clients_.find(client);
+    if (c != clients_.end()) {
+      auto b = c->second.buffers.find(id);
+      if (b != c->second.buffers.end()) buffer = b->second;
+    }
+  }
+  if (!buffer) {
+    return NotFoundError(fmt::format("feed '{}': shared buffer {} is not registered by this client",
+                                     spec.name(), id));
+  }
+  if (buffer->faulted()) return buffer->CheckIntact();
+  SALUS_ASSIGN_OR_RETURN(const uint64_t bytes, TensorBytes(spec));
+  const uint64_t offset = spec.buffer().offset();
+  if (offset > buffer->size() || bytes > buffer->size() - offset) {
+    return InvalidArgumentError(
+        fmt::format("feed '{}': {} bytes at offset {} run past the end of shared buffer {} ({} "
+                    "bytes)",
+                    spec.name(), bytes, offset, id, buffer->size()));
+  }
+  if (std::find(buffers->begin(), buffers->end(), buffer) == buffers->end()) {
+    if (buffers->size() == SharedReadScope::kMaxBuffers) {
+      return InvalidArgumentError(fmt::format("an iteration may read at most {} shared buffers",
+                                              SharedReadScope::kMaxBuffers));
+    }
+    buffers->push_back(buffer);
+  }
+  HostTensor t;
+  t.spec = spec;
+  t.spec.clear_buffer();
+  t.data = buffer->data() + offset;
+  t.bytes = bytes;
+  return t;
+}
+
+StatusOr<uint64_t> SessionManager::RegisterBuffer(const std::string& client,
+                                                  const v1::RegisterBuffer& req) {
+  {
+    MutexLock lock(&mu_);
+    auto c = clients_.find(client);
+    if (c != clients_.end() && c->second.buffers.size() >= kMaxBuffersPerClient) {
+      return ResourceExhaustedError(fmt::format(
+          "a client may hold at most {} shared buffers; unregister one first",
+          kMaxBuffersPerClient));
+    }
+  }
+  SALUS_ASSIGN_OR_RETURN(auto buffer, SharedBuffer::Open(req.shm_name(), req.bytes()));
+  MutexLock lock(&mu_);
+  ClientLease& c = clients_[client];
+  c.last_seen = o_.clock->Now();
+  const uint64_t id = next_buffer_id_++;
+  c.buffers.emplace(id, std::move(buffer));
+  return id;
+}
+
+Status SessionManager::UnregisterBuffer(const std::string& client, uint64_t buffer_id) {
+  std::shared_ptr<SharedBuffer> dropped;  // unmapped outside the lock (or after its iterations)
+  MutexLock lock(&mu_);
+  auto c = clients_.find(client);
+  if (c == clients_.end() || c->second.buffers.count(buffer_id) == 0) {
+    return NotFoundError(
+        fmt::format("shared buffer {} is not registered by this client", buffer_id));
+  }
+  dropped = std::move(c->second.buffers[buffer_id]);
+  c->second.buffers.erase(buffer_id);
+  return OkStatus();
+}
+
+size_t SessionManager::BufferCount() const {
+  MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [id, c] : clients_) n += c.buffers.size();
+  return n;
 }
 
 void SessionManager::IterationEnded(const std::string& client) {

@@ -24,6 +24,7 @@
 #include "sched/executor.h"
 #include "server/rpc_frontend.h"
 #include "server/session_runtime.h"
+#include "server/shared_buffer.h"
 
 namespace salus::server {
 
@@ -51,6 +52,11 @@ class SessionManager {
   // when the iteration ends.
   void Run(Call call) EXCLUDES(mu_);
   Status Close(uint64_t session) EXCLUDES(mu_);
+  // Shared buffers (see salus.v1.RegisterBuffer): owned by the client, dropped with its lease.
+  StatusOr<uint64_t> RegisterBuffer(const std::string& client, const v1::RegisterBuffer& req)
+      EXCLUDES(mu_);
+  Status UnregisterBuffer(const std::string& client, uint64_t buffer_id) EXCLUDES(mu_);
+  size_t BufferCount() const EXCLUDES(mu_);
   // Renews the client's lease.
   void Touch(const std::string& client) EXCLUDES(mu_);
   // Closes the sessions of clients whose lease expired; returns how many sessions closed.
@@ -82,8 +88,14 @@ class SessionManager {
   struct ClientLease {
     Nanos last_seen{0};
     int in_flight = 0;  // iterations queued or running: a client waiting on them is alive
+    std::map<uint64_t, std::shared_ptr<SharedBuffer>> buffers;
   };
+  uint64_t next_buffer_id_ GUARDED_BY(mu_) = 1;
   void IterationEnded(const std::string& client) EXCLUDES(mu_);
+  // A feed in a shared buffer: checked against the buffer, which joins `buffers` (distinct).
+  StatusOr<HostTensor> ResolveSlice(const std::string& client, const v1::TensorSpec& spec,
+                                    std::vector<std::shared_ptr<SharedBuffer>>* buffers)
+      EXCLUDES(mu_);
   std::unordered_map<std::string, ClientLease> clients_ GUARDED_BY(mu_);
 };
 

@@ -20,7 +20,7 @@ size_t DataTypeSize(v1::DataType dtype) {
   }
 }
 
-Status CheckFrame(const v1::TensorSpec& spec, size_t frame_bytes) {
+StatusOr<uint64_t> TensorBytes(const v1::TensorSpec& spec) {
   const size_t elem = DataTypeSize(spec.dtype());
   if (elem == 0) {
     return InvalidArgumentError(fmt::format("tensor '{}': unsupported dtype {}", spec.name(),
@@ -37,10 +37,15 @@ Status CheckFrame(const v1::TensorSpec& spec, size_t frame_bytes) {
     }
     count *= static_cast<uint64_t>(d);
   }
-  if (count * elem != frame_bytes) {
+  return count * elem;
+}
+
+Status CheckFrame(const v1::TensorSpec& spec, size_t frame_bytes) {
+  SALUS_ASSIGN_OR_RETURN(const uint64_t need, TensorBytes(spec));
+  if (need != frame_bytes) {
     return InvalidArgumentError(
         fmt::format("tensor '{}': frame has {} bytes but its dtype and shape need {}", spec.name(),
-                    frame_bytes, count * elem));
+                    frame_bytes, need));
   }
   return OkStatus();
 }

@@ -50,6 +50,9 @@ class SessionRuntime {
 
 // Bytes per element of a wire dtype; 0 for an unspecified or unknown one.
 size_t DataTypeSize(v1::DataType dtype);
+// The bytes dtype × shape need; INVALID_ARGUMENT naming the tensor for an unknown dtype, a
+// negative dimension or an overflowing shape.
+StatusOr<uint64_t> TensorBytes(const v1::TensorSpec& spec);
 // INVALID_ARGUMENT naming the tensor when the frame's size is not what dtype × shape says.
 Status CheckFrame(const v1::TensorSpec& spec, size_t frame_bytes);
 
