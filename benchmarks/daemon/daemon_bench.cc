@@ -287,8 +287,8 @@ nlohmann::json Overhead(const Daemon& d, const std::string& models, const Classi
   // in-process; through the daemon with feeds in frames or in the shared buffer, each one
   // call at a time and pipelined. Pipelined, the next iteration is submitted (with frames, its
   // feeds copied into a new batch, as a training loop's input pipeline would) before the
-  // current one is collected, so its bytes travel while the lane computes; per-iteration time is then
-  // the interval between completions. A mode's overhead is the median over blocks of the
+  // current one is collected, so its bytes travel while the lane computes; per-iteration time is
+  // then the interval between completions. A mode's overhead is the median over blocks of the
   // block's median ratio to the in-process block.
   constexpr int kBlocks = 30, kPerBlock = 8;
   struct Mode {

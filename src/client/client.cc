@@ -7,11 +7,11 @@
 
 #include <atomic>
 #include <cerrno>
-#include <random>
 #include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 #include <zmq.hpp>
@@ -355,8 +355,8 @@ StatusOr<std::unique_ptr<SharedBuffer>> Client::CreateSharedBuffer(uint64_t byte
     munmap(p, bytes);
     return reply.status();
   }
-  return std::unique_ptr<SharedBuffer>(new SharedBuffer(
-      this, reply->register_buffer().buffer_id(), static_cast<std::byte*>(p), bytes));
+  return std::unique_ptr<SharedBuffer>(new SharedBuffer(this, reply->register_buffer().buffer_id(),
+                                                        static_cast<std::byte*>(p), bytes));
 }
 
 SharedBuffer::~SharedBuffer() {

@@ -124,8 +124,8 @@ void SessionManager::Run(Call call) {
   for (const v1::TensorSpec& spec : body.feeds()) framed += spec.has_buffer() ? 0 : 1;
   if (framed != call.frames().size()) {
     return call.ReplyError(InvalidArgumentError(fmt::format(
-        "RunIteration lists {} feeds without a shared buffer but carries {} tensor frames",
-        framed, call.frames().size())));
+        "RunIteration lists {} feeds without a shared buffer but carries {} tensor frames", framed,
+        call.frames().size())));
   }
   auto state = std::make_shared<Call>(std::move(call));
   std::vector<HostTensor> feeds;
@@ -160,9 +160,9 @@ void SessionManager::Run(Call call) {
     }
     for (const auto& b : buffers) {
       if (b->faulted()) {
-        return DataLossError(fmt::format(
-            "shared buffer '{}' was truncated by its owner while the iteration read it",
-            b->name()));
+        return DataLossError(
+            fmt::format("shared buffer '{}' was truncated by its owner while the iteration read it",
+                        b->name()));
       }
     }
     return s;
@@ -241,9 +241,9 @@ StatusOr<uint64_t> SessionManager::RegisterBuffer(const std::string& client,
     MutexLock lock(&mu_);
     auto c = clients_.find(client);
     if (c != clients_.end() && c->second.buffers.size() >= kMaxBuffersPerClient) {
-      return ResourceExhaustedError(fmt::format(
-          "a client may hold at most {} shared buffers; unregister one first",
-          kMaxBuffersPerClient));
+      return ResourceExhaustedError(
+          fmt::format("a client may hold at most {} shared buffers; unregister one first",
+                      kMaxBuffersPerClient));
     }
   }
   SALUS_ASSIGN_OR_RETURN(auto buffer, SharedBuffer::Open(req.shm_name(), req.bytes()));

@@ -96,9 +96,8 @@ StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Open(const std::string& sh
   const int fd = shm_open(shm_name.c_str(), O_RDONLY | O_CLOEXEC, 0);
   if (fd < 0) {
     const int err = errno;
-    const std::string why =
-        fmt::format("cannot open shared buffer '{}' on the server's host: {}", shm_name,
-                    std::strerror(err));
+    const std::string why = fmt::format("cannot open shared buffer '{}' on the server's host: {}",
+                                        shm_name, std::strerror(err));
     if (err == ENOENT) return NotFoundError(why);
     if (err == EACCES) return PermissionDeniedError(why);
     return InvalidArgumentError(why);
@@ -106,8 +105,9 @@ StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Open(const std::string& sh
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < bytes) {
     close(fd);
-    return InvalidArgumentError(fmt::format("shared buffer '{}' holds {} bytes, not the {} declared",
-                                            shm_name, static_cast<long long>(st.st_size), bytes));
+    return InvalidArgumentError(
+        fmt::format("shared buffer '{}' holds {} bytes, not the {} declared", shm_name,
+                    static_cast<long long>(st.st_size), bytes));
   }
   void* p = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {

@@ -26,8 +26,7 @@ class SharedBuffer {
   static constexpr size_t kMaxNameLength = 200;
 
   // Opens and maps `shm_name`, which must hold at least `bytes`. Errors name the object.
-  static StatusOr<std::shared_ptr<SharedBuffer>> Open(const std::string& shm_name,
-                                                      uint64_t bytes);
+  static StatusOr<std::shared_ptr<SharedBuffer>> Open(const std::string& shm_name, uint64_t bytes);
   ~SharedBuffer();
   SharedBuffer(const SharedBuffer&) = delete;
   SharedBuffer& operator=(const SharedBuffer&) = delete;

@@ -189,6 +189,120 @@ def test_bad_input_battery_gets_errors_and_harms_no_one(daemon: Daemon) -> None:
         assert daemon.proc.poll() is None
 
 
+# -- pipelining and shared buffers -------------------------------------------------------------
+
+FEED_BYTES = 16 * 784 * 4 + 16 * 8  # one mlp_feeds() batch
+
+
+def test_submitted_and_shared_buffer_feeds_train_exactly_like_frames(daemon: Daemon) -> None:
+    steps = 6
+    batches = [mlp_feeds(seed=i) for i in range(steps)]
+    with salus.connect(daemon.endpoint) as c:
+        framed = mlp_session(c)
+        want = [float(framed.run(feeds=b, fetches=["loss"])["loss"]) for b in batches]
+        # Submitted ahead, with frames.
+        piped = mlp_session(c)
+        pending = [piped.submit(feeds=b, fetches=["loss"]) for b in batches]
+        got_piped = [float(p.result(timeout=60)["loss"]) for p in pending]
+        # Submitted ahead, from two slots of a shared buffer.
+        shared = mlp_session(c)
+        buf = c.shared_buffer(2 * FEED_BYTES)
+        assert c.stats()["shared_buffers"] == 1
+        got_shared: list[float] = []
+        inflight: list[salus.PendingIteration] = []
+        for i, b in enumerate(batches):
+            if len(inflight) == 2:  # the slot about to be written is free once its reader is done
+                got_shared.append(float(inflight.pop(0).result(timeout=60)["loss"]))
+            off = (i % 2) * FEED_BYTES
+            x = buf.array((16, 784), np.float32, off)
+            y = buf.array((16,), np.int64, off + x.nbytes)
+            x[:], y[:] = b["x"], b["labels"]
+            inflight.append(shared.submit(feeds={"x": x, "labels": y}, fetches=["loss"]))
+        got_shared += [float(p.result(timeout=60)["loss"]) for p in inflight]
+        assert got_piped == want
+        assert got_shared == want
+        buf.close()
+        assert c.stats()["shared_buffers"] == 0
+
+
+def test_bad_shared_buffer_requests_get_errors_and_harm_no_one(daemon: Daemon) -> None:
+    from multiprocessing import shared_memory
+
+    def reg(name: str, nbytes: int) -> bytes:
+        return request(register_buffer=pb.RegisterBuffer(shm_name=name, bytes=nbytes)
+                       ).SerializeToString()
+
+    small = shared_memory.SharedMemory(name=f"salus-test-{os.getpid()}", create=True, size=4096)
+    try:
+        with salus.connect(daemon.endpoint) as c:
+            s = mlp_session(c)
+            feeds = mlp_feeds()
+            before = float(s.run(feeds=feeds, fetches=["loss"])["loss"])
+            buf = c.shared_buffer(FEED_BYTES)
+
+            def call(r: pb.Request, frames: list[bytes] | None = None) -> tuple[str, str]:
+                try:
+                    c._call(r, frames or [])
+                except salus.SalusError as e:
+                    return e.code, e.message
+                return "OK", ""
+
+            def run_slices(*slices: tuple[str, int, tuple[int, ...], int, int]) -> pb.Request:
+                r = run_request(s.id, [(n, d, sh) for n, d, sh, _, _ in slices])
+                for spec, (_, _, _, bid, off) in zip(r.run_iteration.feeds, slices, strict=True):
+                    spec.buffer.buffer_id, spec.buffer.offset = bid, off
+                return r
+
+            x = ("x", pb.FLOAT32, (16, 784))
+            y = ("labels", pb.INT64, (16,))
+            # Raw requests on another connection: another client.
+            raw_cases = [
+                ("name outside /salus-", reg("/not-salus", 16), 3),
+                ("name with a slash", reg("/salus-a/b", 16), 3),
+                ("object that does not exist", reg(f"/salus-missing-{os.getpid()}", 16), 5),
+                ("zero bytes", reg("/" + small.name, 0), 3),
+                ("more bytes than the object", reg("/" + small.name, 8192), 3),
+                ("unregister unknown", request(
+                    unregister_buffer=pb.UnregisterBuffer(buffer_id=999)).SerializeToString(), 5),
+                ("another client's buffer", run_slices(
+                    (*x, buf.id, 0), (*y, buf.id, 16 * 784 * 4)).SerializeToString(), 5),
+            ]
+            for name, env, want in raw_cases:
+                code, message, rid = reply_status(raw_call(daemon.endpoint, [env]))
+                assert code == want, f"{name}: got {code} {message!r}"
+                assert message and rid == 77, name
+            own_cases = [
+                ("unknown buffer", run_slices((*x, 999, 0), (*y, 999, 0)), "NOT_FOUND"),
+                ("slice past the end", run_slices((*x, buf.id, 256), (*y, buf.id, 0)),
+                 "INVALID_ARGUMENT"),
+                ("offset past the end", run_slices((*x, buf.id, 1 << 40), (*y, buf.id, 0)),
+                 "INVALID_ARGUMENT"),
+            ]
+            for name, r, want in own_cases:
+                code, message = call(r)
+                assert code == want, f"{name}: got {code} {message!r}"
+                assert "feed 'x'" in message, f"{name}: {message!r}"
+            mixed = run_slices((*x, buf.id, 0))  # labels as a frame, x from the buffer
+            mixed.run_iteration.feeds.add(name="labels", dtype=pb.INT64, shape=[16])
+            assert call(mixed, [feeds["labels"].tobytes()]) == ("OK", "")
+            assert call(mixed)[0] == "INVALID_ARGUMENT"  # its frame is missing
+            # The owner truncates a registered object: refused, not a crash.
+            ok_reg = pb.Request()
+            ok_reg.register_buffer.shm_name = "/" + small.name
+            ok_reg.register_buffer.bytes = 4096
+            small_id = c._call(ok_reg)[0].register_buffer.buffer_id
+            os.ftruncate(small._fd, 0)
+            code, message = call(run_slices(("labels", pb.INT64, (16,), small_id, 0),
+                                            (*x, buf.id, 0)))
+            assert code == "FAILED_PRECONDITION" and "truncated" in message, message
+            after = float(s.run(feeds=feeds, fetches=["loss"])["loss"])
+            assert after < before
+            assert daemon.proc.poll() is None
+    finally:
+        small.close()
+        small.unlink()
+
+
 # -- clients that die, draining --------------------------------------------------------------
 
 

@@ -8,6 +8,24 @@
     s.close()
 """
 
-from salus.client import Client, IterationStats, SalusError, Session, connect, default_endpoint
+from salus.client import (
+    Client,
+    IterationStats,
+    PendingIteration,
+    SalusError,
+    Session,
+    SharedBuffer,
+    connect,
+    default_endpoint,
+)
 
-__all__ = ["Client", "IterationStats", "SalusError", "Session", "connect", "default_endpoint"]
+__all__ = [
+    "Client",
+    "IterationStats",
+    "PendingIteration",
+    "SalusError",
+    "Session",
+    "SharedBuffer",
+    "connect",
+    "default_endpoint",
+]

@@ -1,8 +1,14 @@
-"""The client: one DEALER socket to a salus-server, requests answered one at a time."""
+"""The client: one DEALER socket to a salus-server.
+
+Requests go out in order on one connection; a session's iterations may be submitted ahead of
+collecting them (`Session.submit`). Feeds travel as raw frames, or, from a `SharedBuffer`
+(memory shared with a daemon on the same host), without passing through the socket at all.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +81,9 @@ class Client:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(self.endpoint)
         self._lock = threading.Lock()
+        self._stash: dict[int, tuple[pb.Reply, list[zmq.Frame]]] = {}
+        self._outstanding: set[int] = set()
+        self._buffers: list[SharedBuffer] = []
         self._next_id = 1
         self._closed = False
         self.server = self._hello(name)
@@ -86,28 +95,47 @@ class Client:
         self._heartbeat.start()
 
     # -- plumbing ------------------------------------------------------------------------
-    def _call(self, req: pb.Request, frames: list[bytes | memoryview] | None = None,
-              timeout_ms: int | None | str = "default") -> tuple[pb.Reply, list[zmq.Frame]]:
+    def _send(self, req: pb.Request, frames: list[bytes | memoryview] | None = None) -> int:
+        """Sends one request; its reply is collected with _await."""
         if self._closed:
             raise SalusError("FAILED_PRECONDITION", "the client is closed")
-        tmo = self._timeout_ms if timeout_ms == "default" else timeout_ms
         with self._lock:
             req.request_id = self._next_id
             self._next_id += 1
             self._sock.send_multipart([req.SerializeToString(), *(frames or [])], copy=False)
-            while True:
-                if tmo is not None and not self._sock.poll(tmo):
-                    raise SalusError(
-                        "DEADLINE_EXCEEDED", f"no reply from {self.endpoint} within {tmo} ms"
-                    )
-                parts = self._sock.recv_multipart(copy=False)
-                reply = pb.Reply()
-                reply.ParseFromString(parts[0].bytes)
-                if reply.request_id == req.request_id or reply.request_id == 0:
-                    break  # 0: the server could not read our envelope at all
-                # A late reply to an earlier request that timed out: drop it.
+            self._outstanding.add(req.request_id)
+            return req.request_id
+
+    def _await(self, request_id: int,
+               timeout_ms: int | None) -> tuple[pb.Reply, list[zmq.Frame]]:
+        """Waits for the reply to `request_id`, keeping replies to other outstanding requests
+        for their own _await; a reply to a request that timed out is dropped."""
+        with self._lock:
+            try:
+                while request_id not in self._stash:
+                    if timeout_ms is not None and not self._sock.poll(timeout_ms):
+                        raise SalusError(
+                            "DEADLINE_EXCEEDED",
+                            f"no reply from {self.endpoint} within {timeout_ms} ms",
+                        )
+                    parts = self._sock.recv_multipart(copy=False)
+                    reply = pb.Reply()
+                    reply.ParseFromString(parts[0].bytes)
+                    rid = reply.request_id
+                    if rid == 0:  # the server could not read an envelope: the oldest request's
+                        rid = min(self._outstanding, default=request_id)
+                    if rid in self._outstanding:
+                        self._stash[rid] = (reply, parts[1:])
+            finally:
+                self._outstanding.discard(request_id)
+            reply, frames = self._stash.pop(request_id)
         _raise_for(reply.status)
-        return reply, parts[1:]
+        return reply, frames
+
+    def _call(self, req: pb.Request, frames: list[bytes | memoryview] | None = None,
+              timeout_ms: int | None | str = "default") -> tuple[pb.Reply, list[zmq.Frame]]:
+        tmo = self._timeout_ms if timeout_ms == "default" else timeout_ms
+        return self._await(self._send(req, frames), tmo)
 
     def _hello(self, name: str) -> dict[str, Any]:
         req = pb.Request()
@@ -211,6 +239,42 @@ class Client:
         req.get_memory_map.SetInParent()
         return json.loads(self._call(req)[0].get_memory_map.json)
 
+    def shared_buffer(self, nbytes: int) -> SharedBuffer:
+        """Memory shared with the daemon (same host, same user or one the daemon can read).
+
+        Feeds that are views of it (`buf.array(shape, dtype, offset)`) reach the daemon
+        without travelling through the socket. Raises SalusError (NOT_FOUND,
+        PERMISSION_DENIED) when the daemon cannot open it, e.g. over tcp from another host."""
+        from multiprocessing import shared_memory
+
+        if nbytes <= 0:
+            raise ValueError("a shared buffer needs at least one byte")
+        name = f"salus-{os.getpid()}-{secrets.token_hex(8)}"
+        shm = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
+        try:
+            req = pb.Request()
+            req.register_buffer.shm_name = "/" + name
+            req.register_buffer.bytes = nbytes
+            buffer_id = self._call(req)[0].register_buffer.buffer_id
+        except BaseException:
+            shm.close()
+            shm.unlink()
+            raise
+        shm.unlink()  # both sides hold it mapped; the name is no longer needed
+        buf = SharedBuffer(self, buffer_id, shm, nbytes)
+        self._buffers.append(buf)
+        return buf
+
+    def _slice_of(self, arr: np.ndarray) -> tuple[int, int] | None:
+        """(buffer id, offset) when `arr`'s bytes lie inside one of this client's buffers."""
+        if not self._buffers:
+            return None
+        start = arr.__array_interface__["data"][0]
+        for b in self._buffers:
+            if b._base <= start and start + arr.nbytes <= b._base + b.size:
+                return b.id, start - b._base
+        return None
+
     def drain(self) -> None:
         req = pb.Request()
         req.drain.SetInParent()
@@ -219,6 +283,8 @@ class Client:
     def close(self) -> None:
         if self._closed:
             return
+        for b in list(self._buffers):
+            b.close()
         self._stop.set()
         self._heartbeat.join(timeout=2)
         self._closed = True
@@ -252,11 +318,22 @@ class Session:
         timeout: float | None = None,
     ) -> dict[str, np.ndarray]:
         """Runs one iteration; waits for admission first if the session is waiting."""
+        return self.submit(feeds, fetches).result(timeout)
+
+    def submit(
+        self,
+        feeds: dict[str, np.ndarray] | None = None,
+        fetches: list[str] | None = None,
+    ) -> PendingIteration:
+        """Queues one iteration and returns at once, so the next iteration's feeds travel while
+        this one runs. Iterations run in submission order. The feed arrays must not change
+        until `result()` returns (they are sent without a copy)."""
         req = pb.Request()
         req.session_id = self.id
         body = req.run_iteration
         body.SetInParent()
         frames: list[memoryview] = []
+        keep: list[np.ndarray] = []
         for name, value in (feeds or {}).items():
             arr = np.ascontiguousarray(value)
             if arr.dtype not in _DTYPES:
@@ -265,10 +342,16 @@ class Session:
             spec.name = name
             spec.dtype = _DTYPES[arr.dtype]
             spec.shape.extend(arr.shape)
-            frames.append(memoryview(arr).cast("B"))
+            where = self._client._slice_of(arr)
+            if where is not None:
+                spec.buffer.buffer_id, spec.buffer.offset = where
+                keep.append(arr)
+            else:
+                frames.append(memoryview(arr).cast("B"))
         body.fetches.extend(fetches or [])
-        tmo = None if timeout is None else int(timeout * 1000)
-        reply, parts = self._client._call(req, frames, timeout_ms=tmo)
+        return PendingIteration(self, self._client._send(req, frames), keep)
+
+    def _finish(self, reply: pb.Reply, parts: list[zmq.Frame]) -> dict[str, np.ndarray]:
         r = reply.run_iteration
         st = r.stats
         self.last_stats = IterationStats(st.iteration, st.lane, st.queue_delay_us, st.run_us,
@@ -287,6 +370,63 @@ class Session:
         self._client._call(req)
 
     def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PendingIteration:
+    """An iteration handed to `Session.submit`; `result()` collects its outputs, once."""
+
+    def __init__(self, session: Session, request_id: int, keep: list[np.ndarray]) -> None:
+        self._session = session
+        self._request_id = request_id
+        self._keep = keep  # feeds read from shared buffers stay referenced until the reply
+        self._done = False
+
+    def result(self, timeout: float | None = None) -> dict[str, np.ndarray]:
+        if self._done:
+            raise SalusError("FAILED_PRECONDITION", "this iteration's result was already taken")
+        self._done = True
+        tmo = None if timeout is None else int(timeout * 1000)
+        reply, parts = self._session._client._await(self._request_id, tmo)
+        self._keep = []
+        return self._session._finish(reply, parts)
+
+
+class SharedBuffer:
+    """Memory shared with the daemon; see `Client.shared_buffer`. Bytes an iteration reads
+    must not change until that iteration's result has been taken."""
+
+    def __init__(self, client: Client, buffer_id: int, shm: Any, size: int) -> None:
+        self._client = client
+        self.id = buffer_id
+        self.size = size
+        self._shm = shm
+        self._base = np.frombuffer(shm.buf, dtype=np.uint8).__array_interface__["data"][0]
+
+    def array(self, shape: tuple[int, ...], dtype: Any = np.float32, offset: int = 0) -> np.ndarray:
+        """A view of the buffer: fill it, then pass it as a feed."""
+        return np.ndarray(shape, dtype=dtype, buffer=self._shm.buf, offset=offset)
+
+    def close(self) -> None:
+        """Unregisters the buffer; views of it stay valid until they are gone."""
+        if self not in self._client._buffers:
+            return
+        self._client._buffers.remove(self)
+        try:
+            req = pb.Request()
+            req.unregister_buffer.buffer_id = self.id
+            self._client._call(req)
+        except (SalusError, zmq.ZMQError):
+            pass  # the lease frees it anyway
+        try:
+            self._shm.close()
+        except BufferError:
+            pass  # views still exist; the mapping goes with the last of them
+
+    def __enter__(self) -> SharedBuffer:
         return self
 
     def __exit__(self, *exc: object) -> None:
