@@ -42,6 +42,7 @@ int Status(salus::client::Client& c) {
   std::printf("sessions   %zu (%zu waiting for memory), %zu iterations running\n",
               j.value("sessions", size_t{0}), j.value("waiting", size_t{0}),
               j.value("running_iterations", size_t{0}));
+  std::printf("buffers    %zu shared buffers registered\n", j.value("shared_buffers", size_t{0}));
   std::printf("state      %s\n", j.value("draining", false) ? "draining" : "serving");
   return 0;
 }
