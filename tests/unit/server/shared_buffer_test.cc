@@ -101,6 +101,7 @@ TEST(SharedBufferDeathTest, AFaultOutsideAGuardedReadStillKillsTheProcess) {
         Object obj(2 * 4096, 1);
         auto b = SharedBuffer::Open(obj.name(), 2 * 4096);
         if (!b.ok()) std::abort();
+        shm_unlink(obj.name().c_str());  // this process dies below: leave nothing behind
         if (ftruncate(obj.fd(), 0) != 0) std::abort();
         volatile std::byte c = (*b)->data()[4096];  // no SharedReadScope: not ours
         (void)c;
