@@ -113,6 +113,8 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
 }
 
 Server::~Server() {
+  // A Create that failed part-way leaves members null and no thread running: nothing to drain.
+  if (!frontend_) return;
   Drain();
   Wait();
 }

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -359,6 +360,22 @@ def test_sigterm_drains_answers_everyone_and_exits_zero(daemon: Daemon) -> None:
         assert daemon.proc.wait(30) == 0
     assert results["first"] == "ok"
     assert any("event: draining" in line for line in daemon.log)
+
+
+def test_endpoint_in_use_is_a_clear_startup_error(daemon: Daemon) -> None:
+    from salus_daemon import SERVER
+
+    r = subprocess.run([str(SERVER), "--listen", daemon.endpoint, "--memory", "64MiB"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1, r.stderr
+    assert f"cannot listen on '{daemon.endpoint}'" in r.stderr
+    assert daemon.proc.poll() is None
+
+
+def test_daemon_process_is_named_salus_server(daemon: Daemon) -> None:
+    # It re-executes itself once (OpenMP wait policy); ps and pkill must still know it.
+    comm = Path(f"/proc/{daemon.proc.pid}/comm").read_text().strip()
+    assert comm == "salus-server"
 
 
 def test_drain_request_with_salusctl(daemon: Daemon) -> None:
