@@ -360,11 +360,13 @@ nlohmann::json Overhead(const Daemon& d, const std::string& models, const Classi
   return out;
 }
 
-// The floor under any round trip: a bare ZeroMQ DEALER -> ROUTER echo over ipc between this
-// process's threads, with no protobuf and no scheduling.
+// The floor under any round trip: a bare ZeroMQ DEALER -> ROUTER echo over ipc between two
+// threads of this process with a ZeroMQ context (and I/O thread) each, with no protobuf and
+// no scheduling.
 nlohmann::json ZmqEcho(const std::string& endpoint) {
-  zmq::context_t ctx(1);
-  zmq::socket_t router(ctx, zmq::socket_type::router);
+  // Two contexts, so each side has its own ZeroMQ I/O thread, as a client and the daemon do.
+  zmq::context_t server_ctx(1), ctx(1);
+  zmq::socket_t router(server_ctx, zmq::socket_type::router);
   router.bind(endpoint);
   std::thread echo([&] {
     for (int i = 0; i < 3000; ++i) {
