@@ -138,7 +138,8 @@ class SharedBuffer {
 
 // An iteration handed to Session::Submit and not yet collected. It keeps its feeds alive until
 // the server has them (they are sent without a copy). Wait collects the outputs, once;
-// destroying it uncollected waits for the reply and drops it.
+// destroying it uncollected waits for the reply and drops it. It must not outlive its Session
+// (nor a Session its Client).
 class PendingIteration {
  public:
   PendingIteration(const PendingIteration&) = delete;

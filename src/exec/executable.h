@@ -72,6 +72,8 @@ class Executable {
 
   // One iteration. `feeds[i]` holds inputs()[i].bytes bytes; `fetches[i]` receives
   // fetches()[i].bytes bytes. `lane` must hold ephemeral_bytes() bytes, aligned to 64.
+  // Feeds are read once, on the calling thread, before any kernel runs: a caller may guard
+  // those reads (the server does, for feeds in a client's shared memory).
   Status Run(std::byte* persistent, std::byte* lane, std::span<const void* const> feeds,
              std::span<void* const> fetches);
 
