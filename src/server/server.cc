@@ -333,6 +333,10 @@ std::string Server::Gauges() const {
   out += fmt::format("salus_server_sessions{{state=\"waiting\"}} {}\n", waiting);
   out += fmt::format("salus_server_sessions{{state=\"admitted\"}} {}\n", admitted);
   out += fmt::format(
+      "# HELP salus_server_shared_buffers Shared buffers registered by clients.\n"
+      "# TYPE salus_server_shared_buffers gauge\nsalus_server_shared_buffers {}\n",
+      sessions_->BufferCount());
+  out += fmt::format(
       "# HELP salus_mem_lanes Open lanes.\n# TYPE salus_mem_lanes gauge\nsalus_mem_lanes {}\n",
       lanes.size());
   out += "# HELP salus_mem_lane_bytes Size of each lane.\n# TYPE salus_mem_lane_bytes gauge\n";

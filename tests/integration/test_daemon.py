@@ -397,6 +397,7 @@ def test_metrics_and_health(daemon: Daemon) -> None:
         text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
         assert "salus_sched_iterations_total 5" in text
         assert 'salus_server_sessions{state="admitted"} 1' in text
+        assert "salus_server_shared_buffers 0" in text
         assert "salus_sched_queue_delay_seconds_bucket" in text
         assert "salus_mem_lane_bytes" in text
         assert urllib.request.urlopen(base + "/healthz", timeout=10).read() == b"ok\n"
