@@ -170,24 +170,13 @@ void RpcFrontend::Post(size_t socket, const std::string& route,
   if (wake) Wake();
 }
 
-void RpcFrontend::SendDirect(size_t socket, const std::string& route, v1::Reply reply) {
-  std::string bytes;
-  reply.SerializeToString(&bytes);
-  std::vector<zmq::message_t> frames;
-  frames.emplace_back(bytes.data(), bytes.size());
-  Post(socket, route, std::move(frames));
-}
-
 void RpcFrontend::OnRequest(size_t socket, std::vector<zmq::message_t>& msg) {
   ++received_;
   // A DEALER's message reaches the ROUTER as [routing id, frames...].
   std::string route = msg.empty() ? std::string() : msg[0].to_string();
   auto bad = [&](uint64_t id, std::string why) {
     ++bad_envelopes_;
-    v1::Reply reply;
-    reply.set_request_id(id);
-    ToProto(InvalidArgumentError(std::move(why)), reply.mutable_status());
-    SendDirect(socket, route, std::move(reply));
+    Call(this, socket, route, id).ReplyError(InvalidArgumentError(std::move(why)));
   };
   if (msg.size() < 2) return bad(0, "empty message: expected a salus.v1.Request envelope frame");
   zmq::message_t& env = msg[1];

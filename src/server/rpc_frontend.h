@@ -95,7 +95,6 @@ class RpcFrontend {
   void Wake();
   void Loop();
   void OnRequest(size_t socket, std::vector<zmq::message_t>& msg);
-  void SendDirect(size_t socket, const std::string& route, v1::Reply reply);
 
   Handler handler_;
   zmq::context_t ctx_;
