@@ -112,8 +112,8 @@ class Daemon {
   pid_t pid_ = -1;
 };
 
-std::unique_ptr<Client> MustConnect(const std::string& ep) {
-  auto c = Client::Connect(ep);
+std::unique_ptr<Client> MustConnect(const std::string& ep, Client::Options o = {}) {
+  auto c = Client::Connect(ep, o);
   if (!c.ok()) {
     std::fprintf(stderr, "daemon_bench: %s\n", c.status().ToString().c_str());
     std::exit(1);
@@ -269,13 +269,19 @@ nlohmann::json Overhead(const Daemon& d, const std::string& models, const Classi
   }
   batch = best;
   ModelRun local = Compile(m, model, batch);
-  auto c = MustConnect(d.ipc());
+  // Two clients: one that sends every feed in a frame, one as connected by default, which
+  // stages large feeds in shared memory it owns (a copy per iteration).
+  Client::Options frames_only;
+  frames_only.stage_feeds_from = 0;
+  auto c = MustConnect(d.ipc(), frames_only);
+  auto c_staged = MustConnect(d.ipc());
   SessionOptions o;
   o.model = model;
   o.inputs = {{"x", XShape(m, batch)}, {"labels", {batch}}};
   o.loss = "loss";
   o.optimizer.lr = 0.01;
   auto s = Must(c->CreateSession(o));
+  auto s_staged = Must(c_staged->CreateSession(o));
   uint64_t feed_bytes = 0;
   for (const auto& f : local.feeds) feed_bytes += f.data.size();
   // Feeds in a shared buffer, two slots (a pipelined iteration's batch would be written into
@@ -292,48 +298,57 @@ nlohmann::json Overhead(const Daemon& d, const std::string& models, const Classi
     }
   }
   auto shm_feeds = [&](int slot) { return slots[slot]; };
-  // Five ways to run, in short alternating blocks so all see the same machine load:
-  // in-process; through the daemon with feeds in frames or in the shared buffer, each one
-  // call at a time and pipelined. Pipelined, the next iteration is submitted (with frames, its
-  // feeds copied into a new batch, as a training loop's input pipeline would) before the
-  // current one is collected, so its bytes travel while the lane computes; per-iteration time is
-  // then the interval between completions. A mode's overhead is the median over blocks of the
-  // block's median ratio to the in-process block.
+  // Seven ways to run, in short alternating blocks so all see the same machine load:
+  // in-process; through the daemon with feeds in frames, staged by the client, or placed in
+  // the shared buffer by the caller, each one call at a time and pipelined. Pipelined, the
+  // next iteration is submitted (with frames or staged, its feeds copied into a new batch, as a
+  // training loop's input pipeline would) before the current one is collected, so its bytes
+  // travel while the lane computes; per-iteration time is then the interval between
+  // completions. A mode's overhead is the median over blocks of the block's median ratio to
+  // the in-process block.
   constexpr int kBlocks = 30, kPerBlock = 8;
+  enum class Feeds { kFrames, kStaged, kShared };
   struct Mode {
     const char* name;
-    bool shared, pipelined;
+    Feeds feeds;
+    bool pipelined;
     std::vector<double> ms, ratio;
   };
-  std::vector<Mode> modes = {{"frames, one call at a time", false, false, {}, {}},
-                             {"frames, pipelined", false, true, {}, {}},
-                             {"shared buffer, one call at a time", true, false, {}, {}},
-                             {"shared buffer, pipelined", true, true, {}, {}}};
+  std::vector<Mode> modes = {{"frames, one call at a time", Feeds::kFrames, false, {}, {}},
+                             {"frames, pipelined", Feeds::kFrames, true, {}, {}},
+                             {"staged, one call at a time", Feeds::kStaged, false, {}, {}},
+                             {"staged, pipelined", Feeds::kStaged, true, {}, {}},
+                             {"shared buffer, one call at a time", Feeds::kShared, false, {}, {}},
+                             {"shared buffer, pipelined", Feeds::kShared, true, {}, {}}};
   std::vector<double> local_ms, daemon_run_ms;
-  for (int i = 0; i < 5; ++i) {  // warm both
+  for (int i = 0; i < 5; ++i) {  // warm all
     RunLocal(local);
     Must(s->Run(local.feeds, {"loss"}));
+    Must(s_staged->Run(local.feeds, {"loss"}));
   }
   for (int block = 0; block < kBlocks; ++block) {
     std::vector<double> l;
     for (int i = 0; i < kPerBlock; ++i) l.push_back(RunLocal(local));
     local_ms.insert(local_ms.end(), l.begin(), l.end());
     for (Mode& mode : modes) {
-      auto feeds = [&](int i) { return mode.shared ? shm_feeds(i % 2) : local.feeds; };
+      auto feeds = [&](int i) {
+        return mode.feeds == Feeds::kShared ? shm_feeds(i % 2) : local.feeds;
+      };
+      salus::client::Session* session = mode.feeds == Feeds::kStaged ? s_staged.get() : s.get();
       std::vector<double> t;
       if (!mode.pipelined) {
         for (int i = 0; i < kPerBlock; ++i) {
           const auto t0 = Clock::now();
-          Must(s->Run(feeds(i), {"loss"}));
+          Must(session->Run(feeds(i), {"loss"}));
           t.push_back(Ms(Clock::now() - t0));
-          if (!mode.shared) daemon_run_ms.push_back(s->last_stats().run_us / 1e3);
+          if (mode.feeds == Feeds::kFrames) daemon_run_ms.push_back(s->last_stats().run_us / 1e3);
         }
       } else {
         std::deque<std::unique_ptr<salus::client::PendingIteration>> inflight;
-        inflight.push_back(Must(s->Submit(feeds(0), {"loss"})));
+        inflight.push_back(Must(session->Submit(feeds(0), {"loss"})));
         auto last = Clock::now();
         for (int i = 0; i <= kPerBlock; ++i) {
-          inflight.push_back(Must(s->Submit(feeds(i + 1), {"loss"})));
+          inflight.push_back(Must(session->Submit(feeds(i + 1), {"loss"})));
           Must(inflight.front()->Wait());
           inflight.pop_front();
           const auto now = Clock::now();

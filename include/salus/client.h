@@ -156,6 +156,7 @@ class PendingIteration {
   Session* session_;
   std::vector<Tensor> feeds_;
   uint64_t request_id_ = 0;
+  int stage_ = -1;  // the staging buffer its large feeds were copied into, if any
   bool waited_ = false;
 };
 
@@ -180,9 +181,11 @@ class Session {
   friend class Client;
   friend class PendingIteration;
   Session(Client* client, uint64_t id) : client_(client), id_(id) {}
-  // Sends a RunIteration whose frames point at `feeds` (which must outlive the send).
+  // Sends a RunIteration whose frames point at `feeds` (which must outlive the send). Feeds
+  // of Options::stage_feeds_from bytes or more are copied into a staging buffer first; its
+  // index goes to *stage (-1: none), to be released once the reply is collected.
   StatusOr<uint64_t> Send(const std::vector<Tensor>& feeds,
-                          const std::vector<std::string>& fetches);
+                          const std::vector<std::string>& fetches, int* stage);
   StatusOr<std::map<std::string, Tensor>> Collect(uint64_t request_id);
   Client* client_;
   uint64_t id_;
@@ -199,6 +202,12 @@ class Client {
     // Control requests fail with DEADLINE_EXCEEDED after this; iterations wait as long as
     // they take.
     std::chrono::milliseconds timeout{30000};
+    // Feeds of this many bytes or more are copied into shared memory this client owns and the
+    // daemon maps, instead of travelling through the socket, when the daemon can map it (same
+    // host, readable by its user); otherwise, and with 0, every feed travels in a frame.
+    uint64_t stage_feeds_from = 64 << 10;
+    // Staging buffers at most, one per iteration in flight; more in flight use frames.
+    int max_staging_buffers = 4;
   };
   static StatusOr<std::unique_ptr<Client>> Connect(const std::string& endpoint);
   static StatusOr<std::unique_ptr<Client>> Connect(const std::string& endpoint, Options options);
@@ -213,6 +222,10 @@ class Client {
   // A shared buffer of `bytes` (the daemon must run on this host and be able to read this
   // user's shared memory: NOT_FOUND or PERMISSION_DENIED otherwise). Outlived by the Client.
   StatusOr<std::unique_ptr<SharedBuffer>> CreateSharedBuffer(uint64_t bytes);
+  // Whether large feeds are staged in shared memory: true until the daemon refuses a buffer.
+  bool staging() const;
+  // Staging buffers this client holds (busy or free).
+  size_t staging_buffers() const;
 
   struct Impl;
 
@@ -221,6 +234,10 @@ class Client {
   friend class PendingIteration;
   friend class SharedBuffer;
   explicit Client(std::unique_ptr<Impl> impl);
+  // A free staging buffer of at least `bytes`, marked busy with its index in *index, or
+  // null: use frames.
+  SharedBuffer* AcquireStage(uint64_t bytes, int* index);
+  void ReleaseStage(int index);
   std::unique_ptr<Impl> impl_;
 };
 

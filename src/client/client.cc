@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -96,6 +97,16 @@ struct Client::Impl {
   std::set<uint64_t> outstanding;  // sent, reply not yet taken; others' replies are stale
 
   using Answer = std::pair<v1::Reply, std::vector<zmq::message_t>>;
+
+  // Staging buffers (Note [Staged feeds]); indices are stable, a slot's buffer may be
+  // replaced by a larger one while it is free.
+  struct Stage {
+    std::unique_ptr<SharedBuffer> buffer;
+    bool busy = false;
+  };
+  std::mutex stage_mu;  // never held while waiting for a reply other than a buffer's own
+  std::vector<Stage> stages;
+  std::atomic<bool> staging_refused{false};
 
   // Sends one request; its reply is collected with Await.
   StatusOr<uint64_t> Send(v1::Request req, std::vector<zmq::message_t> frames) {
@@ -198,6 +209,10 @@ struct Client::Impl {
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->stage_mu);
+    impl_->stages.clear();  // unregisters them while the socket is still open
+  }
   {
     std::lock_guard<std::mutex> lock(impl_->stop_mu);
     impl_->stop = true;
@@ -359,6 +374,67 @@ StatusOr<std::unique_ptr<SharedBuffer>> Client::CreateSharedBuffer(uint64_t byte
                                                         static_cast<std::byte*>(p), bytes));
 }
 
+bool Client::staging() const {
+  return impl_->options.stage_feeds_from > 0 && !impl_->staging_refused;
+}
+
+size_t Client::staging_buffers() const {
+  std::lock_guard<std::mutex> lock(impl_->stage_mu);
+  size_t n = 0;
+  for (const auto& s : impl_->stages) n += s.buffer ? 1 : 0;
+  return n;
+}
+
+// Note [Staged feeds]
+// A large feed costs far more in a frame than its copy: ZeroMQ moves it through both
+// processes' I/O threads and the socket in pieces. So by default a feed of stage_feeds_from
+// bytes or more is copied into a shared buffer this client owns, and the request names the
+// slice instead. Each iteration in flight holds one staging buffer (all its large feeds, each
+// at a 64-byte aligned offset) from the send until its reply is collected: the daemon reads
+// feeds only while the iteration runs, and the reply comes after. With max_staging_buffers
+// busy, or after the daemon refused a buffer once (another host, another user, its limit),
+// feeds go in frames, so staging changes the cost of an iteration, never its result.
+SharedBuffer* Client::AcquireStage(uint64_t bytes, int* index) {
+  *index = -1;
+  if (!staging() || bytes == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(impl_->stage_mu);
+  auto& stages = impl_->stages;
+  int free_slot = -1;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    if (stages[i].busy) continue;
+    if (stages[i].buffer && stages[i].buffer->size() >= bytes) {
+      stages[i].busy = true;
+      *index = static_cast<int>(i);
+      return stages[i].buffer.get();
+    }
+    free_slot = static_cast<int>(i);
+  }
+  if (free_slot < 0) {
+    if (stages.size() >= static_cast<size_t>(std::max(impl_->options.max_staging_buffers, 0))) {
+      return nullptr;
+    }
+    stages.emplace_back();
+    free_slot = static_cast<int>(stages.size() - 1);
+  }
+  Impl::Stage& slot = stages[free_slot];
+  slot.buffer.reset();  // too small: replaced by one that fits
+  auto buffer = CreateSharedBuffer(std::bit_ceil(std::max<uint64_t>(bytes, 1 << 20)));
+  if (!buffer.ok()) {
+    impl_->staging_refused = true;  // the slot stays, empty: other slots keep their indices
+    return nullptr;
+  }
+  slot.buffer = std::move(*buffer);
+  slot.busy = true;
+  *index = free_slot;
+  return slot.buffer.get();
+}
+
+void Client::ReleaseStage(int index) {
+  if (index < 0) return;
+  std::lock_guard<std::mutex> lock(impl_->stage_mu);
+  impl_->stages[static_cast<size_t>(index)].busy = false;
+}
+
 SharedBuffer::~SharedBuffer() {
   v1::Request req;
   req.mutable_unregister_buffer()->set_buffer_id(id_);
@@ -370,8 +446,24 @@ Session::~Session() {
   if (!closed_) Close().IgnoreError();  // best effort; the lease frees it otherwise
 }
 
+namespace {
+
+constexpr uint64_t kStageAlign = 64;
+uint64_t StageAligned(uint64_t n) { return (n + kStageAlign - 1) / kStageAlign * kStageAlign; }
+
+}  // namespace
+
 StatusOr<uint64_t> Session::Send(const std::vector<Tensor>& feeds,
-                                 const std::vector<std::string>& fetches) {
+                                 const std::vector<std::string>& fetches, int* stage) {
+  const uint64_t stage_from = client_->impl_->options.stage_feeds_from;
+  auto staged = [&](const Tensor& t) {
+    return stage_from > 0 && t.buffer_id == 0 && t.data.size() >= stage_from;
+  };
+  uint64_t stage_bytes = 0;
+  for (const Tensor& t : feeds) stage_bytes += staged(t) ? StageAligned(t.data.size()) : 0;
+  SharedBuffer* buffer = client_->AcquireStage(stage_bytes, stage);
+  uint64_t stage_offset = 0;
+
   v1::Request req;
   req.set_session_id(id_);
   v1::RunIteration* body = req.mutable_run_iteration();
@@ -386,12 +478,24 @@ StatusOr<uint64_t> Session::Send(const std::vector<Tensor>& feeds,
       spec->mutable_buffer()->set_offset(t.buffer_offset);
       continue;  // no frame: the daemon reads the bytes from the buffer
     }
+    if (buffer != nullptr && staged(t)) {
+      std::memcpy(buffer->data() + stage_offset, t.data.data(), t.data.size());
+      spec->mutable_buffer()->set_buffer_id(buffer->id());
+      spec->mutable_buffer()->set_offset(stage_offset);
+      stage_offset += StageAligned(t.data.size());
+      continue;
+    }
     // Zero-copy: ZeroMQ reads the caller's bytes in place. The caller keeps them until the
     // reply, which the server can only send once the whole message arrived.
     frames.emplace_back(const_cast<std::byte*>(t.data.data()), t.data.size(), nullptr, nullptr);
   }
   for (const auto& f : fetches) body->add_fetches(f);
-  return client_->impl_->Send(std::move(req), std::move(frames));
+  auto sent = client_->impl_->Send(std::move(req), std::move(frames));
+  if (!sent.ok()) {
+    client_->ReleaseStage(*stage);
+    *stage = -1;
+  }
+  return sent;
 }
 
 StatusOr<std::map<std::string, Tensor>> Session::Collect(uint64_t request_id) {
@@ -419,14 +523,22 @@ StatusOr<std::map<std::string, Tensor>> Session::Collect(uint64_t request_id) {
 
 StatusOr<std::map<std::string, Tensor>> Session::Run(const std::vector<Tensor>& feeds,
                                                      const std::vector<std::string>& fetches) {
-  SALUS_ASSIGN_OR_RETURN(uint64_t id, Send(feeds, fetches));
-  return Collect(id);
+  int stage = -1;
+  SALUS_ASSIGN_OR_RETURN(uint64_t id, Send(feeds, fetches, &stage));
+  auto out = Collect(id);
+  client_->ReleaseStage(stage);  // the daemon has finished reading it
+  return out;
 }
 
 StatusOr<std::unique_ptr<PendingIteration>> Session::Submit(std::vector<Tensor> feeds,
                                                             std::vector<std::string> fetches) {
   std::unique_ptr<PendingIteration> p(new PendingIteration(this, std::move(feeds)));
-  SALUS_ASSIGN_OR_RETURN(p->request_id_, Send(p->feeds_, fetches));
+  auto id = Send(p->feeds_, fetches, &p->stage_);
+  if (!id.ok()) {
+    p->waited_ = true;  // nothing was sent: nothing to wait for
+    return id.status();
+  }
+  p->request_id_ = *id;
   return p;
 }
 
@@ -437,7 +549,10 @@ PendingIteration::~PendingIteration() {
 StatusOr<std::map<std::string, Tensor>> PendingIteration::Wait() {
   if (waited_) return FailedPreconditionError("this iteration's result was already taken");
   waited_ = true;
-  return session_->Collect(request_id_);
+  auto out = session_->Collect(request_id_);
+  session_->client_->ReleaseStage(stage_);  // the daemon has finished reading it
+  stage_ = -1;
+  return out;
 }
 
 Status Session::Close() {

@@ -109,10 +109,28 @@ std::vector<float> TrainInProcess(const ModelCase& c) {
   return losses;
 }
 
-// Child process: trains case `c` through the daemon and writes its losses to `fd`. Pipelined,
-// it keeps three iterations submitted ahead of the one it collects.
-int TrainThroughDaemon(const std::string& endpoint, const ModelCase& c, int fd, bool pipelined) {
-  auto client = salus::client::Client::Connect(endpoint);
+struct TrainingRun {
+  const ModelCase* c;
+  bool pipelined;
+  uint64_t stage_feeds_from = 0;  // 0: every feed in a frame
+  int max_staging_buffers = 4;
+  std::string Describe() const {
+    return std::string(pipelined ? "pipelined" : "one call at a time") +
+           (stage_feeds_from ? ", staged in at most " + std::to_string(max_staging_buffers) +
+                                   " shared buffers"
+                             : ", frames");
+  }
+};
+
+// Child process: trains a run's case through the daemon and writes its losses to `fd`.
+// Pipelined, it keeps three iterations submitted ahead of the one it collects.
+int TrainThroughDaemon(const std::string& endpoint, const TrainingRun& run, int fd) {
+  const ModelCase& c = *run.c;
+  const bool pipelined = run.pipelined;
+  salus::client::Client::Options options;
+  options.stage_feeds_from = run.stage_feeds_from;
+  options.max_staging_buffers = run.max_staging_buffers;
+  auto client = salus::client::Client::Connect(endpoint, options);
   if (!client.ok()) return 10;
   salus::client::SessionOptions o;
   o.model = ReadFile(std::string(SALUS_MODELS_DIR "/") + c.file);
@@ -141,6 +159,16 @@ int TrainThroughDaemon(const std::string& endpoint, const ModelCase& c, int fd, 
     if (!out.ok()) return 12;
     const float loss = out->at("loss").floats()[0];
     if (write(fd, &loss, sizeof(loss)) != sizeof(loss)) return 13;
+  }
+  if (run.stage_feeds_from > 0) {
+    // Staging was never refused, and filled every staging buffer the client may hold (with
+    // four iterations in flight), each one registered with the daemon.
+    if (!(*client)->staging()) return 16;
+    if ((*client)->staging_buffers() != static_cast<size_t>(run.max_staging_buffers)) return 17;
+    auto stats = (*client)->StatsJson();
+    const auto at = stats.ok() ? stats->find("\"shared_buffers\":") : std::string::npos;
+    if (at == std::string::npos) return 18;
+    if (std::stoul(stats->substr(at + 17)) < (*client)->staging_buffers()) return 19;
   }
   return (*session)->Close().ok() ? 0 : 14;
 }
@@ -189,17 +217,20 @@ TEST(TrainingThroughDaemon, ConcurrentClientsMatchInProcessLosses) {
     int fd;
   };
   std::vector<Child> children;
-  // Every case one call at a time, and the first again with iterations submitted ahead.
-  std::vector<std::pair<const ModelCase*, bool>> runs;
-  for (const ModelCase& c : Cases()) runs.emplace_back(&c, false);
-  runs.emplace_back(&Cases()[0], true);
-  for (const auto& [c, pipelined] : runs) {
+  // Every case one call at a time, and the first again with iterations submitted ahead: with
+  // frames, with every feed staged, and with fewer staging buffers than iterations in flight.
+  std::vector<TrainingRun> runs;
+  for (const ModelCase& c : Cases()) runs.push_back({&c, false});
+  runs.push_back({&Cases()[0], true});
+  runs.push_back({&Cases()[0], true, 1, 4});
+  runs.push_back({&Cases()[0], true, 1, 2});
+  for (const TrainingRun& run : runs) {
     int fds[2];
     ASSERT_EQ(pipe(fds), 0);
     const pid_t pid = fork();
     if (pid == 0) {
       close(fds[0]);
-      _exit(TrainThroughDaemon(daemon.endpoint(), *c, fds[1], pipelined));
+      _exit(TrainThroughDaemon(daemon.endpoint(), run, fds[1]));
     }
     close(fds[1]);
     children.push_back({pid, fds[0]});
@@ -212,11 +243,12 @@ TEST(TrainingThroughDaemon, ConcurrentClientsMatchInProcessLosses) {
     int status = 0;
     waitpid(children[i].pid, &status, 0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << runs[i].first->file << ": client exited with " << WEXITSTATUS(status);
+        << runs[i].c->file << ", " << runs[i].Describe() << ": client exited with "
+        << WEXITSTATUS(status);
   }
   for (size_t i = 0; i < children.size(); ++i) {
-    const ModelCase& c = *runs[i].first;
-    SCOPED_TRACE(runs[i].second ? "pipelined" : "one call at a time");
+    const ModelCase& c = *runs[i].c;
+    SCOPED_TRACE(runs[i].Describe());
     const std::vector<float> local = TrainInProcess(c);
     ASSERT_EQ(remote[i].size(), static_cast<size_t>(kSteps)) << c.file;
     ASSERT_EQ(local.size(), static_cast<size_t>(kSteps));
