@@ -226,6 +226,59 @@ def test_submitted_and_shared_buffer_feeds_train_exactly_like_frames(daemon: Dae
         assert c.stats()["shared_buffers"] == 0
 
 
+def test_staged_feeds_train_exactly_like_frames(daemon: Daemon) -> None:
+    batch, steps = 64, 8  # 200 KiB of x: over the default staging threshold
+    batches = [mlp_feeds(batch, seed=i) for i in range(steps)]
+    with salus.connect(daemon.endpoint, stage_from=None) as framed_client:
+        assert not framed_client.staging
+        framed = mlp_session(framed_client, batch)
+        want = [float(framed.run(feeds=b, fetches=["loss"])["loss"]) for b in batches]
+        assert framed_client.stats()["shared_buffers"] == 0
+    # One call at a time: x is staged, the 512-byte labels travel in a frame.
+    with salus.connect(daemon.endpoint) as c:
+        s = mlp_session(c, batch)
+        got = [float(s.run(feeds=b, fetches=["loss"])["loss"]) for b in batches]
+        assert got == want
+        assert c.staging and c.staging_buffers == 1
+        assert c.stats()["shared_buffers"] == 1
+    # Four in flight, two staging buffers: two iterations staged, the others in frames. The
+    # batches are rewritten in place after submit, as a loader reusing its arrays would.
+    with salus.connect(daemon.endpoint, max_staging_buffers=2) as c:
+        s = mlp_session(c, batch)
+        reused = [{k: v.copy() for k, v in mlp_feeds(batch).items()} for _ in range(4)]
+        got, inflight = [], []
+        for i, b in enumerate(batches):
+            if len(inflight) == 4:
+                got.append(float(inflight.pop(0).result(timeout=60)["loss"]))
+            slot = reused[i % 4]
+            for k in slot:
+                slot[k][...] = b[k]
+            inflight.append(s.submit(feeds=slot, fetches=["loss"]))
+        got += [float(p.result(timeout=60)["loss"]) for p in inflight]
+        assert got == want
+        assert c.staging_buffers == 2
+        assert c.stats()["shared_buffers"] == 2
+    with salus.connect(daemon.endpoint) as c:
+        assert c.stats()["shared_buffers"] == 0  # closing the clients unregistered them
+
+
+def test_staging_refused_by_the_daemon_falls_back_to_frames(daemon: Daemon) -> None:
+    batch = 64
+    feeds = mlp_feeds(batch)
+    with salus.connect(daemon.endpoint, stage_from=None) as c:
+        want = float(mlp_session(c, batch).run(feeds=feeds, fetches=["loss"])["loss"])
+    with salus.connect(daemon.endpoint) as c:
+        held = [c.shared_buffer(4096) for _ in range(64)]  # the daemon's limit per client
+        with pytest.raises(salus.SalusError) as e:
+            c.shared_buffer(4096)
+        assert e.value.code == "RESOURCE_EXHAUSTED"
+        s = mlp_session(c, batch)
+        assert float(s.run(feeds=feeds, fetches=["loss"])["loss"]) == want
+        assert not c.staging and c.staging_buffers == 0
+        for b in held:
+            b.close()
+
+
 def test_bad_shared_buffer_requests_get_errors_and_harm_no_one(daemon: Daemon) -> None:
     from multiprocessing import shared_memory
 

@@ -138,6 +138,7 @@ def test_overhead(tmp_path: Path) -> None:
     assert [r["model"] for r in table] == ["mlp", "lenet5", "resnet", "espcn", "vae"]
     for r in table:
         assert num(r["in_process_ms"]) > 0 and num(r["daemon_ms"]) > 0
+        assert num(r["daemon_staged_ms"]) > 0 and num(r["daemon_shared_ms"]) > 0
         assert num(r["daemon_ms"]) >= num(r["daemon_run_ms"]) * 0.9
     # The daemon compiles the same executable as salus-run: the same P and E.
     for s in rows(out / "samples.csv"):

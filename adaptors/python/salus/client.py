@@ -3,6 +3,8 @@
 Requests go out in order on one connection; a session's iterations may be submitted ahead of
 collecting them (`Session.submit`). Feeds travel as raw frames, or, from a `SharedBuffer`
 (memory shared with a daemon on the same host), without passing through the socket at all.
+Large feeds are copied into such a buffer the client owns (staged) when the daemon can map it:
+one copy instead of the socket's several.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from salus._generated.salus.v1 import salus_pb2 as pb
 
 PROTOCOL_VERSION = 1
 DEFAULT_TCP = "tcp://127.0.0.1:5501"
+_STAGE_ALIGN = 64
 
 _CODE_NAMES = [
     "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
@@ -69,12 +72,31 @@ def _raise_for(status: pb.Status) -> None:
         raise SalusError(name, status.message)
 
 
+class _Stage:
+    """A staging buffer and whether an iteration in flight reads it."""
+
+    def __init__(self, buffer: SharedBuffer) -> None:
+        self.buffer = buffer
+        self.busy = True
+
+
 class Client:
-    """A connection to one salus-server. Thread-safe: requests are serialised on a lock."""
+    """A connection to one salus-server. Thread-safe: requests are serialised on a lock.
+
+    Feeds of `stage_from` bytes or more are staged: copied into shared memory this client owns
+    and the daemon maps, one buffer per iteration in flight (at most `max_staging_buffers`;
+    more in flight use frames). When the daemon cannot map one (another host, another user),
+    every feed travels in frames from then on; `stage_from=None` never stages."""
 
     def __init__(self, endpoint: str | None = None, timeout: float | None = 30.0,
-                 name: str = "python") -> None:
+                 name: str = "python", stage_from: int | None = 64 * 1024,
+                 max_staging_buffers: int = 4) -> None:
         self.endpoint = endpoint or default_endpoint()
+        self._stage_from = stage_from or 0
+        self._max_stages = max_staging_buffers
+        self._stages: list[_Stage] = []
+        self._stage_lock = threading.Lock()
+        self._staging_refused = False
         self._timeout_ms = None if timeout is None else int(timeout * 1000)
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
@@ -245,6 +267,51 @@ class Client:
         Feeds that are views of it (`buf.array(shape, dtype, offset)`) reach the daemon
         without travelling through the socket. Raises SalusError (NOT_FOUND,
         PERMISSION_DENIED) when the daemon cannot open it, e.g. over tcp from another host."""
+        buf = self._new_buffer(nbytes)
+        self._buffers.append(buf)
+        return buf
+
+    @property
+    def staging(self) -> bool:
+        """Whether large feeds are staged in shared memory (until the daemon refuses one)."""
+        return self._stage_from > 0 and not self._staging_refused
+
+    @property
+    def staging_buffers(self) -> int:
+        """Staging buffers this client holds, busy or free."""
+        with self._stage_lock:
+            return len(self._stages)
+
+    def _acquire_stage(self, nbytes: int) -> _Stage | None:
+        """A free staging buffer of at least `nbytes`, marked busy; None: use frames."""
+        if nbytes == 0 or not self.staging:
+            return None
+        with self._stage_lock:
+            free = [st for st in self._stages if not st.busy]
+            for st in free:
+                if st.buffer.size >= nbytes:
+                    st.busy = True
+                    return st
+            if free:  # too small: replaced by one that fits
+                self._stages.remove(free[0])
+                free[0].buffer.close()
+            elif len(self._stages) >= self._max_stages:
+                return None
+            try:
+                buf = self._new_buffer(1 << max(nbytes - 1, (1 << 20) - 1).bit_length())
+            except SalusError:
+                self._staging_refused = True
+                return None
+            st = _Stage(buf)
+            self._stages.append(st)
+            return st
+
+    def _release_stage(self, st: _Stage | None) -> None:
+        if st is not None:
+            with self._stage_lock:
+                st.busy = False
+
+    def _new_buffer(self, nbytes: int) -> SharedBuffer:
         from multiprocessing import shared_memory
 
         if nbytes <= 0:
@@ -261,9 +328,7 @@ class Client:
             shm.unlink()
             raise
         shm.unlink()  # both sides hold it mapped; the name is no longer needed
-        buf = SharedBuffer(self, buffer_id, shm, nbytes)
-        self._buffers.append(buf)
-        return buf
+        return SharedBuffer(self, buffer_id, shm, nbytes)
 
     def _slice_of(self, arr: np.ndarray) -> tuple[int, int] | None:
         """(buffer id, offset) when `arr`'s bytes lie inside one of this client's buffers."""
@@ -283,8 +348,9 @@ class Client:
     def close(self) -> None:
         if self._closed:
             return
-        for b in list(self._buffers):
+        for b in list(self._buffers) + [st.buffer for st in self._stages]:
             b.close()
+        self._stages = []
         self._stop.set()
         self._heartbeat.join(timeout=2)
         self._closed = True
@@ -328,28 +394,50 @@ class Session:
         """Queues one iteration and returns at once, so the next iteration's feeds travel while
         this one runs. Iterations run in submission order. The feed arrays must not change
         until `result()` returns (they are sent without a copy)."""
+        client = self._client
         req = pb.Request()
         req.session_id = self.id
         body = req.run_iteration
         body.SetInParent()
-        frames: list[memoryview] = []
-        keep: list[np.ndarray] = []
+        arrays: list[tuple[str, np.ndarray, tuple[int, int] | None]] = []
         for name, value in (feeds or {}).items():
             arr = np.ascontiguousarray(value)
             if arr.dtype not in _DTYPES:
                 raise ValueError(f"feed {name!r}: unsupported dtype {arr.dtype}")
+            arrays.append((name, arr, client._slice_of(arr)))
+
+        def staged(arr: np.ndarray, where: tuple[int, int] | None) -> bool:
+            return where is None and client._stage_from > 0 and arr.nbytes >= client._stage_from
+
+        def aligned(n: int) -> int:
+            return -(-n // _STAGE_ALIGN) * _STAGE_ALIGN
+
+        stage = client._acquire_stage(
+            sum(aligned(a.nbytes) for _, a, w in arrays if staged(a, w)))
+        offset = 0
+        frames: list[memoryview] = []
+        keep: list[np.ndarray] = []
+        for name, arr, where in arrays:
             spec = body.feeds.add()
             spec.name = name
             spec.dtype = _DTYPES[arr.dtype]
             spec.shape.extend(arr.shape)
-            where = self._client._slice_of(arr)
+            if where is None and stage is not None and staged(arr, where):
+                np.copyto(stage.buffer.array(arr.shape, arr.dtype, offset), arr)
+                where = (stage.buffer.id, offset)
+                offset += aligned(arr.nbytes)
             if where is not None:
                 spec.buffer.buffer_id, spec.buffer.offset = where
                 keep.append(arr)
             else:
                 frames.append(memoryview(arr).cast("B"))
         body.fetches.extend(fetches or [])
-        return PendingIteration(self, self._client._send(req, frames), keep)
+        try:
+            request_id = client._send(req, frames)
+        except BaseException:
+            client._release_stage(stage)
+            raise
+        return PendingIteration(self, request_id, keep, stage)
 
     def _finish(self, reply: pb.Reply, parts: list[zmq.Frame]) -> dict[str, np.ndarray]:
         r = reply.run_iteration
@@ -379,10 +467,12 @@ class Session:
 class PendingIteration:
     """An iteration handed to `Session.submit`; `result()` collects its outputs, once."""
 
-    def __init__(self, session: Session, request_id: int, keep: list[np.ndarray]) -> None:
+    def __init__(self, session: Session, request_id: int, keep: list[np.ndarray],
+                 stage: _Stage | None = None) -> None:
         self._session = session
         self._request_id = request_id
         self._keep = keep  # feeds read from shared buffers stay referenced until the reply
+        self._stage = stage  # the staging buffer its large feeds were copied into
         self._done = False
 
     def result(self, timeout: float | None = None) -> dict[str, np.ndarray]:
@@ -390,7 +480,16 @@ class PendingIteration:
             raise SalusError("FAILED_PRECONDITION", "this iteration's result was already taken")
         self._done = True
         tmo = None if timeout is None else int(timeout * 1000)
-        reply, parts = self._session._client._await(self._request_id, tmo)
+        client = self._session._client
+        try:
+            reply, parts = client._await(self._request_id, tmo)
+        except SalusError as e:
+            # A deadline passed with the iteration still queued or running: its staging
+            # buffer stays busy. Any other answer means the daemon is done reading it.
+            if e.code != "DEADLINE_EXCEEDED":
+                client._release_stage(self._stage)
+            raise
+        client._release_stage(self._stage)
         self._keep = []
         return self._session._finish(reply, parts)
 
@@ -404,6 +503,7 @@ class SharedBuffer:
         self.id = buffer_id
         self.size = size
         self._shm = shm
+        self._closed = False
         self._base = np.frombuffer(shm.buf, dtype=np.uint8).__array_interface__["data"][0]
 
     def array(self, shape: tuple[int, ...], dtype: Any = np.float32, offset: int = 0) -> np.ndarray:
@@ -412,9 +512,11 @@ class SharedBuffer:
 
     def close(self) -> None:
         """Unregisters the buffer; views of it stay valid until they are gone."""
-        if self not in self._client._buffers:
+        if self._closed:
             return
-        self._client._buffers.remove(self)
+        self._closed = True
+        if self in self._client._buffers:
+            self._client._buffers.remove(self)
         try:
             req = pb.Request()
             req.unregister_buffer.buffer_id = self.id
@@ -434,6 +536,11 @@ class SharedBuffer:
 
 
 def connect(endpoint: str | None = None, timeout: float | None = 30.0,
-            name: str = "python") -> Client:
-    """Connects to a salus-server (default: $SALUS_ENDPOINT or tcp://127.0.0.1:5501)."""
-    return Client(endpoint, timeout=timeout, name=name)
+            name: str = "python", stage_from: int | None = 64 * 1024,
+            max_staging_buffers: int = 4) -> Client:
+    """Connects to a salus-server (default: $SALUS_ENDPOINT or tcp://127.0.0.1:5501).
+
+    Feeds of `stage_from` bytes or more are staged in shared memory when the daemon can map
+    it (see `Client`); None sends every feed in a frame."""
+    return Client(endpoint, timeout=timeout, name=name, stage_from=stage_from,
+                  max_staging_buffers=max_staging_buffers)
