@@ -313,13 +313,14 @@ nlohmann::json Overhead(const Daemon& d, const std::string& models, const Classi
     Feeds feeds;
     bool pipelined;
     std::vector<double> ms, ratio;
+    std::vector<double> outside_us;  // one call at a time: round trip less queue and run
   };
-  std::vector<Mode> modes = {{"frames, one call at a time", Feeds::kFrames, false, {}, {}},
-                             {"frames, pipelined", Feeds::kFrames, true, {}, {}},
-                             {"staged, one call at a time", Feeds::kStaged, false, {}, {}},
-                             {"staged, pipelined", Feeds::kStaged, true, {}, {}},
-                             {"shared buffer, one call at a time", Feeds::kShared, false, {}, {}},
-                             {"shared buffer, pipelined", Feeds::kShared, true, {}, {}}};
+  std::vector<Mode> modes = {{"frames, one call at a time", Feeds::kFrames, false, {}, {}, {}},
+                             {"frames, pipelined", Feeds::kFrames, true, {}, {}, {}},
+                             {"staged, one call at a time", Feeds::kStaged, false, {}, {}, {}},
+                             {"staged, pipelined", Feeds::kStaged, true, {}, {}, {}},
+                             {"shared buffer, one call at a time", Feeds::kShared, false, {}, {}, {}},
+                             {"shared buffer, pipelined", Feeds::kShared, true, {}, {}, {}}};
   std::vector<double> local_ms, daemon_run_ms;
   for (int i = 0; i < 5; ++i) {  // warm all
     RunLocal(local);
@@ -341,6 +342,8 @@ nlohmann::json Overhead(const Daemon& d, const std::string& models, const Classi
           const auto t0 = Clock::now();
           Must(session->Run(feeds(i), {"loss"}));
           t.push_back(Ms(Clock::now() - t0));
+          const auto& st = session->last_stats();
+          mode.outside_us.push_back(t.back() * 1e3 - st.queue_delay_us - st.run_us);
           if (mode.feeds == Feeds::kFrames) daemon_run_ms.push_back(s->last_stats().run_us / 1e3);
         }
       } else {
@@ -376,10 +379,16 @@ nlohmann::json Overhead(const Daemon& d, const std::string& models, const Classi
                         {"modes", nlohmann::json::array()}};
   for (const Mode& mode : modes) {
     const double pct = (Percentile(mode.ratio, 0.5) - 1) * 100;
-    std::printf("  %-34s %.3f ms per iteration: overhead %+.1f%%\n", mode.name,
+    std::printf("  %-34s %.3f ms per iteration: overhead %+.1f%%", mode.name,
                 Percentile(mode.ms, 0.5), pct);
-    out["modes"].push_back(
-        {{"mode", mode.name}, {"median_ms", Percentile(mode.ms, 0.5)}, {"overhead_pct", pct}});
+    nlohmann::json row = {
+        {"mode", mode.name}, {"median_ms", Percentile(mode.ms, 0.5)}, {"overhead_pct", pct}};
+    if (!mode.outside_us.empty()) {
+      std::printf(" (%.0f us outside the iteration)", Percentile(mode.outside_us, 0.5));
+      row["outside_us"] = Percentile(mode.outside_us, 0.5);
+    }
+    std::printf("\n");
+    out["modes"].push_back(row);
   }
   return out;
 }
@@ -405,6 +414,53 @@ nlohmann::json ZmqEcho(const std::string& endpoint) {
       TimeDealer(dealer, "ping", "bare ZeroMQ echo over ipc (the transport's floor)");
   echo.join();
   return out;
+}
+
+// The same echo, but the echo side first keeps every core busy for 10 ms (as a lane's
+// iteration does) and reports how long that took: the time outside it is the floor under a
+// model iteration's round trip, when the threads involved slept through a long iteration.
+nlohmann::json ZmqEchoAfterWork(const std::string& endpoint) {
+  constexpr int kRounds = 200;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  zmq::context_t server_ctx(1), ctx(1);
+  zmq::socket_t router(server_ctx, zmq::socket_type::router);
+  router.bind(endpoint);
+  std::thread echo([&] {
+    auto spin = [] {
+      const auto end = Clock::now() + std::chrono::milliseconds(10);
+      while (Clock::now() < end) {
+      }
+    };
+    for (int i = 0; i < kRounds; ++i) {
+      std::vector<zmq::message_t> msg;
+      if (!zmq::recv_multipart(router, std::back_inserter(msg))) return;
+      const auto t0 = Clock::now();
+      std::vector<std::thread> helpers;
+      for (unsigned k = 1; k < cores; ++k) helpers.emplace_back(spin);
+      spin();
+      for (auto& h : helpers) h.join();
+      const double busy_us = Ms(Clock::now() - t0) * 1e3;
+      msg.back().rebuild(&busy_us, sizeof(busy_us));
+      zmq::send_multipart(router, msg);
+    }
+  });
+  zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
+  dealer.connect(endpoint);
+  std::vector<double> us;
+  for (int i = 0; i < kRounds; ++i) {
+    const auto t0 = Clock::now();
+    dealer.send(zmq::str_buffer("ping"));
+    zmq::message_t reply;
+    if (!dealer.recv(reply) || reply.size() != sizeof(double)) break;
+    const double total_us = Ms(Clock::now() - t0) * 1e3;
+    if (i >= 20) us.push_back(total_us - *static_cast<const double*>(reply.data()));
+  }
+  echo.join();
+  std::printf(
+      "bare ZeroMQ echo over ipc after 10 ms of work on all %u cores (time outside the work): "
+      "median %.1f us, p90 %.1f us\n",
+      cores, Percentile(us, 0.5), Percentile(us, 0.9));
+  return {{"median_us", Percentile(us, 0.5)}, {"p90_us", Percentile(us, 0.9)}};
 }
 
 nlohmann::json SwitchGap(const std::string& server) {
@@ -492,6 +548,7 @@ int main(int argc, char** argv) {
       out["heartbeat"] = HeartbeatRoundTrip(d);
       out["zmq_echo"] = ZmqEcho(d.ipc() + ".echo");
     }
+    if (want("overhead")) out["zmq_echo_after_work"] = ZmqEchoAfterWork(d.ipc() + ".echo2");
     if (want("overhead")) {
       out["overhead"] = nlohmann::json::array(
           {Overhead(d, models, {"mlp", {784}}), Overhead(d, models, {"resnet", {3, 32, 32}})});
