@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
     if (auto s = get_string(key, out); !s.ok()) return Fail(s);
   }
   if (auto s = salus::logging::SetLevel(level); !s.ok()) return Fail(s);
+  salus::server::RouteProtobufLogs();
   auto mem = config.GetBytes("memory", 0);
   if (!mem.ok()) return Fail(mem.status());
   o.memory = *mem;

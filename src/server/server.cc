@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <google/protobuf/stubs/logging.h>
+
 #include <cstdlib>
 #include <filesystem>
 
@@ -33,6 +35,18 @@ std::string RuntimeDir() {
 std::vector<std::string> DefaultEndpoints() {
   return {fmt::format("ipc://{}/salus.sock", RuntimeDir()),
           fmt::format("tcp://127.0.0.1:{}", kDefaultTcpPort)};
+}
+
+void RouteProtobufLogs() {
+  google::protobuf::SetLogHandler([](google::protobuf::LogLevel level, const char* file, int line,
+                                     const std::string& message) {
+    auto log = logging::Get("protobuf");
+    if (level == google::protobuf::LOGLEVEL_FATAL) {
+      log->critical("{}:{}: {}", file, line, message);
+    } else {
+      log->debug("{}:{}: {}", file, line, message);
+    }
+  });
 }
 
 StatusOr<uint64_t> DefaultMemory(const std::string& device) {

@@ -48,6 +48,12 @@ std::vector<std::string> DefaultEndpoints();
 // committed only when touched); on a GPU its free memory less a reserve for the runtime.
 StatusOr<uint64_t> DefaultMemory(const std::string& device);
 
+// Sends the protobuf library's own log lines to the "protobuf" logger at debug level (fatal
+// ones at critical). By default it writes them to stderr, one per bad string a client sends,
+// so any client could flood the daemon's log; the request itself is answered with an error.
+// Process-wide; call once at startup, before any thread parses a message.
+void RouteProtobufLogs();
+
 class Server {
  public:
   static StatusOr<std::unique_ptr<Server>> Create(ServerOptions options);

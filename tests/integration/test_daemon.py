@@ -159,6 +159,9 @@ def test_bad_input_battery_gets_errors_and_harms_no_one(daemon: Daemon) -> None:
             synthetic=pb.SyntheticProfile(iteration_seconds=-1)))
         close_unknown = request(session_id=12345, close_session=pb.CloseSession())
         old_hello = request(hello=pb.Hello(protocol_version=9))
+        # A string field holding invalid UTF-8 (protobuf checks proto3 strings when parsing).
+        bad_utf8 = request(hello=pb.Hello(protocol_version=1, client_name="x")).SerializeToString()
+        bad_utf8 = bad_utf8.replace(b"\x12\x01x", b"\x12\x01\xff")
         cases: list[tuple[str, list[bytes], int]] = [
             ("random bytes", [junk], 3),
             ("empty envelope", [b""], 3),
@@ -177,17 +180,22 @@ def test_bad_input_battery_gets_errors_and_harms_no_one(daemon: Daemon) -> None:
             ("synthetic with bad time", [bad_time.SerializeToString()], 3),
             ("close unknown session", [close_unknown.SerializeToString()], 5),
             ("wrong protocol version", [old_hello.SerializeToString()], 9),
+            ("invalid UTF-8 in a string", [bad_utf8], 3),
         ]
         for name, frames, want in cases:
             code, message, rid = reply_status(raw_call(daemon.endpoint, frames))
             assert code == want, f"{name}: got {code} {message!r}"
             assert message, f"{name}: an error needs a message"
-            if want != 3 or name not in ("random bytes", "empty envelope", "truncated envelope"):
+            unparseable = ("random bytes", "empty envelope", "truncated envelope",
+                           "invalid UTF-8 in a string")
+            if want != 3 or name not in unparseable:
                 assert rid == 77, f"{name}: reply must carry the request id"
         # The good session still trains, and its state was not touched.
         after = float(s.run(feeds=feeds, fetches=["loss"])["loss"])
         assert after < before
         assert daemon.proc.poll() is None
+        # Bad strings are answered, not echoed into the daemon's log by the protobuf library.
+        assert not [line for line in daemon.log if "libprotobuf" in line]
 
 
 # -- pipelining and shared buffers -------------------------------------------------------------
