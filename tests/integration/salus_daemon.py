@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SERVER = REPO / "build" / "bin" / "salus-server"
+SERVER = Path(os.environ.get("SALUS_SERVER", REPO / "build" / "bin" / "salus-server"))
 MODELS = REPO / "benchmarks" / "models"
 sys.path.insert(0, str(REPO / "adaptors" / "python"))
 
