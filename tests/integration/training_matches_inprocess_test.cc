@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "daemon_process.h"
 #include "exec/executable.h"
 #include "salus/client.h"
 
@@ -173,44 +174,8 @@ int TrainThroughDaemon(const std::string& endpoint, const TrainingRun& run, int 
   return (*session)->Close().ok() ? 0 : 14;
 }
 
-class Daemon {
- public:
-  Daemon() {
-    dir_ = std::filesystem::temp_directory_path() / ("salus-it-" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir_);
-    endpoint_ = "ipc://" + (dir_ / "salus.sock").string();
-    pid_ = fork();
-    if (pid_ == 0) {
-      execl(SALUS_SERVER_BIN, SALUS_SERVER_BIN, "--listen", endpoint_.c_str(), "--memory", "2GiB",
-            "--policy", "pack", "--log-level", "warn", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-  }
-  ~Daemon() {
-    kill(pid_, SIGTERM);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    std::filesystem::remove_all(dir_);
-  }
-  const std::string& endpoint() const { return endpoint_; }
-  // Waits until a Hello succeeds.
-  bool WaitReady() {
-    salus::client::Client::Options o;
-    o.timeout = std::chrono::milliseconds(500);
-    for (int i = 0; i < 40; ++i) {
-      if (salus::client::Client::Connect(endpoint_, o).ok()) return true;
-    }
-    return false;
-  }
-
- private:
-  std::filesystem::path dir_;
-  std::string endpoint_;
-  pid_t pid_ = -1;
-};
-
 TEST(TrainingThroughDaemon, ConcurrentClientsMatchInProcessLosses) {
-  Daemon daemon;
+  salus::testing::DaemonProcess daemon;
   ASSERT_TRUE(daemon.WaitReady());
   struct Child {
     pid_t pid;
@@ -258,6 +223,7 @@ TEST(TrainingThroughDaemon, ConcurrentClientsMatchInProcessLosses) {
     }
     EXPECT_LT(local.back(), local.front()) << c.file << " did not learn";
   }
+  EXPECT_EQ(daemon.Stop(), 0) << "the daemon did not drain cleanly";
 }
 
 }  // namespace
