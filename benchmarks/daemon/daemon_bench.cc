@@ -315,12 +315,13 @@ nlohmann::json Overhead(const Daemon& d, const std::string& models, const Classi
     std::vector<double> ms, ratio;
     std::vector<double> outside_us;  // one call at a time: round trip less queue and run
   };
-  std::vector<Mode> modes = {{"frames, one call at a time", Feeds::kFrames, false, {}, {}, {}},
-                             {"frames, pipelined", Feeds::kFrames, true, {}, {}, {}},
-                             {"staged, one call at a time", Feeds::kStaged, false, {}, {}, {}},
-                             {"staged, pipelined", Feeds::kStaged, true, {}, {}, {}},
-                             {"shared buffer, one call at a time", Feeds::kShared, false, {}, {}, {}},
-                             {"shared buffer, pipelined", Feeds::kShared, true, {}, {}, {}}};
+  std::vector<Mode> modes = {
+      {"frames, one call at a time", Feeds::kFrames, false, {}, {}, {}},
+      {"frames, pipelined", Feeds::kFrames, true, {}, {}, {}},
+      {"staged, one call at a time", Feeds::kStaged, false, {}, {}, {}},
+      {"staged, pipelined", Feeds::kStaged, true, {}, {}, {}},
+      {"shared buffer, one call at a time", Feeds::kShared, false, {}, {}, {}},
+      {"shared buffer, pipelined", Feeds::kShared, true, {}, {}, {}}};
   std::vector<double> local_ms, daemon_run_ms;
   for (int i = 0; i < 5; ++i) {  // warm all
     RunLocal(local);

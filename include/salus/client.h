@@ -184,8 +184,8 @@ class Session {
   // Sends a RunIteration whose frames point at `feeds` (which must outlive the send). Feeds
   // of Options::stage_feeds_from bytes or more are copied into a staging buffer first; its
   // index goes to *stage (-1: none), to be released once the reply is collected.
-  StatusOr<uint64_t> Send(const std::vector<Tensor>& feeds,
-                          const std::vector<std::string>& fetches, int* stage);
+  StatusOr<uint64_t> Send(const std::vector<Tensor>& feeds, const std::vector<std::string>& fetches,
+                          int* stage);
   StatusOr<std::map<std::string, Tensor>> Collect(uint64_t request_id);
   Client* client_;
   uint64_t id_;

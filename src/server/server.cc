@@ -1,9 +1,8 @@
 #include "server/server.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
-
 #include <google/protobuf/stubs/logging.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -38,15 +37,15 @@ std::vector<std::string> DefaultEndpoints() {
 }
 
 void RouteProtobufLogs() {
-  google::protobuf::SetLogHandler([](google::protobuf::LogLevel level, const char* file, int line,
-                                     const std::string& message) {
-    auto log = logging::Get("protobuf");
-    if (level == google::protobuf::LOGLEVEL_FATAL) {
-      log->critical("{}:{}: {}", file, line, message);
-    } else {
-      log->debug("{}:{}: {}", file, line, message);
-    }
-  });
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
+        auto log = logging::Get("protobuf");
+        if (level == google::protobuf::LOGLEVEL_FATAL) {
+          log->critical("{}:{}: {}", file, line, message);
+        } else {
+          log->debug("{}:{}: {}", file, line, message);
+        }
+      });
 }
 
 StatusOr<uint64_t> DefaultMemory(const std::string& device) {

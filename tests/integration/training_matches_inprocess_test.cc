@@ -117,9 +117,9 @@ struct TrainingRun {
   int max_staging_buffers = 4;
   std::string Describe() const {
     return std::string(pipelined ? "pipelined" : "one call at a time") +
-           (stage_feeds_from ? ", staged in at most " + std::to_string(max_staging_buffers) +
-                                   " shared buffers"
-                             : ", frames");
+           (stage_feeds_from
+                ? ", staged in at most " + std::to_string(max_staging_buffers) + " shared buffers"
+                : ", frames");
   }
 };
 
