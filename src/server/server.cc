@@ -215,8 +215,7 @@ void Server::Handle(Call call) {
     case v1::Request::kCloseSession: {
       Status s = sessions_->Close(req.session_id());
       if (!s.ok()) {
-        metrics_.RequestFailed();
-        return call.ReplyError(s);
+        return Fail(call, s);
       }
       v1::Reply reply;
       reply.mutable_close_session();
@@ -226,8 +225,7 @@ void Server::Handle(Call call) {
       if (draining_now) break;
       auto id = sessions_->RegisterBuffer(call.peer(), req.register_buffer());
       if (!id.ok()) {
-        metrics_.RequestFailed();
-        return call.ReplyError(id.status());
+        return Fail(call, id.status());
       }
       v1::Reply reply;
       reply.mutable_register_buffer()->set_buffer_id(*id);
@@ -236,8 +234,7 @@ void Server::Handle(Call call) {
     case v1::Request::kUnregisterBuffer: {
       Status s = sessions_->UnregisterBuffer(call.peer(), req.unregister_buffer().buffer_id());
       if (!s.ok()) {
-        metrics_.RequestFailed();
-        return call.ReplyError(s);
+        return Fail(call, s);
       }
       v1::Reply reply;
       reply.mutable_unregister_buffer();
@@ -265,21 +262,23 @@ void Server::Handle(Call call) {
       return Drain();
     }
     case v1::Request::BODY_NOT_SET:
-      metrics_.RequestFailed();
-      return call.ReplyError(
-          InvalidArgumentError("the request has no body (or one this server does not know)"));
+      return Fail(
+          call, InvalidArgumentError("the request has no body (or one this server does not know)"));
   }
+  Fail(call, UnavailableError("the server is draining and takes no new work"));
+}
+
+void Server::Fail(Call& call, const Status& s) {
   metrics_.RequestFailed();
-  call.ReplyError(UnavailableError("the server is draining and takes no new work"));
+  call.ReplyError(s);
 }
 
 void Server::HandleHello(Call call) {
   const v1::Hello& hello = call.request().hello();
   if (hello.protocol_version() != kProtocolVersion) {
-    metrics_.RequestFailed();
-    return call.ReplyError(FailedPreconditionError(
-        fmt::format("protocol version {} is not supported; this server speaks {}",
-                    hello.protocol_version(), kProtocolVersion)));
+    return Fail(call, FailedPreconditionError(
+                          fmt::format("protocol version {} is not supported; this server speaks {}",
+                                      hello.protocol_version(), kProtocolVersion)));
   }
   v1::Reply reply;
   v1::HelloReply* h = reply.mutable_hello();
@@ -305,14 +304,12 @@ void Server::ControlLoop() {
       control_queue_.pop_front();
     }
     if (draining()) {
-      metrics_.RequestFailed();
-      call->ReplyError(UnavailableError("the server is draining and takes no new work"));
+      Fail(*call, UnavailableError("the server is draining and takes no new work"));
       continue;
     }
     auto created = sessions_->Create(call->peer(), call->request().create_session());
     if (!created.ok()) {
-      metrics_.RequestFailed();
-      call->ReplyError(created.status());
+      Fail(*call, created.status());
       continue;
     }
     v1::Reply reply;

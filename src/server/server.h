@@ -74,6 +74,8 @@ class Server {
   explicit Server(ServerOptions options) : o_(std::move(options)) {}
   void Handle(Call call);
   void HandleHello(Call call);
+  // Answers `call` with the error `s` and counts it as a failed request.
+  void Fail(Call& call, const Status& s);
   void ControlLoop();
   void HousekeepingLoop();
   std::string Gauges() const;
