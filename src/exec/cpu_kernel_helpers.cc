@@ -201,19 +201,22 @@ void SceForward(const SceSpec& s, const float* scores, const int64_t* labels, co
   double total = 0, weight_sum = 0;
   for (int64_t i = 0; i < s.n; ++i) {
     for (int64_t j = 0; j < s.d; ++j) {
-      const float* x = scores + i * s.c * s.d + j;
-      float* lp = logp + i * s.c * s.d + j;
-      float mx = -INFINITY;
-      for (int64_t k = 0; k < s.c; ++k) mx = std::max(mx, x[k * s.d]);
-      double sum = 0;
-      for (int64_t k = 0; k < s.c; ++k) sum += std::exp(static_cast<double>(x[k * s.d] - mx));
-      const float lse = mx + static_cast<float>(std::log(sum));
-      for (int64_t k = 0; k < s.c; ++k) lp[k * s.d] = x[k * s.d] - lse;
       const int64_t label = labels[i * s.d + j];
       float l = 0, wt = 0;
-      if (!(s.has_ignore && label == s.ignore_index) && label >= 0 && label < s.c) {
-        wt = weights ? weights[label] : 1.f;
-        l = -wt * lp[label * s.d];
+      // With no classes there is nothing to normalise and every label is out of range.
+      if (s.c > 0) {
+        const float* x = scores + i * s.c * s.d + j;
+        float* lp = logp + i * s.c * s.d + j;
+        float mx = -INFINITY;
+        for (int64_t k = 0; k < s.c; ++k) mx = std::max(mx, x[k * s.d]);
+        double sum = 0;
+        for (int64_t k = 0; k < s.c; ++k) sum += std::exp(static_cast<double>(x[k * s.d] - mx));
+        const float lse = mx + static_cast<float>(std::log(sum));
+        for (int64_t k = 0; k < s.c; ++k) lp[k * s.d] = x[k * s.d] - lse;
+        if (!(s.has_ignore && label == s.ignore_index) && label >= 0 && label < s.c) {
+          wt = weights ? weights[label] : 1.f;
+          l = -wt * lp[label * s.d];
+        }
       }
       if (s.reduction == 2) loss[i * s.d + j] = l;
       total += l;
