@@ -64,6 +64,7 @@ StatusOr<std::unique_ptr<Executable>> Executable::Compile(std::string_view model
   import.constant_inputs = options.constant_inputs;
   import.trainable_initializers = options.mode == Mode::kTraining;
   import.max_tensor_elements = options.max_tensor_elements;
+  import.max_folded_bytes = options.max_folded_bytes;
   SALUS_ASSIGN_OR_RETURN(Graph graph, OnnxImporter::Import(model.data(), model.size(), import));
   std::unique_ptr<Executable> exe(new Executable());
   exe->graph_ = std::move(graph);

@@ -40,6 +40,9 @@ struct CompileOptions {
   OptimizerOptions optimizer;
   // Any tensor with more elements is refused (InvalidArgument).
   int64_t max_tensor_elements = int64_t{1} << 30;
+  // Constants made at compile time by folding may hold at most this many bytes in all
+  // (ResourceExhausted): a small model cannot make compilation take unbounded memory.
+  uint64_t max_folded_bytes = uint64_t{1} << 30;
   // Accumulate per-step wall time (see Executable::Profile).
   bool profile = false;
   // Values returned by Run; by default the graph outputs (inference) or the loss (training).

@@ -88,6 +88,18 @@ StatusOr<HostTensor> ConstantValue(const Node& n) {
   return UnimplementedError("node '" + n.name + "': op Constant with an unsupported value kind");
 }
 
+// Note [What folds]
+// A node whose inputs are all constants runs once at compile time, on the daemon's control
+// thread, so folding must stay cheap whatever the model says. Only ops whose work is linear in
+// the sizes of their tensors fold; a Conv, MatMul or pooling of constants (work that grows
+// with a kernel or inner dimension) runs each iteration like any other node. The bytes that
+// folding creates are bounded by ImportOptions::max_folded_bytes.
+bool Foldable(const std::string& op) {
+  static const std::set<std::string> heavy = {"Conv", "ConvTranspose", "MatMul",
+                                              "Gemm", "MaxPool",       "AveragePool"};
+  return heavy.count(op) == 0;
+}
+
 Status Fold(Graph* g, int node_index) {
   const Node& n = g->nodes()[node_index];
   SALUS_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> kernel,
@@ -248,6 +260,7 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
   }
 
   Graph g;
+  uint64_t folded_bytes = 0;  // bytes of constants made by folding so far
   g.set_opset(opset);
   for (const auto& init : gp->initializer()) {
     if (g.Find(init.name()) != kNoValue) {
@@ -362,11 +375,20 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
       g.nodes().pop_back();
       continue;
     }
-    bool all_constant = !added.inputs.empty();
+    bool all_constant = !added.inputs.empty() && Foldable(added.op);
     for (ValueId id : added.inputs) {
       if (id != kNoValue && g.value(id).kind != ValueKind::kConstant) all_constant = false;
     }
     if (all_constant) {
+      uint64_t bytes = 0;
+      for (ValueId o : added.outputs) bytes += o == kNoValue ? 0 : g.value(o).bytes();
+      if (bytes > options.max_folded_bytes - folded_bytes) {
+        return ResourceExhaustedError(
+            added.Describe() + ": folding it would hold " + std::to_string(folded_bytes + bytes) +
+            " bytes of constants made at compile time, over the limit of " +
+            std::to_string(options.max_folded_bytes));
+      }
+      folded_bytes += bytes;
       SALUS_RETURN_IF_ERROR(Fold(&g, idx));
       g.nodes().pop_back();
     }

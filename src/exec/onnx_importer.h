@@ -8,10 +8,12 @@
 //    type the engine lacks is Unimplemented naming the node and the op.
 // 4. Fold constants: a node whose inputs are all constants runs once, now, on the CPU kernels,
 //    and its outputs become constants (so Reshape's shape, Constant nodes and the like cost
-//    nothing at run time).
+//    nothing at run time). Only ops whose work is linear in their tensors fold, and the bytes
+//    folding makes are bounded (ResourceExhausted past max_folded_bytes): Note [What folds].
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -33,6 +35,8 @@ struct ImportOptions {
   bool trainable_initializers = false;
   // Any tensor with more elements is refused (InvalidArgument).
   int64_t max_tensor_elements = int64_t{1} << 30;
+  // Constants made by folding may hold at most this many bytes in all (ResourceExhausted).
+  uint64_t max_folded_bytes = uint64_t{1} << 30;
 };
 
 class OnnxImporter {

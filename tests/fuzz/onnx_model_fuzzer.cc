@@ -17,6 +17,7 @@ using salus::exec::Executable;
 // Executables larger than this are compiled but not run.
 constexpr uint64_t kMaxRunBytes = uint64_t{64} << 20;
 constexpr int64_t kMaxTensorElements = int64_t{1} << 20;
+constexpr uint64_t kMaxFoldedBytes = uint64_t{64} << 20;
 
 void RunOnce(Executable& exe) {
   if (exe.persistent_bytes() + exe.ephemeral_bytes() > kMaxRunBytes) return;
@@ -42,6 +43,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
   CompileOptions options;
   options.max_tensor_elements = kMaxTensorElements;
+  options.max_folded_bytes = kMaxFoldedBytes;
   auto exe = Executable::Compile(bytes, options);
   if (!exe.ok()) return 0;
   RunOnce(**exe);

@@ -160,6 +160,71 @@ TEST(ExecutableTest, ConstantSubgraphsAreFolded) {
     EXPECT_FLOAT_EQ((*out)[0].floats()[i], x.floats()[i] * (a[i] + b[i % 6]));
 }
 
+// Folding makes constants at compile time; their bytes are bounded, so a small model cannot
+// make compilation take unbounded memory (Note [What folds]).
+TEST(ExecutableTest, FoldedBytesAreBounded) {
+  ModelBuilder mb;
+  mb.Initializer("a", {64, 1}, RandomFloats(64, 1)).Initializer("b", {1, 64}, RandomFloats(64, 2));
+  mb.Node("Add", {"a", "b"}, {"c0"});  // 64 x 64 floats: 16 KiB per folded node
+  for (int i = 1; i < 8; ++i) {
+    mb.Node("Add", {"c" + std::to_string(i - 1), "b"}, {"c" + std::to_string(i)});
+  }
+  mb.Output("c7", {64, 64});
+  CompileOptions o;
+  o.max_folded_bytes = 8 * 16384;
+  auto fits = Executable::Compile(mb.Bytes(), o);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ((*fits)->num_steps(), 0u);
+  o.max_folded_bytes = 8 * 16384 - 1;
+  auto over = Executable::Compile(mb.Bytes(), o);
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("Add_8"), std::string::npos) << over.status();
+  EXPECT_NE(over.status().message().find("131071"), std::string::npos) << over.status();
+}
+
+// Ops whose work grows with an inner dimension are not folded even on constants: they run
+// each iteration, with the same result.
+TEST(ExecutableTest, HeavyOpsOnConstantsRunEachIteration) {
+  const std::vector<float> a = RandomFloats(6, 1), b = RandomFloats(12, 2);
+  ModelBuilder mb;
+  mb.Input("x", {2, 4});
+  mb.Initializer("a", {2, 3}, a).Initializer("b", {3, 4}, b);
+  mb.Node("MatMul", {"a", "b"}, {"ab"});
+  mb.Node("Add", {"x", "ab"}, {"y"});
+  mb.Output("y", {2, 4});
+  auto exe = Executable::Compile(mb.Bytes(), {});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_EQ((*exe)->num_steps(), 2u);  // MatMul and Add
+  Memory mem(**exe);
+  HostTensor x = HostTensor::FromFloats({2, 4}, RandomFloats(8, 3));
+  auto out = RunHost(**exe, mem, {x});
+  ASSERT_TRUE(out.ok()) << out.status();
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      float ab = 0;
+      for (int k = 0; k < 3; ++k) ab += a[i * 3 + k] * b[k * 4 + j];
+      EXPECT_NEAR((*out)[0].floats()[i * 4 + j], x.floats()[i * 4 + j] + ab, 1e-5f);
+    }
+  }
+}
+
+// No classes: nothing to normalise, every label out of range, the loss is 0 (the fuzzer found
+// pointer arithmetic on the empty scores here; UBSan checks it in the sanitizer pass).
+TEST(ExecutableTest, SoftmaxCrossEntropyWithNoClassesIsZero) {
+  ModelBuilder mb;
+  mb.Input("scores", {3, 0, 2}).Input("labels", {3, 2}, onnx::TensorProto::INT64);
+  mb.Node("SoftmaxCrossEntropyLoss", {"scores", "labels"}, {"loss"});
+  mb.Output("loss", {});
+  auto exe = Executable::Compile(mb.Bytes(), {});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  Memory mem(**exe);
+  auto out = RunHost(**exe, mem,
+                     {HostTensor(DataType::kFloat32, {3, 0, 2}),
+                      HostTensor::FromInt64s({3, 2}, {0, 1, 0, 1, 0, 1})});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].floats()[0], 0.f);
+}
+
 // Inference fuses a Relu into the Conv it follows; the result is that of the two ops apart
 // (kept apart here by also fetching the Conv's output).
 TEST(ExecutableTest, ConvReluFusionKeepsResults) {
