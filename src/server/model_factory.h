@@ -2,6 +2,7 @@
 // engine for the daemon's device.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "server/session_manager.h"
@@ -9,6 +10,10 @@
 namespace salus::server {
 
 // The factory for `device`, or an empty function when this build cannot run models there.
-SessionManager::ModelFactory MakeModelFactory(const std::string& device);
+// Each model's compilation may make at most `max_folded_bytes` of constants by folding.
+SessionManager::ModelFactory MakeModelFactory(const std::string& device, uint64_t max_folded_bytes);
+
+// The engine's default for `max_folded_bytes` (1 GiB).
+uint64_t DefaultMaxFoldedBytes();
 
 }  // namespace salus::server

@@ -67,9 +67,11 @@ ModelRuntime::ModelRuntime(std::unique_ptr<exec::Executable> exe) : exe_(std::mo
 }
 
 StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec& spec,
-                                                             exec::DeviceType device) {
+                                                             exec::DeviceType device,
+                                                             uint64_t max_folded_bytes) {
   exec::CompileOptions o;
   o.device = device;
+  o.max_folded_bytes = max_folded_bytes;
   for (const v1::InputShape& in : spec.inputs()) {
     if (in.name().empty()) return InvalidArgumentError("an input shape has no name");
     for (int64_t d : in.dims()) {

@@ -18,8 +18,11 @@ namespace salus::server {
 
 class ModelRuntime final : public SessionRuntime {
  public:
-  static StatusOr<std::unique_ptr<ModelRuntime>> Create(const v1::ModelSpec& spec,
-                                                        exec::DeviceType device);
+  // `max_folded_bytes` bounds the constants compilation may make by folding (see
+  // exec::CompileOptions): past it, CreateSession is ResourceExhausted.
+  static StatusOr<std::unique_ptr<ModelRuntime>> Create(
+      const v1::ModelSpec& spec, exec::DeviceType device,
+      uint64_t max_folded_bytes = exec::CompileOptions{}.max_folded_bytes);
 
   std::string_view kind() const override { return "model"; }
   mem::Requirement requirement() const override {

@@ -34,7 +34,8 @@ int Fail(const salus::Status& s) {
 int main(int argc, char** argv) {
   salus::EnsurePassiveOpenMpWait(argv);  // Note [OpenMP wait policy]
   std::vector<std::string> listen;
-  std::string config_path, device, memory, policy, policy_options, log_level, metrics_listen;
+  std::string config_path, device, memory, policy, policy_options, log_level, metrics_listen,
+      max_folded_bytes;
   double lease_seconds = 0;
   po::options_description desc("salus-server: the Salus GPU execution service");
   desc.add_options()("help,h", "show this help")("config", po::value(&config_path),
@@ -47,7 +48,9 @@ int main(int argc, char** argv) {
       "policy-options", po::value(&policy_options), "the policy's options as a JSON object")(
       "log-level", po::value(&log_level), "trace, debug, info (default), warn, error")(
       "metrics-listen", po::value(&metrics_listen), "HOST:PORT for /metrics and /healthz")(
-      "lease-seconds", po::value(&lease_seconds), "a silent client's sessions close after this");
+      "lease-seconds", po::value(&lease_seconds), "a silent client's sessions close after this")(
+      "max-folded-bytes", po::value(&max_folded_bytes),
+      "constants one model's compilation may make by folding, e.g. 1GiB (the default)");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -74,6 +77,9 @@ int main(int argc, char** argv) {
   if (vm.count("policy")) overrides.push_back("policy=\"" + policy + "\"");
   if (vm.count("log-level")) overrides.push_back("log_level=\"" + log_level + "\"");
   if (vm.count("metrics-listen")) overrides.push_back("metrics_listen=\"" + metrics_listen + "\"");
+  if (vm.count("max-folded-bytes")) {
+    overrides.push_back("max_folded_bytes=\"" + max_folded_bytes + "\"");
+  }
   if (vm.count("lease-seconds"))
     overrides.push_back("lease_seconds=" + std::to_string(lease_seconds));
   if (auto s = config.ApplyOverrides(overrides); !s.ok()) return Fail(s);
@@ -115,7 +121,9 @@ int main(int argc, char** argv) {
   } else {
     o.policy_options = config.Section("policy_options");
   }
-  o.model_factory = salus::server::MakeModelFactory(o.device);
+  auto folded = config.GetBytes("max_folded_bytes", salus::server::DefaultMaxFoldedBytes());
+  if (!folded.ok()) return Fail(folded.status());
+  o.model_factory = salus::server::MakeModelFactory(o.device, *folded);
 
   // Block the drain signals in every thread; one thread waits for them.
   sigset_t signals;

@@ -93,6 +93,43 @@ def test_admission_timeout(daemon_factory) -> None:
         keep.run()
 
 
+def folding_model(folds: int) -> bytes:
+    """An ONNX model whose `folds` broadcasting Adds of initializers (256 KiB each) all fold."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    a = numpy_helper.from_array(np.ones((256, 1), np.float32), "a")
+    b = numpy_helper.from_array(np.ones((1, 256), np.float32), "b")
+    nodes = [helper.make_node("Add", ["a", "b"], ["c0"], name="fold_0")]
+    nodes += [helper.make_node("Add", [f"c{i - 1}", "b"], [f"c{i}"], name=f"fold_{i}")
+              for i in range(1, folds)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 256])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 256])
+    nodes.append(helper.make_node("Add", ["x", f"c{folds - 1}"], ["y"], name="add_x"))
+    graph = helper.make_graph(nodes, "folds", [x], [y], [a, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_compilation_is_bounded_by_max_folded_bytes(daemon_factory) -> None:
+    d = daemon_factory("--max-folded-bytes", "1MiB")
+    with salus.connect(d.endpoint) as c:
+        mlp = mlp_session(c)
+        mlp.run(mlp_feeds())
+        # Four folds make exactly 1 MiB of constants: accepted, and the result is right.
+        ok = c.create_session(model=folding_model(4), mode="infer", inputs={"x": (256, 256)})
+        x = np.full((256, 256), 0.5, np.float32)
+        y = ok.run({"x": x}, fetches=["y"])["y"]
+        np.testing.assert_array_equal(y, np.full((256, 256), 5.5, np.float32))
+        # A fifth is refused, naming the node and the limit.
+        with pytest.raises(salus.SalusError) as e:
+            c.create_session(model=folding_model(5), mode="infer", inputs={"x": (256, 256)})
+        assert e.value.code == "RESOURCE_EXHAUSTED"
+        assert "fold_4" in e.value.message and "1048576" in e.value.message, e.value.message
+        mlp.run(mlp_feeds(seed=1))
+    assert d.stop() == 0
+
+
 # -- bad input ------------------------------------------------------------------------------
 
 
