@@ -18,6 +18,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "salus/v1/data_type.h"
 #include "salus/v1/salus.pb.h"
 
 namespace salus::client {
@@ -27,7 +28,14 @@ constexpr uint32_t kProtocolVersion = 1;
 // Heartbeats go out this many times per lease.
 constexpr int kBeatsPerLease = 3;
 
+// The public DType is the wire's DataType without protobuf in the header.
 v1::DataType ToWire(DType d) { return static_cast<v1::DataType>(static_cast<int>(d)); }
+static_assert(static_cast<int>(DType::kFloat32) == v1::FLOAT32 &&
+              static_cast<int>(DType::kInt64) == v1::INT64 &&
+              static_cast<int>(DType::kInt32) == v1::INT32 &&
+              static_cast<int>(DType::kFloat64) == v1::FLOAT64 &&
+              static_cast<int>(DType::kUInt8) == v1::UINT8 &&
+              static_cast<int>(DType::kBool) == v1::BOOL);
 
 Status FromWire(const v1::Status& s) {
   if (s.code() < 0 || s.code() > 16) return UnknownError(s.message());
@@ -36,20 +44,7 @@ Status FromWire(const v1::Status& s) {
 
 }  // namespace
 
-size_t DTypeSize(DType d) {
-  switch (d) {
-    case DType::kFloat32:
-    case DType::kInt32:
-      return 4;
-    case DType::kInt64:
-    case DType::kFloat64:
-      return 8;
-    case DType::kUInt8:
-    case DType::kBool:
-      return 1;
-  }
-  return 0;
-}
+size_t DTypeSize(DType d) { return v1::DataTypeSize(ToWire(d)); }
 
 size_t Tensor::num_elements() const {
   size_t n = 1;

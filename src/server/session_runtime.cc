@@ -2,26 +2,12 @@
 
 #include <fmt/format.h>
 
+#include "salus/v1/data_type.h"
+
 namespace salus::server {
 
-size_t DataTypeSize(v1::DataType dtype) {
-  switch (dtype) {
-    case v1::FLOAT32:
-    case v1::INT32:
-      return 4;
-    case v1::INT64:
-    case v1::FLOAT64:
-      return 8;
-    case v1::UINT8:
-    case v1::BOOL:
-      return 1;
-    default:
-      return 0;
-  }
-}
-
 StatusOr<uint64_t> TensorBytes(const v1::TensorSpec& spec) {
-  const size_t elem = DataTypeSize(spec.dtype());
+  const size_t elem = v1::DataTypeSize(spec.dtype());
   if (elem == 0) {
     return InvalidArgumentError(fmt::format("tensor '{}': unsupported dtype {}", spec.name(),
                                             static_cast<int>(spec.dtype())));

@@ -48,8 +48,6 @@ class SessionRuntime {
                      const std::vector<std::string>& fetches, IterationOutputs* out) = 0;
 };
 
-// Bytes per element of a wire dtype; 0 for an unspecified or unknown one.
-size_t DataTypeSize(v1::DataType dtype);
 // The bytes dtype × shape need; INVALID_ARGUMENT naming the tensor for an unknown dtype, a
 // negative dimension or an overflowing shape.
 StatusOr<uint64_t> TensorBytes(const v1::TensorSpec& spec);
