@@ -8,8 +8,9 @@
 //   3. the smallest lane r with F + ΣL - L_r + E ≤ C (all lanes are < E here): grow r to E,
 //                                             at its next iteration boundary, and join it;
 //   4. otherwise                              wait in the admission queue.
-// kSingleLane keeps at most one lane and admits when F + max(L, E) ≤ C; kExclusive admits
-// when no session is admitted.
+// Every search stays within the session's lane class (a lane holds sessions of one class).
+// kSingleLane keeps at most one lane per class and admits when F + ΣL - L + max(L, E) ≤ C, L
+// the class's lane; kExclusive admits when no session is admitted, whatever its class.
 //
 // Note [Lane placement]
 // ~~~~~~~~~~~~~~~~~~~~~
@@ -51,6 +52,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 
 #include "common/check.h"
 #include "common/units.h"
@@ -72,6 +74,10 @@ std::string Range(uint64_t offset, uint64_t size) {
 }
 
 }  // namespace
+
+std::string_view LaneClassName(LaneClass c) {
+  return c == LaneClass::kInteractive ? "interactive" : "batch";
+}
 
 StatusOr<std::unique_ptr<MemoryManager>> MemoryManager::Create(Options options) {
   SALUS_ASSIGN_OR_RETURN(auto manager, ArenaMemoryManager::Create(std::move(options)));
@@ -121,13 +127,15 @@ ArenaMemoryManager::Decision ArenaMemoryManager::Decide(const Requirement& req) 
       if (sessions_.empty() && l + e <= c - f) return {Step::kNewLane, 0};
       return {Step::kWait, 0};
     case AdmissionMode::kSingleLane: {
-      if (lanes_.empty()) {
-        if (l + e <= c - f) return {Step::kNewLane, 0};
+      const auto mine = lanes_by_size_.lower_bound({req.lane_class, 0, 0});
+      if (mine == lanes_by_size_.end() || std::get<0>(*mine) != req.lane_class) {
+        if (l <= c - f && e <= c - f - l) return {Step::kNewLane, 0};
         return {Step::kWait, 0};
       }
-      const Lane& lane = lanes_.begin()->second;
-      if (std::max(lane.size, e) > c - f) return {Step::kWait, 0};
-      return {lane.size >= e ? Step::kJoin : Step::kGrow, lane.id};
+      const auto [cls, size, id] = *mine;
+      // The class's lane grows to max(L, E) and the other classes' lanes stay.
+      if (l > c - f || std::max(size, e) - size > c - f - l) return {Step::kWait, 0};
+      return {size >= e ? Step::kJoin : Step::kGrow, id};
     }
     case AdmissionMode::kPack:
       break;
@@ -136,14 +144,19 @@ ArenaMemoryManager::Decision ArenaMemoryManager::Decide(const Requirement& req) 
   if (l <= c - f && e <= c - f - l) return {Step::kNewLane, 0};
   // Joining adds P without adding lane bytes; nothing fits unless the lanes fit beside F.
   if (l > c - f) return {Step::kWait, 0};
-  // 2. The best match: the smallest lane with L >= E.
-  const auto best = lanes_by_size_.lower_bound({e, 0});
-  if (best != lanes_by_size_.end()) return {Step::kJoin, best->second};
+  // 2. The best match: the smallest lane of the class with L >= E.
+  const LaneClass cls = req.lane_class;
+  const auto best = lanes_by_size_.lower_bound({cls, e, 0});
+  if (best != lanes_by_size_.end() && std::get<0>(*best) == cls) {
+    return {Step::kJoin, std::get<2>(*best)};
+  }
   // 3. Lanes in ascending size: the first with F + ΣL - L_r + E ≤ C, i.e. L_r ≥ F + ΣL + E - C.
   // Every lane is smaller than E here (step 2 found none), so growing it to E is the step.
   const uint64_t need = f + l + e - c;  // > 0: step 1 failed
-  const auto grow = lanes_by_size_.lower_bound({need, 0});
-  if (grow != lanes_by_size_.end()) return {Step::kGrow, grow->second};
+  const auto grow = lanes_by_size_.lower_bound({cls, need, 0});
+  if (grow != lanes_by_size_.end() && std::get<0>(*grow) == cls) {
+    return {Step::kGrow, std::get<2>(*grow)};
+  }
   // 4. Wait.
   return {Step::kWait, 0};
 }
@@ -171,8 +184,9 @@ Grant ArenaMemoryManager::Apply(const Waiting& w, const Decision& d) {
     const LaneId id = next_lane_++;
     Lane& l = lanes_[id];
     l.id = id;
+    l.lane_class = w.req.lane_class;
     l.allocator = std::make_unique<LaneAllocator>();
-    lanes_by_size_.emplace(0, id);
+    lanes_by_size_.emplace(l.lane_class, 0, id);
     lane = &l;
   } else {
     lane = &lanes_.at(d.lane);
@@ -186,10 +200,10 @@ Grant ArenaMemoryManager::Apply(const Waiting& w, const Decision& d) {
 }
 
 void ArenaMemoryManager::ResizeLane(Lane& lane, uint64_t size) {
-  lanes_by_size_.erase({lane.size, lane.id});
+  lanes_by_size_.erase({lane.lane_class, lane.size, lane.id});
   lane_bytes_ = lane_bytes_ - lane.size + size;
   lane.size = size;
-  lanes_by_size_.emplace(size, lane.id);
+  lanes_by_size_.emplace(lane.lane_class, size, lane.id);
 }
 
 StatusOr<std::optional<Grant>> ArenaMemoryManager::Admit(SessionId session, Requirement req,
@@ -217,7 +231,7 @@ StatusOr<std::optional<Grant>> ArenaMemoryManager::Admit(SessionId session, Requ
   Waiting w;
   w.id = session;
   w.declared = req;
-  w.req = {AlignUp(req.persistent_bytes), AlignUp(req.ephemeral_bytes)};
+  w.req = {AlignUp(req.persistent_bytes), AlignUp(req.ephemeral_bytes), req.lane_class};
   const Decision d = Decide(w.req);
   if (d.step != Step::kWait) {
     const Grant g = Apply(w, d);
@@ -264,7 +278,7 @@ void ArenaMemoryManager::LeaveLane(const Session& s) {
     ResizeLane(lane, *lane.ephemeral.rbegin());
     return;
   }
-  lanes_by_size_.erase({lane.size, lane.id});
+  lanes_by_size_.erase({lane.lane_class, lane.size, lane.id});
   lane_bytes_ -= lane.size;
   lane.size = 0;
   if (lane.in_iteration) {
@@ -497,7 +511,7 @@ StatusOr<LaneIteration> ArenaMemoryManager::Begin(LaneId id, std::optional<Sessi
   lane.counters_at_begin = lane.allocator->stats();
   lane.allocator->Reset(base_ + offset, lane.size);
   in_flight_.insert(id);
-  return LaneIteration{id, offset, lane.size, base_ + offset, lane.allocator.get()};
+  return LaneIteration{id, lane.lane_class, offset, lane.size, base_ + offset, lane.allocator.get()};
 }
 
 Status ArenaMemoryManager::EndIteration(LaneId id) {
@@ -549,7 +563,7 @@ std::vector<LaneInfo> ArenaMemoryManager::Lanes() const {
   out.reserve(lanes_.size());
   uint64_t offset = 0;
   for (const auto& [id, l] : lanes_) {
-    out.push_back(LaneInfo{id, offset, l.size, l.sessions, l.in_iteration});
+    out.push_back(LaneInfo{id, l.lane_class, offset, l.size, l.sessions, l.in_iteration});
     offset += l.size;
   }
   return out;
@@ -634,8 +648,11 @@ nlohmann::json ArenaMemoryManager::MemoryMap() const {
   nlohmann::json lanes = nlohmann::json::array();
   uint64_t offset = 0;
   auto lane_json = [&](const Lane& l, std::optional<uint64_t> layout) {
-    nlohmann::json j = {
-        {"id", l.id}, {"size", l.size}, {"sessions", l.sessions}, {"in_iteration", l.in_iteration}};
+    nlohmann::json j = {{"id", l.id},
+                        {"class", LaneClassName(l.lane_class)},
+                        {"size", l.size},
+                        {"sessions", l.sessions},
+                        {"in_iteration", l.in_iteration}};
     j["offset"] = layout ? nlohmann::json(*layout) : nlohmann::json(nullptr);
     if (l.in_iteration) {
       j["placed"] = {{"offset", l.placed_offset}, {"size", l.placed_size}};
@@ -751,12 +768,19 @@ Status ArenaMemoryManager::CheckInvariantsLocked() const {
       return broken(fmt::format("lane {} has size {} but its largest E is {}", id, l.size,
                                 *l.ephemeral.rbegin()));
     }
-    if (!lanes_by_size_.contains({l.size, id})) return broken("lane size index out of date");
+    if (!lanes_by_size_.contains({l.lane_class, l.size, id})) {
+      return broken("lane size index out of date");
+    }
     if (l.in_iteration != in_flight_.contains(id)) return broken("in-flight set out of date");
     for (const SessionId s : l.sessions) {
       const auto it = sessions_.find(s);
       if (it == sessions_.end() || it->second.lane != id) {
         return broken(fmt::format("lane {} lists session {}, which is not in it", id, s));
+      }
+      if (options_.mode != AdmissionMode::kExclusive &&
+          it->second.req.lane_class != l.lane_class) {
+        return broken(fmt::format("lane {} ({}) holds session {} of another class", id,
+                                  LaneClassName(l.lane_class), s));
       }
     }
     members += l.sessions.size();
@@ -766,8 +790,17 @@ Status ArenaMemoryManager::CheckInvariantsLocked() const {
       members != sessions_.size()) {
     return broken(fmt::format("ΣL {} but the lanes hold {}", lane_bytes_, sum_l));
   }
-  if (options_.mode != AdmissionMode::kPack && lanes_.size() > 1) {
-    return broken("more than one lane outside kPack");
+  if (options_.mode == AdmissionMode::kExclusive && lanes_.size() > 1) {
+    return broken("more than one lane in kExclusive");
+  }
+  if (options_.mode == AdmissionMode::kSingleLane) {
+    std::array<int, kLaneClasses> per_class{};
+    for (const auto& [id, l] : lanes_) {
+      if (++per_class[static_cast<size_t>(l.lane_class)] > 1) {
+        return broken(fmt::format("more than one {} lane in kSingleLane",
+                                  LaneClassName(l.lane_class)));
+      }
+    }
   }
   if (options_.mode == AdmissionMode::kExclusive && sessions_.size() > 1) {
     return broken("more than one session in kExclusive");

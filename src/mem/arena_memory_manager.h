@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -62,6 +63,7 @@ class ArenaMemoryManager final : public MemoryManager {
 
   struct Lane {
     LaneId id = 0;
+    LaneClass lane_class = LaneClass::kBatch;
     uint64_t size = 0;  // the layout size: max E of the sessions, counted in ΣL
     std::vector<SessionId> sessions;
     std::multiset<uint64_t> ephemeral;  // E of each session
@@ -125,7 +127,8 @@ class ArenaMemoryManager final : public MemoryManager {
   std::map<SessionId, Session> sessions_ GUARDED_BY(mu_);
   std::map<LaneId, Lane> lanes_ GUARDED_BY(mu_);     // open lanes, by id: the layout order
   std::map<LaneId, Lane> draining_ GUARDED_BY(mu_);  // closed mid-iteration
-  std::set<std::pair<uint64_t, LaneId>> lanes_by_size_ GUARDED_BY(mu_);
+  // (class, size, id) of every open lane: Algorithm 1's searches stay within one class.
+  std::set<std::tuple<LaneClass, uint64_t, LaneId>> lanes_by_size_ GUARDED_BY(mu_);
   std::set<LaneId> in_flight_ GUARDED_BY(mu_);  // open or draining lanes mid-iteration
   std::list<Waiting> waiting_ GUARDED_BY(mu_);
   std::vector<Retiring> retiring_ GUARDED_BY(mu_);

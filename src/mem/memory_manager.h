@@ -7,8 +7,10 @@
 //   region grows down from C, the ephemeral region grows up from 0 and is cut into lanes.
 // - Admit(session, {P, E}) runs the admission rule of the configured mode:
 //     kPack        Algorithm 1 of DESIGN.md (new lane / best-match join / grow / queue);
-//     kSingleLane  one shared lane grown to the largest E; admitted if ΣP + P + max(L, E) ≤ C;
+//     kSingleLane  one shared lane per lane class grown to the largest E; admitted if
+//                  ΣP + P + ΣL - L + max(L, E) ≤ C (L: the class's lane, 0 when it has none);
 //     kExclusive   one session on the device at a time (admitted iff none is admitted).
+//   Every mode except kExclusive admits a session only into a lane of its own LaneClass.
 //   It returns the Grant when admitted now, std::nullopt when the session waits in the
 //   admission queue (it is admitted later and reported through Options::on_admitted), or
 //   RESOURCE_EXHAUSTED at once when it can never fit (P + E > C), with P, E and C in human
@@ -57,6 +59,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "common/clock.h"
@@ -76,9 +79,18 @@ using LaneId = uint64_t;
 // expect of a buffer's alignment.
 inline constexpr uint64_t kArenaAlignment = 256;
 
+// Sessions of different classes never share a lane. Interactive (latency-sensitive) sessions
+// are never packed with batch ones, so an interactive request never waits behind a batch
+// iteration; their lanes may run at a higher priority (a high-priority stream, a worker at a
+// higher OS priority).
+enum class LaneClass : uint8_t { kBatch = 0, kInteractive = 1 };
+inline constexpr int kLaneClasses = 2;
+std::string_view LaneClassName(LaneClass c);  // "batch", "interactive"
+
 struct Requirement {
   uint64_t persistent_bytes = 0;  // P
   uint64_t ephemeral_bytes = 0;   // E
+  LaneClass lane_class = LaneClass::kBatch;
 };
 
 enum class AdmissionMode {
@@ -95,6 +107,7 @@ struct Grant {
 // One iteration's view of its lane. Valid between BeginIteration and EndIteration.
 struct LaneIteration {
   LaneId lane = 0;
+  LaneClass lane_class = LaneClass::kBatch;
   uint64_t base = 0;             // arena offset of the lane
   uint64_t size = 0;             // lane size in bytes
   std::byte* address = nullptr;  // provider address of the lane base (not dereferenceable on
@@ -110,6 +123,7 @@ struct PersistentBlock {
 
 struct LaneInfo {
   LaneId id = 0;
+  LaneClass lane_class = LaneClass::kBatch;
   uint64_t offset = 0;
   uint64_t size = 0;
   std::vector<SessionId> sessions;

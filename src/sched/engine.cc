@@ -26,7 +26,8 @@ Engine::Engine(Options options)
       policy_(std::move(options.policy)),
       ewma_alpha_(options.ewma_alpha),
       on_admitted_(std::move(options.on_admitted)),
-      on_admission_failed_(std::move(options.on_admission_failed)) {}
+      on_admission_failed_(std::move(options.on_admission_failed)),
+      anticipation_(policy_->anticipation()) {}
 
 Engine::~Engine() = default;
 
@@ -64,10 +65,16 @@ void Engine::OnAdmittedLocked(SessionId id, LaneId lane) {
   s.state = SessionState::kAdmitted;
   s.lane = lane;
   s.admit_seq = next_admit_seq_++;
+  s.hold_window = HoldWindowLocked(s);
   LaneRec& l = lanes_[lane];
+  l.lane_class = s.spec.requirement.lane_class;
   l.members.push_back(id);
   // The lane's membership changed: FAIR's service counts from here.
-  for (SessionId m : l.members) sessions_.at(m).service = Nanos(0);
+  for (SessionId m : l.members) {
+    SessionRec& member = sessions_.at(m);
+    member.service = Nanos(0);
+    RefreshViewLocked(member);
+  }
 }
 
 void Engine::LeaveLaneLocked(SessionId id, LaneId lane) {
@@ -75,8 +82,81 @@ void Engine::LeaveLaneLocked(SessionId id, LaneId lane) {
   if (it == lanes_.end()) return;
   auto& members = it->second.members;
   members.erase(std::remove(members.begin(), members.end(), id), members.end());
-  for (SessionId m : members) sessions_.at(m).service = Nanos(0);
+  for (SessionId m : members) {
+    SessionRec& member = sessions_.at(m);
+    member.service = Nanos(0);
+    RefreshViewLocked(member);
+  }
   if (members.empty() && !it->second.busy) lanes_.erase(it);
+}
+
+void Engine::RemoveViewLocked(SessionRec& s, LaneRec& lane) {
+  if (s.view == kNotRunnable) return;
+  const size_t i = s.view;
+  s.view = kNotRunnable;
+  if (i + 1 != lane.runnable.size()) {
+    lane.runnable[i] = lane.runnable.back();
+    sessions_.at(lane.runnable[i].id).view = i;
+  }
+  lane.runnable.pop_back();
+}
+
+void Engine::RefreshViewLocked(SessionRec& s) {
+  if (s.state != SessionState::kAdmitted) return;
+  auto lit = lanes_.find(s.lane);
+  if (lit == lanes_.end()) return;
+  LaneRec& lane = lit->second;
+  if (s.closing || PendingLocked(s) == 0) return RemoveViewLocked(s, lane);
+  SessionView v;
+  v.id = s.id;
+  v.priority = s.spec.priority;
+  v.admit_seq = s.admit_seq;
+  v.requested_at = s.requests[s.requests_head];
+  v.service = s.service;
+  v.total_service = s.total_service;
+  v.remaining_seconds = RemainingSecondsLocked(s);
+  v.iterations_done = s.iterations_done;
+  if (s.view == kNotRunnable) {
+    s.view = lane.runnable.size();
+    lane.runnable.push_back(v);
+  } else {
+    lane.runnable[s.view] = v;
+  }
+}
+
+Nanos Engine::HoldWindowLocked(const SessionRec& s) const {
+  const AnticipationOptions& a = anticipation_;
+  if (a.max_hold <= Nanos(0)) return Nanos(0);
+  const size_t n = std::min(s.gaps_observed, kGapHistory);
+  if (n == 0) return a.max_hold;
+  std::array<Nanos, kGapHistory> sorted;
+  std::copy_n(s.gaps.begin(), n, sorted.begin());
+  std::sort(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(n));
+  // Nearest-rank percentiles.
+  auto rank = [n](size_t percent) { return std::max<size_t>(1, (percent * n + 99) / 100) - 1; };
+  if (sorted[rank(50)] > a.max_hold) return Nanos(0);
+  return std::clamp(sorted[rank(90)], a.min_hold, a.max_hold);
+}
+
+bool Engine::AnticipatedLocked(const SessionRec& s, Nanos now) const {
+  if (!s.idle_since || s.closing || s.running || PendingLocked(s) != 0) return false;
+  if (s.spec.declared_iterations && s.iterations_done >= *s.spec.declared_iterations) return false;
+  return s.hold_window > Nanos(0) && now - *s.idle_since < s.hold_window;
+}
+
+void Engine::StopIdlingLocked(SessionRec& s, LaneRec* lane) {
+  if (!s.idle_since) return;
+  s.idle_since.reset();
+  if (lane == nullptr) return;
+  auto& idle = lane->idle;
+  idle.erase(std::remove(idle.begin(), idle.end(), s.id), idle.end());
+}
+
+void Engine::EndHoldLocked(LaneRec& lane, SessionId next, Nanos now) {
+  if (!lane.hold) return;
+  (lane.hold->session == next ? holds_.returned : holds_.expired)++;
+  holds_.idle += now - lane.hold->since;
+  lane.hold.reset();
 }
 
 void Engine::DrainMemEventsLocked(Notices* notices) {
@@ -122,7 +202,9 @@ StatusOr<bool> Engine::AddSession(SessionId id, const SessionSpec& spec) {
     if (sessions_.count(id) != 0) {
       return AlreadyExistsError(fmt::format("session {} already exists", id));
     }
-    sessions_[id].spec = spec;
+    SessionRec& rec = sessions_[id];
+    rec.id = id;
+    rec.spec = spec;
     auto grant = memory_->Admit(id, spec.requirement, spec.admission_timeout);
     if (!grant.ok()) {
       sessions_.erase(id);
@@ -141,6 +223,10 @@ StatusOr<bool> Engine::AddSession(SessionId id, const SessionSpec& spec) {
 Status Engine::ReleaseLocked(SessionId id, Notices* notices) {
   SessionRec& s = sessions_.at(id);
   const LaneId lane = s.lane;
+  if (auto lit = lanes_.find(lane); lit != lanes_.end()) {
+    StopIdlingLocked(s, &lit->second);
+    RemoveViewLocked(s, lit->second);
+  }
   sessions_.erase(id);
   LeaveLaneLocked(id, lane);
   Status st = memory_->Release(id);
@@ -162,6 +248,12 @@ StatusOr<int> Engine::RemoveSession(SessionId id) {
     dropped = PendingLocked(s);
     s.requests.clear();
     s.requests_head = 0;
+    if (s.state == SessionState::kAdmitted) {
+      auto lit = lanes_.find(s.lane);
+      LaneRec* lane = lit == lanes_.end() ? nullptr : &lit->second;
+      StopIdlingLocked(s, lane);  // a hold for it ends at the next decision
+      if (lane != nullptr) RemoveViewLocked(s, *lane);
+    }
     if (s.state == SessionState::kWaiting) {
       sessions_.erase(it);
       memory_->CancelWaiting(id);
@@ -188,7 +280,17 @@ Status Engine::RequestIteration(SessionId id) {
     s.requests.clear();
     s.requests_head = 0;
   }
-  s.requests.push_back(clock_->Now());
+  const Nanos now = clock_->Now();
+  s.requests.push_back(now);
+  if (s.idle_since) {
+    // Note [Anticipation]: one more reply-to-request gap; the window follows it.
+    s.gaps[s.gaps_observed % kGapHistory] = now - *s.idle_since;
+    s.gaps_observed++;
+    s.hold_window = HoldWindowLocked(s);
+    auto lit = lanes_.find(s.lane);
+    StopIdlingLocked(s, lit == lanes_.end() ? nullptr : &lit->second);
+  }
+  if (PendingLocked(s) == 1) RefreshViewLocked(s);
   return OkStatus();
 }
 
@@ -214,30 +316,55 @@ std::vector<Dispatch> Engine::DispatchReady() {
   std::vector<Dispatch> out;
   MutexLock lock(&mu_);
   const Nanos now = clock_->Now();
+  next_hold_deadline_.reset();
   for (auto& [lane_id, lane] : lanes_) {
-    lane.blocked = false;
     if (lane.busy) continue;
-    scratch_.clear();
-    for (SessionId m : lane.members) {
+    lane.blocked = false;
+    if (lane.runnable.empty()) {
+      EndHoldLocked(lane, 0, now);  // nothing waits behind it any more
+      continue;
+    }
+    anticipated_.clear();
+    for (SessionId m : lane.idle) {
       const SessionRec& s = sessions_.at(m);
-      if (s.state != SessionState::kAdmitted || s.closing || PendingLocked(s) == 0) continue;
+      if (!AnticipatedLocked(s, now)) continue;
       SessionView v;
       v.id = m;
       v.priority = s.spec.priority;
       v.admit_seq = s.admit_seq;
-      v.requested_at = s.requests[s.requests_head];
+      v.requested_at = *s.idle_since;
       v.service = s.service;
       v.total_service = s.total_service;
       v.remaining_seconds = RemainingSecondsLocked(s);
       v.iterations_done = s.iterations_done;
-      scratch_.push_back(v);
+      v.expected_by = *s.idle_since + s.hold_window;
+      anticipated_.push_back(v);
     }
-    if (scratch_.empty()) continue;
-    const Decision decision = policy_->Pick(LaneSnapshot{now, lane_id, scratch_});
+    const Decision decision =
+        policy_->Pick(LaneSnapshot{now, lane_id, lane.runnable, anticipated_});
+    if (decision.hold) {
+      const bool known = std::any_of(anticipated_.begin(), anticipated_.end(),
+                                     [&](const SessionView& v) { return v.id == decision.next; });
+      assert(known && decision.hold_until > now);
+      if (known && decision.hold_until > now) {
+        if (!lane.hold || lane.hold->session != decision.next) {
+          if (lane.hold) EndHoldLocked(lane, decision.next, now);
+          lane.hold = Hold{decision.next, decision.hold_until, now};
+          holds_.started++;
+        }
+        lane.hold->until = decision.hold_until;
+        if (!next_hold_deadline_ || decision.hold_until < *next_hold_deadline_) {
+          next_hold_deadline_ = decision.hold_until;
+        }
+        continue;
+      }
+      continue;  // policy broke its contract: decide again at the next event
+    }
     auto sit = sessions_.find(decision.next);
-    assert(sit != sessions_.end() && sit->second.lane == lane_id);
-    if (sit == sessions_.end() || sit->second.lane != lane_id)
+    assert(sit != sessions_.end() && sit->second.lane == lane_id && sit->second.view != kNotRunnable);
+    if (sit == sessions_.end() || sit->second.lane != lane_id || sit->second.view == kNotRunnable) {
       continue;  // policy broke its contract
+    }
 
     auto lane_memory = memory_->BeginIteration(lane_id, decision.next);
     if (!lane_memory.ok()) {
@@ -258,10 +385,12 @@ std::vector<Dispatch> Engine::DispatchReady() {
       lane.blocked = true;
       continue;  // its block is placed when the iteration in its way ends
     }
+    EndHoldLocked(lane, decision.next, now);
     SessionRec& s = sit->second;
     Dispatch d;
     d.session = decision.next;
     d.lane = lane_id;
+    d.lane_class = lane.lane_class;
     d.iteration = static_cast<uint64_t>(s.iterations_done);
     d.lane_memory = *lane_memory;
     d.persistent = *persistent;
@@ -270,6 +399,7 @@ std::vector<Dispatch> Engine::DispatchReady() {
     d.lane_first = !lane.has_run;
     d.switch_gap = lane.has_run ? now - lane.last_end : Nanos(0);
     s.running = true;
+    RefreshViewLocked(s);
     lane.busy = true;
     ++running_;
     out.push_back(d);
@@ -295,6 +425,7 @@ StatusOr<IterationRecord> Engine::Complete(const Dispatch& d) {
     LaneRec& lane = lit->second;
     rec.session = d.session;
     rec.lane = d.lane;
+    rec.lane_class = d.lane_class;
     rec.iteration = d.iteration;
     rec.requested_at = d.requested_at;
     rec.started_at = d.started_at;
@@ -311,6 +442,14 @@ StatusOr<IterationRecord> Engine::Complete(const Dispatch& d) {
     const double secs = ToSeconds(rec.run_time);
     s.ewma_seconds =
         s.ewma_seconds < 0 ? secs : ewma_alpha_ * secs + (1 - ewma_alpha_) * s.ewma_seconds;
+    if (!s.closing) {
+      RefreshViewLocked(s);
+      if (anticipation_.max_hold > Nanos(0) && PendingLocked(s) == 0) {
+        // Its reply goes out now; a synchronous client comes back after its turnaround.
+        s.idle_since = now;
+        lane.idle.push_back(s.id);
+      }
+    }
     lane.busy = false;
     lane.has_run = true;
     lane.last_end = now;
@@ -349,6 +488,7 @@ StatusOr<SessionInfo> Engine::Session(SessionId id) const {
   info.id = id;
   info.state = s.state;
   info.lane = s.lane;
+  info.lane_class = s.spec.requirement.lane_class;
   info.priority = s.spec.priority;
   info.iterations_done = s.iterations_done;
   info.pending = PendingLocked(s);
@@ -356,6 +496,8 @@ StatusOr<SessionInfo> Engine::Session(SessionId id) const {
   info.total_service = s.total_service;
   info.remaining_seconds = RemainingSecondsLocked(s);
   info.avg_iteration_seconds = std::max(0.0, s.ewma_seconds);
+  info.hold_window = s.hold_window;
+  info.gaps_observed = s.gaps_observed;
   return info;
 }
 
@@ -381,6 +523,25 @@ std::vector<LaneId> Engine::BlockedLanes() const {
     if (lane.blocked) out.push_back(id);
   }
   return out;
+}
+
+std::vector<LaneId> Engine::HeldLanes() const {
+  MutexLock lock(&mu_);
+  std::vector<LaneId> out;
+  for (const auto& [id, lane] : lanes_) {
+    if (lane.hold && !lane.busy) out.push_back(id);
+  }
+  return out;
+}
+
+std::optional<Nanos> Engine::NextHoldDeadline() const {
+  MutexLock lock(&mu_);
+  return next_hold_deadline_;
+}
+
+HoldStats Engine::Holds() const {
+  MutexLock lock(&mu_);
+  return holds_;
 }
 
 size_t Engine::RunningIterations() const {

@@ -11,10 +11,17 @@
 //
 // Guarantees: at most one iteration in flight per lane (invariant 2); work conservation —
 // after Dispatch() returns, no lane is idle while it has a runnable session, unless its memory
-// is blocked by lanes mid-iteration (it is retried after every Complete); policies only decide
-// (invariant 6). Thread-safe: every method takes the engine's mutex; callbacks run without it.
+// is blocked by lanes mid-iteration (it is retried after every Complete) or its policy holds it
+// for a session expected back (Note [Anticipation], bounded by that session's hold window;
+// whoever drives the engine calls DispatchReady() again at NextHoldDeadline()); policies only
+// decide (invariant 6). Thread-safe: every method takes the engine's mutex; callbacks run
+// without it.
+//
+// Each lane keeps the views of its runnable sessions up to date as events change them, so a
+// boundary hands the policy a ready span instead of rebuilding it from every member.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -32,7 +39,7 @@
 namespace salus::sched {
 
 struct SessionSpec {
-  mem::Requirement requirement;
+  mem::Requirement requirement;  // P, E and the lane class
   int priority = 0;
   // What the client declared of its length; used for SRTF's remaining-time estimate.
   std::optional<int64_t> declared_iterations;
@@ -47,6 +54,7 @@ struct SessionSpec {
 struct Dispatch {
   SessionId session = 0;
   LaneId lane = 0;
+  mem::LaneClass lane_class = mem::LaneClass::kBatch;
   uint64_t iteration = 0;  // the session's iteration index, from 0
   mem::LaneIteration lane_memory;
   mem::PersistentBlock persistent;
@@ -59,6 +67,7 @@ struct Dispatch {
 struct IterationRecord {
   SessionId session = 0;
   LaneId lane = 0;
+  mem::LaneClass lane_class = mem::LaneClass::kBatch;
   uint64_t iteration = 0;
   Nanos requested_at{0};
   Nanos started_at{0};
@@ -75,6 +84,7 @@ struct SessionInfo {
   SessionId id = 0;
   SessionState state = SessionState::kWaiting;
   LaneId lane = 0;
+  mem::LaneClass lane_class = mem::LaneClass::kBatch;
   int priority = 0;
   int64_t iterations_done = 0;
   int pending = 0;
@@ -82,7 +92,20 @@ struct SessionInfo {
   Nanos total_service{0};
   double remaining_seconds = 0;
   double avg_iteration_seconds = 0;  // 0 until measured
+  Nanos hold_window{0};              // Note [Anticipation]; 0 when the policy never holds
+  size_t gaps_observed = 0;          // reply-to-request gaps seen (at most kGapHistory kept)
 };
+
+// Lanes held for anticipated sessions (Note [Anticipation]), since the engine was created.
+struct HoldStats {
+  uint64_t started = 0;   // holds begun
+  uint64_t returned = 0;  // ended by the held session's own next iteration
+  uint64_t expired = 0;   // ended otherwise: its window passed, it closed, or nothing waited
+  Nanos idle{0};          // lane time spent held, up to the iteration that ended the hold
+};
+
+// Reply-to-request gaps a session's hold window is learned from.
+inline constexpr size_t kGapHistory = 16;
 
 class Engine {
  public:
@@ -124,6 +147,13 @@ class Engine {
   // Lanes that had a runnable session at the last DispatchReady() but could not start it
   // because lanes mid-iteration occupy the memory they need (retried after each Complete).
   std::vector<LaneId> BlockedLanes() const EXCLUDES(mu_);
+  // Lanes the last DispatchReady() left idle for an anticipated session, with runnable work.
+  std::vector<LaneId> HeldLanes() const EXCLUDES(mu_);
+  // The earliest end of a hold the last DispatchReady() made: call DispatchReady() again then
+  // (a request or close of the held session ends it sooner, and is followed by a dispatch
+  // anyway). nullopt when no lane is held.
+  std::optional<Nanos> NextHoldDeadline() const EXCLUDES(mu_);
+  HoldStats Holds() const EXCLUDES(mu_);
   const Policy& policy() const { return *policy_; }
   mem::MemoryManager& memory() { return *memory_; }
   const mem::MemoryManager& memory() const { return *memory_; }
@@ -131,6 +161,7 @@ class Engine {
 
  private:
   struct SessionRec {
+    SessionId id = 0;
     SessionSpec spec;
     SessionState state = SessionState::kWaiting;
     LaneId lane = 0;
@@ -143,11 +174,29 @@ class Engine {
     Nanos total_service{0};
     int64_t iterations_done = 0;
     double ewma_seconds = -1;  // < 0 until measured
+    // Index of its view in its lane's `runnable`, or kNotRunnable.
+    size_t view = kNotRunnable;
+    // Note [Anticipation]: when its last iteration ended with nothing pending (the reply went
+    // out and nothing came back yet); the ring of observed gaps; the window they give.
+    std::optional<Nanos> idle_since;
+    std::array<Nanos, kGapHistory> gaps{};
+    size_t gaps_observed = 0;
+    Nanos hold_window{0};
+  };
+  static constexpr size_t kNotRunnable = static_cast<size_t>(-1);
+  struct Hold {
+    SessionId session = 0;
+    Nanos until{0};
+    Nanos since{0};
   };
   struct LaneRec {
+    mem::LaneClass lane_class = mem::LaneClass::kBatch;
     std::vector<SessionId> members;
+    std::vector<SessionView> runnable;  // members with a pending iteration, any order
+    std::vector<SessionId> idle;        // members with idle_since set (anticipation candidates)
     bool busy = false;
     bool blocked = false;  // runnable work, but its memory is held by lanes mid-iteration
+    std::optional<Hold> hold;  // left idle for an anticipated session by the last decision
     bool has_run = false;
     Nanos last_end{0};
   };
@@ -161,7 +210,6 @@ class Engine {
     std::vector<std::pair<SessionId, LaneId>> admitted;
     std::vector<std::pair<SessionId, Status>> failed;
   };
-
   explicit Engine(Options options);
   void OnAdmittedLocked(SessionId id, LaneId lane) REQUIRES(mu_);
   void LeaveLaneLocked(SessionId id, LaneId lane) REQUIRES(mu_);
@@ -169,6 +217,13 @@ class Engine {
   void DrainMemEventsLocked(Notices* notices) REQUIRES(mu_);
   void Notify(const Notices& notices);
   double RemainingSecondsLocked(const SessionRec& s) const REQUIRES(mu_);
+  // Brings the session's view in its lane's `runnable` up to date (adds, refreshes or removes).
+  void RefreshViewLocked(SessionRec& s) REQUIRES(mu_);
+  void RemoveViewLocked(SessionRec& s, LaneRec& lane) REQUIRES(mu_);
+  void StopIdlingLocked(SessionRec& s, LaneRec* lane) REQUIRES(mu_);
+  Nanos HoldWindowLocked(const SessionRec& s) const REQUIRES(mu_);
+  bool AnticipatedLocked(const SessionRec& s, Nanos now) const REQUIRES(mu_);
+  void EndHoldLocked(LaneRec& lane, SessionId next, Nanos now) REQUIRES(mu_);
   int PendingLocked(const SessionRec& s) const {
     return static_cast<int>(s.requests.size() - s.requests_head);
   }
@@ -185,7 +240,10 @@ class Engine {
   std::map<LaneId, LaneRec> lanes_ GUARDED_BY(mu_);
   uint64_t next_admit_seq_ GUARDED_BY(mu_) = 0;
   size_t running_ GUARDED_BY(mu_) = 0;
-  std::vector<SessionView> scratch_ GUARDED_BY(mu_);
+  std::vector<SessionView> anticipated_ GUARDED_BY(mu_);  // scratch of DispatchReady
+  const AnticipationOptions anticipation_;
+  HoldStats holds_ GUARDED_BY(mu_);
+  std::optional<Nanos> next_hold_deadline_ GUARDED_BY(mu_);
 
   Mutex events_mu_;
   std::vector<MemEvent> mem_events_ GUARDED_BY(events_mu_);

@@ -9,6 +9,7 @@
 #include "sched/fair_policy.h"
 #include "sched/fifo_policy.h"
 #include "sched/pack_policy.h"
+#include "sched/priority_policy.h"
 #include "sched/srtf_policy.h"
 
 namespace salus::sched {
@@ -34,6 +35,33 @@ Status CheckPolicyOptions(std::string_view policy, const nlohmann::json& options
   return OkStatus();
 }
 
+StatusOr<AnticipationOptions> ParseAnticipation(std::string_view policy,
+                                                const nlohmann::json& options) {
+  AnticipationOptions a;
+  a.max_hold = kDefaultMaxHold;
+  if (!options.is_object()) return a;
+  auto millis = [&](const char* key, Nanos* out) -> Status {
+    if (!options.contains(key)) return OkStatus();
+    const nlohmann::json& v = options[key];
+    if (!v.is_number() || !(v.get<double>() >= 0) || v.get<double>() > 3.6e6) {
+      return InvalidArgumentError(fmt::format(
+          "policy '{}': option '{}' must be a number of milliseconds in [0, 3600000], got {}",
+          policy, key, v.dump()));
+    }
+    *out = std::chrono::duration_cast<Nanos>(std::chrono::duration<double, std::milli>(v.get<double>()));
+    return OkStatus();
+  };
+  SALUS_RETURN_IF_ERROR(millis("max_hold_ms", &a.max_hold));
+  SALUS_RETURN_IF_ERROR(millis("min_hold_ms", &a.min_hold));
+  if (a.min_hold > a.max_hold) {
+    return InvalidArgumentError(fmt::format(
+        "policy '{}': min_hold_ms ({} ms) is above max_hold_ms ({} ms)", policy,
+        std::chrono::duration<double, std::milli>(a.min_hold).count(),
+        std::chrono::duration<double, std::milli>(a.max_hold).count()));
+  }
+  return a;
+}
+
 }  // namespace internal
 
 namespace {
@@ -48,6 +76,7 @@ constexpr Entry kRegistry[] = {
     {"srtf", &SrtfPolicy::Create},
     {"pack", &PackPolicy::Create},
     {"fair", &FairPolicy::Create},
+    {"priority", &PriorityPolicy::Create},
 };
 
 }  // namespace
@@ -61,7 +90,7 @@ StatusOr<std::unique_ptr<Policy>> CreatePolicy(std::string_view name,
     if (e.name == lower) return e.create(options);
   }
   return InvalidArgumentError(
-      fmt::format("unknown policy '{}' (expected fifo, srtf, pack or fair)", name));
+      fmt::format("unknown policy '{}' (expected fifo, srtf, pack, fair or priority)", name));
 }
 
 std::vector<std::string> PolicyNames() {

@@ -5,6 +5,27 @@
 // mutable state and touches nothing: it returns a decision and the engine acts on it
 // (DESIGN.md invariant 6). Each policy also names the admission mode it needs from the
 // memory manager, since who is on the device is part of the policy.
+//
+// Note [Anticipation]
+// ~~~~~~~~~~~~~~~~~~~
+// A synchronous client (every training loop) has nothing queued while it turns a reply into
+// its next request, so at that boundary a policy that prefers it sees only the others and
+// hands the lane away for a whole iteration. A policy may therefore *hold* a lane: leave it
+// idle for a session of the lane that has just finished an iteration and is expected back
+// soon. The engine keeps, per session, the gaps it observed between an iteration's end and
+// the session's next request (its last kGapHistory of them), and derives a hold window:
+//  - no gap observed yet: max_hold (a session that just ran is presumed to come back);
+//  - the median gap above max_hold: 0, the session is not one that comes back soon;
+//  - else the p90 gap, clamped to [min_hold, max_hold].
+// A session is *anticipated* while it has no pending iteration, is not closing, has
+// iterations left (or declared none), and its last iteration ended less than its window ago;
+// `expected_by` is that end plus the window. The snapshot lists anticipated sessions beside
+// the runnable ones; the policy may answer Decision::Hold(session, expected_by), and the
+// engine leaves the lane idle. The hold ends at once when that session's request arrives,
+// when the clock passes expected_by, or when the session closes: each of those changes the
+// snapshot, and the next decision is made over it. The decision stays a pure function of the
+// snapshot (DESIGN.md invariant 6): the window is state the engine keeps, the clock decides.
+// A policy whose anticipation() has max_hold 0 never sees anticipated sessions.
 #pragma once
 
 #include <array>
@@ -15,6 +36,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -36,26 +58,47 @@ struct SessionView {
   Nanos total_service{0};        // device time attained since admission
   double remaining_seconds = 0;  // estimated remaining work (see Engine, Note [Remaining time])
   int64_t iterations_done = 0;
+  // Anticipated sessions only: when a hold for this session would end (Note [Anticipation]).
+  Nanos expected_by{0};
 };
 
-// A lane at an iteration boundary, with only its runnable sessions (never empty).
+// A lane at an iteration boundary: its runnable sessions (never empty), and those of its
+// sessions that are expected back soon (Note [Anticipation]; in no particular order).
 struct LaneSnapshot {
   Nanos now{0};
   LaneId lane = 0;
   std::span<const SessionView> runnable;
+  std::span<const SessionView> anticipated = {};
 };
 
+// Run a runnable session's iteration now, or hold the lane idle for an anticipated one.
 struct Decision {
-  SessionId next = 0;
+  SessionId next = 0;      // the session to run, or the one the lane is held for
+  bool hold = false;       // true: leave the lane idle for `next` until `hold_until`
+  Nanos hold_until{0};
+
+  static Decision Run(SessionId session) { return Decision{session, false, Nanos(0)}; }
+  static Decision Hold(SessionId session, Nanos until) { return Decision{session, true, until}; }
 };
+
+// How long a policy lets the engine hold a lane for one anticipated session.
+struct AnticipationOptions {
+  Nanos max_hold{0};  // 0: the policy never holds
+  Nanos min_hold{0};  // a learned window is never shorter (<= max_hold)
+};
+// SRTF's and priority's default cap on a hold.
+inline constexpr Nanos kDefaultMaxHold = std::chrono::milliseconds(2);
 
 class Policy {
  public:
   virtual ~Policy() = default;
   virtual std::string_view name() const = 0;
   virtual mem::AdmissionMode admission_mode() const = 0;
-  // Precondition: !snapshot.runnable.empty(). Returns one of the runnable sessions.
+  // Precondition: !snapshot.runnable.empty(). Returns Run of one of the runnable sessions,
+  // or Hold of one of the anticipated ones until (at most) its expected_by.
   virtual Decision Pick(const LaneSnapshot& snapshot) const = 0;
+  // Whether and how long this policy holds lanes (Note [Anticipation]); never, by default.
+  virtual AnticipationOptions anticipation() const { return {}; }
 };
 
 // FAIR's weight for a priority: 1 + p for p >= 0, 1 / (1 - p) below; a priority-2 session
@@ -78,7 +121,7 @@ inline double InversePriorityWeight(int priority) {
   return kInverseWeights[priority + kWeightTableRange];
 }
 
-// Creates a policy by name ("fifo", "srtf", "pack", "fair"; case-insensitive) with its
+// Creates a policy by name ("fifo", "srtf", "pack", "fair", "priority"; case-insensitive) with its
 // options as a JSON object (may be null or empty for the defaults). Unknown names and
 // unknown or mistyped options are INVALID_ARGUMENT naming them.
 StatusOr<std::unique_ptr<Policy>> CreatePolicy(std::string_view name,
@@ -98,22 +141,45 @@ inline uint64_t OrderedBits(double non_negative) {
   return std::bit_cast<uint64_t>(non_negative + 0.0);
 }
 
-// The runnable session whose key is smallest. `key` maps a view to a totally ordered value
-// (ending in admit_seq, which is unique) and is computed once per session: one pass, one key
-// evaluation per element, the best key kept in registers.
+// The element of a non-empty `views` whose key is smallest, and that key. `key` maps a view to
+// a totally ordered value (ending in admit_seq, which is unique) and is computed once per
+// element: one pass, the best key kept in registers.
 template <typename KeyFn>
-Decision PickMinBy(const LaneSnapshot& s, KeyFn key) {
-  const SessionView* best = &s.runnable.front();
+auto MinBy(std::span<const SessionView> views, KeyFn key) {
+  const SessionView* best = &views.front();
   auto best_key = key(*best);
-  for (const SessionView& v : s.runnable.subspan(1)) {
+  for (const SessionView& v : views.subspan(1)) {
     auto k = key(v);
     if (k < best_key) {
       best_key = k;
       best = &v;
     }
   }
-  return Decision{best->id};
+  return std::pair(best, best_key);
 }
+
+// The runnable session whose key is smallest.
+template <typename KeyFn>
+Decision PickMinBy(const LaneSnapshot& s, KeyFn key) {
+  return Decision::Run(MinBy(s.runnable, key).first->id);
+}
+
+// Note [Anticipation] for a policy ordering sessions by `key` (smallest first): run the best
+// runnable session, unless an anticipated session's key is smaller still; then hold the lane
+// for the best anticipated one until its expected_by.
+template <typename KeyFn>
+Decision PickOrHold(const LaneSnapshot& s, KeyFn key) {
+  const auto [run, run_key] = MinBy(s.runnable, key);
+  if (s.anticipated.empty()) return Decision::Run(run->id);
+  const auto [wait, wait_key] = MinBy(s.anticipated, key);
+  if (wait_key < run_key) return Decision::Hold(wait->id, wait->expected_by);
+  return Decision::Run(run->id);
+}
+
+// Reads {"max_hold_ms": number >= 0, "min_hold_ms": number in [0, max_hold_ms]}, both
+// optional (defaults: kDefaultMaxHold, 0). INVALID_ARGUMENT naming the option otherwise.
+StatusOr<AnticipationOptions> ParseAnticipation(std::string_view policy,
+                                                const nlohmann::json& options);
 
 // INVALID_ARGUMENT if `options` is neither null nor an object, or has a key outside `known`.
 Status CheckPolicyOptions(std::string_view policy, const nlohmann::json& options,

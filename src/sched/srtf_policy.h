@@ -1,11 +1,15 @@
 // SRTF: shortest remaining time first, preemptive at iteration boundaries.
 //
-// Assumptions: all sessions share one lane grown to the largest E (admission mode
-// kSingleLane: admitted if ΣP + P + max(L, E) ≤ C), so exactly one iteration runs at a time.
-// Algorithm: at each boundary pick the runnable session with the least estimated remaining
-// time (remaining iterations × moving-average iteration time, or the declared remaining
-// duration); ties go to the higher priority, then the earlier admitted. A shorter arrival
-// therefore takes over at the next boundary, and the preempted job's state stays resident.
+// Assumptions: all sessions of a latency class share one lane grown to their largest E
+// (admission mode kSingleLane: admitted if ΣP + P + max(L, E) ≤ C), so one iteration of a
+// class runs at a time. Algorithm: at each boundary pick the runnable session with the least
+// estimated remaining time (remaining iterations × moving-average iteration time, or the
+// declared remaining duration); ties go to the higher priority, then the earlier admitted. A
+// shorter arrival therefore takes over at the next boundary, and the preempted job's state
+// stays resident. Anticipation (Note [Anticipation]): when a session that would win has just
+// finished an iteration and is expected back within its hold window, the lane waits for it
+// instead of handing a whole iteration to a longer job.
+// Options: {"max_hold_ms": 2, "min_hold_ms": 0}; max_hold_ms 0 turns anticipation off.
 #pragma once
 
 #include "sched/policy.h"
@@ -15,9 +19,14 @@ namespace salus::sched {
 class SrtfPolicy final : public Policy {
  public:
   static StatusOr<std::unique_ptr<Policy>> Create(const nlohmann::json& options);
+  explicit SrtfPolicy(AnticipationOptions anticipation) : anticipation_(anticipation) {}
   std::string_view name() const override { return "srtf"; }
   mem::AdmissionMode admission_mode() const override { return mem::AdmissionMode::kSingleLane; }
   Decision Pick(const LaneSnapshot& snapshot) const override;
+  AnticipationOptions anticipation() const override { return anticipation_; }
+
+ private:
+  AnticipationOptions anticipation_;
 };
 
 }  // namespace salus::sched

@@ -21,6 +21,7 @@ constexpr uint64_t kCapacity = 16 * kGiB;
 struct Job {
   Nanos iteration{seconds(1)};
   int64_t iterations_left = 0;
+  Nanos turnaround{0};  // a synchronous client: its next request comes this long after a reply
 };
 
 class Harness {
@@ -40,12 +41,14 @@ class Harness {
     engine_ = std::move(*Engine::Create(std::move(o)));
   }
 
-  // Adds a job that requests `iterations` iterations back to back.
+  // Adds a job that requests `iterations` iterations, each `turnaround` after the previous
+  // one's end (back to back when 0).
   StatusOr<bool> Add(SessionId id, uint64_t p, uint64_t e, Nanos iteration, int64_t iterations,
-                     int priority = 0) {
-    jobs_[id] = Job{iteration, iterations};
+                     int priority = 0, Nanos turnaround = Nanos(0),
+                     mem::LaneClass lane_class = mem::LaneClass::kBatch) {
+    jobs_[id] = Job{iteration, iterations, turnaround};
     SessionSpec spec;
-    spec.requirement = {p, e};
+    spec.requirement = {p, e, lane_class};
     spec.priority = priority;
     spec.declared_iterations = iterations;
     spec.iteration_time_hint = iteration;
@@ -54,22 +57,30 @@ class Harness {
     return r;
   }
 
-  // Starts what can start, checks work conservation, then moves time to the next completion
-  // (or `limit`) and completes what ends then. Returns false when nothing is running.
+  // Starts what can start, checks work conservation, then moves time to the next event (a
+  // completion, a client's request, the end of a hold; or `limit`) and applies what happens
+  // then: requests first, then completions. Returns false when nothing is left to happen.
   bool Step(Nanos limit = Nanos::max()) {
     for (const Dispatch& d : engine_->DispatchReady()) {
       running_[d.lane] = {d, clock_.Now() + jobs_.at(d.session).iteration};
       concurrent_max_ = std::max(concurrent_max_, running_.size());
+      dispatches_.push_back(d);
     }
     CheckWorkConserving();
-    if (running_.empty()) return false;
     Nanos next = Nanos::max();
     for (const auto& [lane, r] : running_) next = std::min(next, r.second);
+    if (!requests_.empty()) next = std::min(next, requests_.begin()->first);
+    if (auto hold = engine_->NextHoldDeadline()) next = std::min(next, *hold);
+    if (next == Nanos::max()) return false;
     if (next > limit) {
       clock_.Set(limit);
       return true;
     }
     clock_.Set(next);
+    while (!requests_.empty() && requests_.begin()->first <= next) {
+      Request(requests_.begin()->second);
+      requests_.erase(requests_.begin());
+    }
     for (auto it = running_.begin(); it != running_.end();) {
       if (it->second.second > next) {
         ++it;
@@ -82,7 +93,11 @@ class Harness {
       if (rec.ok()) records_.push_back(*rec);
       Job& job = jobs_.at(d.session);
       if (--job.iterations_left > 0) {
-        Request(d.session);
+        if (job.turnaround > Nanos(0)) {
+          requests_.emplace(next + job.turnaround, d.session);
+        } else {
+          Request(d.session);
+        }
       } else {
         EXPECT_TRUE(engine_->RemoveSession(d.session).ok());
       }
@@ -99,6 +114,11 @@ class Harness {
     while (Step()) {
     }
   }
+  std::vector<SessionId> Order() const {
+    std::vector<SessionId> order;
+    for (const auto& r : records_) order.push_back(r.session);
+    return order;
+  }
 
   // No lane without a running iteration may hold a session with a pending one, unless its
   // memory is held by lanes mid-iteration; and with nothing running, nothing may be blocked
@@ -111,11 +131,18 @@ class Harness {
       pending[s.lane] |= s.pending > 0;
     }
     const std::vector<LaneId> blocked = engine_->BlockedLanes();
+    const std::vector<LaneId> held = engine_->HeldLanes();
     for (const auto& [lane, has_pending] : pending) {
       const bool is_blocked = std::find(blocked.begin(), blocked.end(), lane) != blocked.end();
-      EXPECT_FALSE(has_pending && !busy[lane] && !is_blocked)
+      const bool is_held = std::find(held.begin(), held.end(), lane) != held.end();
+      EXPECT_FALSE(has_pending && !busy[lane] && !is_blocked && !is_held)
           << "lane " << lane << " idles with work";
       if (is_blocked) ++blocked_seen_;
+    }
+    // A hold is bounded: it always ends at a time still to come.
+    if (!held.empty()) {
+      const auto deadline = engine_->NextHoldDeadline();
+      EXPECT_TRUE(deadline.has_value() && *deadline > clock_.Now());
     }
     if (engine_->RunningIterations() == 0) {
       EXPECT_TRUE(blocked.empty()) << "lanes blocked while nothing runs";
@@ -130,6 +157,8 @@ class Harness {
   std::map<SessionId, Job> jobs_;
   std::map<LaneId, std::pair<Dispatch, Nanos>> running_;
   std::vector<IterationRecord> records_;
+  std::vector<Dispatch> dispatches_;
+  std::multimap<Nanos, SessionId> requests_;  // clients' next requests, by time
   std::vector<SessionId> admitted_later_;
   size_t concurrent_max_ = 0;
   size_t blocked_seen_ = 0;
@@ -284,13 +313,18 @@ TEST(EngineTest, RejectsBadCalls) {
 TEST(EngineTest, WorkConservingUnderRandomLoad) {
   // Seeded arrivals and departures under every policy; Step() checks after every dispatch
   // that no lane idles while it has a runnable session.
-  for (const char* policy : {"fifo", "srtf", "pack", "fair"}) {
+  // Clients turn replies around in 0-3 ms, some sessions are interactive: holds and lane
+  // classes must not break it either.
+  for (const char* policy : {"fifo", "srtf", "pack", "fair", "priority"}) {
     Harness h(policy, {}, 16 * kGiB);
     std::mt19937 rng(7);
-    std::uniform_int_distribution<int> gib(1, 5), iters(1, 20), ms(10, 500);
+    std::uniform_int_distribution<int> gib(1, 5), iters(1, 20), ms(10, 500), turn_us(0, 3000),
+        prio(0, 3), cls(0, 3);
     SessionId next = 1;
     for (int round = 0; round < 40; ++round) {
-      auto r = h.Add(next, gib(rng) * kGiB / 2, gib(rng) * kGiB, milliseconds(ms(rng)), iters(rng));
+      const auto lane_class = cls(rng) == 0 ? mem::LaneClass::kInteractive : mem::LaneClass::kBatch;
+      auto r = h.Add(next, gib(rng) * kGiB / 2, gib(rng) * kGiB, milliseconds(ms(rng)), iters(rng),
+                     prio(rng), std::chrono::microseconds(turn_us(rng)), lane_class);
       ASSERT_TRUE(r.ok()) << r.status();
       ++next;
       h.RunUntil(h.clock_.Now() + milliseconds(ms(rng) * 3));
@@ -298,7 +332,181 @@ TEST(EngineTest, WorkConservingUnderRandomLoad) {
     h.RunAll();
     EXPECT_TRUE(h.engine_->Sessions().empty()) << policy;
     EXPECT_EQ(h.engine_->memory().CommittedBytes(), 0u) << policy;
+    EXPECT_TRUE(h.engine_->memory().CheckInvariants().ok()) << policy;
+    const HoldStats holds = h.engine_->Holds();
+    const bool may_hold = std::string_view(policy) == "srtf" || std::string_view(policy) == "priority";
+    if (may_hold) {
+      EXPECT_GT(holds.started, 0u) << policy;
+    } else {
+      EXPECT_EQ(holds.started, 0u) << policy;
+    }
+    EXPECT_EQ(holds.started, holds.returned + holds.expired) << policy;
   }
+}
+
+// -- Note [Anticipation] --------------------------------------------------------------------
+
+TEST(EngineAnticipationTest, WithoutItALongJobOvertakesASynchronousClient) {
+  // The short client takes 1 ms to turn a reply around; with holds off, the long job's
+  // queued iteration takes the lane at every such gap.
+  Harness h("srtf", {{"max_hold_ms", 0}});
+  ASSERT_TRUE(*h.Add(1, kGiB, kGiB, seconds(1), 100));
+  h.RunUntil(milliseconds(1500));
+  ASSERT_TRUE(*h.Add(2, kGiB, kGiB, seconds(1), 4, 0, milliseconds(1)));
+  h.RunUntil(seconds(12));
+  EXPECT_EQ(h.Order(), (std::vector<SessionId>{1, 1, 2, 1, 2, 1, 2, 1, 2, 1, 1, 1}));
+  EXPECT_EQ(h.engine_->Holds().started, 0u);
+}
+
+TEST(EngineAnticipationTest, SrtfHoldsTheLaneForTheShorterJob) {
+  Harness h("srtf");  // max_hold 2 ms by default
+  ASSERT_TRUE(*h.Add(1, kGiB, kGiB, seconds(1), 100));
+  h.RunUntil(milliseconds(1500));
+  ASSERT_TRUE(*h.Add(2, kGiB, kGiB, seconds(1), 4, 0, milliseconds(1)));
+  h.RunUntil(seconds(12));
+  // The short job runs its 4 iterations back to back; the long one resumes after its last.
+  EXPECT_EQ(h.Order(), (std::vector<SessionId>{1, 1, 2, 2, 2, 2, 1, 1, 1, 1, 1}));
+  // Job 2's iterations start 1 ms (its turnaround) after the previous ends: the lane idled
+  // exactly that long each time, and job 1 (its request queued all along) waited.
+  const HoldStats holds = h.engine_->Holds();
+  EXPECT_EQ(holds.started, 3u);
+  EXPECT_EQ(holds.returned, 3u);
+  EXPECT_EQ(holds.expired, 0u);
+  EXPECT_EQ(holds.idle, milliseconds(3));
+  for (size_t i = 3; i < 6; ++i) EXPECT_EQ(h.records_[i].switch_gap, milliseconds(1)) << i;
+  // After its last declared iteration job 2 is not expected back: no hold, job 1 runs at once.
+  EXPECT_EQ(h.records_[6].session, 1u);
+  EXPECT_EQ(h.records_[6].started_at, h.records_[5].finished_at);
+  // The window followed the observed gaps: 1 ms each.
+  EXPECT_EQ(h.engine_->Session(2).status().code(), StatusCode::kNotFound);  // closed
+}
+
+TEST(EngineAnticipationTest, WindowIsLearnedFromTheSessionsGaps) {
+  Harness h("srtf", {{"max_hold_ms", 10}});
+  ASSERT_TRUE(*h.Add(1, kGiB, kGiB, seconds(1), 1000));
+  ASSERT_TRUE(*h.Add(2, kGiB, kGiB, seconds(1), 100, 0, milliseconds(3)));
+  // No gap observed yet: the window is the cap.
+  EXPECT_EQ(h.engine_->Session(2)->hold_window, milliseconds(10));
+  h.RunUntil(seconds(30));
+  const auto info = h.engine_->Session(2);
+  ASSERT_TRUE(info.ok());
+  EXPECT_GE(info->gaps_observed, 10u);
+  EXPECT_EQ(info->hold_window, milliseconds(3));  // p90 of gaps of 3 ms
+}
+
+TEST(EngineAnticipationTest, MinHoldWidensTheWindow) {
+  Harness h("srtf", {{"max_hold_ms", 10}, {"min_hold_ms", 5}});
+  ASSERT_TRUE(*h.Add(1, kGiB, kGiB, seconds(1), 1000));
+  ASSERT_TRUE(*h.Add(2, kGiB, kGiB, seconds(1), 100, 0, milliseconds(3)));
+  h.RunUntil(seconds(30));
+  EXPECT_EQ(h.engine_->Session(2)->hold_window, milliseconds(5));
+}
+
+TEST(EngineAnticipationTest, HoldExpiresForASlowClientAndStopsAfterLearning) {
+  // Turnaround 10 ms, cap 2 ms: the first hold (window = cap, nothing learned yet) expires;
+  // once the median gap is above the cap the session is no longer held for.
+  Harness h("srtf");
+  ASSERT_TRUE(*h.Add(1, kGiB, kGiB, seconds(1), 1000));
+  ASSERT_TRUE(*h.Add(2, kGiB, kGiB, seconds(1), 5, 0, milliseconds(10)));
+  h.RunUntil(seconds(20));
+  const HoldStats holds = h.engine_->Holds();
+  EXPECT_EQ(holds.started, 1u);
+  EXPECT_EQ(holds.expired, 1u);
+  EXPECT_EQ(holds.returned, 0u);
+  EXPECT_EQ(holds.idle, milliseconds(2));
+  // Job 2 ran first (shorter), then job 1 got the lane 2 ms later and every gap after it.
+  EXPECT_EQ(h.records_[0].session, 2u);
+  EXPECT_EQ(h.records_[1].session, 1u);
+  EXPECT_EQ(h.records_[1].started_at, seconds(1) + milliseconds(2));
+  EXPECT_EQ(h.records_[2].session, 2u);
+  EXPECT_EQ(h.records_[3].session, 1u);
+  EXPECT_EQ(h.records_[3].started_at, h.records_[2].finished_at);  // no hold any more
+}
+
+TEST(EngineAnticipationTest, HoldEndsWhenTheSessionCloses) {
+  Harness h("srtf", {{"max_hold_ms", 1000}});
+  ASSERT_TRUE(*h.Add(1, kGiB, kGiB, seconds(1), 100));
+  ASSERT_TRUE(*h.Add(2, kGiB, kGiB, seconds(1), 10, 0, seconds(100)));  // never back in time
+  auto first = h.engine_->DispatchReady();
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].session, 2u);
+  h.clock_.Advance(seconds(1));
+  ASSERT_TRUE(h.engine_->Complete(first[0]).ok());
+  EXPECT_TRUE(h.engine_->DispatchReady().empty());  // held for job 2
+  EXPECT_EQ(h.engine_->HeldLanes().size(), 1u);
+  EXPECT_EQ(h.engine_->NextHoldDeadline(), seconds(2));
+  h.clock_.Advance(milliseconds(5));
+  ASSERT_TRUE(h.engine_->RemoveSession(2).ok());
+  auto next = h.engine_->DispatchReady();
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(next[0].session, 1u);
+  EXPECT_EQ(next[0].started_at, seconds(1) + milliseconds(5));
+  EXPECT_FALSE(h.engine_->NextHoldDeadline().has_value());
+  EXPECT_EQ(h.engine_->Holds().expired, 1u);
+}
+
+TEST(EngineAnticipationTest, FairAndPackNeverHold) {
+  for (const char* policy : {"fair", "pack"}) {
+    Harness h(policy, {}, 12 * kGiB);  // one lane of 8 GiB: both share it
+    ASSERT_TRUE(*h.Add(1, kGiB, 8 * kGiB, seconds(1), 20));
+    ASSERT_TRUE(*h.Add(2, kGiB, 4 * kGiB, seconds(1), 5, 0, milliseconds(1)));
+    h.RunAll();
+    EXPECT_EQ(h.engine_->Holds().started, 0u) << policy;
+    EXPECT_EQ(h.engine_->Session(1).status().code(), StatusCode::kNotFound);
+  }
+}
+
+// -- Priority and latency classes -----------------------------------------------------------
+
+TEST(EnginePriorityTest, StrictPriorityWithinTheBatchLane) {
+  Harness h("priority");
+  ASSERT_TRUE(*h.Add(1, kGiB, kGiB, seconds(1), 3, /*priority=*/0));
+  ASSERT_TRUE(*h.Add(2, kGiB, kGiB, seconds(1), 6, /*priority=*/0));
+  ASSERT_TRUE(*h.Add(3, kGiB, kGiB, seconds(1), 10, /*priority=*/1));
+  h.RunAll();
+  // Level 1 first (however long), then level 0 shortest first.
+  std::vector<SessionId> expect(10, 3);
+  expect.insert(expect.end(), 3, 1);
+  expect.insert(expect.end(), 6, 2);
+  EXPECT_EQ(h.Order(), expect);
+  EXPECT_EQ(h.concurrent_max_, 1u);
+}
+
+TEST(EnginePriorityTest, InteractiveSessionsGetTheirOwnLane) {
+  for (const char* policy : {"priority", "srtf", "pack", "fair"}) {
+    Harness h(policy, {}, 12 * kGiB);
+    ASSERT_TRUE(*h.Add(1, kGiB, 2 * kGiB, seconds(1), 5));
+    ASSERT_TRUE(*h.Add(2, kGiB, 2 * kGiB, seconds(1), 5));
+    ASSERT_TRUE(*h.Add(3, kGiB, kGiB, milliseconds(10), 5, 0, milliseconds(50),
+                       mem::LaneClass::kInteractive));
+    const auto s1 = *h.engine_->Session(1), s3 = *h.engine_->Session(3);
+    EXPECT_NE(s1.lane, s3.lane) << policy;
+    EXPECT_EQ(s3.lane_class, mem::LaneClass::kInteractive);
+    for (const mem::LaneInfo& l : h.engine_->memory().Lanes()) {
+      for (SessionId m : l.sessions) {
+        EXPECT_EQ(l.lane_class, h.engine_->Session(m)->lane_class) << policy;
+      }
+    }
+    h.RunAll();
+    // The interactive iterations never waited for a batch one: each started when requested.
+    for (const IterationRecord& r : h.records_) {
+      if (r.session == 3) {
+        EXPECT_EQ(r.queue_delay, Nanos(0)) << policy;
+        EXPECT_EQ(r.lane_class, mem::LaneClass::kInteractive);
+      }
+    }
+  }
+}
+
+TEST(EnginePriorityTest, SecondInteractiveSessionJoinsTheInteractiveLaneUnderSingleLane) {
+  Harness h("priority", {}, 12 * kGiB);
+  ASSERT_TRUE(*h.Add(1, kGiB, 2 * kGiB, seconds(1), 5));
+  ASSERT_TRUE(*h.Add(2, kGiB, kGiB, seconds(1), 5, 0, Nanos(0), mem::LaneClass::kInteractive));
+  ASSERT_TRUE(*h.Add(3, kGiB, 3 * kGiB, seconds(1), 5, 0, Nanos(0), mem::LaneClass::kInteractive));
+  EXPECT_EQ(h.engine_->Session(2)->lane, h.engine_->Session(3)->lane);
+  EXPECT_EQ(h.engine_->memory().Lanes().size(), 2u);
+  EXPECT_TRUE(h.engine_->memory().CheckInvariants().ok());
+  h.RunAll();
 }
 
 }  // namespace

@@ -21,6 +21,10 @@ struct Case {
   const char* scenario;
   std::vector<SessionView> runnable;
   SessionId expect;
+  // Sessions expected back soon (Note [Anticipation]); `hold`: the pick holds the lane for
+  // `expect` instead of running it.
+  std::vector<SessionView> anticipated = {};
+  bool hold = false;
 };
 
 void RunTable(std::string_view policy_name, const std::vector<Case>& cases,
@@ -28,9 +32,27 @@ void RunTable(std::string_view policy_name, const std::vector<Case>& cases,
   auto policy = CreatePolicy(policy_name, options);
   ASSERT_TRUE(policy.ok()) << policy.status();
   for (const Case& c : cases) {
-    LaneSnapshot snap{seconds(100), 1, c.runnable};
-    EXPECT_EQ((*policy)->Pick(snap).next, c.expect) << policy_name << ": " << c.scenario;
+    LaneSnapshot snap{seconds(100), 1, c.runnable, c.anticipated};
+    const Decision d = (*policy)->Pick(snap);
+    EXPECT_EQ(d.next, c.expect) << policy_name << ": " << c.scenario;
+    EXPECT_EQ(d.hold, c.hold) << policy_name << ": " << c.scenario;
+    if (d.hold) {
+      for (const SessionView& v : c.anticipated) {
+        if (v.id == d.next) {
+          EXPECT_EQ(d.hold_until, v.expected_by) << c.scenario;
+        }
+      }
+    }
   }
+}
+
+// An anticipated session: `remaining` seconds left, expected back by 100 s + `ms`.
+SessionView Back(SessionId id, uint64_t seq, double remaining, int64_t ms, int prio = 0) {
+  SessionView v = S(id, seq);
+  v.remaining_seconds = remaining;
+  v.priority = prio;
+  v.expected_by = seconds(100) + std::chrono::milliseconds(ms);
+  return v;
 }
 
 TEST(FifoPolicyTest, Table) {
@@ -68,6 +90,98 @@ TEST(SrtfPolicyTest, Table) {
                        // An undeclared (infinite) job yields to any declared one.
                        {"unknown length last", {rem(1, 0, INFINITY), rem(2, 1, 1e6)}, 2},
                    });
+}
+
+TEST(SrtfPolicyTest, Anticipation) {
+  auto rem = [](SessionId id, uint64_t seq, double r) {
+    SessionView v = S(id, seq);
+    v.remaining_seconds = r;
+    return v;
+  };
+  const std::vector<Case> cases = {
+      // The short job just replied and is expected back: the long one does not get the lane.
+      {"shorter session expected back: hold", {rem(1, 0, 3600)}, 2, {Back(2, 1, 60, 2)}, true},
+      // The session expected back is the longer one: run what is here.
+      {"longer session expected back: run", {rem(1, 0, 60)}, 1, {Back(2, 1, 3600, 2)}, false},
+      // Equal remaining time: ties go as in Pick (admission order), so no hold for a later one.
+      {"tie: no hold for the later admitted", {rem(1, 0, 60)}, 1, {Back(2, 1, 60, 2)}, false},
+      // Of several expected back, the shortest is the one held for.
+      {"hold for the shortest expected",
+       {rem(1, 0, 3600)},
+       3,
+       {Back(2, 1, 600, 2), Back(3, 2, 60, 1)},
+       true},
+      // A runnable session shorter than every anticipated one runs.
+      {"runnable shortest: run", {rem(1, 0, 10)}, 1, {Back(2, 1, 60, 2)}, false},
+  };
+  RunTable("srtf", cases);
+  RunTable("priority", cases);
+}
+
+TEST(PriorityPolicyTest, Table) {
+  auto pr = [](SessionId id, uint64_t seq, int prio, double r) {
+    SessionView v = S(id, seq);
+    v.priority = prio;
+    v.remaining_seconds = r;
+    return v;
+  };
+  RunTable("priority",
+           {
+               // Strict priority: the higher level runs, however long it is.
+               {"higher level first", {pr(1, 0, 0, 1), pr(2, 1, 5, 3600)}, 2},
+               // Within a level: shortest remaining time.
+               {"srtf within a level", {pr(1, 0, 2, 600), pr(2, 1, 2, 60), pr(3, 2, 0, 1)}, 2},
+               // Same level and remaining time: the earlier admitted.
+               {"tie broken by admission", {pr(4, 5, 1, 60), pr(5, 2, 1, 60)}, 5},
+               // A higher-priority session expected back holds a lower level's lane.
+               {"higher level expected back: hold",
+                {pr(1, 0, 0, 1)},
+                2,
+                {Back(2, 1, 3600, 2, 3)},
+                true},
+               // A lower level expected back never holds a higher one.
+               {"lower level expected back: run",
+                {pr(1, 0, 3, 3600)},
+                1,
+                {Back(2, 1, 1, 2, 0)},
+                false},
+           });
+}
+
+TEST(PolicyAnticipationTest, OnlySrtfAndPriorityHold) {
+  const std::vector<SessionView> runnable = {S(1, 0)};
+  std::vector<SessionView> back = {Back(2, 1, 0, 2, 5)};
+  for (const std::string& name : PolicyNames()) {
+    auto policy = CreatePolicy(name);
+    ASSERT_TRUE(policy.ok()) << policy.status();
+    const bool holds = name == "srtf" || name == "priority";
+    EXPECT_EQ((*policy)->anticipation().max_hold, holds ? kDefaultMaxHold : Nanos(0)) << name;
+    if (!holds) {
+      // FAIR and PACK never hold, even when handed an anticipated session.
+      EXPECT_FALSE((*policy)->Pick(LaneSnapshot{seconds(100), 1, runnable, back}).hold) << name;
+    }
+  }
+}
+
+TEST(PolicyAnticipationTest, Options) {
+  auto srtf = CreatePolicy("srtf", {{"max_hold_ms", 5}, {"min_hold_ms", 1.5}});
+  ASSERT_TRUE(srtf.ok()) << srtf.status();
+  EXPECT_EQ((*srtf)->anticipation().max_hold, std::chrono::milliseconds(5));
+  EXPECT_EQ((*srtf)->anticipation().min_hold, std::chrono::microseconds(1500));
+  auto off = CreatePolicy("priority", {{"max_hold_ms", 0}});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ((*off)->anticipation().max_hold, Nanos(0));
+  // Bad values are refused, naming the option.
+  for (const nlohmann::json& bad : {nlohmann::json{{"max_hold_ms", -1}},
+                                    nlohmann::json{{"max_hold_ms", "2"}},
+                                    nlohmann::json{{"min_hold_ms", 3}, {"max_hold_ms", 2}}}) {
+    auto p = CreatePolicy("srtf", bad);
+    ASSERT_FALSE(p.ok()) << bad.dump();
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(p.status().message().find("_hold_ms"), std::string::npos) << p.status();
+  }
+  // FAIR and PACK have no such option.
+  EXPECT_FALSE(CreatePolicy("fair", {{"max_hold_ms", 2}}).ok());
 }
 
 TEST(PackPolicyTest, Table) {
@@ -108,7 +222,9 @@ TEST(FairPolicyTest, Table) {
 }
 
 TEST(PolicyRegistryTest, CreatesByNameWithAdmissionModes) {
-  EXPECT_EQ(PolicyNames(), (std::vector<std::string>{"fifo", "srtf", "pack", "fair"}));
+  EXPECT_EQ(PolicyNames(),
+            (std::vector<std::string>{"fifo", "srtf", "pack", "fair", "priority"}));
+  EXPECT_EQ((*CreatePolicy("Priority"))->admission_mode(), mem::AdmissionMode::kSingleLane);
   EXPECT_EQ((*CreatePolicy("fifo"))->admission_mode(), mem::AdmissionMode::kExclusive);
   EXPECT_EQ((*CreatePolicy("SRTF"))->admission_mode(), mem::AdmissionMode::kSingleLane);
   EXPECT_EQ((*CreatePolicy("pack"))->admission_mode(), mem::AdmissionMode::kPack);

@@ -1,0 +1,31 @@
+// PRIORITY: strict priority between levels, shortest remaining time first within a level.
+//
+// Assumptions: as SRTF, all sessions of a latency class share one lane (admission mode
+// kSingleLane), so a higher-priority session's iteration always runs before a lower one's of
+// the same class; interactive sessions get a lane of their own and never wait behind a batch
+// session's iteration. Algorithm: at each boundary pick the runnable session with the highest
+// priority; within a level, the least estimated remaining time (Note [Remaining time]); then
+// the earlier admitted. Lower levels run only when no higher session is runnable or expected
+// back within its hold window (Note [Anticipation]), so a synchronous high-priority client
+// is not overtaken while it turns its reply around.
+// Options: {"max_hold_ms": 2, "min_hold_ms": 0}; max_hold_ms 0 turns anticipation off.
+#pragma once
+
+#include "sched/policy.h"
+
+namespace salus::sched {
+
+class PriorityPolicy final : public Policy {
+ public:
+  static StatusOr<std::unique_ptr<Policy>> Create(const nlohmann::json& options);
+  explicit PriorityPolicy(AnticipationOptions anticipation) : anticipation_(anticipation) {}
+  std::string_view name() const override { return "priority"; }
+  mem::AdmissionMode admission_mode() const override { return mem::AdmissionMode::kSingleLane; }
+  Decision Pick(const LaneSnapshot& snapshot) const override;
+  AnticipationOptions anticipation() const override { return anticipation_; }
+
+ private:
+  AnticipationOptions anticipation_;
+};
+
+}  // namespace salus::sched
