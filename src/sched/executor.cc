@@ -5,6 +5,7 @@
 #include <set>
 
 #include "common/logging.h"
+#include "common/thread_priority.h"
 
 namespace salus::sched {
 
@@ -87,6 +88,7 @@ Status Executor::Submit(SessionId id, Work work, Done done) {
 
 std::optional<Executor::Job> Executor::Pump(std::optional<LaneId> self) {
   std::vector<Dispatch> ds = engine_->DispatchReady();
+  if (auto hold = engine_->NextHoldDeadline()) ArmHoldTimer(*hold);
   std::optional<Job> mine;
   MutexLock lock(&mu_);
   for (Dispatch& d : ds) {
@@ -107,6 +109,7 @@ std::optional<Executor::Job> Executor::Pump(std::optional<LaneId> self) {
     auto& slot = workers_[d.lane];
     if (!slot) {
       slot = std::make_unique<Worker>();
+      slot->lane_class = d.lane_class;
       Worker* w = slot.get();
       const LaneId lane = d.lane;
       w->thread = std::thread([this, lane, w] { WorkerLoop(lane, w); });
@@ -149,6 +152,15 @@ void Executor::RunJob(Job job) {
 }
 
 void Executor::WorkerLoop(LaneId lane, Worker* w) {
+  if (w->lane_class == mem::LaneClass::kInteractive) {
+    // Before the first kernel, so that threads the kernels start inherit it.
+    auto nice = SetCurrentThreadNice(kInteractiveNice);
+    logging::Event("sched", "worker_priority",
+                   {{"lane", lane},
+                    {"class", "interactive"},
+                    {"nice", nice.ok() ? *nice : 0},
+                    {"raised", nice.ok() && *nice < 0}});
+  }
   while (true) {
     std::optional<Job> job;
     {
@@ -195,7 +207,45 @@ void Executor::ReapWorkersLocked() {
   reap_pending_ = dead_lane_busy;
 }
 
+void Executor::ArmHoldTimer(Nanos deadline) {
+  MutexLock lock(&timer_mu_);
+  if (timer_stop_) return;
+  if (!timer_.joinable()) timer_ = std::thread([this] { TimerLoop(); });
+  if (!timer_deadline_ || deadline < *timer_deadline_) {
+    timer_deadline_ = deadline;
+    timer_cv_.NotifyOne();
+  }
+}
+
+void Executor::TimerLoop() {
+  while (true) {
+    {
+      MutexLock lock(&timer_mu_);
+      while (true) {
+        if (timer_stop_) return;
+        if (!timer_deadline_) {
+          timer_cv_.Wait(&timer_mu_);
+          continue;
+        }
+        const Nanos now = engine_->clock().Now();
+        if (now >= *timer_deadline_) break;
+        timer_cv_.WaitFor(&timer_mu_, *timer_deadline_ - now);
+      }
+      timer_deadline_.reset();
+    }
+    // Re-arms itself if a lane is still held (for a later deadline).
+    std::optional<Job> none = Pump(std::nullopt);
+    (void)none;
+  }
+}
+
 void Executor::Shutdown() {
+  {
+    MutexLock lock(&timer_mu_);
+    timer_stop_ = true;
+    timer_cv_.NotifyOne();
+  }
+  if (timer_.joinable() && timer_.get_id() != std::this_thread::get_id()) timer_.join();
   std::vector<SessionId> ids;
   {
     MutexLock lock(&mu_);

@@ -7,7 +7,11 @@
 // engine and asks for the next dispatch itself; a dispatch for its own lane it runs at once,
 // on the same thread, so the switch between two sessions of a lane costs one scheduling
 // decision and no thread hand-off. Nothing sleeps or polls: workers wait on condition
-// variables and every event (submit, completion, admission, removal) pumps the engine.
+// variables and every event (submit, completion, admission, removal) pumps the engine; a
+// lane the policy holds for an anticipated session (Note [Anticipation]) is pumped again by a
+// timer thread at the hold's end, if nothing else pumped it first.
+// Workers of interactive lanes run at a higher OS priority (kInteractiveNice) where the
+// process may raise it, at the default otherwise; the code path is the same.
 #pragma once
 
 #include <deque>
@@ -59,6 +63,7 @@ class Executor {
   };
   struct Worker {
     std::thread thread;
+    mem::LaneClass lane_class = mem::LaneClass::kBatch;
     Mutex mu;
     CondVar cv;
     std::optional<Job> job GUARDED_BY(mu);
@@ -70,6 +75,9 @@ class Executor {
   // Starts what the engine can dispatch; returns the dispatch for `self` (run it inline).
   std::optional<Job> Pump(std::optional<LaneId> self) EXCLUDES(mu_);
   void WorkerLoop(LaneId lane, Worker* w);
+  // Makes the timer thread pump the engine at `deadline` (the earliest asked for wins).
+  void ArmHoldTimer(Nanos deadline) EXCLUDES(timer_mu_);
+  void TimerLoop() EXCLUDES(timer_mu_);
   void RunJob(Job job);
   void ReapWorkersLocked() REQUIRES(mu_);
   // Answers every queued (not started) iteration of the session with `status`.
@@ -84,6 +92,13 @@ class Executor {
   // A session left since the last reap that found every worker's lane alive: only then can a
   // lane have closed, so only then does Pump look for workers to join.
   bool reap_pending_ GUARDED_BY(mu_) = false;
+
+  // The hold timer (started at the first hold). A leaf lock: nothing else is taken under it.
+  Mutex timer_mu_;
+  CondVar timer_cv_;
+  std::thread timer_;
+  std::optional<Nanos> timer_deadline_ GUARDED_BY(timer_mu_);
+  bool timer_stop_ GUARDED_BY(timer_mu_) = false;
 };
 
 }  // namespace salus::sched

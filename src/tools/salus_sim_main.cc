@@ -1,7 +1,8 @@
 // salus-sim: replays a job trace through the real scheduler and memory manager on a virtual
 // clock, and writes jobs.jsonl and summary.json.
 //
-//   salus-sim --trace FILE --policy fifo|srtf|pack|fair --capacity 16GiB --out DIR [--seed N]
+//   salus-sim --trace FILE --policy fifo|srtf|pack|fair|priority --capacity 16GiB --out DIR
+//             [--seed N] [--turnaround S] [--policy-options JSON]
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <iostream>
@@ -21,8 +22,8 @@ int main(int argc, char** argv) {
   desc.add_options()("help,h", "show this help")(
       "trace", po::value(&trace)->required(),
       "trace CSV: job_id,workload,submit_time_s,iterations[,persistent_mb,ephemeral_mb,"
-      "iteration_s,utilization]")("policy", po::value(&policy)->required(),
-                                  "fifo, srtf, pack or fair")(
+      "iteration_s,utilization,turnaround_s,priority]")("policy", po::value(&policy)->required(),
+                                  "fifo, srtf, pack, fair or priority")(
       "capacity", po::value(&capacity_text)->default_value("16GiB"), "device memory, e.g. 16GiB")(
       "out", po::value(&out)->required(), "output folder for jobs.jsonl and summary.json")(
       "seed", po::value(&opts.seed)->default_value(1), "seed of the iteration-time jitter")(
@@ -30,6 +31,9 @@ int main(int argc, char** argv) {
       "iteration time varies uniformly by +-this fraction (0: none)")(
       "quantum", po::value(&opts.quantum_s)->default_value(0.0),
       "group a job's iterations into scheduling units of about this many seconds (0: exact)")(
+      "turnaround", po::value(&opts.turnaround_s)->default_value(0.0),
+      "seconds from a reply to the client's next request, for jobs whose trace gives no "
+      "turnaround_s (0: back to back)")(
       "policy-options", po::value(&policy_options)->default_value(""),
       "the policy's options as a JSON object, e.g. {\"single_lane\":true}")(
       "profiles", po::value(&profiles)->default_value(SALUS_DEFAULT_PROFILES),

@@ -14,8 +14,8 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <queue>
 #include <random>
-#include <unordered_map>
 
 #include "common/clock.h"
 #include "sched/engine.h"
@@ -77,6 +77,10 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
   if (options.quantum_s < 0) {
     return InvalidArgumentError(fmt::format("quantum must be >= 0, got {}", options.quantum_s));
   }
+  if (!(options.turnaround_s >= 0)) {
+    return InvalidArgumentError(
+        fmt::format("turnaround must be >= 0, got {}", options.turnaround_s));
+  }
   SALUS_ASSIGN_OR_RETURN(auto policy, sched::CreatePolicy(options.policy, options.policy_options));
 
   ManualClock clock;
@@ -87,7 +91,8 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
   // Lanes and committed memory change only on arrivals, admissions and departures; the
   // series and the safety check are sampled then, not after every iteration.
   bool memory_changed = true;
-  std::unordered_map<mem::SessionId, size_t> job_of;
+  // Session ids are trace positions + 1.
+  auto job_of = [](mem::SessionId id) { return static_cast<size_t>(id - 1); };
   double now = 0;
 
   sched::Engine::Options eo;
@@ -96,14 +101,14 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
   eo.capacity = options.capacity;
   eo.policy = std::move(policy);
   eo.on_admitted = [&](mem::SessionId id, mem::LaneId lane) {
-    const size_t j = job_of.at(id);
+    const size_t j = job_of(id);
     result.jobs[j].admitted_s = now;
     result.jobs[j].lane = lane;
     ready_to_request.push_back(j);
     memory_changed = true;
   };
   eo.on_admission_failed = [&](mem::SessionId id, const Status& s) {
-    const size_t j = job_of.at(id);
+    const size_t j = job_of(id);
     result.jobs[j].refused = true;
     result.jobs[j].reason = s.ToString();
   };
@@ -120,6 +125,10 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
   size_t next_arrival = 0;
 
   std::map<mem::LaneId, Running> running;
+  // Clients' next requests, (time, job), earliest first.
+  std::priority_queue<std::pair<double, size_t>, std::vector<std::pair<double, size_t>>,
+                      std::greater<>>
+      requests;
   nlohmann::json t_series = nlohmann::json::array(), lanes_series = nlohmann::json::array(),
                  mem_series = nlohmann::json::array();
   size_t max_lanes = 0;
@@ -154,7 +163,7 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     // Start whatever can start now.
     SALUS_RETURN_IF_ERROR(request_all_ready());
     for (const sched::Dispatch& d : engine->DispatchReady()) {
-      const size_t j = job_of.at(d.session);
+      const size_t j = job_of(d.session);
       if (result.jobs[j].first_start_s < 0) result.jobs[j].first_start_s = now;
       double work = state[j].unit_s;
       if (options.jitter > 0) work *= jitter(rng);
@@ -169,12 +178,25 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     for (const auto& [lane, r] : running) t_done = std::min(t_done, now + r.work_left_s / speed);
     const double t_arrival =
         next_arrival < order.size() ? jobs[order[next_arrival]].submit_s : kInf;
-    if (t_done == kInf && t_arrival == kInf) break;
+    const double t_request = requests.empty() ? kInf : requests.top().first;
+    // A held lane is decided again when its hold ends (Note [Anticipation]).
+    const std::optional<Nanos> hold = engine->NextHoldDeadline();
+    const double t_hold = hold ? ToSeconds(*hold) : kInf;
+    if (t_done == kInf && t_arrival == kInf && t_request == kInf && t_hold == kInf) break;
 
-    const double t = std::min(t_done, t_arrival);
+    const double t = std::min({t_done, t_arrival, t_request, t_hold});
     for (auto& [lane, r] : running) r.work_left_s -= (t - now) * speed;
     now = t;
     clock.Set(FromSeconds(now));
+    // Seconds round-trip to nanoseconds inexactly: never stop short of the hold's end.
+    if (hold && t == t_hold) clock.Set(*hold);
+
+    // Clients' requests due by t.
+    while (!requests.empty() && requests.top().first <= now) {
+      const size_t j = requests.top().second;
+      requests.pop();
+      SALUS_RETURN_IF_ERROR(engine->RequestIteration(j + 1));
+    }
 
     // Completions at t, in lane order.
     for (auto it = running.begin(); it != running.end();) {
@@ -191,6 +213,9 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
         jr.finish_s = now;
         SALUS_RETURN_IF_ERROR(engine->RemoveSession(r.dispatch.session).status());
         memory_changed = true;
+      } else if (const double turnaround = jobs[r.job].turnaround_s.value_or(options.turnaround_s);
+                 turnaround > 0) {
+        requests.emplace(now + turnaround, r.job);
       } else {
         SALUS_RETURN_IF_ERROR(engine->RequestIteration(r.dispatch.session));
       }
@@ -212,9 +237,9 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
       js.unit_s =
           job.iteration_s * static_cast<double>(job.iterations) / static_cast<double>(js.units);
       const mem::SessionId id = j + 1;
-      job_of[id] = j;
       sched::SessionSpec spec;
       spec.requirement = {job.persistent_bytes, job.ephemeral_bytes};
+      spec.priority = job.priority;
       spec.declared_iterations = js.units;
       spec.iteration_time_hint = FromSeconds(js.unit_s);
       auto admitted = engine->AddSession(id, spec);
@@ -272,6 +297,11 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
   s["max_lanes"] = max_lanes;
   s["safety_violations"] = result.safety_violations;
   s["scheduling_units"] = result.iterations;
+  const sched::HoldStats holds = engine->Holds();
+  s["holds"] = {{"started", holds.started},
+                {"returned", holds.returned},
+                {"expired", holds.expired},
+                {"idle_s", ToSeconds(holds.idle)}};
   s["series"] = {{"t_s", t_series}, {"lanes", lanes_series}, {"memory_bytes", mem_series}};
   return result;
 }

@@ -3,7 +3,10 @@
 //
 // Model (see docs/scheduling.md):
 //  - A job arrives at submit_time_s, asks for admission with its (P, E), and once admitted
-//    requests its iterations back to back until it has run `iterations` of them.
+//    requests its iterations until it has run `iterations` of them, each request coming its
+//    client's turnaround after the previous iteration's end (back to back when 0): a
+//    synchronous client, as every training loop is. That gap is what the policies'
+//    anticipation (Note [Anticipation]) bridges.
 //  - An iteration of a job alone on the device takes iteration_s. Lanes contend for compute:
 //    while k iterations run at once, each progresses at speed min(1, 1 / Σ utilization_i)
 //    (utilization 1.0 unless the trace says otherwise), so packing compute-bound jobs gives
@@ -37,6 +40,7 @@ struct SimOptions {
   uint64_t seed = 1;
   double jitter = 0;
   double quantum_s = 0;
+  double turnaround_s = 0;  // client turnaround of jobs whose trace row gives none
 };
 
 struct SimJobResult {

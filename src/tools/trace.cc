@@ -131,7 +131,8 @@ StatusOr<std::vector<TraceJob>> ParseTrace(const std::string& text, const std::s
     return InvalidArgumentError(fmt::format("{}:1: missing column(s) {}", origin, names));
   }
   const int cp = Column(t, "persistent_mb"), ce = Column(t, "ephemeral_mb"),
-            ci = Column(t, "iteration_s"), cu = Column(t, "utilization");
+            ci = Column(t, "iteration_s"), cu = Column(t, "utilization"),
+            ct = Column(t, "turnaround_s"), cr = Column(t, "priority");
   std::vector<TraceJob> jobs;
   std::set<std::string> ids;
   for (const auto& row : t.rows) {
@@ -184,6 +185,21 @@ StatusOr<std::vector<TraceJob>> ParseTrace(const std::string& text, const std::s
     }
     if (given(cu)) {
       SALUS_ASSIGN_OR_RETURN(j.utilization, ParseNumber(f[cu], origin, line, "utilization", false));
+    }
+    if (given(ct)) {
+      SALUS_ASSIGN_OR_RETURN(double turnaround, ParseNumber(f[ct], origin, line, "turnaround_s"));
+      j.turnaround_s = turnaround;
+    }
+    if (given(cr)) {
+      int priority = 0;
+      const auto [ptr, ec] = std::from_chars(f[cr].data(), f[cr].data() + f[cr].size(), priority);
+      if (ec != std::errc() || ptr != f[cr].data() + f[cr].size() || priority < -100 ||
+          priority > 100) {
+        return InvalidArgumentError(fmt::format(
+            "{}:{}: column 'priority': '{}' is not an integer in [-100, 100]", origin, line,
+            f[cr]));
+      }
+      j.priority = priority;
     }
     j.persistent_bytes = static_cast<uint64_t>(std::llround(p_mb * kProfileMegabyte));
     j.ephemeral_bytes = static_cast<uint64_t>(std::llround(e_mb * kProfileMegabyte));

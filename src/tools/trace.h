@@ -4,7 +4,9 @@
 // and ephemeral memory in MB (2^20 bytes, as the profiles were measured) and its measured
 // iteration time. A trace is CSV with the columns job_id,workload,submit_time_s,iterations
 // and the optional persistent_mb,ephemeral_mb,iteration_s,utilization, which override the
-// profile (or replace it, when the workload names no profile row). Every error names the file
+// profile (or replace it, when the workload names no profile row), and the optional
+// turnaround_s (the job's client: seconds from a reply to its next request; the simulator's
+// default when absent) and priority (an integer, 0 when absent). Every error names the file
 // and line.
 #pragma once
 
@@ -35,6 +37,8 @@ struct TraceJob {
   uint64_t ephemeral_bytes = 0;
   double iteration_s = 0;
   double utilization = 1.0;
+  std::optional<double> turnaround_s;
+  int priority = 0;
   int line = 0;
 };
 

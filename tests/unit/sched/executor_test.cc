@@ -212,5 +212,90 @@ TEST_F(ExecutorTest, SessionsOfOneLaneAlternateOnOneWorker) {
   for (const auto& r : recs) EXPECT_GE(r.switch_gap, Nanos(0));
 }
 
+// Note [Anticipation] with real threads: a window far longer than any delay the test can
+// produce, so the outcome does not depend on timing. The short session (shorter declared
+// length) finishes an iteration and its client waits 50 ms before the next; the long
+// session's iteration, queued all along, must not take the lane in that gap.
+TEST_F(ExecutorTest, HeldLaneWaitsForTheSessionExpectedBack) {
+  Make("srtf", {{"max_hold_ms", 60000}, {"min_hold_ms", 60000}});
+  SessionSpec long_spec = Spec(kGiB, kGiB), short_spec = Spec(kGiB, kGiB);
+  long_spec.declared_iterations = 1000;
+  long_spec.iteration_time_hint = milliseconds(10);
+  short_spec.declared_iterations = 2;
+  short_spec.iteration_time_hint = milliseconds(10);
+  ASSERT_TRUE(*ex_->AddSession(1, long_spec));
+  ASSERT_TRUE(*ex_->AddSession(2, short_spec));
+  std::mutex mu;
+  std::vector<SessionId> order;
+  auto work = [&](const Dispatch& d) {
+    std::lock_guard<std::mutex> l(mu);
+    order.push_back(d.session);
+    return OkStatus();
+  };
+  std::promise<void> short_first, short_second, long_done;
+  ASSERT_TRUE(ex_->Submit(2, work, [&](const Status&, const IterationRecord&) {
+                   short_first.set_value();
+                 }).ok());
+  short_first.get_future().wait();
+  // The lane is idle, held for session 2; session 1 asks now and must wait.
+  ASSERT_TRUE(ex_->Submit(1, work, [&](const Status&, const IterationRecord&) {
+                   long_done.set_value();
+                 }).ok());
+  std::this_thread::sleep_for(milliseconds(50));
+  ASSERT_TRUE(ex_->Submit(2, work, [&](const Status&, const IterationRecord&) {
+                   short_second.set_value();
+                 }).ok());
+  short_second.get_future().wait();
+  long_done.get_future().wait();
+  EXPECT_EQ(order, (std::vector<SessionId>{2, 2, 1}));
+  const HoldStats holds = ex_->engine().Holds();
+  EXPECT_EQ(holds.started, 1u);
+  EXPECT_EQ(holds.returned, 1u);
+}
+
+// A hold that nothing ends early ends at its deadline: the timer pumps the engine.
+TEST_F(ExecutorTest, HoldEndsAtItsDeadlineWithoutAnotherEvent) {
+  Make("srtf", {{"max_hold_ms", 20}});
+  SessionSpec long_spec = Spec(kGiB, kGiB), short_spec = Spec(kGiB, kGiB);
+  long_spec.declared_iterations = 1000;
+  long_spec.iteration_time_hint = milliseconds(10);
+  short_spec.declared_iterations = 5;
+  short_spec.iteration_time_hint = milliseconds(10);
+  ASSERT_TRUE(*ex_->AddSession(1, long_spec));
+  ASSERT_TRUE(*ex_->AddSession(2, short_spec));
+  auto work = [](const Dispatch&) { return OkStatus(); };
+  std::promise<void> short_done, long_done;
+  ASSERT_TRUE(ex_->Submit(2, work, [&](const Status&, const IterationRecord&) {
+                   short_done.set_value();
+                 }).ok());
+  short_done.get_future().wait();
+  ASSERT_TRUE(ex_->Submit(1, work, [&](const Status&, const IterationRecord&) {
+                   long_done.set_value();
+                 }).ok());
+  // Session 2 never comes back: the long session runs once the 20 ms window has passed.
+  ASSERT_EQ(long_done.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  EXPECT_EQ(ex_->engine().Holds().expired, 1u);
+}
+
+TEST_F(ExecutorTest, InteractiveLanesGetTheirOwnWorker) {
+  Make("priority");
+  SessionSpec interactive = Spec(kGiB, kGiB);
+  interactive.requirement.lane_class = mem::LaneClass::kInteractive;
+  ASSERT_TRUE(*ex_->AddSession(1, Spec(kGiB, kGiB)));
+  ASSERT_TRUE(*ex_->AddSession(2, interactive));
+  std::promise<mem::LaneClass> c1, c2;
+  ASSERT_TRUE(ex_->Submit(
+                     1, [&](const Dispatch& d) { c1.set_value(d.lane_class); return OkStatus(); },
+                     [](const Status&, const IterationRecord&) {})
+                  .ok());
+  ASSERT_TRUE(ex_->Submit(
+                     2, [&](const Dispatch& d) { c2.set_value(d.lane_class); return OkStatus(); },
+                     [](const Status&, const IterationRecord&) {})
+                  .ok());
+  EXPECT_EQ(c1.get_future().get(), mem::LaneClass::kBatch);
+  EXPECT_EQ(c2.get_future().get(), mem::LaneClass::kInteractive);
+  EXPECT_EQ(ex_->WorkerCount(), 2u);
+}
+
 }  // namespace
 }  // namespace salus::sched
