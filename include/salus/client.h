@@ -81,6 +81,8 @@ struct SessionOptions {
   int64_t iterations = 0;       // declared length, 0: undeclared
   double duration_seconds = 0;  // declared length, 0: undeclared
   int32_t priority = 0;
+  // Interactive sessions get lanes of their own (never shared with batch sessions).
+  bool interactive = false;
   std::string name;
   double admission_timeout_seconds = 0;  // 0: wait as long as it takes
 };
@@ -105,6 +107,7 @@ struct SessionInfo {
   std::string name, kind, state, client_id;
   uint64_t lane = 0;
   int32_t priority = 0;
+  bool interactive = false;
   uint64_t persistent_bytes = 0, ephemeral_bytes = 0;
   int64_t iterations_done = 0, iterations_declared = 0;
   double avg_iteration_seconds = 0;

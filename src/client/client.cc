@@ -280,6 +280,7 @@ StatusOr<std::unique_ptr<Session>> Client::CreateSession(const SessionOptions& o
   cs->set_iterations(o.iterations);
   cs->set_duration_seconds(o.duration_seconds);
   cs->set_priority(o.priority);
+  cs->set_latency_class(o.interactive ? v1::LATENCY_INTERACTIVE : v1::LATENCY_BATCH);
   cs->set_name(o.name);
   cs->set_admission_timeout_seconds(o.admission_timeout_seconds);
   SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl_->Control(std::move(req)));
@@ -305,6 +306,7 @@ StatusOr<std::vector<SessionInfo>> Client::ListSessions() {
     i.client_id = s.client_id();
     i.lane = s.lane();
     i.priority = s.priority();
+    i.interactive = s.latency_class() == v1::LATENCY_INTERACTIVE;
     i.persistent_bytes = s.persistent_bytes();
     i.ephemeral_bytes = s.ephemeral_bytes();
     i.iterations_done = s.iterations_done();

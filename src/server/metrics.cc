@@ -15,16 +15,24 @@ void Histogram::Observe(double us) {
 
 void Histogram::Render(const std::string& name, const std::string& help, std::string* out) const {
   *out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  RenderSeries(name, "", out);
+}
+
+void Histogram::RenderSeries(const std::string& name, const std::string& labels,
+                             std::string* out) const {
+  const std::string sep = labels.empty() ? "" : ",";
+  const std::string braces = labels.empty() ? "" : "{" + labels + "}";
   uint64_t cumulative = 0;
   for (size_t i = 0; i < kBoundsUs.size(); ++i) {
     cumulative += buckets_[i].load(std::memory_order_relaxed);
-    *out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, kBoundsUs[i] / 1e6, cumulative);
+    *out += fmt::format("{}_bucket{{{}{}le=\"{}\"}} {}\n", name, labels, sep, kBoundsUs[i] / 1e6,
+                        cumulative);
   }
   cumulative += buckets_[kBoundsUs.size()].load(std::memory_order_relaxed);
-  *out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n", name, cumulative);
-  *out += fmt::format("{}_sum {}\n{}_count {}\n", name,
+  *out += fmt::format("{}_bucket{{{}{}le=\"+Inf\"}} {}\n", name, labels, sep, cumulative);
+  *out += fmt::format("{}_sum{} {}\n{}_count{} {}\n", name, braces,
                       static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / 1e9, name,
-                      cumulative);
+                      braces, cumulative);
 }
 
 void Metrics::SessionCreated(bool admitted) {
@@ -34,8 +42,14 @@ void Metrics::SessionCreated(bool admitted) {
 
 void Metrics::IterationDone(const sched::IterationRecord& r) {
   iterations_++;
-  queue_delay_.Observe(static_cast<double>(r.queue_delay.count()) / 1e3);
-  run_time_.Observe(static_cast<double>(r.run_time.count()) / 1e3);
+  const double queue_us = static_cast<double>(r.queue_delay.count()) / 1e3;
+  const double run_us = static_cast<double>(r.run_time.count()) / 1e3;
+  queue_delay_.Observe(queue_us);
+  run_time_.Observe(run_us);
+  PerClass& c = by_class_[static_cast<size_t>(r.lane_class)];
+  c.iterations++;
+  c.queue_delay.Observe(queue_us);
+  c.run_time.Observe(run_us);
   if (!r.lane_first) switch_gap_.Observe(static_cast<double>(r.switch_gap.count()) / 1e3);
 }
 
@@ -59,6 +73,29 @@ std::string Metrics::RenderPrometheus() const {
   run_time_.Render("salus_sched_iteration_seconds", "Iteration run time.", &out);
   switch_gap_.Render("salus_sched_switch_gap_seconds",
                      "Time between consecutive iterations on a lane.", &out);
+  auto per_class = [&](const char* name, const char* help, auto series) {
+    out += fmt::format("# HELP {0} {1}\n# TYPE {0} {2}\n", name, help,
+                       std::string_view(name).ends_with("_total") ? "counter" : "histogram");
+    for (int k = 0; k < mem::kLaneClasses; ++k) {
+      const auto cls = static_cast<mem::LaneClass>(k);
+      series(by_class_[static_cast<size_t>(k)],
+             fmt::format("class=\"{}\"", mem::LaneClassName(cls)));
+    }
+  };
+  per_class("salus_sched_class_iterations_total", "Iterations run, by latency class.",
+            [&](const PerClass& c, const std::string& labels) {
+              out += fmt::format("salus_sched_class_iterations_total{{{}}} {}\n", labels,
+                                 c.iterations.load());
+            });
+  per_class("salus_sched_class_queue_delay_seconds",
+            "Time from an iteration's request to its start, by latency class.",
+            [&](const PerClass& c, const std::string& labels) {
+              c.queue_delay.RenderSeries("salus_sched_class_queue_delay_seconds", labels, &out);
+            });
+  per_class("salus_sched_class_iteration_seconds", "Iteration run time, by latency class.",
+            [&](const PerClass& c, const std::string& labels) {
+              c.run_time.RenderSeries("salus_sched_class_iteration_seconds", labels, &out);
+            });
   if (gauges_) out += gauges_();
   return out;
 }

@@ -20,8 +20,11 @@ class Histogram {
                                                        5e3, 1e4, 2.5e4, 5e4, 1e5, 2.5e5, 1e6, 1e7};
 
   void Observe(double us);
-  // Appends the Prometheus lines of this histogram (in seconds, as Prometheus prefers).
+  // Appends the Prometheus lines of this histogram (in seconds, as Prometheus prefers), with
+  // its HELP and TYPE lines.
   void Render(const std::string& name, const std::string& help, std::string* out) const;
+  // Appends only the series, each with `labels` (e.g. `class="batch"`) beside `le`.
+  void RenderSeries(const std::string& name, const std::string& labels, std::string* out) const;
   uint64_t count() const { return count_.load(std::memory_order_relaxed); }
 
  private:
@@ -49,6 +52,12 @@ class Metrics {
   std::atomic<uint64_t> created_{0}, created_waiting_{0}, admitted_from_queue_{0}, closed_{0};
   std::atomic<uint64_t> iterations_{0}, requests_{0}, request_errors_{0};
   Histogram queue_delay_, run_time_, switch_gap_;
+  // Per lane class (mem::LaneClass): iterations, queue delay, run time.
+  struct PerClass {
+    std::atomic<uint64_t> iterations{0};
+    Histogram queue_delay, run_time;
+  };
+  std::array<PerClass, mem::kLaneClasses> by_class_;
   GaugeSource gauges_;
 };
 

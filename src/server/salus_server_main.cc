@@ -1,7 +1,7 @@
 // salus-server: the Salus daemon.
 //
 //   salus-server [--config FILE] [--listen EP]... [--device cpu|cuda:N] [--memory 16GiB]
-//                [--policy fifo|srtf|pack|fair] [--log-level info] [--metrics-listen HOST:PORT]
+//                [--policy fifo|srtf|pack|fair|priority] [--log-level info] [--metrics-listen HOST:PORT]
 //
 // Flags override the config file (JSON: listen, device, memory, policy, policy_options,
 // metrics_listen, log_level, lease_seconds). SIGTERM and SIGINT drain the daemon: it stops
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
       "endpoint to serve on (repeatable), e.g. ipc:///run/salus/salus.sock, tcp://127.0.0.1:5501")(
       "device", po::value(&device), "cpu (default) or cuda:N")("memory", po::value(&memory),
                                                                "the arena's capacity, e.g. 16GiB")(
-      "policy", po::value(&policy), "fifo, srtf, pack or fair (default)")(
+      "policy", po::value(&policy), "fifo, srtf, pack, fair (default) or priority")(
       "policy-options", po::value(&policy_options), "the policy's options as a JSON object")(
       "log-level", po::value(&log_level), "trace, debug, info (default), warn, error")(
       "metrics-listen", po::value(&metrics_listen), "HOST:PORT for /metrics and /healthz")(

@@ -333,15 +333,32 @@ void Server::HousekeepingLoop() {
 
 std::string Server::Gauges() const {
   std::string out;
-  size_t waiting = 0, admitted = 0;
+  size_t waiting = 0, admitted = 0, interactive = 0;
   for (const auto& s : sessions_->List()) {
     (s.state() == v1::WAITING ? waiting : admitted)++;
+    if (s.latency_class() == v1::LATENCY_INTERACTIVE) interactive++;
   }
   const auto& mem = executor_->engine().memory();
   const auto lanes = mem.Lanes();
   out += "# HELP salus_server_sessions Sessions by state.\n# TYPE salus_server_sessions gauge\n";
   out += fmt::format("salus_server_sessions{{state=\"waiting\"}} {}\n", waiting);
   out += fmt::format("salus_server_sessions{{state=\"admitted\"}} {}\n", admitted);
+  out +=
+      "# HELP salus_server_class_sessions Sessions by latency class.\n"
+      "# TYPE salus_server_class_sessions gauge\n";
+  out += fmt::format("salus_server_class_sessions{{class=\"batch\"}} {}\n",
+                     waiting + admitted - interactive);
+  out += fmt::format("salus_server_class_sessions{{class=\"interactive\"}} {}\n", interactive);
+  const sched::HoldStats holds = executor_->engine().Holds();
+  out += fmt::format(
+      "# HELP salus_sched_holds_total Lanes held idle for a session expected back, by how the "
+      "hold ended.\n# TYPE salus_sched_holds_total counter\n"
+      "salus_sched_holds_total{{outcome=\"returned\"}} {}\n"
+      "salus_sched_holds_total{{outcome=\"expired\"}} {}\n"
+      "# HELP salus_sched_hold_idle_seconds_total Lane time spent held.\n"
+      "# TYPE salus_sched_hold_idle_seconds_total counter\n"
+      "salus_sched_hold_idle_seconds_total {}\n",
+      holds.returned, holds.expired, ToSeconds(holds.idle));
   out += fmt::format(
       "# HELP salus_server_shared_buffers Shared buffers registered by clients.\n"
       "# TYPE salus_server_shared_buffers gauge\nsalus_server_shared_buffers {}\n",
@@ -352,7 +369,8 @@ std::string Server::Gauges() const {
   out += "# HELP salus_mem_lane_bytes Size of each lane.\n# TYPE salus_mem_lane_bytes gauge\n";
   uint64_t lane_total = 0;
   for (const auto& l : lanes) {
-    out += fmt::format("salus_mem_lane_bytes{{lane=\"{}\"}} {}\n", l.id, l.size);
+    out += fmt::format("salus_mem_lane_bytes{{lane=\"{}\",class=\"{}\"}} {}\n", l.id,
+                       mem::LaneClassName(l.lane_class), l.size);
     lane_total += l.size;
   }
   const uint64_t committed = mem.CommittedBytes();

@@ -37,6 +37,11 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const std::string& clien
     return InvalidArgumentError(
         fmt::format("priority must be in [-{0}, {0}], got {1}", kMaxPriority, req.priority()));
   }
+  if (!v1::LatencyClass_IsValid(req.latency_class())) {
+    return InvalidArgumentError(
+        fmt::format("latency_class must be BATCH (0) or INTERACTIVE (1), got {}",
+                    static_cast<int>(req.latency_class())));
+  }
   std::unique_ptr<SessionRuntime> runtime;
   switch (req.workload_case()) {
     case v1::CreateSession::kSynthetic: {
@@ -59,9 +64,13 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const std::string& clien
   entry->name = req.name();
   entry->client = client;
   entry->priority = req.priority();
+  entry->latency_class = req.latency_class();
   entry->iterations_declared = req.iterations();
   sched::SessionSpec spec;
   spec.requirement = runtime->requirement();
+  spec.requirement.lane_class = req.latency_class() == v1::LATENCY_INTERACTIVE
+                                    ? mem::LaneClass::kInteractive
+                                    : mem::LaneClass::kBatch;
   spec.priority = req.priority();
   if (req.iterations() > 0) spec.declared_iterations = req.iterations();
   if (req.duration_seconds() > 0) spec.declared_duration = FromSeconds(req.duration_seconds());
@@ -100,6 +109,7 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const std::string& clien
                  {{"session", id},
                   {"name", entry->name},
                   {"kind", entry->runtime->kind()},
+                  {"latency_class", v1::LatencyClass_Name(entry->latency_class)},
                   {"persistent_bytes", spec.requirement.persistent_bytes},
                   {"ephemeral_bytes", spec.requirement.ephemeral_bytes},
                   {"admitted", *admitted}});
@@ -349,6 +359,7 @@ std::vector<v1::SessionInfo> SessionManager::List() const {
     info.set_name(e->name);
     info.set_kind(std::string(e->runtime->kind()));
     info.set_priority(e->priority);
+    info.set_latency_class(e->latency_class);
     info.set_persistent_bytes(e->runtime->requirement().persistent_bytes);
     info.set_ephemeral_bytes(e->runtime->requirement().ephemeral_bytes);
     info.set_iterations_declared(e->iterations_declared);

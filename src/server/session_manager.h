@@ -77,6 +77,7 @@ class SessionManager {
     std::string name;
     std::string client;
     int32_t priority = 0;
+    v1::LatencyClass latency_class = v1::LATENCY_BATCH;
     int64_t iterations_declared = 0;
     std::unique_ptr<SessionRuntime> runtime;
   };

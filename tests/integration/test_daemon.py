@@ -504,6 +504,52 @@ def test_metrics_and_health(daemon: Daemon) -> None:
         assert e.value.code == 404
 
 
+def test_interactive_sessions_get_their_own_lane(daemon_factory) -> None:  # noqa: ANN001
+    d = daemon_factory(policy="priority")
+    with salus.connect(d.endpoint) as c:
+        assert c.server["policy"] == "priority"
+        batch = [synthetic(c, MiB, 4 * MiB, 0.0, name=f"train{i}", priority=i) for i in range(2)]
+        infer = synthetic(c, MiB, MiB, 0.0, name="serve", latency_class="interactive")
+        assert batch[0].lane == batch[1].lane  # priority: one batch lane
+        assert infer.lane != batch[0].lane
+        rows = {r["name"]: r for r in c.sessions()}
+        assert rows["serve"]["latency_class"] == "interactive"
+        assert rows["train0"]["latency_class"] == "batch"
+        for _ in range(3):
+            infer.run()
+            batch[0].run()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics",
+                                      timeout=10).read().decode()
+        assert 'salus_sched_class_iterations_total{class="interactive"} 3' in text
+        assert 'salus_sched_class_iterations_total{class="batch"} 3' in text
+        assert 'salus_server_class_sessions{class="interactive"} 1' in text
+        assert ('salus_sched_class_queue_delay_seconds_bucket{class="interactive",le="+Inf"} 3'
+                in text)
+        assert 'salus_sched_holds_total{outcome="returned"}' in text
+        with pytest.raises(ValueError):
+            synthetic(c, MiB, MiB, 0.0, latency_class="urgent")
+        # A latency class the protocol does not know is refused, naming the field.
+        req = pb.Request()
+        req.create_session.synthetic.persistent_bytes = MiB
+        req.create_session.latency_class = 7  # type: ignore[assignment]
+        with pytest.raises(salus.SalusError) as e:
+            c._call(req)
+        assert e.value.code == "INVALID_ARGUMENT" and "latency_class" in str(e.value)
+
+
+def test_anticipation_is_configurable(daemon_factory) -> None:  # noqa: ANN001
+    bad = subprocess.run([str(REPO / "build" / "bin" / "salus-server"), "--policy", "srtf",
+                          "--policy-options", '{"max_hold_ms": -1}'],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode != 0 and "max_hold_ms" in bad.stderr
+    d = daemon_factory("--policy-options", '{"max_hold_ms": 5, "min_hold_ms": 1}', policy="srtf")
+    with salus.connect(d.endpoint) as c:
+        s = synthetic(c, MiB, MiB, 0.0, iterations=4)
+        for _ in range(4):
+            s.run()
+        s.close()
+
+
 def test_many_processes_train_at_once(daemon_factory) -> None:
     d = daemon_factory(memory="2GiB")
     ctx = mp.get_context("fork")

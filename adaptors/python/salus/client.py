@@ -198,6 +198,7 @@ class Client:
         iterations: int = 0,
         duration: float = 0.0,
         priority: int = 0,
+        latency_class: str = "batch",
         name: str = "",
         admission_timeout: float = 0.0,
     ) -> Session:
@@ -227,6 +228,11 @@ class Client:
         cs.iterations = iterations
         cs.duration_seconds = duration
         cs.priority = priority
+        classes = {"batch": pb.LATENCY_BATCH, "interactive": pb.LATENCY_INTERACTIVE}
+        if latency_class not in classes:
+            raise ValueError(
+                f"latency_class must be 'batch' or 'interactive', got {latency_class!r}")
+        cs.latency_class = classes[latency_class]
         cs.name = name
         cs.admission_timeout_seconds = admission_timeout
         r = self._call(req)[0].create_session
@@ -240,6 +246,8 @@ class Client:
             out.append({
                 "session_id": s.session_id, "name": s.name, "kind": s.kind,
                 "state": pb.SessionState.Name(s.state), "lane": s.lane, "priority": s.priority,
+                "latency_class": "interactive" if s.latency_class == pb.LATENCY_INTERACTIVE
+                else "batch",
                 "persistent_bytes": s.persistent_bytes, "ephemeral_bytes": s.ephemeral_bytes,
                 "iterations_done": s.iterations_done,
                 "iterations_declared": s.iterations_declared,
