@@ -135,7 +135,9 @@ Nanos Engine::HoldWindowLocked(const SessionRec& s) const {
   // Nearest-rank percentiles.
   auto rank = [n](size_t percent) { return std::max<size_t>(1, (percent * n + 99) / 100) - 1; };
   if (sorted[rank(50)] > a.max_hold) return Nanos(0);
-  return std::clamp(sorted[rank(90)], a.min_hold, a.max_hold);
+  // A margin over the p90, so a client as fast as its usual is never cut off by a hair.
+  const Nanos p90 = sorted[rank(90)];
+  return std::clamp(p90 + p90 / kHoldMarginDivisor, a.min_hold, a.max_hold);
 }
 
 bool Engine::AnticipatedLocked(const SessionRec& s, Nanos now) const {

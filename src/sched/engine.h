@@ -106,6 +106,8 @@ struct HoldStats {
 
 // Reply-to-request gaps a session's hold window is learned from.
 inline constexpr size_t kGapHistory = 16;
+// The learned window is the p90 gap plus 1/kHoldMarginDivisor of it (a 25% margin).
+inline constexpr int kHoldMarginDivisor = 4;
 
 class Engine {
  public:

@@ -16,7 +16,7 @@
 // the session's next request (its last kGapHistory of them), and derives a hold window:
 //  - no gap observed yet: max_hold (a session that just ran is presumed to come back);
 //  - the median gap above max_hold: 0, the session is not one that comes back soon;
-//  - else the p90 gap, clamped to [min_hold, max_hold].
+//  - else the p90 gap plus a 25% margin, clamped to [min_hold, max_hold].
 // A session is *anticipated* while it has no pending iteration, is not closing, has
 // iterations left (or declared none), and its last iteration ended less than its window ago;
 // `expected_by` is that end plus the window. The snapshot lists anticipated sessions beside

@@ -13,6 +13,7 @@
 namespace salus::sched {
 namespace {
 
+using std::chrono::microseconds;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
@@ -391,7 +392,7 @@ TEST(EngineAnticipationTest, WindowIsLearnedFromTheSessionsGaps) {
   const auto info = h.engine_->Session(2);
   ASSERT_TRUE(info.ok());
   EXPECT_GE(info->gaps_observed, 10u);
-  EXPECT_EQ(info->hold_window, milliseconds(3));  // p90 of gaps of 3 ms
+  EXPECT_EQ(info->hold_window, microseconds(3750));  // p90 of gaps of 3 ms, plus 25%
 }
 
 TEST(EngineAnticipationTest, MinHoldWidensTheWindow) {
