@@ -140,10 +140,19 @@ Nanos Engine::HoldWindowLocked(const SessionRec& s) const {
   return std::clamp(p90 + p90 / kHoldMarginDivisor, a.min_hold, a.max_hold);
 }
 
+Nanos Engine::CurrentHoldWindowLocked(const SessionRec& s) const {
+  if (s.hold_window_stale) {
+    s.hold_window = HoldWindowLocked(s);
+    s.hold_window_stale = false;
+  }
+  return s.hold_window;
+}
+
 bool Engine::AnticipatedLocked(const SessionRec& s, Nanos now) const {
   if (!s.idle_since || s.closing || s.running || PendingLocked(s) != 0) return false;
   if (s.spec.declared_iterations && s.iterations_done >= *s.spec.declared_iterations) return false;
-  return s.hold_window > Nanos(0) && now - *s.idle_since < s.hold_window;
+  const Nanos window = CurrentHoldWindowLocked(s);
+  return window > Nanos(0) && now - *s.idle_since < window;
 }
 
 void Engine::StopIdlingLocked(SessionRec& s, LaneRec* lane) {
@@ -288,7 +297,7 @@ Status Engine::RequestIteration(SessionId id) {
     // Note [Anticipation]: one more reply-to-request gap; the window follows it.
     s.gaps[s.gaps_observed % kGapHistory] = now - *s.idle_since;
     s.gaps_observed++;
-    s.hold_window = HoldWindowLocked(s);
+    s.hold_window_stale = true;
     auto lit = lanes_.find(s.lane);
     StopIdlingLocked(s, lit == lanes_.end() ? nullptr : &lit->second);
   }
@@ -316,6 +325,11 @@ double Engine::RemainingSecondsLocked(const SessionRec& s) const {
 
 std::vector<Dispatch> Engine::DispatchReady() {
   std::vector<Dispatch> out;
+  DispatchReady(&out);
+  return out;
+}
+
+void Engine::DispatchReady(std::vector<Dispatch>* out) {
   MutexLock lock(&mu_);
   const Nanos now = clock_->Now();
   next_hold_deadline_.reset();
@@ -404,9 +418,8 @@ std::vector<Dispatch> Engine::DispatchReady() {
     RefreshViewLocked(s);
     lane.busy = true;
     ++running_;
-    out.push_back(d);
+    out->push_back(d);
   }
-  return out;
 }
 
 StatusOr<IterationRecord> Engine::Complete(const Dispatch& d) {
@@ -498,7 +511,7 @@ StatusOr<SessionInfo> Engine::Session(SessionId id) const {
   info.total_service = s.total_service;
   info.remaining_seconds = RemainingSecondsLocked(s);
   info.avg_iteration_seconds = std::max(0.0, s.ewma_seconds);
-  info.hold_window = s.hold_window;
+  info.hold_window = CurrentHoldWindowLocked(s);
   info.gaps_observed = s.gaps_observed;
   return info;
 }

@@ -138,6 +138,8 @@ class Engine {
   Status RequestIteration(SessionId id) EXCLUDES(mu_);
   // Starts every iteration that can start now.
   std::vector<Dispatch> DispatchReady() EXCLUDES(mu_);
+  // The same, appending to `out` (lets a caller that dispatches millions of times reuse it).
+  void DispatchReady(std::vector<Dispatch>* out) EXCLUDES(mu_);
   // The iteration `d` finished now.
   StatusOr<IterationRecord> Complete(const Dispatch& d) EXCLUDES(mu_);
   // Times out sessions that waited too long for admission (reported via on_admission_failed).
@@ -183,7 +185,10 @@ class Engine {
     std::optional<Nanos> idle_since;
     std::array<Nanos, kGapHistory> gaps{};
     size_t gaps_observed = 0;
-    Nanos hold_window{0};
+    // Recomputed from `gaps` when first needed after a new gap (most sessions never idle at
+    // a boundary, and sorting the gaps at every request would cost more than the decision).
+    mutable Nanos hold_window{0};
+    mutable bool hold_window_stale = false;
   };
   static constexpr size_t kNotRunnable = static_cast<size_t>(-1);
   struct Hold {
@@ -224,6 +229,7 @@ class Engine {
   void RemoveViewLocked(SessionRec& s, LaneRec& lane) REQUIRES(mu_);
   void StopIdlingLocked(SessionRec& s, LaneRec* lane) REQUIRES(mu_);
   Nanos HoldWindowLocked(const SessionRec& s) const REQUIRES(mu_);
+  Nanos CurrentHoldWindowLocked(const SessionRec& s) const REQUIRES(mu_);
   bool AnticipatedLocked(const SessionRec& s, Nanos now) const REQUIRES(mu_);
   void EndHoldLocked(LaneRec& lane, SessionId next, Nanos now) REQUIRES(mu_);
   int PendingLocked(const SessionRec& s) const {

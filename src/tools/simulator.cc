@@ -159,10 +159,13 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     return OkStatus();
   };
 
+  std::vector<sched::Dispatch> dispatched;
   while (true) {
     // Start whatever can start now.
     SALUS_RETURN_IF_ERROR(request_all_ready());
-    for (const sched::Dispatch& d : engine->DispatchReady()) {
+    dispatched.clear();
+    engine->DispatchReady(&dispatched);
+    for (const sched::Dispatch& d : dispatched) {
       const size_t j = job_of(d.session);
       if (result.jobs[j].first_start_s < 0) result.jobs[j].first_start_s = now;
       double work = state[j].unit_s;
