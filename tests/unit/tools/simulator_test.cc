@@ -78,6 +78,40 @@ TEST(SimulatorTest, RefusesJobsThatCanNeverFit) {
   EXPECT_EQ(JobResultJson(r.jobs[1])["status"], "refused");
 }
 
+// A synchronous client: 1 ms from each reply to its next request. Without anticipation the
+// long job's queued iteration takes the lane at every such gap, so the short job's 5
+// iterations of 1 s each take 9 s; with it they run back to back (5 s plus 4 turnarounds).
+TEST(SimulatorTest, AnticipationKeepsAShortSynchronousJobAtItsSoloTime) {
+  std::vector<TraceJob> jobs = {Job("long", 0, 100, 1, 2, 1.0), Job("short", 0.5, 5, 1, 2, 1.0)};
+  SimOptions o;
+  o.turnaround_s = 0.001;
+  o.policy_options = {{"max_hold_ms", 0}};
+  SimResult off = Simulated(jobs, "srtf", kCap, o);
+  o.policy_options = nlohmann::json::object();
+  SimResult on = Simulated(jobs, "srtf", kCap, o);
+  const double solo = 5 + 4 * 0.001;
+  // It starts at the long job's first boundary (1 s), half a second after it arrived.
+  EXPECT_NEAR(on.jobs[1].finish_s - on.jobs[1].first_start_s, solo, 1e-6);
+  EXPECT_NEAR(off.jobs[1].finish_s - off.jobs[1].first_start_s, 9.0, 1e-6);
+  EXPECT_EQ(on.summary["holds"]["returned"], 4);
+  EXPECT_EQ(on.summary["holds"]["expired"], 0);
+  EXPECT_EQ(off.summary["holds"]["started"], 0);
+  // A per-job turnaround in the trace overrides the default: back to back, no hold needed.
+  jobs[1].turnaround_s = 0.0;
+  SimResult own = Simulated(jobs, "srtf", kCap, o);
+  EXPECT_NEAR(own.jobs[1].finish_s - own.jobs[1].first_start_s, 5.0, 1e-6);
+  // FAIR never holds: the two alternate.
+  EXPECT_EQ(Simulated(jobs, "fair", kCap, o).summary["holds"]["started"], 0);
+}
+
+TEST(SimulatorTest, PriorityRunsTheHigherLevelFirst) {
+  std::vector<TraceJob> jobs = {Job("low", 0, 10, 1, 2, 1.0), Job("high", 0.5, 20, 1, 2, 1.0)};
+  jobs[1].priority = 3;
+  SimResult r = Simulated(jobs, "priority");
+  EXPECT_NEAR(r.jobs[1].finish_s, 21.0, 1e-6);  // preempts at 1 s, runs 20 iterations
+  EXPECT_NEAR(r.jobs[0].finish_s, 30.0, 1e-6);
+}
+
 TEST(SimulatorTest, PaperTraceUnderEveryPolicyKeepsTheSafetyCondition) {
   auto profiles = LoadProfiles(SALUS_SOURCE_DIR "/benchmarks/workloads/salus-p100-profiles.csv");
   ASSERT_TRUE(profiles.ok());
@@ -86,7 +120,7 @@ TEST(SimulatorTest, PaperTraceUnderEveryPolicyKeepsTheSafetyCondition) {
   SimOptions o;
   o.quantum_s = 1.0;  // keeps the test fast; exactness is covered above
   double fifo_jct = 0, srtf_jct = 0;
-  for (const char* policy : {"fifo", "srtf", "pack", "fair"}) {
+  for (const char* policy : {"fifo", "srtf", "pack", "fair", "priority"}) {
     SimResult r = Simulated(*jobs, policy, kCap, o);
     EXPECT_EQ(r.summary["safety_violations"], 0) << policy;
     EXPECT_EQ(r.summary["finished"].get<size_t>() + r.summary["refused"].get<size_t>(), 100u);

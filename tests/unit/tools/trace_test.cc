@@ -76,6 +76,27 @@ TEST(TraceTest, BadTracesNameTheLine) {
   }
 }
 
+TEST(TraceTest, ParsesTurnaroundAndPriority) {
+  auto jobs = ParseTrace(
+      "job_id,workload,submit_time_s,iterations,turnaround_s,priority\n"
+      "a,resnet50_25,0,10,0.002,3\n"
+      "b,resnet50_25,1,10,,\n",
+      "t.csv", Profiles());
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ((*jobs)[0].turnaround_s, 0.002);
+  EXPECT_EQ((*jobs)[0].priority, 3);
+  EXPECT_FALSE((*jobs)[1].turnaround_s.has_value());
+  EXPECT_EQ((*jobs)[1].priority, 0);
+  for (const char* bad : {"a,resnet50_25,0,1,-1,0\n", "a,resnet50_25,0,1,0,high\n",
+                          "a,resnet50_25,0,1,0,1000\n"}) {
+    auto r = ParseTrace(std::string("job_id,workload,submit_time_s,iterations,turnaround_s,"
+                                    "priority\n") + bad,
+                        "t.csv", Profiles());
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("t.csv:2: column '"), std::string::npos) << r.status();
+  }
+}
+
 TEST(TraceTest, LoadsTheShippedProfiles) {
   auto p = LoadProfiles(SALUS_SOURCE_DIR "/benchmarks/workloads/salus-p100-profiles.csv");
   ASSERT_TRUE(p.ok()) << p.status();
