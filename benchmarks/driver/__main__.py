@@ -7,7 +7,16 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from benchmarks.driver import common, fairness, hyperparam, inference, overhead, srtf, trace
+from benchmarks.driver import (
+    common,
+    fairness,
+    hyperparam,
+    inference,
+    interactive,
+    overhead,
+    srtf,
+    trace,
+)
 
 EXPERIMENTS: dict[str, tuple[ModuleType, str]] = {
     "trace": (trace, "Table 1 / Figure 7: a job trace under FIFO, SRTF, PACK and FAIR"),
@@ -15,6 +24,7 @@ EXPERIMENTS: dict[str, tuple[ModuleType, str]] = {
     "srtf": (srtf, "Figure 8: a long job preempted by shorter arrivals under SRTF"),
     "hyperparam": (hyperparam, "Figure 11: N jobs of one model at once, FIFO vs PACK"),
     "inference": (inference, "Figure 10: many inference sessions on one device"),
+    "interactive": (interactive, "an interactive inference service beside batch training"),
     "overhead": (overhead, "Figure 12: per-iteration time through the daemon vs in-process"),
 }
 

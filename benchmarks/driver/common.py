@@ -304,13 +304,17 @@ ITERATION_FIELDS = ["job", "iteration", "sent_s", "start_s", "end_s", "run_ms",
 
 
 def open_model_session(client: Any, model: str, batch: int, mode: str = "train",
-                       iterations: int = 0, name: str = "", priority: int = 0) -> Any:
+                       iterations: int = 0, name: str = "", priority: int = 0,
+                       duration: float = 0.0, latency_class: str = "batch") -> Any:
+    """A session on a reference model; `duration` (seconds of device time) and `iterations`
+    declare its length to the scheduler, `latency_class` is "batch" or "interactive"."""
     spec = MODEL_SPECS[model]
     return client.create_session(
         model=spec.path, mode=mode, inputs=spec.shapes(batch),
         loss=spec.loss if mode == "train" else "",
         optimizer={"type": "sgd", "lr": 0.05} if mode == "train" else None,
-        iterations=iterations, name=name or model, priority=priority)
+        iterations=iterations, duration=duration, name=name or model, priority=priority,
+        latency_class=latency_class)
 
 
 def timed_run(session: Any, feeds: dict[str, np.ndarray], fetches: list[str], job: str,

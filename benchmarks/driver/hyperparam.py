@@ -7,13 +7,17 @@ at batch 1, whose iterations are short enough that the device idles during the c
 trip, as the paper's superres_128 leaves a P100 idle) the iteration time alone, as the client
 sees it, is measured first and every job gets the iterations that take about --work seconds
 alone. Each
-job is a thread with its own connection and its own learning rate. Makespan runs from the
-submission of all jobs to the last one's end; the gain is FIFO's makespan over PACK's.
+job is a thread with its own connection and its own learning rate; all jobs' sessions are
+created before any runs, and the daemon's answers (admitted or waiting) give how many it
+admitted at once (`admitted_at_once`). Makespan runs from the submission of all jobs to the
+last one's end; the gain is FIFO's makespan over PACK's. `max_concurrent_jobs` is the most
+jobs whose client-side lifetimes overlapped.
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from typing import Any
 
@@ -76,12 +80,15 @@ def run(args: argparse.Namespace) -> list[str]:
                                  "iterations": iters[model],
                                  "alone_iteration_ms": alone_ms[model], "makespan_s": makespan,
                                  "avg_jct_s": sum(j["jct_s"] for j in jobs) / len(jobs),
+                                 "admitted_at_once": sum(j["state_at_create"] == "ADMITTED"
+                                                         for j in jobs),
                                  "max_concurrent_jobs": _max_concurrent(jobs)})
                     records += [dict(j, round=rnd + 1, model=model, policy=policy)
                                 for j in jobs]
     common.write_csv(args.out / "makespan.csv", rows)
     common.write_csv(args.out / "jobs.csv", records,
-                     ["round", "model", "policy", "job", "lr", "first_start_s", "jct_s", "lane"])
+                     ["round", "model", "policy", "job", "lr", "first_start_s", "jct_s", "lane",
+                      "state_at_create", "lane_at_create"])
     gains = []
     for model, batch in models:
         paper = PAPER_GAIN.get(model, ("", float("nan")))
@@ -114,6 +121,10 @@ def _batch(endpoint: str, model: str, batch: int, n_jobs: int, iters: int,
     spec = common.MODEL_SPECS[model]
     feeds = spec.feeds(batch, seed=0)
     out: list[dict[str, Any]] = []
+    # Every job's session exists before any job runs: the daemon's answers to the creations
+    # (admitted or waiting, and on which lane) then say how many jobs it put on the device at
+    # once, whatever the machine's load.
+    created = threading.Barrier(n_jobs)
     t0 = time.monotonic()
 
     def job(k: int) -> Any:
@@ -122,9 +133,16 @@ def _batch(endpoint: str, model: str, batch: int, n_jobs: int, iters: int,
             c = salus.connect(endpoint, timeout=None, name=f"hp{k}")
             try:
                 spec_ = common.MODEL_SPECS[model]
-                s = c.create_session(model=spec_.path, mode="train", inputs=spec_.shapes(batch),
-                                     loss=spec_.loss, optimizer={"type": "sgd", "lr": lr},
-                                     iterations=iters, name=f"{model}-lr{lr:g}")
+                try:
+                    s = c.create_session(model=spec_.path, mode="train",
+                                         inputs=spec_.shapes(batch), loss=spec_.loss,
+                                         optimizer={"type": "sgd", "lr": lr},
+                                         iterations=iters, name=f"{model}-lr{lr:g}")
+                except BaseException:
+                    created.abort()
+                    raise
+                state, lane_at_create = s.state, s.lane
+                created.wait()
                 lanes: set[int] = set()
                 first_start = float("nan")
                 for i in range(iters):
@@ -137,7 +155,8 @@ def _batch(endpoint: str, model: str, batch: int, n_jobs: int, iters: int,
                 end = time.monotonic() - t0
                 s.close()
                 out.append({"job": k, "lr": lr, "first_start_s": first_start, "jct_s": end,
-                            "lane": "+".join(str(x) for x in sorted(lanes))})
+                            "lane": "+".join(str(x) for x in sorted(lanes)),
+                            "state_at_create": state, "lane_at_create": lane_at_create})
                 bar.update(1)
             finally:
                 c.close()
