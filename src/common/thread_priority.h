@@ -7,7 +7,7 @@
 namespace salus {
 
 // Lowest (most favoured) nice value the daemon asks for on latency-sensitive workers.
-inline constexpr int kInteractiveNice = -10;
+inline constexpr int kInteractiveNice = -15;
 
 // Sets the calling thread's nice value to `nice`, or as close to it as the process is allowed
 // (RLIMIT_NICE; raising priority without CAP_SYS_NICE is refused). Returns the nice value the

@@ -14,7 +14,8 @@ StatusOr<std::unique_ptr<Policy>> PriorityPolicy::Create(const nlohmann::json& o
 Decision PriorityPolicy::Pick(const LaneSnapshot& s) const {
   return internal::PickOrHold(s, [](const SessionView& v) {
     // Note [Ordered bits]: remaining time is never negative (+infinity when undeclared).
-    return std::tuple(-v.priority, internal::OrderedBits(v.remaining_seconds), v.admit_seq);
+    return std::tuple(-v.priority, internal::OrderedBits(v.remaining_seconds),
+                      v.total_service.count(), v.admit_seq);
   });
 }
 

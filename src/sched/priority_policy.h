@@ -5,7 +5,8 @@
 // the same class; interactive sessions get a lane of their own and never wait behind a batch
 // session's iteration. Algorithm: at each boundary pick the runnable session with the highest
 // priority; within a level, the least estimated remaining time (Note [Remaining time]); then
-// the earlier admitted. Lower levels run only when no higher session is runnable or expected
+// the least device time attained (jobs of undeclared length share the lane instead of the
+// first admitted keeping it); then the earlier admitted. Lower levels run only when no higher session is runnable or expected
 // back within its hold window (Note [Anticipation]), so a synchronous high-priority client
 // is not overtaken while it turns its reply around.
 // Options: {"max_hold_ms": 2, "min_hold_ms": 0}; max_hold_ms 0 turns anticipation off.

@@ -14,7 +14,10 @@ StatusOr<std::unique_ptr<Policy>> SrtfPolicy::Create(const nlohmann::json& optio
 Decision SrtfPolicy::Pick(const LaneSnapshot& s) const {
   return internal::PickOrHold(s, [](const SessionView& v) {
     // Note [Ordered bits]: remaining time is never negative (+infinity when undeclared).
-    return std::tuple(internal::OrderedBits(v.remaining_seconds), -v.priority, v.admit_seq);
+    // Equal remaining time (two jobs of undeclared length, both +infinity): the least served
+    // first, so neither starves the other.
+    return std::tuple(internal::OrderedBits(v.remaining_seconds), -v.priority,
+                      v.total_service.count(), v.admit_seq);
   });
 }
 

@@ -4,7 +4,8 @@
 // (admission mode kSingleLane: admitted if ΣP + P + max(L, E) ≤ C), so one iteration of a
 // class runs at a time. Algorithm: at each boundary pick the runnable session with the least
 // estimated remaining time (remaining iterations × moving-average iteration time, or the
-// declared remaining duration); ties go to the higher priority, then the earlier admitted. A
+// declared remaining duration); ties go to the higher priority, then the least device time
+// attained (so jobs of undeclared length share the lane), then the earlier admitted. A
 // shorter arrival therefore takes over at the next boundary, and the preempted job's state
 // stays resident. Anticipation (Note [Anticipation]): when a session that would win has just
 // finished an iteration and is expected back within its hold window, the lane waits for it
