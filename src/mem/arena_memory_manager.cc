@@ -511,7 +511,8 @@ StatusOr<LaneIteration> ArenaMemoryManager::Begin(LaneId id, std::optional<Sessi
   lane.counters_at_begin = lane.allocator->stats();
   lane.allocator->Reset(base_ + offset, lane.size);
   in_flight_.insert(id);
-  return LaneIteration{id, lane.lane_class, offset, lane.size, base_ + offset, lane.allocator.get()};
+  return LaneIteration{id,        lane.lane_class, offset,
+                       lane.size, base_ + offset,  lane.allocator.get()};
 }
 
 Status ArenaMemoryManager::EndIteration(LaneId id) {
@@ -777,8 +778,7 @@ Status ArenaMemoryManager::CheckInvariantsLocked() const {
       if (it == sessions_.end() || it->second.lane != id) {
         return broken(fmt::format("lane {} lists session {}, which is not in it", id, s));
       }
-      if (options_.mode != AdmissionMode::kExclusive &&
-          it->second.req.lane_class != l.lane_class) {
+      if (options_.mode != AdmissionMode::kExclusive && it->second.req.lane_class != l.lane_class) {
         return broken(fmt::format("lane {} ({}) holds session {} of another class", id,
                                   LaneClassName(l.lane_class), s));
       }
@@ -797,8 +797,8 @@ Status ArenaMemoryManager::CheckInvariantsLocked() const {
     std::array<int, kLaneClasses> per_class{};
     for (const auto& [id, l] : lanes_) {
       if (++per_class[static_cast<size_t>(l.lane_class)] > 1) {
-        return broken(fmt::format("more than one {} lane in kSingleLane",
-                                  LaneClassName(l.lane_class)));
+        return broken(
+            fmt::format("more than one {} lane in kSingleLane", LaneClassName(l.lane_class)));
       }
     }
   }

@@ -377,7 +377,8 @@ void Engine::DispatchReady(std::vector<Dispatch>* out) {
       continue;  // policy broke its contract: decide again at the next event
     }
     auto sit = sessions_.find(decision.next);
-    assert(sit != sessions_.end() && sit->second.lane == lane_id && sit->second.view != kNotRunnable);
+    assert(sit != sessions_.end() && sit->second.lane == lane_id &&
+           sit->second.view != kNotRunnable);
     if (sit == sessions_.end() || sit->second.lane != lane_id || sit->second.view == kNotRunnable) {
       continue;  // policy broke its contract
     }

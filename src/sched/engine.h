@@ -202,7 +202,7 @@ class Engine {
     std::vector<SessionView> runnable;  // members with a pending iteration, any order
     std::vector<SessionId> idle;        // members with idle_since set (anticipation candidates)
     bool busy = false;
-    bool blocked = false;  // runnable work, but its memory is held by lanes mid-iteration
+    bool blocked = false;      // runnable work, but its memory is held by lanes mid-iteration
     std::optional<Hold> hold;  // left idle for an anticipated session by the last decision
     bool has_run = false;
     Nanos last_end{0};

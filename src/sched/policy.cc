@@ -48,16 +48,17 @@ StatusOr<AnticipationOptions> ParseAnticipation(std::string_view policy,
           "policy '{}': option '{}' must be a number of milliseconds in [0, 3600000], got {}",
           policy, key, v.dump()));
     }
-    *out = std::chrono::duration_cast<Nanos>(std::chrono::duration<double, std::milli>(v.get<double>()));
+    *out = std::chrono::duration_cast<Nanos>(
+        std::chrono::duration<double, std::milli>(v.get<double>()));
     return OkStatus();
   };
   SALUS_RETURN_IF_ERROR(millis("max_hold_ms", &a.max_hold));
   SALUS_RETURN_IF_ERROR(millis("min_hold_ms", &a.min_hold));
   if (a.min_hold > a.max_hold) {
-    return InvalidArgumentError(fmt::format(
-        "policy '{}': min_hold_ms ({} ms) is above max_hold_ms ({} ms)", policy,
-        std::chrono::duration<double, std::milli>(a.min_hold).count(),
-        std::chrono::duration<double, std::milli>(a.max_hold).count()));
+    return InvalidArgumentError(
+        fmt::format("policy '{}': min_hold_ms ({} ms) is above max_hold_ms ({} ms)", policy,
+                    std::chrono::duration<double, std::milli>(a.min_hold).count(),
+                    std::chrono::duration<double, std::milli>(a.max_hold).count()));
   }
   return a;
 }
@@ -72,10 +73,8 @@ struct Entry {
 };
 
 constexpr Entry kRegistry[] = {
-    {"fifo", &FifoPolicy::Create},
-    {"srtf", &SrtfPolicy::Create},
-    {"pack", &PackPolicy::Create},
-    {"fair", &FairPolicy::Create},
+    {"fifo", &FifoPolicy::Create},         {"srtf", &SrtfPolicy::Create},
+    {"pack", &PackPolicy::Create},         {"fair", &FairPolicy::Create},
     {"priority", &PriorityPolicy::Create},
 };
 

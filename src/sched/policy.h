@@ -73,8 +73,8 @@ struct LaneSnapshot {
 
 // Run a runnable session's iteration now, or hold the lane idle for an anticipated one.
 struct Decision {
-  SessionId next = 0;      // the session to run, or the one the lane is held for
-  bool hold = false;       // true: leave the lane idle for `next` until `hold_until`
+  SessionId next = 0;  // the session to run, or the one the lane is held for
+  bool hold = false;   // true: leave the lane idle for `next` until `hold_until`
   Nanos hold_until{0};
 
   static Decision Run(SessionId session) { return Decision{session, false, Nanos(0)}; }
@@ -99,6 +99,23 @@ class Policy {
   virtual Decision Pick(const LaneSnapshot& snapshot) const = 0;
   // Whether and how long this policy holds lanes (Note [Anticipation]); never, by default.
   virtual AnticipationOptions anticipation() const { return {}; }
+};
+
+// A policy that orders the sessions of one lane per class (admission kSingleLane) and holds
+// a lane for a session expected back (Note [Anticipation]): what SRTF and PRIORITY share.
+// Create<T>(name, options) reads {"max_hold_ms", "min_hold_ms"} and nothing else.
+class AnticipatingPolicy : public Policy {
+ public:
+  explicit AnticipatingPolicy(AnticipationOptions anticipation) : anticipation_(anticipation) {}
+  mem::AdmissionMode admission_mode() const override { return mem::AdmissionMode::kSingleLane; }
+  AnticipationOptions anticipation() const override { return anticipation_; }
+
+  template <typename T>
+  static StatusOr<std::unique_ptr<Policy>> Create(std::string_view name,
+                                                  const nlohmann::json& options);
+
+ private:
+  AnticipationOptions anticipation_;
 };
 
 // FAIR's weight for a priority: 1 + p for p >= 0, 1 / (1 - p) below; a priority-2 session
@@ -186,5 +203,14 @@ Status CheckPolicyOptions(std::string_view policy, const nlohmann::json& options
                           std::initializer_list<std::string_view> known);
 
 }  // namespace internal
+
+template <typename T>
+StatusOr<std::unique_ptr<Policy>> AnticipatingPolicy::Create(std::string_view name,
+                                                             const nlohmann::json& options) {
+  SALUS_RETURN_IF_ERROR(
+      internal::CheckPolicyOptions(name, options, {"max_hold_ms", "min_hold_ms"}));
+  SALUS_ASSIGN_OR_RETURN(AnticipationOptions a, internal::ParseAnticipation(name, options));
+  return std::unique_ptr<Policy>(new T(a));
+}
 
 }  // namespace salus::sched

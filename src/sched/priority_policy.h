@@ -6,27 +6,24 @@
 // session's iteration. Algorithm: at each boundary pick the runnable session with the highest
 // priority; within a level, the least estimated remaining time (Note [Remaining time]); then
 // the least device time attained (jobs of undeclared length share the lane instead of the
-// first admitted keeping it); then the earlier admitted. Lower levels run only when no higher session is runnable or expected
-// back within its hold window (Note [Anticipation]), so a synchronous high-priority client
-// is not overtaken while it turns its reply around.
-// Options: {"max_hold_ms": 2, "min_hold_ms": 0}; max_hold_ms 0 turns anticipation off.
+// first admitted keeping it); then the earlier admitted. Lower levels run only when no higher
+// session is runnable or expected back within its hold window (Note [Anticipation]), so a
+// synchronous high-priority client is not overtaken while it turns its reply around. Options:
+// {"max_hold_ms": 2, "min_hold_ms": 0}; max_hold_ms 0 turns anticipation off.
 #pragma once
 
 #include "sched/policy.h"
 
 namespace salus::sched {
 
-class PriorityPolicy final : public Policy {
+class PriorityPolicy final : public AnticipatingPolicy {
  public:
-  static StatusOr<std::unique_ptr<Policy>> Create(const nlohmann::json& options);
-  explicit PriorityPolicy(AnticipationOptions anticipation) : anticipation_(anticipation) {}
+  static StatusOr<std::unique_ptr<Policy>> Create(const nlohmann::json& options) {
+    return AnticipatingPolicy::Create<PriorityPolicy>("priority", options);
+  }
+  using AnticipatingPolicy::AnticipatingPolicy;
   std::string_view name() const override { return "priority"; }
-  mem::AdmissionMode admission_mode() const override { return mem::AdmissionMode::kSingleLane; }
   Decision Pick(const LaneSnapshot& snapshot) const override;
-  AnticipationOptions anticipation() const override { return anticipation_; }
-
- private:
-  AnticipationOptions anticipation_;
 };
 
 }  // namespace salus::sched

@@ -4,13 +4,6 @@
 
 namespace salus::sched {
 
-StatusOr<std::unique_ptr<Policy>> SrtfPolicy::Create(const nlohmann::json& options) {
-  SALUS_RETURN_IF_ERROR(
-      internal::CheckPolicyOptions("srtf", options, {"max_hold_ms", "min_hold_ms"}));
-  SALUS_ASSIGN_OR_RETURN(AnticipationOptions a, internal::ParseAnticipation("srtf", options));
-  return std::unique_ptr<Policy>(new SrtfPolicy(a));
-}
-
 Decision SrtfPolicy::Pick(const LaneSnapshot& s) const {
   return internal::PickOrHold(s, [](const SessionView& v) {
     // Note [Ordered bits]: remaining time is never negative (+infinity when undeclared).

@@ -17,17 +17,14 @@
 
 namespace salus::sched {
 
-class SrtfPolicy final : public Policy {
+class SrtfPolicy final : public AnticipatingPolicy {
  public:
-  static StatusOr<std::unique_ptr<Policy>> Create(const nlohmann::json& options);
-  explicit SrtfPolicy(AnticipationOptions anticipation) : anticipation_(anticipation) {}
+  static StatusOr<std::unique_ptr<Policy>> Create(const nlohmann::json& options) {
+    return AnticipatingPolicy::Create<SrtfPolicy>("srtf", options);
+  }
+  using AnticipatingPolicy::AnticipatingPolicy;
   std::string_view name() const override { return "srtf"; }
-  mem::AdmissionMode admission_mode() const override { return mem::AdmissionMode::kSingleLane; }
   Decision Pick(const LaneSnapshot& snapshot) const override;
-  AnticipationOptions anticipation() const override { return anticipation_; }
-
- private:
-  AnticipationOptions anticipation_;
 };
 
 }  // namespace salus::sched

@@ -1,7 +1,8 @@
 // salus-server: the Salus daemon.
 //
 //   salus-server [--config FILE] [--listen EP]... [--device cpu|cuda:N] [--memory 16GiB]
-//                [--policy fifo|srtf|pack|fair|priority] [--log-level info] [--metrics-listen HOST:PORT]
+//                [--policy fifo|srtf|pack|fair|priority] [--log-level info] [--metrics-listen
+//                HOST:PORT]
 //
 // Flags override the config file (JSON: listen, device, memory, policy, policy_options,
 // metrics_listen, log_level, lease_seconds). SIGTERM and SIGINT drain the daemon: it stops

@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
       "trace", po::value(&trace)->required(),
       "trace CSV: job_id,workload,submit_time_s,iterations[,persistent_mb,ephemeral_mb,"
       "iteration_s,utilization,turnaround_s,priority]")("policy", po::value(&policy)->required(),
-                                  "fifo, srtf, pack, fair or priority")(
+                                                        "fifo, srtf, pack, fair or priority")(
       "capacity", po::value(&capacity_text)->default_value("16GiB"), "device memory, e.g. 16GiB")(
       "out", po::value(&out)->required(), "output folder for jobs.jsonl and summary.json")(
       "seed", po::value(&opts.seed)->default_value(1), "seed of the iteration-time jitter")(

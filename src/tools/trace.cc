@@ -195,9 +195,9 @@ StatusOr<std::vector<TraceJob>> ParseTrace(const std::string& text, const std::s
       const auto [ptr, ec] = std::from_chars(f[cr].data(), f[cr].data() + f[cr].size(), priority);
       if (ec != std::errc() || ptr != f[cr].data() + f[cr].size() || priority < -100 ||
           priority > 100) {
-        return InvalidArgumentError(fmt::format(
-            "{}:{}: column 'priority': '{}' is not an integer in [-100, 100]", origin, line,
-            f[cr]));
+        return InvalidArgumentError(
+            fmt::format("{}:{}: column 'priority': '{}' is not an integer in [-100, 100]", origin,
+                        line, f[cr]));
       }
       j.priority = priority;
     }

@@ -335,7 +335,8 @@ TEST(EngineTest, WorkConservingUnderRandomLoad) {
     EXPECT_EQ(h.engine_->memory().CommittedBytes(), 0u) << policy;
     EXPECT_TRUE(h.engine_->memory().CheckInvariants().ok()) << policy;
     const HoldStats holds = h.engine_->Holds();
-    const bool may_hold = std::string_view(policy) == "srtf" || std::string_view(policy) == "priority";
+    const bool may_hold =
+        std::string_view(policy) == "srtf" || std::string_view(policy) == "priority";
     if (may_hold) {
       EXPECT_GT(holds.started, 0u) << policy;
     } else {

@@ -233,18 +233,18 @@ TEST_F(ExecutorTest, HeldLaneWaitsForTheSessionExpectedBack) {
     return OkStatus();
   };
   std::promise<void> short_first, short_second, long_done;
-  ASSERT_TRUE(ex_->Submit(2, work, [&](const Status&, const IterationRecord&) {
-                   short_first.set_value();
-                 }).ok());
+  ASSERT_TRUE(
+      ex_->Submit(2, work, [&](const Status&, const IterationRecord&) { short_first.set_value(); })
+          .ok());
   short_first.get_future().wait();
   // The lane is idle, held for session 2; session 1 asks now and must wait.
-  ASSERT_TRUE(ex_->Submit(1, work, [&](const Status&, const IterationRecord&) {
-                   long_done.set_value();
-                 }).ok());
+  ASSERT_TRUE(
+      ex_->Submit(1, work, [&](const Status&, const IterationRecord&) { long_done.set_value(); })
+          .ok());
   std::this_thread::sleep_for(milliseconds(50));
-  ASSERT_TRUE(ex_->Submit(2, work, [&](const Status&, const IterationRecord&) {
-                   short_second.set_value();
-                 }).ok());
+  ASSERT_TRUE(
+      ex_->Submit(2, work, [&](const Status&, const IterationRecord&) { short_second.set_value(); })
+          .ok());
   short_second.get_future().wait();
   long_done.get_future().wait();
   EXPECT_EQ(order, (std::vector<SessionId>{2, 2, 1}));
@@ -265,13 +265,13 @@ TEST_F(ExecutorTest, HoldEndsAtItsDeadlineWithoutAnotherEvent) {
   ASSERT_TRUE(*ex_->AddSession(2, short_spec));
   auto work = [](const Dispatch&) { return OkStatus(); };
   std::promise<void> short_done, long_done;
-  ASSERT_TRUE(ex_->Submit(2, work, [&](const Status&, const IterationRecord&) {
-                   short_done.set_value();
-                 }).ok());
+  ASSERT_TRUE(
+      ex_->Submit(2, work, [&](const Status&, const IterationRecord&) { short_done.set_value(); })
+          .ok());
   short_done.get_future().wait();
-  ASSERT_TRUE(ex_->Submit(1, work, [&](const Status&, const IterationRecord&) {
-                   long_done.set_value();
-                 }).ok());
+  ASSERT_TRUE(
+      ex_->Submit(1, work, [&](const Status&, const IterationRecord&) { long_done.set_value(); })
+          .ok());
   // Session 2 never comes back: the long session runs once the 20 ms window has passed.
   ASSERT_EQ(long_done.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
   EXPECT_EQ(ex_->engine().Holds().expired, 1u);
@@ -285,11 +285,19 @@ TEST_F(ExecutorTest, InteractiveLanesGetTheirOwnWorker) {
   ASSERT_TRUE(*ex_->AddSession(2, interactive));
   std::promise<mem::LaneClass> c1, c2;
   ASSERT_TRUE(ex_->Submit(
-                     1, [&](const Dispatch& d) { c1.set_value(d.lane_class); return OkStatus(); },
+                     1,
+                     [&](const Dispatch& d) {
+                       c1.set_value(d.lane_class);
+                       return OkStatus();
+                     },
                      [](const Status&, const IterationRecord&) {})
                   .ok());
   ASSERT_TRUE(ex_->Submit(
-                     2, [&](const Dispatch& d) { c2.set_value(d.lane_class); return OkStatus(); },
+                     2,
+                     [&](const Dispatch& d) {
+                       c2.set_value(d.lane_class);
+                       return OkStatus();
+                     },
                      [](const Status&, const IterationRecord&) {})
                   .ok());
   EXPECT_EQ(c1.get_future().get(), mem::LaneClass::kBatch);

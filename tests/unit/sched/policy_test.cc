@@ -89,6 +89,15 @@ TEST(SrtfPolicyTest, Table) {
                        {"tie broken by admission", {rem(3, 7, 60), rem(4, 2, 60)}, 4},
                        // An undeclared (infinite) job yields to any declared one.
                        {"unknown length last", {rem(1, 0, INFINITY), rem(2, 1, 1e6)}, 2},
+                       // Two of undeclared length: the least served, so they share the lane.
+                       {"undeclared: least served",
+                        {[&] {
+                           auto v = rem(1, 0, INFINITY);
+                           v.total_service = seconds(5);
+                           return v;
+                         }(),
+                         rem(2, 1, INFINITY)},
+                        2},
                    });
 }
 
@@ -125,27 +134,20 @@ TEST(PriorityPolicyTest, Table) {
     v.remaining_seconds = r;
     return v;
   };
-  RunTable("priority",
-           {
-               // Strict priority: the higher level runs, however long it is.
-               {"higher level first", {pr(1, 0, 0, 1), pr(2, 1, 5, 3600)}, 2},
-               // Within a level: shortest remaining time.
-               {"srtf within a level", {pr(1, 0, 2, 600), pr(2, 1, 2, 60), pr(3, 2, 0, 1)}, 2},
-               // Same level and remaining time: the earlier admitted.
-               {"tie broken by admission", {pr(4, 5, 1, 60), pr(5, 2, 1, 60)}, 5},
-               // A higher-priority session expected back holds a lower level's lane.
-               {"higher level expected back: hold",
-                {pr(1, 0, 0, 1)},
-                2,
-                {Back(2, 1, 3600, 2, 3)},
-                true},
-               // A lower level expected back never holds a higher one.
-               {"lower level expected back: run",
-                {pr(1, 0, 3, 3600)},
-                1,
-                {Back(2, 1, 1, 2, 0)},
-                false},
-           });
+  RunTable(
+      "priority",
+      {
+          // Strict priority: the higher level runs, however long it is.
+          {"higher level first", {pr(1, 0, 0, 1), pr(2, 1, 5, 3600)}, 2},
+          // Within a level: shortest remaining time.
+          {"srtf within a level", {pr(1, 0, 2, 600), pr(2, 1, 2, 60), pr(3, 2, 0, 1)}, 2},
+          // Same level and remaining time: the earlier admitted.
+          {"tie broken by admission", {pr(4, 5, 1, 60), pr(5, 2, 1, 60)}, 5},
+          // A higher-priority session expected back holds a lower level's lane.
+          {"higher level expected back: hold", {pr(1, 0, 0, 1)}, 2, {Back(2, 1, 3600, 2, 3)}, true},
+          // A lower level expected back never holds a higher one.
+          {"lower level expected back: run", {pr(1, 0, 3, 3600)}, 1, {Back(2, 1, 1, 2, 0)}, false},
+      });
 }
 
 TEST(PolicyAnticipationTest, OnlySrtfAndPriorityHold) {
@@ -172,9 +174,9 @@ TEST(PolicyAnticipationTest, Options) {
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_EQ((*off)->anticipation().max_hold, Nanos(0));
   // Bad values are refused, naming the option.
-  for (const nlohmann::json& bad : {nlohmann::json{{"max_hold_ms", -1}},
-                                    nlohmann::json{{"max_hold_ms", "2"}},
-                                    nlohmann::json{{"min_hold_ms", 3}, {"max_hold_ms", 2}}}) {
+  for (const nlohmann::json& bad :
+       {nlohmann::json{{"max_hold_ms", -1}}, nlohmann::json{{"max_hold_ms", "2"}},
+        nlohmann::json{{"min_hold_ms", 3}, {"max_hold_ms", 2}}}) {
     auto p = CreatePolicy("srtf", bad);
     ASSERT_FALSE(p.ok()) << bad.dump();
     EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
@@ -222,8 +224,7 @@ TEST(FairPolicyTest, Table) {
 }
 
 TEST(PolicyRegistryTest, CreatesByNameWithAdmissionModes) {
-  EXPECT_EQ(PolicyNames(),
-            (std::vector<std::string>{"fifo", "srtf", "pack", "fair", "priority"}));
+  EXPECT_EQ(PolicyNames(), (std::vector<std::string>{"fifo", "srtf", "pack", "fair", "priority"}));
   EXPECT_EQ((*CreatePolicy("Priority"))->admission_mode(), mem::AdmissionMode::kSingleLane);
   EXPECT_EQ((*CreatePolicy("fifo"))->admission_mode(), mem::AdmissionMode::kExclusive);
   EXPECT_EQ((*CreatePolicy("SRTF"))->admission_mode(), mem::AdmissionMode::kSingleLane);

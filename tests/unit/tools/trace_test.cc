@@ -87,10 +87,11 @@ TEST(TraceTest, ParsesTurnaroundAndPriority) {
   EXPECT_EQ((*jobs)[0].priority, 3);
   EXPECT_FALSE((*jobs)[1].turnaround_s.has_value());
   EXPECT_EQ((*jobs)[1].priority, 0);
-  for (const char* bad : {"a,resnet50_25,0,1,-1,0\n", "a,resnet50_25,0,1,0,high\n",
-                          "a,resnet50_25,0,1,0,1000\n"}) {
+  for (const char* bad :
+       {"a,resnet50_25,0,1,-1,0\n", "a,resnet50_25,0,1,0,high\n", "a,resnet50_25,0,1,0,1000\n"}) {
     auto r = ParseTrace(std::string("job_id,workload,submit_time_s,iterations,turnaround_s,"
-                                    "priority\n") + bad,
+                                    "priority\n") +
+                            bad,
                         "t.csv", Profiles());
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.status().message().find("t.csv:2: column '"), std::string::npos) << r.status();
