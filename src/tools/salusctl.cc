@@ -59,6 +59,7 @@ int Sessions(salus::client::Client& c, bool json) {
                      {"state", s.state},
                      {"lane", s.lane},
                      {"priority", s.priority},
+                     {"latency_class", s.interactive ? "interactive" : "batch"},
                      {"persistent_bytes", s.persistent_bytes},
                      {"ephemeral_bytes", s.ephemeral_bytes},
                      {"iterations_done", s.iterations_done},
@@ -68,15 +69,16 @@ int Sessions(salus::client::Client& c, bool json) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::printf("%-6s %-16s %-9s %-9s %5s %4s %10s %10s %12s %9s\n", "ID", "NAME", "KIND", "STATE",
-              "LANE", "PRIO", "P", "E", "ITERATIONS", "ITER ms");
+  std::printf("%-6s %-16s %-9s %-9s %5s %4s %-11s %10s %10s %12s %9s\n", "ID", "NAME", "KIND",
+              "STATE", "LANE", "PRIO", "CLASS", "P", "E", "ITERATIONS", "ITER ms");
   for (const auto& s : *list) {
     const std::string iters = s.iterations_declared > 0 ? std::to_string(s.iterations_done) + "/" +
                                                               std::to_string(s.iterations_declared)
                                                         : std::to_string(s.iterations_done);
-    std::printf("%-6llu %-16s %-9s %-9s %5llu %4d %10s %10s %12s %9.2f\n",
+    std::printf("%-6llu %-16s %-9s %-9s %5llu %4d %-11s %10s %10s %12s %9.2f\n",
                 static_cast<unsigned long long>(s.id), s.name.substr(0, 16).c_str(), s.kind.c_str(),
                 s.state.c_str(), static_cast<unsigned long long>(s.lane), s.priority,
+                s.interactive ? "interactive" : "batch",
                 salus::FormatBytes(s.persistent_bytes).c_str(),
                 salus::FormatBytes(s.ephemeral_bytes).c_str(), iters.c_str(),
                 s.avg_iteration_seconds * 1e3);
