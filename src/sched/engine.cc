@@ -101,21 +101,26 @@ void Engine::RemoveViewLocked(SessionRec& s, LaneRec& lane) {
   lane.runnable.pop_back();
 }
 
+SessionView Engine::ViewLocked(const SessionRec& s) const {
+  SessionView v;
+  v.id = s.id;
+  v.priority = s.spec.priority;
+  v.admit_seq = s.admit_seq;
+  if (PendingLocked(s) > 0) v.requested_at = s.requests[s.requests_head];
+  v.service = s.service;
+  v.total_service = s.total_service;
+  v.remaining_seconds = RemainingSecondsLocked(s);
+  v.iterations_done = s.iterations_done;
+  return v;
+}
+
 void Engine::RefreshViewLocked(SessionRec& s) {
   if (s.state != SessionState::kAdmitted) return;
   auto lit = lanes_.find(s.lane);
   if (lit == lanes_.end()) return;
   LaneRec& lane = lit->second;
   if (s.closing || PendingLocked(s) == 0) return RemoveViewLocked(s, lane);
-  SessionView v;
-  v.id = s.id;
-  v.priority = s.spec.priority;
-  v.admit_seq = s.admit_seq;
-  v.requested_at = s.requests[s.requests_head];
-  v.service = s.service;
-  v.total_service = s.total_service;
-  v.remaining_seconds = RemainingSecondsLocked(s);
-  v.iterations_done = s.iterations_done;
+  const SessionView v = ViewLocked(s);
   if (s.view == kNotRunnable) {
     s.view = lane.runnable.size();
     lane.runnable.push_back(v);
@@ -161,6 +166,13 @@ void Engine::StopIdlingLocked(SessionRec& s, LaneRec* lane) {
   if (lane == nullptr) return;
   auto& idle = lane->idle;
   idle.erase(std::remove(idle.begin(), idle.end(), s.id), idle.end());
+}
+
+void Engine::DetachLocked(SessionRec& s) {
+  auto lit = lanes_.find(s.lane);
+  if (lit == lanes_.end()) return;
+  StopIdlingLocked(s, &lit->second);  // a hold for it ends at the next decision
+  RemoveViewLocked(s, lit->second);
 }
 
 void Engine::EndHoldLocked(LaneRec& lane, SessionId next, Nanos now) {
@@ -234,10 +246,7 @@ StatusOr<bool> Engine::AddSession(SessionId id, const SessionSpec& spec) {
 Status Engine::ReleaseLocked(SessionId id, Notices* notices) {
   SessionRec& s = sessions_.at(id);
   const LaneId lane = s.lane;
-  if (auto lit = lanes_.find(lane); lit != lanes_.end()) {
-    StopIdlingLocked(s, &lit->second);
-    RemoveViewLocked(s, lit->second);
-  }
+  DetachLocked(s);
   sessions_.erase(id);
   LeaveLaneLocked(id, lane);
   Status st = memory_->Release(id);
@@ -259,12 +268,7 @@ StatusOr<int> Engine::RemoveSession(SessionId id) {
     dropped = PendingLocked(s);
     s.requests.clear();
     s.requests_head = 0;
-    if (s.state == SessionState::kAdmitted) {
-      auto lit = lanes_.find(s.lane);
-      LaneRec* lane = lit == lanes_.end() ? nullptr : &lit->second;
-      StopIdlingLocked(s, lane);  // a hold for it ends at the next decision
-      if (lane != nullptr) RemoveViewLocked(s, *lane);
-    }
+    if (s.state == SessionState::kAdmitted) DetachLocked(s);
     if (s.state == SessionState::kWaiting) {
       sessions_.erase(it);
       memory_->CancelWaiting(id);
@@ -344,16 +348,9 @@ void Engine::DispatchReady(std::vector<Dispatch>* out) {
     for (SessionId m : lane.idle) {
       const SessionRec& s = sessions_.at(m);
       if (!AnticipatedLocked(s, now)) continue;
-      SessionView v;
-      v.id = m;
-      v.priority = s.spec.priority;
-      v.admit_seq = s.admit_seq;
+      SessionView v = ViewLocked(s);
       v.requested_at = *s.idle_since;
-      v.service = s.service;
-      v.total_service = s.total_service;
-      v.remaining_seconds = RemainingSecondsLocked(s);
-      v.iterations_done = s.iterations_done;
-      v.expected_by = *s.idle_since + s.hold_window;
+      v.expected_by = *s.idle_since + CurrentHoldWindowLocked(s);
       anticipated_.push_back(v);
     }
     const Decision decision =
@@ -362,19 +359,17 @@ void Engine::DispatchReady(std::vector<Dispatch>* out) {
       const bool known = std::any_of(anticipated_.begin(), anticipated_.end(),
                                      [&](const SessionView& v) { return v.id == decision.next; });
       assert(known && decision.hold_until > now);
-      if (known && decision.hold_until > now) {
-        if (!lane.hold || lane.hold->session != decision.next) {
-          if (lane.hold) EndHoldLocked(lane, decision.next, now);
-          lane.hold = Hold{decision.next, decision.hold_until, now};
-          holds_.started++;
-        }
-        lane.hold->until = decision.hold_until;
-        if (!next_hold_deadline_ || decision.hold_until < *next_hold_deadline_) {
-          next_hold_deadline_ = decision.hold_until;
-        }
-        continue;
+      if (!known || decision.hold_until <= now) continue;  // policy broke its contract
+      if (!lane.hold || lane.hold->session != decision.next) {
+        EndHoldLocked(lane, decision.next, now);
+        lane.hold = Hold{decision.next, decision.hold_until, now};
+        holds_.started++;
       }
-      continue;  // policy broke its contract: decide again at the next event
+      lane.hold->until = decision.hold_until;
+      if (!next_hold_deadline_ || decision.hold_until < *next_hold_deadline_) {
+        next_hold_deadline_ = decision.hold_until;
+      }
+      continue;
     }
     auto sit = sessions_.find(decision.next);
     assert(sit != sessions_.end() && sit->second.lane == lane_id &&

@@ -224,10 +224,14 @@ class Engine {
   void DrainMemEventsLocked(Notices* notices) REQUIRES(mu_);
   void Notify(const Notices& notices);
   double RemainingSecondsLocked(const SessionRec& s) const REQUIRES(mu_);
+  // What a policy sees of the session now (requested_at: its oldest pending request).
+  SessionView ViewLocked(const SessionRec& s) const REQUIRES(mu_);
   // Brings the session's view in its lane's `runnable` up to date (adds, refreshes or removes).
   void RefreshViewLocked(SessionRec& s) REQUIRES(mu_);
   void RemoveViewLocked(SessionRec& s, LaneRec& lane) REQUIRES(mu_);
   void StopIdlingLocked(SessionRec& s, LaneRec* lane) REQUIRES(mu_);
+  // Takes a closing session out of its lane's runnable views and anticipation candidates.
+  void DetachLocked(SessionRec& s) REQUIRES(mu_);
   Nanos HoldWindowLocked(const SessionRec& s) const REQUIRES(mu_);
   Nanos CurrentHoldWindowLocked(const SessionRec& s) const REQUIRES(mu_);
   bool AnticipatedLocked(const SessionRec& s, Nanos now) const REQUIRES(mu_);

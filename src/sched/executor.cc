@@ -233,9 +233,7 @@ void Executor::TimerLoop() {
       }
       timer_deadline_.reset();
     }
-    // Re-arms itself if a lane is still held (for a later deadline).
-    std::optional<Job> none = Pump(std::nullopt);
-    (void)none;
+    Pump(std::nullopt);  // re-arms the timer if a lane is still held, for a later deadline
   }
 }
 

@@ -73,26 +73,26 @@ std::string Metrics::RenderPrometheus() const {
   run_time_.Render("salus_sched_iteration_seconds", "Iteration run time.", &out);
   switch_gap_.Render("salus_sched_switch_gap_seconds",
                      "Time between consecutive iterations on a lane.", &out);
-  auto per_class = [&](const char* name, const char* help, auto series) {
-    out += fmt::format("# HELP {0} {1}\n# TYPE {0} {2}\n", name, help,
-                       std::string_view(name).ends_with("_total") ? "counter" : "histogram");
+  auto per_class = [&](const char* name, const char* type, const char* help, auto series) {
+    out += fmt::format("# HELP {0} {1}\n# TYPE {0} {2}\n", name, help, type);
     for (int k = 0; k < mem::kLaneClasses; ++k) {
       const auto cls = static_cast<mem::LaneClass>(k);
       series(by_class_[static_cast<size_t>(k)],
              fmt::format("class=\"{}\"", mem::LaneClassName(cls)));
     }
   };
-  per_class("salus_sched_class_iterations_total", "Iterations run, by latency class.",
+  per_class("salus_sched_class_iterations_total", "counter", "Iterations run, by latency class.",
             [&](const PerClass& c, const std::string& labels) {
               out += fmt::format("salus_sched_class_iterations_total{{{}}} {}\n", labels,
                                  c.iterations.load());
             });
-  per_class("salus_sched_class_queue_delay_seconds",
+  per_class("salus_sched_class_queue_delay_seconds", "histogram",
             "Time from an iteration's request to its start, by latency class.",
             [&](const PerClass& c, const std::string& labels) {
               c.queue_delay.RenderSeries("salus_sched_class_queue_delay_seconds", labels, &out);
             });
-  per_class("salus_sched_class_iteration_seconds", "Iteration run time, by latency class.",
+  per_class("salus_sched_class_iteration_seconds", "histogram",
+            "Iteration run time, by latency class.",
             [&](const PerClass& c, const std::string& labels) {
               c.run_time.RenderSeries("salus_sched_class_iteration_seconds", labels, &out);
             });
