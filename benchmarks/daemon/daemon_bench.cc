@@ -130,6 +130,13 @@ T Must(salus::StatusOr<T> v) {
   return std::move(*v);
 }
 
+void Must(const salus::Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "daemon_bench: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
 nlohmann::json RoundTrip(const Daemon& d) {
   nlohmann::json out;
   for (const auto& [name, ep] : {std::pair{"ipc", d.ipc()}, std::pair{"tcp", d.tcp()}}) {
@@ -233,7 +240,7 @@ ModelRun Compile(const Classifier& m, const std::string& model, int64_t batch) {
   };
   r.p.reset(alloc(r.exe->persistent_bytes()));
   r.e.reset(alloc(r.exe->ephemeral_bytes()));
-  r.exe->InitializePersistent(r.p.get());
+  Must(r.exe->InitializePersistent(r.p.get()));
   r.feeds = Feeds(m, batch);
   for (const auto& info : r.exe->inputs()) {
     for (const auto& f : r.feeds) {

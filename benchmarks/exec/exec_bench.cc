@@ -1,7 +1,7 @@
 // salus-exec-bench: times iterations of one ONNX model on the engine and prints one JSON line.
 //
 //   salus-exec-bench --model FILE --input NAME=d0,d1,... [--input ...] [--train LOSS]
-//                    [--fetch NAME] [--warmup 5] [--iters 20] [--profile]
+//                    [--fetch NAME] [--warmup 5] [--iters 20] [--profile] [--device cuda:0]
 //
 // Inputs are filled with seeded values (int64 inputs with small class indices). Training uses
 // SGD with momentum 0.9. The thread count is OpenMP's (OMP_NUM_THREADS).
@@ -20,7 +20,7 @@ namespace po = boost::program_options;
 using namespace salus::exec;  // NOLINT(google-build-using-namespace)
 
 int main(int argc, char** argv) {
-  std::string model_path, train_loss, fetch;
+  std::string model_path, train_loss, fetch, device_name = "cpu";
   std::vector<std::string> inputs;
   int warmup = 5, iters = 20;
   po::options_description desc("salus-exec-bench");
@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
       "input", po::value(&inputs)->composing(), "NAME=d0,d1,...")("train", po::value(&train_loss),
                                                                   "train with this loss output")(
       "fetch", po::value(&fetch), "output to fetch in inference")(
-      "profile", "print seconds per op type to stderr")(
+      "profile", "print seconds per op type to stderr")("device", po::value(&device_name),
+                                                        "cpu (default), cuda or cuda:N")(
       "warmup", po::value(&warmup), "untimed iterations")("iters", po::value(&iters),
                                                           "timed iterations");
   po::variables_map vm;
@@ -43,6 +44,12 @@ int main(int argc, char** argv) {
   std::stringstream ss;
   ss << f.rdbuf();
   CompileOptions o;
+  auto device = ParseDevice(device_name);
+  if (!device.ok()) {
+    std::cerr << device.status() << "\n";
+    return 2;
+  }
+  o.device = *device;
   for (const std::string& spec : inputs) {
     const size_t eq = spec.find('=');
     if (eq == std::string::npos) {
@@ -69,12 +76,16 @@ int main(int argc, char** argv) {
     return 1;
   }
   Executable& x = **exe;
-  auto aligned = [](size_t n) {
-    return std::unique_ptr<std::byte, decltype(&std::free)>(
-        static_cast<std::byte*>(std::aligned_alloc(64, (n + 127) / 64 * 64)), &std::free);
-  };
-  auto persistent = aligned(x.persistent_bytes()), lane = aligned(x.ephemeral_bytes());
-  x.InitializePersistent(persistent.get());
+  auto persistent = DeviceBuffer::Allocate(x.runtime(), x.persistent_bytes());
+  auto lane = DeviceBuffer::Allocate(x.runtime(), x.ephemeral_bytes());
+  if (!persistent.ok() || !lane.ok()) {
+    std::cerr << (persistent.ok() ? lane.status() : persistent.status()) << "\n";
+    return 1;
+  }
+  if (salus::Status st = x.InitializePersistent(persistent->get()); !st.ok()) {
+    std::cerr << st << "\n";
+    return 1;
+  }
   std::mt19937 rng(1);
   std::vector<HostTensor> feeds;
   std::vector<const void*> feed_ptrs;
@@ -97,7 +108,7 @@ int main(int argc, char** argv) {
   std::vector<double> times;
   for (int i = 0; i < warmup + iters; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    salus::Status st = x.Run(persistent.get(), lane.get(), feed_ptrs, out_ptrs);
+    salus::Status st = x.Run(persistent->get(), lane->get(), feed_ptrs, out_ptrs);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (!st.ok()) {
@@ -112,6 +123,7 @@ int main(int argc, char** argv) {
   std::sort(times.begin(), times.end());
   nlohmann::json out = {{"model", model_path},
                         {"mode", train_loss.empty() ? "inference" : "training"},
+                        {"device", x.device().name()},
                         {"median_ms", times[times.size() / 2]},
                         {"min_ms", times.front()},
                         {"persistent_bytes", x.persistent_bytes()},

@@ -1,10 +1,11 @@
 // salus-conformance: runs ONNX backend node tests on the engine and writes a JSON report.
 //
-//   salus-conformance --data DIR [--filter REGEX] --report FILE.json
+//   salus-conformance --data DIR [--filter REGEX] [--device cpu|cuda:N] --report FILE.json
 //
 // Every folder under DIR that holds model.onnx and test_data_set_*/{input,output}_*.pb is
 // compiled for its inputs' shapes (graph inputs that are not float32, such as shapes, axes and
-// labels, are bound as compile-time constants), run on the CPU device and compared output by
+// labels, are bound as compile-time constants), run on the device (the CPU by default) and
+// compared output by
 // output: floats within rtol 1e-3 and atol 1e-5, integers and booleans exactly. A test is
 // "unsupported" when compilation is refused with UNIMPLEMENTED, "failed" when any other error
 // occurs or a result differs, and "passed" otherwise. The exit code is 1 if any test failed.
@@ -58,13 +59,6 @@ std::vector<fs::path> Numbered(const fs::path& dir, const std::string& stem) {
   return out;
 }
 
-struct Aligned {
-  explicit Aligned(size_t n)
-      : p(static_cast<std::byte*>(std::aligned_alloc(64, (n + 63) / 64 * 64 + 64))) {}
-  ~Aligned() { std::free(p); }
-  std::byte* p;
-};
-
 std::string Compare(const HostTensor& got, const HostTensor& want, const std::string& name) {
   if (got.type != want.type) {
     return name + ": type " + DataTypeName(got.type) + ", expected " + DataTypeName(want.type);
@@ -97,7 +91,7 @@ std::string Compare(const HostTensor& got, const HostTensor& want, const std::st
 }
 
 // Returns {status, detail}.
-std::pair<std::string, std::string> RunTest(const fs::path& dir) {
+std::pair<std::string, std::string> RunTest(const fs::path& dir, const Device& device) {
   const std::string model_bytes = ReadFile(dir / "model.onnx");
   onnx::ModelProto model;
   if (!model.ParseFromString(model_bytes)) return {"failed", "cannot parse model.onnx"};
@@ -126,6 +120,7 @@ std::pair<std::string, std::string> RunTest(const fs::path& dir) {
     std::vector<fs::path> out_files = Numbered(set, "output");
     if (in_files.size() > input_names.size()) return {"failed", "more inputs than the model has"};
     CompileOptions options;
+    options.device = device;
     std::vector<HostTensor> feeds;
     for (size_t i = 0; i < in_files.size(); ++i) {
       auto t = ReadTensor(in_files[i]);
@@ -152,15 +147,20 @@ std::pair<std::string, std::string> RunTest(const fs::path& dir) {
     Executable& x = **exe;
     if (x.inputs().size() != feeds.size()) return {"failed", "input count mismatch"};
     if (x.fetches().size() != out_files.size()) return {"failed", "output count mismatch"};
-    Aligned persistent(x.persistent_bytes()), lane(x.ephemeral_bytes());
-    x.InitializePersistent(persistent.p);
+    auto persistent = DeviceBuffer::Allocate(x.runtime(), x.persistent_bytes());
+    if (!persistent.ok()) return {"failed", persistent.status().ToString()};
+    auto lane = DeviceBuffer::Allocate(x.runtime(), x.ephemeral_bytes());
+    if (!lane.ok()) return {"failed", lane.status().ToString()};
+    if (Status st = x.InitializePersistent(persistent->get()); !st.ok()) {
+      return {"failed", st.ToString()};
+    }
     std::vector<const void*> feed_ptrs;
     for (const HostTensor& f : feeds) feed_ptrs.push_back(f.bytes.data());
     std::vector<HostTensor> results;
     std::vector<void*> fetch_ptrs;
     for (const TensorInfo& info : x.fetches()) results.emplace_back(info.type, info.shape);
     for (HostTensor& r : results) fetch_ptrs.push_back(r.bytes.data());
-    Status st = x.Run(persistent.p, lane.p, feed_ptrs, fetch_ptrs);
+    Status st = x.Run(persistent->get(), lane->get(), feed_ptrs, fetch_ptrs);
     if (!st.ok()) return {"failed", st.ToString()};
     for (size_t i = 0; i < out_files.size(); ++i) {
       auto want = ReadTensor(out_files[i]);
@@ -176,10 +176,11 @@ std::pair<std::string, std::string> RunTest(const fs::path& dir) {
 
 int main(int argc, char** argv) {
   po::options_description desc("salus-conformance");
-  std::string data, filter, report;
+  std::string data, filter, report, device_name = "cpu";
   desc.add_options()("help", "this message")("data", po::value(&data)->required(),
                                              "folder of ONNX backend test folders")(
       "filter", po::value(&filter), "only tests whose name matches this regex")(
+      "device", po::value(&device_name), "cpu (default), cuda or cuda:N")(
       "report", po::value(&report)->required(), "JSON report to write");
   po::variables_map vm;
   try {
@@ -191,6 +192,15 @@ int main(int argc, char** argv) {
     po::notify(vm);
   } catch (const std::exception& e) {
     std::cerr << "salus-conformance: " << e.what() << "\n" << desc << "\n";
+    return 2;
+  }
+  auto device = ParseDevice(device_name);
+  if (!device.ok()) {
+    std::cerr << "salus-conformance: " << device.status().ToString() << "\n";
+    return 2;
+  }
+  if (auto rt = DeviceRuntime::For(*device); !rt.ok()) {
+    std::cerr << "salus-conformance: " << rt.status().ToString() << "\n";
     return 2;
   }
   std::optional<std::regex> re;
@@ -217,7 +227,7 @@ int main(int argc, char** argv) {
   for (const fs::path& t : tests) {
     std::pair<std::string, std::string> r;
     try {
-      r = RunTest(t);
+      r = RunTest(t, *device);
     } catch (const std::exception& e) {
       r = {"failed", std::string("exception: ") + e.what()};
     }

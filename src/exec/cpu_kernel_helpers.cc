@@ -31,6 +31,29 @@ Status RequireFloat(const Node& n, const Graph& g, std::initializer_list<size_t>
   return OkStatus();
 }
 
+Status RequireDropoutIsIdentity(const Node& n, const Graph& g) {
+  float ratio = n.GetFloat("ratio", 0.5f);
+  if (n.input(1) != kNoValue) {
+    const Value& r = g.value(n.inputs[1]);
+    if (r.kind != ValueKind::kConstant) {
+      return UnimplementedError(n.Describe() + ": ratio must be a compile-time constant");
+    }
+    ratio = r.data.floats()[0];
+  }
+  bool training = false;
+  if (n.input(2) != kNoValue) {
+    const Value& t = g.value(n.inputs[2]);
+    if (t.kind != ValueKind::kConstant) {
+      return UnimplementedError(n.Describe() + ": training_mode must be a constant");
+    }
+    training = t.data.bytes.size() > 0 && t.data.bytes[0] != std::byte{0};
+  }
+  if (training && ratio != 0.f) {
+    return UnimplementedError(n.Describe() + ": random dropout in training mode");
+  }
+  return OkStatus();
+}
+
 dnnl::memory::desc AnyLayout(const dnnl::memory::desc& d) {
   return dnnl::memory::desc(d.dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::any);
 }
@@ -161,26 +184,9 @@ StatusOr<PoolSpec> PoolFor(const Node& n, const Shape& xs, const std::string& op
 
 void DepthToSpaceMap(const Shape& x, int64_t b, bool dcr,
                      const std::function<void(int64_t, int64_t)>& fn) {
-  const int64_t n = x[0], c = x[1], h = x[2], w = x[3], co = c / (b * b);
-  int64_t in = 0;
-  for (int64_t in_n = 0; in_n < n; ++in_n) {
-    for (int64_t ci = 0; ci < c; ++ci) {
-      int64_t i, j, cc;
-      if (dcr) {
-        i = ci / (b * co);
-        j = (ci / co) % b;
-        cc = ci % co;
-      } else {
-        cc = ci / (b * b);
-        i = (ci / b) % b;
-        j = ci % b;
-      }
-      for (int64_t hh = 0; hh < h; ++hh) {
-        const int64_t row = ((in_n * co + cc) * h * b + hh * b + i) * w * b;
-        for (int64_t ww = 0; ww < w; ++ww) fn(in++, row + ww * b + j);
-      }
-    }
-  }
+  const DepthToSpaceGeometry geo{x[0], x[1], x[2], x[3], b, dcr};
+  const int64_t count = DepthToSpaceCount(geo);
+  for (int64_t in = 0; in < count; ++in) fn(in, DepthToSpaceTarget(geo, in));
 }
 
 StatusOr<SceSpec> SceFor(const Node& n, const Graph& g) {
@@ -199,32 +205,13 @@ StatusOr<SceSpec> SceFor(const Node& n, const Graph& g) {
 void SceForward(const SceSpec& s, const float* scores, const int64_t* labels, const float* weights,
                 float* logp, float* loss) {
   double total = 0, weight_sum = 0;
-  for (int64_t i = 0; i < s.n; ++i) {
-    for (int64_t j = 0; j < s.d; ++j) {
-      const int64_t label = labels[i * s.d + j];
-      float l = 0, wt = 0;
-      // With no classes there is nothing to normalise and every label is out of range.
-      if (s.c > 0) {
-        const float* x = scores + i * s.c * s.d + j;
-        float* lp = logp + i * s.c * s.d + j;
-        float mx = -INFINITY;
-        for (int64_t k = 0; k < s.c; ++k) mx = std::max(mx, x[k * s.d]);
-        double sum = 0;
-        for (int64_t k = 0; k < s.c; ++k) sum += std::exp(static_cast<double>(x[k * s.d] - mx));
-        const float lse = mx + static_cast<float>(std::log(sum));
-        for (int64_t k = 0; k < s.c; ++k) lp[k * s.d] = x[k * s.d] - lse;
-        if (!(s.has_ignore && label == s.ignore_index) && label >= 0 && label < s.c) {
-          wt = weights ? weights[label] : 1.f;
-          l = -wt * lp[label * s.d];
-        }
-      }
-      if (s.reduction == 2) loss[i * s.d + j] = l;
-      total += l;
-      weight_sum += wt;
-    }
+  for (int64_t r = 0; r < s.n * s.d; ++r) {
+    const SceTerm t = SceRow(s, scores, labels, weights, logp, r);
+    if (s.reduction == 2) loss[r] = t.loss;
+    total += t.loss;
+    weight_sum += t.weight;
   }
-  if (s.reduction == 1) loss[0] = static_cast<float>(total);
-  if (s.reduction == 0) loss[0] = weight_sum > 0 ? static_cast<float>(total / weight_sum) : 0.f;
+  if (s.reduction != 2) loss[0] = SceReduce(s, total, weight_sum);
 }
 
 }  // namespace salus::exec

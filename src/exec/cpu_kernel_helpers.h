@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "exec/element_math.h"
 #include "exec/graph.h"
 #include "salus/status.h"
 
@@ -14,6 +15,11 @@ namespace salus::exec {
 // Unimplemented unless the listed inputs (all present ones when empty) and every output are
 // float32.
 Status RequireFloat(const Node& n, const Graph& g, std::initializer_list<size_t> inputs = {});
+
+// Unimplemented unless Dropout node `n` passes its input through: ratio and training_mode are
+// compile-time constants, and training mode drops nothing (ratio 0). Both devices' Dropout is a
+// copy (and a mask of ones).
+Status RequireDropoutIsIdentity(const Node& n, const Graph& g);
 
 // The same dims with format_tag::any, for primitives that pick their own layout.
 dnnl::memory::desc AnyLayout(const dnnl::memory::desc& d);
@@ -47,19 +53,16 @@ struct PoolSpec {
 };
 StatusOr<PoolSpec> PoolFor(const Node& n, const Shape& xs, const std::string& op);
 
-// Calls fn(input offset, output offset) for every element of DepthToSpace over x (NCHW).
+// Calls fn(input offset, output offset) for every element of DepthToSpace over x (NCHW), in
+// input order; the offsets are element_math.h's DepthToSpaceTarget.
 void DepthToSpaceMap(const Shape& x, int64_t block, bool dcr,
                      const std::function<void(int64_t, int64_t)>& fn);
 
-struct SceSpec {
-  int64_t n = 0, c = 0, d = 1;  // batch, classes, product of the extra dims
-  bool has_ignore = false;
-  int64_t ignore_index = 0;
-  int reduction = 0;  // 0 mean, 1 sum, 2 none
-};
+// SceSpec is element_math.h's, which the CUDA device shares.
 StatusOr<SceSpec> SceFor(const Node& n, const Graph& g);
 // log-probabilities into logp (n*c*d) and the loss into loss. Labels outside [0, c) count as
-// ignored, so bad data cannot index out of bounds.
+// ignored, so bad data cannot index out of bounds. Each row is element_math.h's SceRow, summed
+// in row order.
 void SceForward(const SceSpec& s, const float* scores, const int64_t* labels, const float* weights,
                 float* logp, float* loss);
 

@@ -1,8 +1,9 @@
 // Forward kernels of the CPU device: oneDNN primitives for convolution, deconvolution,
 // pooling, batch normalization, eltwise, softmax, matmul, binary, concat, reduction and
 // reorder (transpose); plain loops for the ops oneDNN has no primitive for (DepthToSpace, Pad,
-// the loss, copies, and binary ops whose first operand broadcasts). See Note [oneDNN memory]
-// in dnnl_kernel.h.
+// the loss, copies, and binary ops whose first operand broadcasts), whose per-element math and
+// index maps are element_math.h's, shared with the CUDA device. See Note [oneDNN memory] in
+// dnnl_kernel.h.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,6 +11,7 @@
 
 #include "exec/cpu_kernel_helpers.h"
 #include "exec/dnnl_kernel.h"
+#include "exec/element_math.h"
 #include "exec/kernel_registry.h"
 #include "exec/shape_inference.h"
 #include "exec/window.h"
@@ -25,27 +27,7 @@ using Tag = dnnl::memory::format_tag;
 KernelOr Copy(const Node& n, const Graph& g) {
   const size_t bytes = g.value(n.inputs[0]).bytes();
   const bool mask = n.op == "Dropout" && n.output(1) != kNoValue;
-  if (n.op == "Dropout") {
-    float ratio = n.GetFloat("ratio", 0.5f);
-    if (n.input(1) != kNoValue) {
-      const Value& r = g.value(n.inputs[1]);
-      if (r.kind != ValueKind::kConstant) {
-        return UnimplementedError(n.Describe() + ": ratio must be a compile-time constant");
-      }
-      ratio = r.data.floats()[0];
-    }
-    bool training = false;
-    if (n.input(2) != kNoValue) {
-      const Value& t = g.value(n.inputs[2]);
-      if (t.kind != ValueKind::kConstant) {
-        return UnimplementedError(n.Describe() + ": training_mode must be a constant");
-      }
-      training = t.data.bytes.size() > 0 && t.data.bytes[0] != std::byte{0};
-    }
-    if (training && ratio != 0.f) {
-      return UnimplementedError(n.Describe() + ": random dropout in training mode");
-    }
-  }
+  if (n.op == "Dropout") SALUS_RETURN_IF_ERROR(RequireDropoutIsIdentity(n, g));
   const int64_t count = NumElements(g.value(n.inputs[0]).shape);
   return std::unique_ptr<Kernel>(new LoopKernel([bytes, mask, count](const KernelArgs& a) {
     if (a.outputs[0] != a.inputs[0]) std::memcpy(a.outputs[0], a.inputs[0], bytes);
@@ -97,19 +79,31 @@ KernelOr Binary(const Node& n, const Graph& g) {
                     pd.scratchpad_desc().get_size());
     return std::unique_ptr<Kernel>(std::move(k));
   }
+  // The CUDA device's element math and index map (element_math.h); ForEachBroadcast only where
+  // the map cannot hold the broadcast (the CUDA device refuses those).
   std::vector<Shape> strides = {BroadcastStrides(a, out), BroadcastStrides(b, out)};
-  const int which = op == "Add" ? 0 : op == "Sub" ? 1 : op == "Mul" ? 2 : op == "Div" ? 3 : 4;
+  BinaryOp which = BinaryOp::kAdd;
+  BinaryOpFor(op, &which);
+  IndexMap map;
+  if (MakeIndexMap(out, strides, &map)) {
+    return std::unique_ptr<Kernel>(new LoopKernel([map, which](const KernelArgs& args) {
+      const float* x = static_cast<const float*>(args.inputs[0]);
+      const float* y = static_cast<const float*>(args.inputs[1]);
+      float* z = static_cast<float*>(args.outputs[0]);
+      const int64_t count = IndexMapCount(map);
+      for (int64_t e = 0; e < count; ++e) {
+        int64_t off[kMaxIndexOperands];
+        MapIndex(map, e, off);
+        z[e] = ApplyBinary(which, x[off[0]], y[off[1]]);
+      }
+    }));
+  }
   return std::unique_ptr<Kernel>(new LoopKernel([out, strides, which](const KernelArgs& args) {
     const float* x = static_cast<const float*>(args.inputs[0]);
     const float* y = static_cast<const float*>(args.inputs[1]);
     float* z = static_cast<float*>(args.outputs[0]);
     ForEachBroadcast(out, strides, [&](int64_t e, const int64_t* off) {
-      const float u = x[off[0]], v = y[off[1]];
-      z[e] = which == 0   ? u + v
-             : which == 1 ? u - v
-             : which == 2 ? u * v
-             : which == 3 ? u / v
-                          : std::pow(u, v);
+      z[e] = ApplyBinary(which, x[off[0]], y[off[1]]);
     });
   }));
 }
@@ -447,6 +441,21 @@ KernelOr Pad(const Node& n, const Graph& g) {
   } else {
     pads = n.GetInts("pads");
     value = n.GetFloat("value", 0.f);
+  }
+  // Each output element from element_math.h's PadSourceIndex, as on the CUDA device; a scatter
+  // of the input into the filled output only where that map cannot hold the padding (the CUDA
+  // device refuses those).
+  PadMap map;
+  if (MakePadMap(x, pads, &map)) {
+    return std::unique_ptr<Kernel>(new LoopKernel([map, value](const KernelArgs& a) {
+      float* out = static_cast<float*>(a.outputs[0]);
+      const float* in = static_cast<const float*>(a.inputs[0]);
+      const int64_t count = PadOutputCount(map);
+      for (int64_t o = 0; o < count; ++o) {
+        const int64_t src = PadSourceIndex(map, o);
+        out[o] = src < 0 ? value : in[src];
+      }
+    }));
   }
   Shape ys = DenseStrides(y);
   int64_t base = 0;

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "exec/alignment.h"
 #include "exec/kernel.h"
 #include "exec/tensor.h"
 
@@ -118,8 +119,5 @@ Shape BroadcastStrides(const Shape& in, const Shape& out);
 // primitive for a broadcasting pattern.
 void ForEachBroadcast(const Shape& out, const std::vector<Shape>& in_strides,
                       const std::function<void(int64_t, const int64_t*)>& fn);
-
-inline constexpr size_t kAlignment = 64;
-inline size_t AlignUp(size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
 
 }  // namespace salus::exec

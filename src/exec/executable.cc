@@ -1,8 +1,10 @@
 #include "exec/executable.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
+#include "exec/alignment.h"
 #include "exec/kernel_registry.h"
 #include "exec/memory_planner.h"
 #include "exec/onnx_importer.h"
@@ -73,66 +75,103 @@ StatusOr<std::unique_ptr<Executable>> Executable::Compile(std::string_view model
 }
 
 Status Executable::Build(const CompileOptions& options) {
+  device_ = options.device;
+  SALUS_ASSIGN_OR_RETURN(runtime_, DeviceRuntime::For(device_));
+  profile_ = options.profile;
+  SALUS_RETURN_IF_ERROR(ApplyTraining(options));
+  SALUS_RETURN_IF_ERROR(ResolveFetches(options));
+  input_ids_ = graph_.inputs();
+  if (options.mode == Mode::kInference) FuseRelu(&graph_, fetch_ids_);
+  std::vector<bool> needed;
+  const std::vector<bool> live = LiveNodes(&needed);
+  std::vector<int> step_node;
+  SALUS_RETURN_IF_ERROR(CreateKernels(live, &step_node));
+  LayOutPersistent(needed);
+  PlanLane(step_node);
+  BindSteps(step_node);
+  return OkStatus();
+}
+
+// Training: checks the loss, then derives the backward graph and the optimizer's updates.
+Status Executable::ApplyTraining(const CompileOptions& options) {
+  if (options.mode != Mode::kTraining) return OkStatus();
   Graph& g = graph_;
-  if (options.mode == Mode::kTraining) {
-    ValueId loss = g.Find(options.loss);
-    if (options.loss.empty() || loss == kNoValue) {
-      return InvalidArgumentError("training needs a loss output; '" + options.loss +
-                                  "' is not a value of the model");
-    }
-    const Value& lv = g.value(loss);
-    if (lv.type != DataType::kFloat32 || NumElements(lv.shape) != 1) {
-      return InvalidArgumentError("loss '" + options.loss + "' must be a float scalar, not " +
-                                  DataTypeName(lv.type) + ShapeString(lv.shape));
-    }
-    SALUS_RETURN_IF_ERROR(Autodiff::Apply(&g, loss, options.optimizer));
+  ValueId loss = g.Find(options.loss);
+  if (options.loss.empty() || loss == kNoValue) {
+    return InvalidArgumentError("training needs a loss output; '" + options.loss +
+                                "' is not a value of the model");
   }
+  const Value& lv = g.value(loss);
+  if (lv.type != DataType::kFloat32 || NumElements(lv.shape) != 1) {
+    return InvalidArgumentError("loss '" + options.loss + "' must be a float scalar, not " +
+                                DataTypeName(lv.type) + ShapeString(lv.shape));
+  }
+  return Autodiff::Apply(&g, loss, options.optimizer);
+}
+
+// What Run returns: the named values, or by default the graph outputs (inference) or the loss.
+Status Executable::ResolveFetches(const CompileOptions& options) {
+  const Graph& g = graph_;
   if (options.fetches.empty()) {
     if (options.mode == Mode::kTraining) {
       fetch_ids_.push_back(g.Find(options.loss));
     } else {
       fetch_ids_ = g.outputs();
     }
-  } else {
-    for (const std::string& name : options.fetches) {
-      ValueId id = g.Find(name);
-      if (id == kNoValue) return InvalidArgumentError("fetch '" + name + "' is not a value");
-      fetch_ids_.push_back(id);
-    }
+    return OkStatus();
   }
-  input_ids_ = g.inputs();
-  profile_ = options.profile;
-  if (options.mode == Mode::kInference) FuseRelu(&g, fetch_ids_);
+  for (const std::string& name : options.fetches) {
+    ValueId id = g.Find(name);
+    if (id == kNoValue) return InvalidArgumentError("fetch '" + name + "' is not a value");
+    fetch_ids_.push_back(id);
+  }
+  return OkStatus();
+}
 
-  // Keep the nodes that feed a fetch or update persistent state.
+// The nodes that feed a fetch or update persistent state; `needed` marks the values they read.
+std::vector<bool> Executable::LiveNodes(std::vector<bool>* needed) const {
+  const Graph& g = graph_;
   const int num_nodes = static_cast<int>(g.nodes().size());
-  std::vector<bool> needed(g.values().size(), false), live(num_nodes, false);
-  for (ValueId id : fetch_ids_) needed[id] = true;
+  needed->assign(g.values().size(), false);
+  std::vector<bool> live(num_nodes, false);
+  for (ValueId id : fetch_ids_) (*needed)[id] = true;
   for (int i = num_nodes - 1; i >= 0; --i) {
     const Node& n = g.nodes()[i];
     bool keep = n.outputs.empty();
-    for (ValueId o : n.outputs) keep = keep || (o != kNoValue && needed[o]);
+    for (ValueId o : n.outputs) keep = keep || (o != kNoValue && (*needed)[o]);
     if (!keep) continue;
     live[i] = true;
     for (ValueId in : n.inputs) {
-      if (in != kNoValue) needed[in] = true;
+      if (in != kNoValue) (*needed)[in] = true;
     }
   }
+  return live;
+}
 
-  // Kernels, in order.
-  std::vector<int> step_node;
-  for (int i = 0; i < num_nodes; ++i) {
+// One kernel per live node, in order, created for the device with the compiling thread's
+// context (CUDA kernels choose algorithms and size workspaces through it).
+Status Executable::CreateKernels(const std::vector<bool>& live, std::vector<int>* step_node) {
+  const Graph& g = graph_;
+  SALUS_ASSIGN_OR_RETURN(DeviceContext * ctx, runtime_->ThreadContext());
+  for (int i = 0; i < static_cast<int>(g.nodes().size()); ++i) {
     if (!live[i]) continue;
-    Step step;
-    SALUS_ASSIGN_OR_RETURN(step.kernel,
-                           KernelRegistry::Global().Create(g.nodes()[i], g, options.device));
-    step.op = g.nodes()[i].op;
+    const Node& node = g.nodes()[i];
+    auto step = std::make_unique<Step>();
+    SALUS_ASSIGN_OR_RETURN(step->kernel,
+                           KernelRegistry::Global().Create(node, g, device_.type, ctx));
+    step->op = node.op;
+    step->node = node.Describe();
+    max_arity_ = std::max({max_arity_, node.inputs.size(), node.outputs.size()});
     steps_.push_back(std::move(step));
-    step_node.push_back(i);
+    step_node->push_back(i);
   }
-  const int num_steps = static_cast<int>(steps_.size());
+  return OkStatus();
+}
 
-  // Persistent layout.
+// Persistent values (parameters, optimizer state, and the constants some step reads) at
+// sequential aligned offsets: P.
+void Executable::LayOutPersistent(const std::vector<bool>& needed) {
+  const Graph& g = graph_;
   locations_.assign(g.values().size(), Location{});
   std::vector<ValueId> persistent;
   std::vector<uint64_t> sizes, offsets;
@@ -146,8 +185,13 @@ Status Executable::Build(const CompileOptions& options) {
   for (size_t i = 0; i < persistent.size(); ++i) {
     locations_[persistent[i]] = {Location::Base::kPersistent, offsets[i]};
   }
+}
 
-  // Lane buffers and their lifetimes.
+// Lane buffers (inputs, intermediates, each step's scratch) with their lifetimes, placed by
+// the memory planner: E.
+void Executable::PlanLane(const std::vector<int>& step_node) {
+  const Graph& g = graph_;
+  const int num_steps = static_cast<int>(steps_.size());
   std::vector<PlannedBuffer> buffers;
   std::vector<ValueId> buffer_value;  // kNoValue for scratch
   std::vector<int> buffer_step;
@@ -172,7 +216,7 @@ Status Executable::Build(const CompileOptions& options) {
     buffer_step.push_back(-1);
   }
   for (int s = 0; s < num_steps; ++s) {
-    const size_t scratch = steps_[s].kernel->scratch_bytes();
+    const size_t scratch = steps_[s]->kernel->scratch_bytes();
     if (scratch == 0) continue;
     buffers.push_back({scratch, s, s});
     buffer_value.push_back(kNoValue);
@@ -185,16 +229,19 @@ Status Executable::Build(const CompileOptions& options) {
     if (buffer_value[b] != kNoValue) {
       locations_[buffer_value[b]] = l;
     } else {
-      steps_[buffer_step[b]].scratch = l;
+      steps_[buffer_step[b]]->scratch = l;
     }
   }
-  for (int s = 0; s < num_steps; ++s) {
+}
+
+// Each step's argument locations, and the tensor descriptions of inputs and fetches.
+void Executable::BindSteps(const std::vector<int>& step_node) {
+  const Graph& g = graph_;
+  for (size_t s = 0; s < steps_.size(); ++s) {
     const Node& n = g.nodes()[step_node[s]];
-    Step& step = steps_[s];
+    Step& step = *steps_[s];
     for (ValueId in : n.inputs) step.inputs.push_back(in == kNoValue ? Location{} : locations_[in]);
     for (ValueId o : n.outputs) step.outputs.push_back(o == kNoValue ? Location{} : locations_[o]);
-    step.args.inputs.resize(step.inputs.size());
-    step.args.outputs.resize(step.outputs.size());
   }
   auto info = [&](ValueId id) {
     const Value& v = g.value(id);
@@ -202,7 +249,6 @@ Status Executable::Build(const CompileOptions& options) {
   };
   for (ValueId id : input_ids_) input_info_.push_back(info(id));
   for (ValueId id : fetch_ids_) fetch_info_.push_back(info(id));
-  return OkStatus();
 }
 
 void* Executable::Resolve(const Location& l, std::byte* persistent, std::byte* lane) const {
@@ -217,50 +263,130 @@ void* Executable::Resolve(const Location& l, std::byte* persistent, std::byte* l
   return nullptr;
 }
 
-void Executable::InitializePersistent(std::byte* persistent) const {
+Status Executable::InitializePersistent(std::byte* persistent) const {
+  SALUS_ASSIGN_OR_RETURN(DeviceContext * ctx, runtime_->ThreadContext());
+  return InitializePersistent(ctx, persistent);
+}
+
+Status Executable::InitializePersistent(DeviceContext* ctx, std::byte* persistent) const {
   for (ValueId id = 0; id < static_cast<ValueId>(graph_.values().size()); ++id) {
     const Location& l = locations_[id];
     if (l.base != Location::Base::kPersistent) continue;
     const Value& v = graph_.value(id);
     if (v.data.bytes.size() == v.bytes()) {
-      if (!v.data.bytes.empty()) std::memcpy(persistent + l.offset, v.data.bytes.data(), v.bytes());
+      // The source is the graph's own constant, alive as long as the executable.
+      SALUS_RETURN_IF_ERROR(
+          runtime_->CopyToDevice(ctx, persistent + l.offset, v.data.bytes.data(), v.bytes()));
     } else {
-      std::memset(persistent + l.offset, 0, v.bytes());
+      SALUS_RETURN_IF_ERROR(runtime_->Zero(ctx, persistent + l.offset, v.bytes()));
     }
   }
+  return runtime_->Synchronize(ctx);
 }
 
 Status Executable::Run(std::byte* persistent, std::byte* lane, std::span<const void* const> feeds,
-                       std::span<void* const> fetches) {
+                       std::span<void* const> fetches) const {
+  SALUS_ASSIGN_OR_RETURN(DeviceContext * ctx, runtime_->ThreadContext());
+  return Run(ctx, persistent, lane, feeds, fetches);
+}
+
+Status Executable::Run(DeviceContext* ctx, std::byte* persistent, std::byte* lane,
+                       std::span<const void* const> feeds, std::span<void* const> fetches) const {
   if (feeds.size() != input_ids_.size() || fetches.size() != fetch_ids_.size()) {
     return InvalidArgumentError("Run expects " + std::to_string(input_ids_.size()) + " feeds and " +
                                 std::to_string(fetch_ids_.size()) + " fetches");
   }
+  if (ctx == nullptr || ctx->device != device_) {
+    return InvalidArgumentError("an executable compiled for " + device_.name() +
+                                " was run with a context of " +
+                                (ctx ? ctx->device.name() : std::string("no device")));
+  }
+  if (running_.exchange(true)) {
+    return FailedPreconditionError(
+        "the executable is already running an iteration (one at a time)");
+  }
+  Status st = RunSteps(ctx, persistent, lane, feeds, fetches);
+  running_ = false;
+  return st;
+}
+
+Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte* lane,
+                            std::span<const void* const> feeds,
+                            std::span<void* const> fetches) const {
+  // Feeds: on the CPU straight into the lane; on a GPU through pinned staging (Note [Staging]).
+  const bool staged = !runtime_->host_accessible();
+  size_t feed_bytes = 0, fetch_bytes = 0;
+  for (const TensorInfo& t : input_info_) feed_bytes += AlignUp(t.bytes);
+  for (const TensorInfo& t : fetch_info_) fetch_bytes += AlignUp(t.bytes);
+  std::byte* staging = nullptr;
+  if (staged) {
+    SALUS_ASSIGN_OR_RETURN(staging, runtime_->Staging(ctx, feed_bytes + fetch_bytes));
+  }
+  size_t at = 0;
   for (size_t i = 0; i < feeds.size(); ++i) {
     void* dst = Resolve(locations_[input_ids_[i]], persistent, lane);
-    if (dst && input_info_[i].bytes) std::memcpy(dst, feeds[i], input_info_[i].bytes);
+    const size_t bytes = input_info_[i].bytes;
+    if (dst == nullptr || bytes == 0) continue;
+    const void* src = feeds[i];
+    if (staged) {
+      std::memcpy(staging + at, feeds[i], bytes);  // the only read of the caller's memory
+      src = staging + at;
+      at += AlignUp(bytes);
+    }
+    SALUS_RETURN_IF_ERROR(runtime_->CopyToDevice(ctx, dst, src, bytes));
   }
-  for (size_t s = 0; s < steps_.size(); ++s) {
-    Step& step = steps_[s];
-    for (size_t i = 0; i < step.inputs.size(); ++i) {
-      step.args.inputs[i] = Resolve(step.inputs[i], persistent, lane);
-    }
-    for (size_t i = 0; i < step.outputs.size(); ++i) {
-      step.args.outputs[i] = Resolve(step.outputs[i], persistent, lane);
-    }
-    step.args.scratch = Resolve(step.scratch, persistent, lane);
+
+  KernelArgs args;
+  args.ctx = ctx;
+  args.inputs.reserve(max_arity_);
+  args.outputs.reserve(max_arity_);
+  for (const auto& step_ptr : steps_) {
+    const Step& step = *step_ptr;
+    args.inputs.clear();
+    args.outputs.clear();
+    for (const Location& l : step.inputs) args.inputs.push_back(Resolve(l, persistent, lane));
+    for (const Location& l : step.outputs) args.outputs.push_back(Resolve(l, persistent, lane));
+    args.scratch = Resolve(step.scratch, persistent, lane);
     const auto start =
         profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    Status st = step.kernel->Run(step.args);
+    Status st = step.kernel->Run(args);
     if (profile_) {
-      step.seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (staged && st.ok()) st = runtime_->Synchronize(ctx);  // time the work, not the launch
+      step.nanos += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
     }
-    if (!st.ok()) return st.WithContext("step " + std::to_string(s));
+    if (!st.ok()) {
+      // Leave nothing queued behind an error: the lane must be idle when Run returns. The
+      // kernel's own error is the one to report.
+      runtime_->Synchronize(ctx).IgnoreError();
+      return st.WithContext(step.node);
+    }
   }
+
+  std::byte* out = staging + feed_bytes;
   for (size_t i = 0; i < fetches.size(); ++i) {
     const void* src = Resolve(locations_[fetch_ids_[i]], persistent, lane);
-    if (src && fetch_info_[i].bytes) std::memcpy(fetches[i], src, fetch_info_[i].bytes);
+    const size_t bytes = fetch_info_[i].bytes;
+    if (src == nullptr || bytes == 0) continue;
+    SALUS_RETURN_IF_ERROR(runtime_->CopyToHost(ctx, staged ? out : fetches[i], src, bytes));
+    if (staged) out += AlignUp(bytes);
+  }
+  // The iteration's last operation: wait for the device, so the lane may move (invariant 3).
+  // An asynchronous fault surfaces here and cannot be pinned on one kernel.
+  Status done = runtime_->Synchronize(ctx);
+  if (!done.ok()) {
+    return done.WithContext("an iteration of " + std::to_string(steps_.size()) + " steps on " +
+                            device_.name());
+  }
+  if (staged) {
+    out = staging + feed_bytes;
+    for (size_t i = 0; i < fetches.size(); ++i) {
+      const size_t bytes = fetch_info_[i].bytes;
+      if (bytes == 0 || locations_[fetch_ids_[i]].base == Location::Base::kNone) continue;
+      std::memcpy(fetches[i], out, bytes);
+      out += AlignUp(bytes);
+    }
   }
   return OkStatus();
 }
@@ -273,8 +399,11 @@ StatusOr<HostTensor> Executable::ReadPersistent(const std::byte* persistent,
   }
   const Value& v = graph_.value(id);
   HostTensor t(v.type, v.shape);
-  if (!t.bytes.empty())
-    std::memcpy(t.bytes.data(), persistent + locations_[id].offset, t.bytes.size());
+  if (t.bytes.empty()) return t;
+  SALUS_ASSIGN_OR_RETURN(DeviceContext * ctx, runtime_->ThreadContext());
+  SALUS_RETURN_IF_ERROR(runtime_->CopyToHost(ctx, t.bytes.data(),
+                                             persistent + locations_[id].offset, t.bytes.size()));
+  SALUS_RETURN_IF_ERROR(runtime_->Synchronize(ctx));
   return t;
 }
 
@@ -293,10 +422,11 @@ Status Executable::WritePersistent(std::byte* persistent, const std::string& nam
     return InvalidArgumentError("'" + name + "' is " + DataTypeName(v.type) + ShapeString(v.shape) +
                                 ", not " + DataTypeName(value.type) + ShapeString(value.shape));
   }
-  if (!value.bytes.empty()) {
-    std::memcpy(persistent + locations_[id].offset, value.bytes.data(), value.bytes.size());
-  }
-  return OkStatus();
+  if (value.bytes.empty()) return OkStatus();
+  SALUS_ASSIGN_OR_RETURN(DeviceContext * ctx, runtime_->ThreadContext());
+  SALUS_RETURN_IF_ERROR(runtime_->CopyToDevice(ctx, persistent + locations_[id].offset,
+                                               value.bytes.data(), value.bytes.size()));
+  return runtime_->Synchronize(ctx);
 }
 
 }  // namespace salus::exec
@@ -305,7 +435,7 @@ namespace salus::exec {
 
 std::map<std::string, double> Executable::Profile() const {
   std::map<std::string, double> out;
-  for (const Step& s : steps_) out[s.op] += s.seconds;
+  for (const auto& s : steps_) out[s->op] += static_cast<double>(s->nanos.load()) * 1e-9;
   return out;
 }
 

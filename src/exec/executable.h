@@ -8,9 +8,15 @@
 //     from a lane base.
 // Run() resolves those offsets against the bases it is handed (DESIGN.md, invariant 4); it
 // allocates nothing else, so the memory manager may move either region between iterations.
-// One executable runs one iteration at a time.
+//
+// An executable is compiled for one device (CompileOptions::device: "cpu" or one GPU). Its
+// bases are that device's memory; every copy into or out of them (feeds, fetches, the initial
+// persistent state, reads and writes of persistent values) goes through the device's runtime
+// (exec/device.h), and its kernels run with the calling thread's device context. One
+// executable runs one iteration at a time: a second concurrent Run is refused.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -21,6 +27,7 @@
 #include <vector>
 
 #include "exec/autodiff.h"
+#include "exec/device.h"
 #include "exec/graph.h"
 #include "exec/kernel.h"
 #include "salus/status.h"
@@ -30,7 +37,7 @@ namespace salus::exec {
 enum class Mode { kInference, kTraining };
 
 struct CompileOptions {
-  DeviceType device = DeviceType::kCpu;
+  Device device;  // the CPU unless set
   // Shapes of graph inputs, batch included (required where the model's dims are symbolic).
   std::map<std::string, Shape> input_shapes;
   // Graph inputs bound to fixed values at compile time (folded as constants).
@@ -68,17 +75,26 @@ class Executable {
   const std::vector<TensorInfo>& fetches() const { return fetch_info_; }
   size_t num_steps() const { return steps_.size(); }
   const Graph& graph() const { return graph_; }
+  const Device& device() const { return device_; }
+  DeviceRuntime* runtime() const { return runtime_; }
 
   // Writes the initial persistent state (parameters, constants; zero optimizer state) at
-  // `persistent`, which must hold persistent_bytes().
-  void InitializePersistent(std::byte* persistent) const;
+  // `persistent`, device memory holding persistent_bytes(); returns when it is written.
+  Status InitializePersistent(std::byte* persistent) const;
+  Status InitializePersistent(DeviceContext* ctx, std::byte* persistent) const;
 
-  // One iteration. `feeds[i]` holds inputs()[i].bytes bytes; `fetches[i]` receives
-  // fetches()[i].bytes bytes. `lane` must hold ephemeral_bytes() bytes, aligned to 64.
-  // Feeds are read once, on the calling thread, before any kernel runs: a caller may guard
-  // those reads (the server does, for feeds in a client's shared memory).
+  // One iteration. `feeds[i]` holds inputs()[i].bytes bytes of host memory; `fetches[i]`
+  // receives fetches()[i].bytes bytes in host memory. `persistent` and `lane` are device
+  // memory; `lane` holds ephemeral_bytes() bytes, aligned to kAlignment. Feeds are read once,
+  // on the calling thread, before any kernel runs: a caller may guard those reads (the server
+  // does, for feeds in a client's shared memory). Returns when the iteration is over on the
+  // device: the lane may then move. A failing kernel's status names its node.
+  // FailedPrecondition when another Run of this executable is in progress.
+  Status Run(DeviceContext* ctx, std::byte* persistent, std::byte* lane,
+             std::span<const void* const> feeds, std::span<void* const> fetches) const;
+  // The same with the calling thread's context of the executable's device.
   Status Run(std::byte* persistent, std::byte* lane, std::span<const void* const> feeds,
-             std::span<void* const> fetches);
+             std::span<void* const> fetches) const;
 
   // With CompileOptions::profile: seconds spent per op type over all Runs so far.
   std::map<std::string, double> Profile() const;
@@ -99,22 +115,37 @@ class Executable {
     std::unique_ptr<Kernel> kernel;
     std::vector<Location> inputs, outputs;
     Location scratch;
-    KernelArgs args;
     std::string op;
-    double seconds = 0;
+    std::string node;                       // Node::Describe(), for errors
+    mutable std::atomic<int64_t> nanos{0};  // with profile_
   };
 
   Executable() = default;
+  // Build's passes, in order.
   Status Build(const CompileOptions& options);
+  Status ApplyTraining(const CompileOptions& options);
+  Status ResolveFetches(const CompileOptions& options);
+  std::vector<bool> LiveNodes(std::vector<bool>* needed) const;
+  Status CreateKernels(const std::vector<bool>& live, std::vector<int>* step_node);
+  void LayOutPersistent(const std::vector<bool>& needed);
+  void PlanLane(const std::vector<int>& step_node);
+  void BindSteps(const std::vector<int>& step_node);
+
   void* Resolve(const Location& l, std::byte* persistent, std::byte* lane) const;
+  Status RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte* lane,
+                  std::span<const void* const> feeds, std::span<void* const> fetches) const;
 
   Graph graph_;
-  std::vector<Step> steps_;
+  Device device_;
+  DeviceRuntime* runtime_ = nullptr;
+  std::vector<std::unique_ptr<Step>> steps_;
   std::vector<Location> locations_;  // per value
   std::vector<ValueId> input_ids_, fetch_ids_;
   std::vector<TensorInfo> input_info_, fetch_info_;
   uint64_t persistent_bytes_ = 0, ephemeral_bytes_ = 0;
+  size_t max_arity_ = 0;  // most inputs or outputs of one step
   bool profile_ = false;
+  mutable std::atomic<bool> running_{false};
 };
 
 }  // namespace salus::exec

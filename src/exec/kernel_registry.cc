@@ -12,13 +12,14 @@ class NoopKernel : public Kernel {
 
 }  // namespace
 
-std::string DeviceTypeName(DeviceType d) { return d == DeviceType::kCpu ? "cpu" : "cuda"; }
-
 const KernelRegistry& KernelRegistry::Global() {
   static const KernelRegistry* registry = [] {
     auto* r = new KernelRegistry();
     RegisterCpuKernels(r);
     RegisterCpuGradKernels(r);
+#ifdef SALUS_HAVE_CUDA
+    RegisterCudaKernels(r);
+#endif
     return r;
   }();
   return *registry;
@@ -28,12 +29,26 @@ void KernelRegistry::Register(const std::string& op, DeviceType device, KernelFa
   factories_[{op, device}] = std::move(factory);
 }
 
+void KernelRegistry::Register(const std::string& op, DeviceType device, HostKernelFactory factory) {
+  factories_[{op, device}] = [f = std::move(factory)](const Node& n, const Graph& g,
+                                                      DeviceContext*) { return f(n, g); };
+}
+
+std::vector<std::string> KernelRegistry::Ops(DeviceType device) const {
+  std::vector<std::string> out;
+  for (const auto& [key, factory] : factories_) {
+    if (key.second == device) out.push_back(key.first);
+  }
+  return out;
+}
+
 bool KernelRegistry::Has(const std::string& op, DeviceType device) const {
   return factories_.count({op, device}) > 0;
 }
 
 StatusOr<std::unique_ptr<Kernel>> KernelRegistry::Create(const Node& node, const Graph& graph,
-                                                         DeviceType device) const {
+                                                         DeviceType device,
+                                                         DeviceContext* ctx) const {
   auto it = factories_.find({node.op, device});
   if (it == factories_.end()) {
     return UnimplementedError("node '" + node.name + "': op " + node.op + " has no " +
@@ -45,7 +60,7 @@ StatusOr<std::unique_ptr<Kernel>> KernelRegistry::Create(const Node& node, const
   }
   if (empty) return std::unique_ptr<Kernel>(new NoopKernel());
   try {
-    return it->second(node, graph);
+    return it->second(node, graph, ctx);
   } catch (const std::exception& e) {
     // oneDNN reports unsupported configurations by throwing when a primitive is created.
     return UnimplementedError("node '" + node.name + "': op " + node.op + ": " + e.what());

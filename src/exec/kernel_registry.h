@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "exec/graph.h"
 #include "exec/kernel.h"
@@ -17,7 +18,12 @@
 
 namespace salus::exec {
 
-using KernelFactory =
+// A factory gets the compiling thread's context of the device (Note [Device contexts]):
+// CUDA factories query cuDNN and CUB through it to choose algorithms and size workspaces.
+using KernelFactory = std::function<StatusOr<std::unique_ptr<Kernel>>(
+    const Node& node, const Graph& graph, DeviceContext* ctx)>;
+// The CPU's factories need no context.
+using HostKernelFactory =
     std::function<StatusOr<std::unique_ptr<Kernel>>(const Node& node, const Graph& graph)>;
 
 class KernelRegistry {
@@ -26,11 +32,14 @@ class KernelRegistry {
   static const KernelRegistry& Global();
 
   void Register(const std::string& op, DeviceType device, KernelFactory factory);
+  void Register(const std::string& op, DeviceType device, HostKernelFactory factory);
   bool Has(const std::string& op, DeviceType device) const;
+  // The ops with a kernel on `device`, sorted.
+  std::vector<std::string> Ops(DeviceType device) const;
   // Unimplemented naming the node and op when no kernel is registered, or whatever the
-  // factory says about the node's attributes and types.
-  StatusOr<std::unique_ptr<Kernel>> Create(const Node& node, const Graph& graph,
-                                           DeviceType device) const;
+  // factory says about the node's attributes and types. `ctx` may be null on the CPU.
+  StatusOr<std::unique_ptr<Kernel>> Create(const Node& node, const Graph& graph, DeviceType device,
+                                           DeviceContext* ctx = nullptr) const;
 
  private:
   std::map<std::pair<std::string, DeviceType>, KernelFactory> factories_;
@@ -39,5 +48,7 @@ class KernelRegistry {
 // Defined in cpu_kernels.cc and cpu_grad_kernels.cc.
 void RegisterCpuKernels(KernelRegistry* registry);
 void RegisterCpuGradKernels(KernelRegistry* registry);
+// Defined in cuda/cuda_kernels.cc; only in CUDA builds.
+void RegisterCudaKernels(KernelRegistry* registry);
 
 }  // namespace salus::exec

@@ -4,12 +4,6 @@
 #include <numeric>
 
 namespace salus::exec {
-namespace {
-uint64_t Align(uint64_t n) {
-  return (n + MemoryPlanner::kAlignment - 1) / MemoryPlanner::kAlignment *
-         MemoryPlanner::kAlignment;
-}
-}  // namespace
 
 MemoryPlan MemoryPlanner::Plan(const std::vector<PlannedBuffer>& buffers) {
   MemoryPlan plan;
@@ -21,14 +15,14 @@ MemoryPlan MemoryPlanner::Plan(const std::vector<PlannedBuffer>& buffers) {
   std::vector<size_t> placed;
   for (size_t i : order) {
     const PlannedBuffer& b = buffers[i];
-    const uint64_t size = Align(b.size);
+    const uint64_t size = AlignUp(b.size);
     if (size == 0) continue;
     // Live neighbours sorted by offset; take the first gap that fits.
     std::vector<std::pair<uint64_t, uint64_t>> busy;
     for (size_t j : placed) {
       const PlannedBuffer& o = buffers[j];
       if (o.first <= b.last && b.first <= o.last) {
-        busy.emplace_back(plan.offsets[j], plan.offsets[j] + Align(o.size));
+        busy.emplace_back(plan.offsets[j], plan.offsets[j] + AlignUp(o.size));
       }
     }
     std::sort(busy.begin(), busy.end());
@@ -50,7 +44,7 @@ uint64_t MemoryPlanner::Sequential(const std::vector<uint64_t>& sizes,
   offsets->clear();
   for (uint64_t s : sizes) {
     offsets->push_back(total);
-    total += Align(s);
+    total += AlignUp(s);
   }
   return total;
 }

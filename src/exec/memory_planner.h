@@ -2,7 +2,7 @@
 //
 // Each lane buffer (an iteration's input, an intermediate, a kernel's scratch) is live from
 // the step that defines it to the last step that reads it. Buffers are placed greedily by
-// size, largest first, each at the lowest 64-byte-aligned offset where it overlaps no
+// size, largest first, each at the lowest kAlignment-aligned offset where it overlaps no
 // already-placed buffer whose lifetime intersects its own. The plan's peak (the largest end
 // offset) is the executable's E. The persistent layout (parameters, constants, optimizer
 // state) is a plain sequence of aligned offsets; its total is P.
@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <vector>
+
+#include "exec/alignment.h"
 
 namespace salus::exec {
 
@@ -29,7 +31,6 @@ class MemoryPlanner {
   static MemoryPlan Plan(const std::vector<PlannedBuffer>& buffers);
   // Sequential aligned layout; returns the total.
   static uint64_t Sequential(const std::vector<uint64_t>& sizes, std::vector<uint64_t>* offsets);
-  static constexpr uint64_t kAlignment = 64;
 };
 
 }  // namespace salus::exec

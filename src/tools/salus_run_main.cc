@@ -4,11 +4,12 @@
 //
 //   salus-run --model FILE --input x=64,784 --input labels=64 [--mode train|infer]
 //             [--loss loss] [--lr 0.05] [--iterations 50] [--warmup 5] [--seed 1]
+//             [--device cpu|cuda:N]
 //
 // Feeds are seeded synthetic data: float32 inputs standard normal, int64 inputs uniform in
 // [0, kLabelClasses). The executable is compiled exactly as the daemon compiles a session
 // (fetches: the loss when training, then every graph output). Prints one JSON object:
-// {"model", "mode", "persistent_bytes", "ephemeral_bytes", "iterations", "median_ms",
+// {"model", "mode", "device", "persistent_bytes", "ephemeral_bytes", "iterations", "median_ms",
 //  "mean_ms", "min_ms", "max_ms"}.
 #include <onnx/onnx_pb.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@
 #include <sstream>
 
 #include "common/openmp_env.h"
+#include "exec/alignment.h"
 #include "exec/executable.h"
 
 namespace po = boost::program_options;
@@ -33,7 +35,6 @@ using namespace salus::exec;  // NOLINT(google-build-using-namespace)
 
 namespace {
 
-constexpr size_t kAlignment = 64;      // lane and persistent bases, as the arena aligns them
 constexpr int64_t kLabelClasses = 10;  // every reference model classifies into 10 classes
 
 struct AlignedFree {
@@ -41,10 +42,9 @@ struct AlignedFree {
 };
 using Buffer = std::unique_ptr<std::byte, AlignedFree>;
 
+// Host memory for feeds and fetches.
 Buffer Allocate(size_t bytes) {
-  const size_t rounded =
-      std::max<size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
-  return Buffer(static_cast<std::byte*>(std::aligned_alloc(kAlignment, rounded)));
+  return Buffer(static_cast<std::byte*>(std::aligned_alloc(kAlignment, AlignUp(bytes + 1))));
 }
 
 // "x=64,784" -> ("x", {64, 784}).
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   // Note [OpenMP wait policy]: the daemon runs its kernels this way, so the in-process
   // baseline must too, or the comparison measures the wait policy instead of the daemon.
   EnsurePassiveOpenMpWait(argv);
-  std::string model_path, mode = "train", loss = "loss";
+  std::string model_path, mode = "train", loss = "loss", device_name = "cpu";
   std::vector<std::string> input_texts;
   double lr = 0.05;
   int iterations = 50, warmup = 5;
@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
       "lr", po::value(&lr)->default_value(0.05), "SGD learning rate (train)")(
       "iterations", po::value(&iterations)->default_value(50), "timed iterations")(
       "warmup", po::value(&warmup)->default_value(5), "untimed iterations first")(
-      "seed", po::value(&seed)->default_value(1), "seed of the synthetic feeds");
+      "seed", po::value(&seed)->default_value(1), "seed of the synthetic feeds")(
+      "device", po::value(&device_name)->default_value("cpu"), "cpu, cuda or cuda:N");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -112,6 +113,9 @@ int main(int argc, char** argv) {
     return Fail(InvalidArgumentError("--mode must be train or infer, got '" + mode + "'"));
   }
 
+  auto device = ParseDevice(device_name);
+  if (!device.ok()) return Fail(device.status());
+
   std::ifstream f(model_path, std::ios::binary);
   if (!f) return Fail(NotFoundError("cannot read " + model_path));
   std::stringstream ss;
@@ -123,6 +127,7 @@ int main(int argc, char** argv) {
   }
 
   CompileOptions o;
+  o.device = *device;
   for (const std::string& t : input_texts) {
     auto in = ParseInput(t);
     if (!in.ok()) return Fail(in.status());
@@ -143,9 +148,11 @@ int main(int argc, char** argv) {
   if (!exe.ok()) return Fail(exe.status());
   Executable& e = **exe;
 
-  Buffer persistent = Allocate(e.persistent_bytes());
-  Buffer lane = Allocate(e.ephemeral_bytes());
-  e.InitializePersistent(persistent.get());
+  auto persistent = DeviceBuffer::Allocate(e.runtime(), e.persistent_bytes());
+  if (!persistent.ok()) return Fail(persistent.status());
+  auto lane = DeviceBuffer::Allocate(e.runtime(), e.ephemeral_bytes());
+  if (!lane.ok()) return Fail(lane.status());
+  if (Status s = e.InitializePersistent(persistent->get()); !s.ok()) return Fail(s);
 
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -178,7 +185,7 @@ int main(int argc, char** argv) {
   std::vector<double> ms;
   for (int i = 0; i < warmup + iterations; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (auto s = e.Run(persistent.get(), lane.get(), feed_ptrs, fetch_ptrs); !s.ok())
+    if (auto s = e.Run(persistent->get(), lane->get(), feed_ptrs, fetch_ptrs); !s.ok())
       return Fail(s);
     const auto t1 = std::chrono::steady_clock::now();
     if (i >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
@@ -191,6 +198,7 @@ int main(int argc, char** argv) {
   for (double v : ms) sum += v;
   nlohmann::json out = {{"model", model_path},
                         {"mode", mode},
+                        {"device", e.device().name()},
                         {"persistent_bytes", e.persistent_bytes()},
                         {"ephemeral_bytes", e.ephemeral_bytes()},
                         {"iterations", iterations},

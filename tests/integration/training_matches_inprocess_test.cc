@@ -92,7 +92,10 @@ std::vector<float> TrainInProcess(const ModelCase& c) {
   };
   auto persistent = aligned((*exe)->persistent_bytes());
   auto lane = aligned((*exe)->ephemeral_bytes());
-  (*exe)->InitializePersistent(persistent.get());
+  if (salus::Status st = (*exe)->InitializePersistent(persistent.get()); !st.ok()) {
+    ADD_FAILURE() << st;
+    return {};
+  }
   std::vector<float> losses;
   for (int step = 0; step < kSteps; ++step) {
     auto feeds = Feeds(c, step);

@@ -24,7 +24,7 @@ std::string ReadModel(const std::string& name) {
   return ss.str();
 }
 
-uint64_t Aligned(uint64_t n) { return (n + 63) / 64 * 64; }
+uint64_t Aligned(uint64_t n) { return AlignUp(n); }
 
 TEST(MemoryPlannerTest, LiveBuffersNeverOverlapAndPeakIsTight) {
   std::mt19937 rng(7);
@@ -47,7 +47,7 @@ TEST(MemoryPlannerTest, LiveBuffersNeverOverlapAndPeakIsTight) {
     uint64_t total = 0;
     for (size_t i = 0; i < bufs.size(); ++i) {
       total += Aligned(bufs[i].size);
-      EXPECT_EQ(plan.offsets[i] % 64, 0u);
+      EXPECT_EQ(plan.offsets[i] % kAlignment, 0u);
       EXPECT_LE(plan.offsets[i] + bufs[i].size, plan.peak);
       for (size_t j = i + 1; j < bufs.size(); ++j) {
         const bool live_together = bufs[i].first <= bufs[j].last && bufs[j].first <= bufs[i].last;
@@ -78,11 +78,11 @@ TEST(ExecutableTest, PersistentBytesAreExactlyParametersAndOptimizerState) {
   auto sgd = Executable::Compile(mlp, o);
   ASSERT_TRUE(sgd.ok()) << sgd.status();
   // Parameters, velocities and the constant gradient seed of the loss.
-  EXPECT_EQ((*sgd)->persistent_bytes(), 2 * params + 64);
+  EXPECT_EQ((*sgd)->persistent_bytes(), 2 * params + kAlignment);
   o.optimizer.kind = OptimizerOptions::Kind::kAdam;
   auto adam = Executable::Compile(mlp, o);
   ASSERT_TRUE(adam.ok()) << adam.status();
-  EXPECT_EQ((*adam)->persistent_bytes(), 3 * params + 6 * 64 + 64);
+  EXPECT_EQ((*adam)->persistent_bytes(), 3 * params + 6 * kAlignment + kAlignment);
   // E grows with the batch; the plan reuses memory, so it is far below the sum of all buffers.
   o.input_shapes = {{"x", {64, 784}}, {"labels", {64}}};
   auto big = Executable::Compile(mlp, o);
@@ -109,8 +109,8 @@ TEST(ExecutableTest, RelocatableBetweenIterations) {
 
   constexpr size_t kGuard = 4096;
   const size_t p = x.persistent_bytes(), e = x.ephemeral_bytes();
-  std::vector<std::byte> pbuf(p + 2 * kGuard + 64, std::byte{0x5a}),
-      lbuf(e + 2 * kGuard + 64, std::byte{0x5a});
+  std::vector<std::byte> pbuf(p + 2 * kGuard + kAlignment, std::byte{0x5a}),
+      lbuf(e + 2 * kGuard + kAlignment, std::byte{0x5a});
   std::byte* pb = Memory::Align(pbuf) + kGuard;
   std::byte* lb = Memory::Align(lbuf) + kGuard;
   std::memcpy(pb, a.p(), p);
@@ -379,6 +379,62 @@ TEST(BadInputTest, RunChecksFeedAndFetchCounts) {
   ASSERT_TRUE(exe.ok());
   Memory mem(**exe);
   EXPECT_EQ(RunHost(**exe, mem, {}).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace salus::exec
+
+namespace salus::exec {
+namespace {
+
+TEST(DeviceTest, ParsesDeviceNames) {
+  EXPECT_EQ(ParseDevice("cpu")->name(), "cpu");
+  EXPECT_EQ(ParseDevice("cuda")->name(), "cuda:0");
+  EXPECT_EQ(ParseDevice("cuda:3")->ordinal, 3);
+  for (const char* bad : {"", "gpu", "cuda:", "cuda:-1", "cuda:1x", "cuda:99999999999"}) {
+    auto d = ParseDevice(bad);
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(d.status().message().find(std::string("'") + bad + "'"), std::string::npos);
+  }
+}
+
+// Without a usable GPU, compiling for one says why instead of failing later.
+TEST(DeviceTest, CompilingForAMissingGpuSaysNoGpu) {
+  if (DeviceRuntime::For(Device{DeviceType::kCuda, 0}).ok()) GTEST_SKIP() << "a GPU is present";
+  CompileOptions o;
+  o.device = Device{DeviceType::kCuda, 0};
+  o.input_shapes = {{"x", {2, 784}}, {"labels", {2}}};
+  auto exe = Executable::Compile(ReadModel("mlp"), o);
+  ASSERT_FALSE(exe.ok());
+#ifdef SALUS_HAVE_CUDA
+  EXPECT_EQ(exe.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(exe.status().message().find("no GPU"), std::string::npos) << exe.status();
+#else
+  EXPECT_EQ(exe.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(exe.status().message().find("no CUDA device"), std::string::npos) << exe.status();
+#endif
+}
+
+TEST(DeviceTest, RunRefusesAContextOfAnotherDevice) {
+  CompileOptions o;
+  o.input_shapes = {{"x", {2, 784}}, {"labels", {2}}};
+  auto exe = Executable::Compile(ReadModel("mlp"), o);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  testing::Memory m(**exe);
+  DeviceContext gpu;
+  gpu.device = Device{DeviceType::kCuda, 1};
+  std::vector<HostTensor> feeds = {HostTensor::FromFloats({2, 784}, testing::RandomFloats(1568, 1)),
+                                   HostTensor::FromInt64s({2}, {1, 2})};
+  std::vector<const void*> in = {feeds[0].bytes.data(), feeds[1].bytes.data()};
+  std::vector<HostTensor> outs;
+  std::vector<void*> out;
+  for (const TensorInfo& f : (*exe)->fetches()) outs.emplace_back(f.type, f.shape);
+  for (HostTensor& t : outs) out.push_back(t.bytes.data());
+  Status st = (*exe)->Run(&gpu, m.p(), m.l(), in, out);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("cuda:1"), std::string::npos) << st;
+  // The refusal left the executable usable.
+  EXPECT_TRUE((*exe)->Run(m.p(), m.l(), in, out).ok());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Builds small ONNX models in tests (ir_version 8, opset 17).
 #pragma once
 
+#include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/alignment.h"
 #include "exec/executable.h"
 
 namespace salus::exec::testing {
@@ -108,17 +110,18 @@ inline std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.f,
   return v;
 }
 
-// Host memory for one executable: a persistent block and a lane, 64-byte aligned.
+// Host memory for one CPU executable: a persistent block and a lane, aligned to kAlignment.
 struct Memory {
   explicit Memory(const Executable& exe)
-      : persistent(exe.persistent_bytes() + 64), lane(exe.ephemeral_bytes() + 64) {
-    exe.InitializePersistent(p());
+      : persistent(exe.persistent_bytes() + kAlignment), lane(exe.ephemeral_bytes() + kAlignment) {
+    Status st = exe.InitializePersistent(p());
+    if (!st.ok()) ADD_FAILURE() << st.ToString();
   }
   std::byte* p() { return Align(persistent); }
   std::byte* l() { return Align(lane); }
   static std::byte* Align(std::vector<std::byte>& v) {
     auto addr = reinterpret_cast<uintptr_t>(v.data());
-    return v.data() + (64 - addr % 64) % 64;
+    return v.data() + (kAlignment - addr % kAlignment) % kAlignment;
   }
   std::vector<std::byte> persistent, lane;
 };

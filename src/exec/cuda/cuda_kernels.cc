@@ -1,0 +1,11 @@
+#include "exec/cuda/cuda_kernels.h"
+
+namespace salus::exec {
+
+void RegisterCudaKernels(KernelRegistry* registry) {
+  cuda::RegisterBasicKernels(registry);
+  cuda::RegisterCudnnKernels(registry);
+  cuda::RegisterBlasKernels(registry);
+}
+
+}  // namespace salus::exec

@@ -1,0 +1,184 @@
+// The reference models (benchmarks/models/*.onnx) on the CUDA device: inference of each, at a
+// batch of one and at the batch the models test trains with, fetching every graph output as the
+// daemon does (the loss too), must match the CPU within 1e-4 relative and be bit-identical when
+// run again in another lane (cuda_parity.h). Executables of one model running concurrently on
+// threads of their own (each with its own stream) must each reproduce their own first result
+// bit for bit. Training on cuda:0 is refused at compile time, naming an op that has no CUDA
+// kernel. Skipped without a usable GPU.
+//
+// The models are read from $SALUS_MODELS_DIR when it is set (a copy of the test binary run in
+// another checkout), else from the source tree's benchmarks/models.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_parity.h"
+
+namespace salus::exec {
+namespace {
+
+using testing::ExpectCudaParity;
+using testing::ParityOptions;
+using testing::RandomFeeds;
+using testing::RunOnce;
+
+constexpr int kClasses = 10;  // the classifiers' labels are in [0, kClasses)
+
+std::string ModelsDir() {
+  const char* env = std::getenv("SALUS_MODELS_DIR");
+  return env != nullptr && *env != '\0' ? env : SALUS_MODELS_DIR;
+}
+
+std::string ReadModel(const std::string& name) {
+  std::ifstream f(ModelsDir() + "/" + name + ".onnx", std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Input shapes of a reference model at batch `n` (make_models.py).
+std::map<std::string, Shape> InputShapes(const std::string& model, int64_t n) {
+  if (model == "mlp") return {{"x", {n, 784}}, {"labels", {n}}};
+  if (model == "lenet5") return {{"x", {n, 1, 28, 28}}, {"labels", {n}}};
+  if (model == "resnet") return {{"x", {n, 3, 32, 32}}, {"labels", {n}}};
+  if (model == "espcn") return {{"x", {n, 1, 16, 16}}, {"target", {n, 1, 48, 48}}};
+  if (model == "vae") return {{"x", {n, 784}}, {"eps", {n, 20}}};
+  ADD_FAILURE() << "unknown model " << model;
+  return {};
+}
+
+CompileOptions Inference(const std::string& model, int64_t batch) {
+  CompileOptions o;
+  o.mode = Mode::kInference;
+  o.input_shapes = InputShapes(model, batch);
+  return o;  // fetches: every graph output, as the daemon compiles inference sessions
+}
+
+struct ModelCase {
+  std::string model;
+  int64_t batch;
+};
+
+std::string CaseName(const ::testing::TestParamInfo<ModelCase>& info) {
+  return info.param.model + "_batch" + std::to_string(info.param.batch);
+}
+
+class CudaModelsTest : public ::testing::TestWithParam<ModelCase> {};
+
+TEST_P(CudaModelsTest, InferenceMatchesCpu) {
+  SALUS_REQUIRE_GPU();
+  const ModelCase& c = GetParam();
+  const std::string bytes = ReadModel(c.model);
+  ASSERT_FALSE(bytes.empty()) << "cannot read " << ModelsDir() << "/" << c.model << ".onnx";
+  ParityOptions p;
+  p.int_hi = kClasses;
+  const std::vector<HostTensor> cpu = ExpectCudaParity(bytes, Inference(c.model, c.batch), p);
+  EXPECT_FALSE(cpu.empty());
+}
+
+// Every reference model at a batch of one (cuBLAS's and cuDNN's small-problem paths) and at the
+// batch of the models test (exec_models_test).
+INSTANTIATE_TEST_SUITE_P(ReferenceModels, CudaModelsTest,
+                         ::testing::Values(ModelCase{"mlp", 1}, ModelCase{"mlp", 32},
+                                           ModelCase{"lenet5", 1}, ModelCase{"lenet5", 32},
+                                           ModelCase{"resnet", 1}, ModelCase{"resnet", 32},
+                                           ModelCase{"espcn", 1}, ModelCase{"espcn", 8},
+                                           ModelCase{"vae", 1}, ModelCase{"vae", 32}),
+                         CaseName);
+
+// One executable per thread, each thread on its own device context (its own stream and library
+// handles), all running iterations at once: each must reproduce its first result bit for bit,
+// and that result must match the CPU's.
+TEST(CudaModelsConcurrencyTest, ConcurrentExecutablesOnTheirOwnStreams) {
+  SALUS_REQUIRE_GPU();
+  constexpr int kThreads = 4;
+  constexpr int kIterations = 10;
+  for (const char* name : {"mlp", "resnet"}) {
+    const std::string model = name;
+    SCOPED_TRACE(model);
+    const std::string bytes = ReadModel(model);
+    ASSERT_FALSE(bytes.empty());
+    ParityOptions p;
+    p.int_hi = kClasses;
+    CompileOptions o = Inference(model, 16);
+    const std::vector<HostTensor> want = ExpectCudaParity(bytes, o, p);
+    ASSERT_FALSE(want.empty());
+    o.device = Device{DeviceType::kCuda, 0};
+    std::vector<std::unique_ptr<Executable>> exes;
+    for (int t = 0; t < kThreads; ++t) {
+      auto exe = Executable::Compile(bytes, o);
+      ASSERT_TRUE(exe.ok()) << exe.status().ToString();
+      exes.push_back(std::move(*exe));
+    }
+    const std::vector<HostTensor> feeds = RandomFeeds(*exes[0], p);
+    std::vector<std::vector<HostTensor>> first(kThreads);
+    std::vector<int> mismatches(kThreads, 0);
+    std::vector<std::string> errors(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        Executable& exe = *exes[t];
+        auto persistent = DeviceBuffer::Allocate(exe.runtime(), exe.persistent_bytes());
+        auto lane = DeviceBuffer::Allocate(exe.runtime(), exe.ephemeral_bytes());
+        if (!persistent.ok() || !lane.ok()) {
+          errors[t] = (persistent.ok() ? lane.status() : persistent.status()).ToString();
+          return;
+        }
+        if (Status st = exe.InitializePersistent(persistent->get()); !st.ok()) {
+          errors[t] = st.ToString();
+          return;
+        }
+        for (int i = 0; i < kIterations; ++i) {
+          std::vector<HostTensor> out = RunOnce(exe, persistent->get(), lane->get(), feeds);
+          if (i == 0) {
+            first[t] = std::move(out);
+            continue;
+          }
+          for (size_t k = 0; k < out.size() && k < first[t].size(); ++k) {
+            if (out[k].bytes != first[t][k].bytes) ++mismatches[t];
+          }
+        }
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    for (int t = 0; t < kThreads; ++t) {
+      EXPECT_EQ(errors[t], "") << "thread " << t;
+      EXPECT_EQ(mismatches[t], 0) << "thread " << t << ": an iteration differed from its first";
+      ASSERT_EQ(first[t].size(), want.size()) << "thread " << t;
+      for (size_t k = 0; k < want.size(); ++k) {
+        testing::ExpectClose(want[k], first[t][k],
+                             "thread " + std::to_string(t) + " " + exes[t]->fetches()[k].name, p);
+      }
+    }
+  }
+}
+
+// The daemon refuses training sessions on a GPU before compiling; the engine refuses them too,
+// naming the first op that has no CUDA kernel.
+TEST(CudaModelsTrainingTest, TrainingCompileIsRefusedNamingAnOp) {
+  SALUS_REQUIRE_GPU();
+  for (const char* name : {"mlp", "resnet"}) {
+    const std::string model = name;
+    CompileOptions o = Inference(model, 8);
+    o.device = Device{DeviceType::kCuda, 0};
+    o.mode = Mode::kTraining;
+    o.loss = "loss";
+    o.optimizer.learning_rate = 0.01f;
+    o.optimizer.momentum = 0.9f;
+    auto exe = Executable::Compile(ReadModel(model), o);
+    ASSERT_FALSE(exe.ok()) << model << ": a training executable compiled for cuda:0";
+    EXPECT_EQ(exe.status().code(), StatusCode::kUnimplemented) << exe.status().ToString();
+    EXPECT_NE(exe.status().message().find(": op "), std::string::npos) << exe.status().ToString();
+    EXPECT_NE(exe.status().message().find("cuda"), std::string::npos) << exe.status().ToString();
+  }
+}
+
+}  // namespace
+}  // namespace salus::exec
