@@ -67,7 +67,7 @@ ModelRuntime::ModelRuntime(std::unique_ptr<exec::Executable> exe) : exe_(std::mo
 }
 
 StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec& spec,
-                                                             exec::DeviceType device,
+                                                             const exec::Device& device,
                                                              uint64_t max_folded_bytes) {
   exec::CompileOptions o;
   o.device = device;
@@ -84,6 +84,12 @@ StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec
   }
   switch (spec.mode()) {
     case v1::TRAIN: {
+      if (device.type != exec::DeviceType::kCpu) {
+        return UnimplementedError(fmt::format(
+            "training sessions on {} are not implemented yet (inference is); train on a daemon "
+            "with --device cpu",
+            device.name()));
+      }
       if (spec.loss().empty()) return InvalidArgumentError("a training session must name its loss");
       o.mode = exec::Mode::kTraining;
       o.loss = spec.loss();
@@ -160,8 +166,12 @@ Status ModelRuntime::Run(const sched::Dispatch& d, const std::vector<HostTensor>
   if (d.persistent.address == nullptr || d.lane_memory.address == nullptr) {
     return FailedPreconditionError("model sessions need host-accessible memory on this device");
   }
+  // Interactive lanes run on high-priority streams (Note [Device contexts] in exec/device.h).
+  SALUS_ASSIGN_OR_RETURN(
+      exec::DeviceContext * ctx,
+      exe_->runtime()->ThreadContext(d.lane_class == mem::LaneClass::kInteractive));
   if (!initialized_) {
-    exe_->InitializePersistent(d.persistent.address);
+    SALUS_RETURN_IF_ERROR(exe_->InitializePersistent(ctx, d.persistent.address));
     initialized_ = true;
   }
   std::vector<const void*> feed_ptrs(inputs_.size());
@@ -178,7 +188,7 @@ Status ModelRuntime::Run(const sched::Dispatch& d, const std::vector<HostTensor>
     fetch_ptrs[i] = buffers[i].data();
   }
   SALUS_RETURN_IF_ERROR(
-      exe_->Run(d.persistent.address, d.lane_memory.address, feed_ptrs, fetch_ptrs));
+      exe_->Run(ctx, d.persistent.address, d.lane_memory.address, feed_ptrs, fetch_ptrs));
   for (const std::string& name : fetches) {
     for (size_t i = 0; i < infos.size(); ++i) {
       if (infos[i].name != name) continue;

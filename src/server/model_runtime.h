@@ -1,9 +1,9 @@
 // ModelRuntime: a session that runs a compiled ONNX model (exec::Executable).
 //
-// The model is compiled once at CreateSession with its input shapes fixed, so P and E are
-// exact from the memory plan. Every graph output (and the loss) can be fetched. The first
-// iteration writes the initial parameters into the session's persistent block; training
-// iterations update them in place there, so a session's state never leaves the device
+// The model is compiled once at CreateSession, for the daemon's device, with its input shapes
+// fixed, so P and E are exact from the memory plan. Every graph output (and the loss) can be
+// fetched. The first iteration writes the initial parameters into the session's persistent block;
+// training iterations update them in place there, so a session's state never leaves the device
 // between iterations.
 #pragma once
 
@@ -21,7 +21,7 @@ class ModelRuntime final : public SessionRuntime {
   // `max_folded_bytes` bounds the constants compilation may make by folding (see
   // exec::CompileOptions): past it, CreateSession is ResourceExhausted.
   static StatusOr<std::unique_ptr<ModelRuntime>> Create(
-      const v1::ModelSpec& spec, exec::DeviceType device,
+      const v1::ModelSpec& spec, const exec::Device& device,
       uint64_t max_folded_bytes = exec::CompileOptions{}.max_folded_bytes);
 
   std::string_view kind() const override { return "model"; }

@@ -75,12 +75,21 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
     return InvalidArgumentError(
         fmt::format("unknown device '{}' (expected cpu or cuda:N)", options.device));
   }
+  // A GPU daemon brings up the engine's device runtime first: the CUDA context and the first
+  // lane context (stream, cuDNN and cuBLAS handles) take device memory outside the arena, so
+  // the default arena is sized from what is free after them (Note [Device contexts]).
+  exec::DeviceRuntime* runtime = nullptr;
+  if (auto d = exec::ParseDevice(options.device); d.ok() && d->type == exec::DeviceType::kCuda) {
+    SALUS_ASSIGN_OR_RETURN(runtime, exec::DeviceRuntime::For(*d));
+    SALUS_RETURN_IF_ERROR(runtime->ThreadContext().status());
+  }
   if (options.memory == 0) {
     SALUS_ASSIGN_OR_RETURN(options.memory, DefaultMemory(options.device));
   }
   if (options.listen.empty()) options.listen = DefaultEndpoints();
   if (options.lease <= Nanos(0)) return InvalidArgumentError("the client lease must be positive");
   std::unique_ptr<Server> s(new Server(std::move(options)));
+  s->runtime_ = runtime;
   SALUS_ASSIGN_OR_RETURN(s->provider_, device::CreateMemoryProvider(s->o_.device));
   SALUS_ASSIGN_OR_RETURN(auto policy, sched::CreatePolicy(s->o_.policy, s->o_.policy_options));
 
@@ -103,6 +112,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   so.host_accessible = s->provider_->host_accessible();
   so.model_factory = s->o_.model_factory;
   so.metrics = &s->metrics_;
+  if (runtime != nullptr) so.device_health = [runtime] { return runtime->CheckHealth(); };
   s->sessions_ = std::make_unique<SessionManager>(std::move(so));
   s->metrics_.SetGaugeSource([self] { return self->Gauges(); });
 
@@ -385,6 +395,15 @@ std::string Server::Gauges() const {
       "salus_mem_capacity_bytes {}\n",
       mem.capacity());
   out += fmt::format(
+      "# HELP salus_device_reserved_bytes Device memory outside the arena held by the engine's "
+      "contexts (streams, cuDNN and cuBLAS handles), as measured when each was created.\n"
+      "# TYPE salus_device_reserved_bytes gauge\nsalus_device_reserved_bytes {}\n",
+      runtime_ ? runtime_->reserved_bytes() : 0);
+  out += fmt::format(
+      "# HELP salus_device_lost Whether the device was lost to a fault (1) or not (0).\n"
+      "# TYPE salus_device_lost gauge\nsalus_device_lost {}\n",
+      sessions_->DeviceLost().ok() ? 0 : 1);
+  out += fmt::format(
       "# HELP salus_mem_admission_queue Sessions waiting for memory.\n"
       "# TYPE salus_mem_admission_queue gauge\nsalus_mem_admission_queue {}\n",
       mem.WaitingCount());
@@ -394,6 +413,8 @@ std::string Server::Gauges() const {
 nlohmann::json Server::StatsJson() const {
   const auto& mem = executor_->engine().memory();
   return {{"device", o_.device},
+          {"device_reserved_bytes", runtime_ ? runtime_->reserved_bytes() : 0},
+          {"device_lost", sessions_->DeviceLost().ToString()},
           {"policy", o_.policy},
           {"capacity_bytes", mem.capacity()},
           {"committed_bytes", mem.CommittedBytes()},

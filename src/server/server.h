@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "common/thread_annotations.h"
 #include "device/memory_provider.h"
+#include "exec/device.h"
 #include "sched/executor.h"
 #include "server/metrics.h"
 #include "server/metrics_http_server.h"
@@ -83,6 +84,7 @@ class Server {
 
   ServerOptions o_;
   std::unique_ptr<device::MemoryProvider> provider_;
+  exec::DeviceRuntime* runtime_ = nullptr;  // the engine's GPU runtime; null on the CPU
   Metrics metrics_;
   std::unique_ptr<sched::Executor> executor_;
   std::unique_ptr<SessionManager> sessions_;

@@ -53,6 +53,7 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const std::string& clien
       if (!o_.model_factory) {
         return UnimplementedError("this server cannot run model sessions");
       }
+      SALUS_RETURN_IF_ERROR(DeviceLost());
       SALUS_ASSIGN_OR_RETURN(runtime, o_.model_factory(req.model()));
       break;
     }
@@ -126,6 +127,9 @@ void SessionManager::Run(Call call) {
     if (it != sessions_.end()) entry = it->second;
   }
   if (!entry) return call.ReplyError(NotFoundError(fmt::format("session {} does not exist", id)));
+  if (Status lost = DeviceLost(); !lost.ok() && entry->runtime->kind() == "model") {
+    return call.ReplyError(lost);
+  }
 
   // Decode and check the feeds against their frames and buffers before anything is queued.
   const v1::RunIteration& body = call.request().run_iteration();
@@ -160,14 +164,18 @@ void SessionManager::Run(Call call) {
     clients_[client].in_flight++;
   }
   auto outputs = std::make_shared<IterationOutputs>();
-  auto work = [entry, state, feeds, fetches, outputs, buffers](const sched::Dispatch& d) {
-    if (buffers.empty()) return entry->runtime->Run(d, feeds, fetches, outputs.get());
+  auto work = [this, entry, state, feeds, fetches, outputs, buffers](const sched::Dispatch& d) {
+    if (buffers.empty()) {
+      Status s = entry->runtime->Run(d, feeds, fetches, outputs.get());
+      return s.ok() ? s : CheckDevice(s);
+    }
     for (const auto& b : buffers) SALUS_RETURN_IF_ERROR(b->CheckIntact());
     Status s;
     {
       SharedReadScope guard(buffers);
       s = entry->runtime->Run(d, feeds, fetches, outputs.get());
     }
+    if (!s.ok()) s = CheckDevice(s);
     for (const auto& b : buffers) {
       if (b->faulted()) {
         return DataLossError(
@@ -396,6 +404,35 @@ void SessionManager::OnAdmissionFailed(uint64_t session, const Status& status) {
   }
   logging::Event("server", "admission_failed",
                  {{"session", session}, {"status", status.ToString()}});
+}
+
+Status SessionManager::DeviceLost() const {
+  MutexLock lock(&mu_);
+  return device_lost_;
+}
+
+Status SessionManager::CheckDevice(const Status& iteration) {
+  if (!o_.device_health) return iteration;
+  {
+    MutexLock lock(&mu_);
+    if (!device_lost_.ok()) return device_lost_;
+  }
+  Status health = o_.device_health();
+  if (health.ok()) return iteration;
+  bool first = false;
+  {
+    MutexLock lock(&mu_);
+    if (device_lost_.ok()) {
+      device_lost_ = health;
+      first = true;
+    }
+  }
+  if (first) {
+    logging::Event("server", "device_lost",
+                   {{"status", health.ToString()}, {"iteration", iteration.ToString()}});
+  }
+  return Status(health.code(),
+                health.message() + "; the failing iteration: " + iteration.ToString());
 }
 
 }  // namespace salus::server

@@ -42,6 +42,9 @@ class SessionManager {
     bool host_accessible = true;  // the arena's memory may be touched by the host
     ModelFactory model_factory;   // null: model sessions are UNIMPLEMENTED
     Metrics* metrics = nullptr;   // optional
+    // Asked after an iteration fails: whether the device survived (a GPU fault can corrupt
+    // its context). Null: the device cannot be lost (the CPU).
+    std::function<Status()> device_health;
   };
 
   explicit SessionManager(Options options) : o_(std::move(options)) {}
@@ -64,6 +67,9 @@ class SessionManager {
   // Closes every session (drain).
   void CloseAll() EXCLUDES(mu_);
 
+  // Set once the device is lost: every later iteration and model session is refused with it.
+  Status DeviceLost() const EXCLUDES(mu_);
+
   std::vector<v1::SessionInfo> List() const EXCLUDES(mu_);
   size_t Count() const EXCLUDES(mu_);
 
@@ -82,8 +88,13 @@ class SessionManager {
     std::unique_ptr<SessionRuntime> runtime;
   };
 
+  // After a failed iteration: checks the device; when it is lost, records that (once) and
+  // returns the status every session gets from now on; otherwise returns `iteration`.
+  Status CheckDevice(const Status& iteration) EXCLUDES(mu_);
+
   Options o_;
   mutable Mutex mu_;
+  Status device_lost_ GUARDED_BY(mu_);
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::shared_ptr<Entry>> sessions_ GUARDED_BY(mu_);
   struct ClientLease {

@@ -35,6 +35,13 @@ int Status(salus::client::Client& c) {
   std::printf("server     salus-server %s (protocol %u)\n", info.server_version.c_str(),
               info.protocol_version);
   std::printf("device     %s, policy %s\n", info.device.c_str(), info.policy.c_str());
+  if (j.value("device_reserved_bytes", 0ull) > 0) {
+    std::printf("reserved   %s of device memory outside the arena (streams, library handles)\n",
+                salus::FormatBytes(j.value("device_reserved_bytes", 0ull)).c_str());
+  }
+  if (const std::string lost = j.value("device_lost", std::string("OK")); lost != "OK") {
+    std::printf("DEVICE     %s\n", lost.c_str());
+  }
   std::printf("memory     %s committed of %s (%zu lanes)\n",
               salus::FormatBytes(j.value("committed_bytes", 0ull)).c_str(),
               salus::FormatBytes(j.value("capacity_bytes", 0ull)).c_str(),
