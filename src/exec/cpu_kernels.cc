@@ -126,6 +126,23 @@ KernelOr Gemm(const Node& n, const Graph& g) {
   if (alpha != 1.f) attr.set_output_scales(0, {alpha});
   // A fused Relu (inference) is a post-op unless C is added by the loop below.
   const bool relu = n.GetString("fused_activation", "") == "Relu";
+  if (kk == 0) {
+    // An empty product (oneDNN cannot create it): Y is beta * C, or zeros.
+    Shape cs = has_c ? BroadcastStrides(c_shape, out) : Shape{};
+    return std::unique_ptr<Kernel>(
+        new LoopKernel([out, cs, has_c, beta, relu](const KernelArgs& a) {
+          const float* c = has_c ? static_cast<const float*>(a.inputs[2]) : nullptr;
+          float* y = static_cast<float*>(a.outputs[0]);
+          std::fill(y, y + NumElements(out), 0.f);
+          if (has_c) {
+            ForEachBroadcast(out, {cs},
+                             [&](int64_t e, const int64_t* off) { y[e] = beta * c[off[0]]; });
+          }
+          if (relu) {
+            for (int64_t e = 0; e < NumElements(out); ++e) y[e] = std::max(y[e], 0.f);
+          }
+        }));
+  }
   if (relu && (!has_c || c_as_bias)) {
     dnnl::post_ops ops;
     ops.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
@@ -171,6 +188,14 @@ KernelOr MatMul(const Node& n, const Graph& g) {
   for (size_t i = 0; i + 2 < rank; ++i) out[i] = std::max(a[i], b[i]);
   out[rank - 2] = a[rank - 2];
   out[rank - 1] = b[rank - 1];
+  if (a[rank - 1] == 0) {
+    // An empty product (oneDNN cannot create it): zeros.
+    const int64_t count = NumElements(out);
+    return std::unique_ptr<Kernel>(new LoopKernel([count](const KernelArgs& args) {
+      std::fill(static_cast<float*>(args.outputs[0]), static_cast<float*>(args.outputs[0]) + count,
+                0.f);
+    }));
+  }
   auto a_md = PlainDesc(a), b_md = PlainDesc(b), c_md = PlainDesc(out);
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), UserScratchpad(),
                                   CpuEngine());
@@ -385,7 +410,10 @@ KernelOr Reduce(const Node& n, const Graph& g) {
   const Shape& x = g.value(n.inputs[0]).shape;
   SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReductionAxes(g, n));
   Shape kept = x;
-  for (int64_t a : axes) kept[a] = 1;
+  // A scalar's only axis (0, which NormalizeAxis allows for rank 0) reduces nothing.
+  for (int64_t a : axes) {
+    if (a < static_cast<int64_t>(kept.size())) kept[a] = 1;
+  }
   if (kept == x || x.empty()) {
     // Nothing to reduce: the value itself, or its absolute value or square.
     const int fn = n.op == "ReduceL1" || n.op == "ReduceL2" ? 1 : n.op == "ReduceSumSquare" ? 2 : 0;

@@ -439,3 +439,60 @@ TEST(DeviceTest, RunRefusesAContextOfAnotherDevice) {
 
 }  // namespace
 }  // namespace salus::exec
+
+namespace salus::exec {
+namespace {
+
+// A product over an empty inner dimension is beta * C (Gemm) or zeros (MatMul), not a crash.
+TEST(ExecutableTest, EmptyInnerDimensionProducts) {
+  ModelBuilder mb;
+  mb.Input("x", {1});
+  mb.Initializer("a", {2, 0}, {}).Initializer("b", {0, 3}, {});
+  mb.Initializer("c", {3}, {1.f, -2.f, 3.f});
+  auto& gemm = mb.Node("Gemm", {"a", "b", "c"}, {"g"});
+  ModelBuilder::Attr(gemm, "beta", 0.5f);
+  mb.Node("MatMul", {"a", "b"}, {"m"});
+  mb.Node("Relu", {"g"}, {"r"});
+  mb.Output("g", {2, 3}).Output("m", {2, 3}).Output("r", {2, 3});
+  auto exe = Executable::Compile(mb.Bytes(), {});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  Memory m(**exe);
+  auto out = RunHost(**exe, m, {HostTensor::FromFloats({1}, {0.f})});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const std::vector<float> want = {0.5f, -1.f, 1.5f, 0.5f, -1.f, 1.5f};
+  EXPECT_EQ(std::vector<float>((*out)[0].floats(), (*out)[0].floats() + 6), want);
+  EXPECT_EQ(std::vector<float>((*out)[1].floats(), (*out)[1].floats() + 6),
+            std::vector<float>(6, 0.f));
+  EXPECT_EQ((*out)[2].floats()[1], 0.f);
+  EXPECT_EQ((*out)[2].floats()[2], 1.5f);
+}
+
+}  // namespace
+}  // namespace salus::exec
+
+namespace salus::exec {
+namespace {
+
+// A scalar constant reduced over axis 0 is folded at import, before libonnx's cross-check
+// refuses the axis: the fold must not write past the scalar's shape (ASan watches this test).
+TEST(ExecutableTest, FoldingAScalarReductionOverAxisZeroIsSafe) {
+  ModelBuilder mb;
+  mb.Input("x", {1});
+  mb.Initializer("s", {}, {-4.f});
+  auto& r = mb.Node("ReduceMax", {"s"}, {"y"});
+  ModelBuilder::Attr(r, "axes", std::vector<int64_t>{0});
+  mb.Node("Add", {"x", "y"}, {"z"});
+  mb.Output("z", {1});
+  auto exe = Executable::Compile(mb.Bytes(), {});
+  if (!exe.ok()) {
+    EXPECT_EQ(exe.status().code(), StatusCode::kInvalidArgument) << exe.status();
+    return;
+  }
+  Memory m(**exe);
+  auto out = RunHost(**exe, m, {HostTensor::FromFloats({1}, {1.f})});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].floats()[0], -3.f);
+}
+
+}  // namespace
+}  // namespace salus::exec
