@@ -6,6 +6,7 @@
 #include <random>
 #include <sstream>
 
+#include "exec/kernel_registry.h"
 #include "exec/memory_planner.h"
 #include "model_builder.h"
 
@@ -496,3 +497,30 @@ TEST(ExecutableTest, FoldingAScalarReductionOverAxisZeroIsSafe) {
 
 }  // namespace
 }  // namespace salus::exec
+
+#ifdef SALUS_HAVE_CUDA
+namespace salus::exec {
+namespace {
+
+// Every forward op of the CPU has a CUDA kernel; only backward and optimizer ops (named
+// Salus*, emitted by autodiff) do not yet. docs/execution.md lists them.
+TEST(DeviceTest, EveryForwardOpHasACudaKernel) {
+  const KernelRegistry& r = KernelRegistry::Global();
+  std::vector<std::string> missing;
+  for (const std::string& op : r.Ops(DeviceType::kCpu)) {
+    if (!r.Has(op, DeviceType::kCuda)) missing.push_back(op);
+  }
+  for (const std::string& op : missing) {
+    EXPECT_EQ(op.rfind("Salus", 0), 0u) << op << " has no CUDA kernel";
+  }
+  EXPECT_EQ(missing, (std::vector<std::string>{"SalusAdamUpdate", "SalusConvGradData",
+                                               "SalusConvGradWeights", "SalusDepthToSpaceGrad",
+                                               "SalusEltwiseGrad", "SalusExpand", "SalusPoolGrad",
+                                               "SalusSgdUpdate", "SalusSoftmaxCrossEntropyGrad",
+                                               "SalusSoftmaxGrad", "SalusSumTo"}));
+  EXPECT_EQ(r.Ops(DeviceType::kCpu).size() - missing.size(), 47u);  // the forward kernels
+}
+
+}  // namespace
+}  // namespace salus::exec
+#endif
