@@ -148,7 +148,7 @@ StatusOr<DeviceContext*> CudaRuntime::CreateContext(bool high_priority) {
   SALUS_RETURN_IF_ERROR(
       CublasStatus(cublasSetStream(cublas, stream), name() + ": binding cuBLAS to the stream"));
   // Plain float math: no TF32 (results must match the CPU); the kernels hand cuBLAS its
-  // workspace from their planned scratch (Note [Exact memory] in cuda_kernels.cc).
+  // workspace from their planned scratch (Note [cuBLAS workspace] in blas_kernels.cc).
   SALUS_RETURN_IF_ERROR(
       CublasStatus(cublasSetMathMode(cublas, CUBLAS_PEDANTIC_MATH), name() + ": cuBLAS math mode"));
   SALUS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), name() + ": new stream"));
