@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "exec/alignment.h"
 #include "exec/executable.h"
 
 namespace {
@@ -21,12 +22,14 @@ constexpr uint64_t kMaxFoldedBytes = uint64_t{64} << 20;
 
 void RunOnce(Executable& exe) {
   if (exe.persistent_bytes() + exe.ephemeral_bytes() > kMaxRunBytes) return;
-  std::vector<std::byte> persistent(exe.persistent_bytes() + 64), lane(exe.ephemeral_bytes() + 64);
+  constexpr uint64_t kAlign = salus::exec::kAlignment;
+  std::vector<std::byte> persistent(exe.persistent_bytes() + kAlign),
+      lane(exe.ephemeral_bytes() + kAlign);
   auto align = [](std::vector<std::byte>& v) {
     auto a = reinterpret_cast<uintptr_t>(v.data());
-    return v.data() + (64 - a % 64) % 64;
+    return v.data() + (kAlign - a % kAlign) % kAlign;
   };
-  exe.InitializePersistent(align(persistent));
+  if (!exe.InitializePersistent(align(persistent)).ok()) return;
   std::vector<std::vector<std::byte>> feeds, fetches;
   std::vector<const void*> feed_ptrs;
   std::vector<void*> fetch_ptrs;
