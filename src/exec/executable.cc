@@ -364,7 +364,7 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
     }
   }
 
-  std::byte* out = staging + feed_bytes;
+  std::byte* out = staged ? staging + feed_bytes : nullptr;
   for (size_t i = 0; i < fetches.size(); ++i) {
     const void* src = Resolve(locations_[fetch_ids_[i]], persistent, lane);
     const size_t bytes = fetch_info_[i].bytes;

@@ -54,13 +54,15 @@ HostTensor::HostTensor(DataType t, Shape s)
 
 HostTensor HostTensor::FromFloats(Shape s, const std::vector<float>& values) {
   HostTensor t(DataType::kFloat32, std::move(s));
-  std::memcpy(t.bytes.data(), values.data(), std::min(t.bytes.size(), values.size() * 4));
+  const size_t n = std::min(t.bytes.size(), values.size() * 4);
+  if (n > 0) std::memcpy(t.bytes.data(), values.data(), n);
   return t;
 }
 
 HostTensor HostTensor::FromInt64s(Shape s, const std::vector<int64_t>& values) {
   HostTensor t(DataType::kInt64, std::move(s));
-  std::memcpy(t.bytes.data(), values.data(), std::min(t.bytes.size(), values.size() * 8));
+  const size_t n = std::min(t.bytes.size(), values.size() * 8);
+  if (n > 0) std::memcpy(t.bytes.data(), values.data(), n);
   return t;
 }
 
