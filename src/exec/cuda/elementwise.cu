@@ -6,25 +6,12 @@
 #include <cstdint>
 
 #include "exec/cuda/elementwise_launch.h"
+#include "exec/cuda/grid.cuh"
 #include "exec/element_math.h"
 #include "exec/hd.h"
 
 namespace salus::exec::cuda {
 namespace {
-
-// Threads per block of every kernel here; a power of two (BlockSum halves it).
-constexpr int kThreads = 256;
-// Grid-stride loops cover any size, so the grid is capped; this many blocks fill any current GPU.
-constexpr int64_t kMaxBlocks = 65535;
-
-unsigned BlocksFor(int64_t count) {
-  return static_cast<unsigned>(std::min<int64_t>((count + kThreads - 1) / kThreads, kMaxBlocks));
-}
-
-__device__ int64_t FirstIndex() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ int64_t GridStride() { return static_cast<int64_t>(blockDim.x) * gridDim.x; }
 
 template <UnaryOp kOp>
 __global__ void UnaryKernel(float alpha, const float* __restrict__ x, float* __restrict__ y,
@@ -90,20 +77,6 @@ __global__ void SceRowsKernel(SceSpec s, const float* __restrict__ scores,
     row_loss[r] = t.loss;
     if (row_weight != nullptr) row_weight[r] = t.weight;
   }
-}
-
-// The sum of every thread's `v` in the block, returned to all of them. `partial` holds kThreads
-// doubles; the tree has a fixed shape, so the sum is the same on every run.
-__device__ double BlockSum(double* partial, double v) {
-  partial[threadIdx.x] = v;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (static_cast<int>(threadIdx.x) < half) partial[threadIdx.x] += partial[threadIdx.x + half];
-    __syncthreads();
-  }
-  const double total = partial[0];
-  __syncthreads();  // before the next call overwrites partial
-  return total;
 }
 
 // One block of kThreads threads: thread t sums rows t, t + kThreads, ... in order, then the

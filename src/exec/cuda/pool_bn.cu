@@ -5,25 +5,12 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "exec/cuda/grid.cuh"
 #include "exec/cuda/pool_bn_launch.h"
 #include "exec/hd.h"
 
 namespace salus::exec::cuda {
 namespace {
-
-// Threads per block of every kernel here; a power of two (BlockSum halves it).
-constexpr int kThreads = 256;
-// Grid-stride loops cover any size, so the grid is capped; this many blocks fill any current GPU.
-constexpr int64_t kMaxBlocks = 65535;
-
-unsigned BlocksFor(int64_t count) {
-  return static_cast<unsigned>(std::min<int64_t>((count + kThreads - 1) / kThreads, kMaxBlocks));
-}
-
-__device__ int64_t FirstIndex() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ int64_t GridStride() { return static_cast<int64_t>(blockDim.x) * gridDim.x; }
 
 __global__ void PoolKernel(PoolGeometry g, const float* __restrict__ x, float* __restrict__ y,
                            int64_t count) {
@@ -47,20 +34,6 @@ __global__ void BnNormalizeKernel(BnShape s, float epsilon, const float* __restr
     const float sm = scale[c] / sqrtf(var[c] + epsilon);
     y[o] = sm * (x[o] - mean[c]) + bias[c];
   }
-}
-
-// The sum of every thread's `v` in the block, returned to all of them. `partial` holds kThreads
-// doubles; the tree has a fixed shape, so the sum is the same on every run.
-__device__ double BlockSum(double* partial, double v) {
-  partial[threadIdx.x] = v;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (static_cast<int>(threadIdx.x) < half) partial[threadIdx.x] += partial[threadIdx.x + half];
-    __syncthreads();
-  }
-  const double total = partial[0];
-  __syncthreads();  // before the next call overwrites partial
-  return total;
 }
 
 // One block per channel (blockIdx.x), kThreads threads.

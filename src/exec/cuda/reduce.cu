@@ -15,24 +15,12 @@
 #include <cstdint>
 #include <cub/device/device_segmented_reduce.cuh>
 
+#include "exec/cuda/grid.cuh"
 #include "exec/cuda/reduce_launch.h"
 #include "exec/hd.h"
 
 namespace salus::exec::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-// Grid-stride loops cover any size, so the grid is capped; this many blocks fill any current GPU.
-constexpr int64_t kMaxBlocks = 65535;
-
-unsigned BlocksFor(int64_t count) {
-  return static_cast<unsigned>(std::min<int64_t>((count + kThreads - 1) / kThreads, kMaxBlocks));
-}
-
-__device__ int64_t FirstIndex() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ int64_t GridStride() { return static_cast<int64_t>(blockDim.x) * gridDim.x; }
 
 // Reduction functors. Max and min propagate NaN whichever side it is on, so that they stay
 // commutative, as CUB requires.
