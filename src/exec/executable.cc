@@ -249,6 +249,8 @@ void Executable::BindSteps(const std::vector<int>& step_node) {
   };
   for (ValueId id : input_ids_) input_info_.push_back(info(id));
   for (ValueId id : fetch_ids_) fetch_info_.push_back(info(id));
+  for (const TensorInfo& t : input_info_) feed_staging_bytes_ += AlignUp(t.bytes);
+  for (const TensorInfo& t : fetch_info_) fetch_staging_bytes_ += AlignUp(t.bytes);
 }
 
 void* Executable::Resolve(const Location& l, std::byte* persistent, std::byte* lane) const {
@@ -315,9 +317,7 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
                             std::span<void* const> fetches) const {
   // Feeds: on the CPU straight into the lane; on a GPU through pinned staging (Note [Staging]).
   const bool staged = !runtime_->host_accessible();
-  size_t feed_bytes = 0, fetch_bytes = 0;
-  for (const TensorInfo& t : input_info_) feed_bytes += AlignUp(t.bytes);
-  for (const TensorInfo& t : fetch_info_) fetch_bytes += AlignUp(t.bytes);
+  const size_t feed_bytes = feed_staging_bytes_, fetch_bytes = fetch_staging_bytes_;
   std::byte* staging = nullptr;
   if (staged) {
     SALUS_ASSIGN_OR_RETURN(staging, runtime_->Staging(ctx, feed_bytes + fetch_bytes));

@@ -144,6 +144,8 @@ class Executable {
   std::vector<TensorInfo> input_info_, fetch_info_;
   uint64_t persistent_bytes_ = 0, ephemeral_bytes_ = 0;
   size_t max_arity_ = 0;  // most inputs or outputs of one step
+  // Pinned staging a GPU run needs for its feeds and for its fetches (Note [Staging]).
+  size_t feed_staging_bytes_ = 0, fetch_staging_bytes_ = 0;
   bool profile_ = false;
   mutable std::atomic<bool> running_{false};
 };
