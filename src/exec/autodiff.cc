@@ -1,6 +1,7 @@
 #include "exec/autodiff.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "exec/shape_inference.h"
 
@@ -71,22 +72,260 @@ class Builder {
     return Emit("SalusSumTo", {dy}, target, {{"scale", FloatAttr(scale)}});
   }
 
-  Shape shape(ValueId id) const { return g_.value(id).shape; }
+  // A zero constant, for an output without gradient where a formula needs one.
+  ValueId Zeros(const Shape& shape) {
+    Value v;
+    v.name = g_.UniqueName("grad_zeros");
+    v.shape = shape;
+    v.kind = ValueKind::kConstant;
+    v.data = HostTensor(DataType::kFloat32, shape);
+    return g_.AddValue(std::move(v));
+  }
+
+  Shape shape(ValueId id) const { return id == kNoValue ? Shape{} : g_.value(id).shape; }
   Graph& graph() { return g_; }
 
  private:
   Graph& g_;
 };
 
-// Appends the gradients of node `n`'s inputs given dy (the gradient of output 0) to `dx`
-// (kNoValue where an input needs none).
-Status NodeGrad(Builder& b, const Node& n, ValueId dy, const std::vector<bool>& needs,
-                std::vector<ValueId>* dx) {
+// LSTM's gradient is one SalusLstmGrad node. Inputs (kNoValue where absent): X, W, R, B,
+// initial_h, initial_c, then the gradients of the forward outputs Y, Y_h, Y_c. Outputs
+// (kNoValue where not needed): dX, dW, dR, dB, d_initial_h, d_initial_c, each with its forward
+// input's shape. Attributes are the forward node's.
+Status LstmGrad(Builder& b, const Node& n, const std::vector<ValueId>& dys,
+                const std::function<bool(size_t)>& need, std::vector<ValueId>* dx) {
+  if (n.input(4) != kNoValue) {
+    return UnimplementedError(n.Describe() + ": no gradient with sequence_lens");
+  }
+  if (n.input(7) != kNoValue) {
+    return UnimplementedError(n.Describe() + ": no gradient with peepholes (input P)");
+  }
+  auto dy = [&](size_t o) { return o < dys.size() ? dys[o] : kNoValue; };
+  Node gn;
+  gn.op = "SalusLstmGrad";
+  gn.attrs = n.attrs;
+  gn.inputs = {n.input(0), n.input(1), n.input(2), n.input(3), n.input(5),
+               n.input(6), dy(0),      dy(1),      dy(2)};
+  constexpr size_t kForwardInput[] = {0, 1, 2, 3, 5, 6};  // of each SalusLstmGrad output
+  bool any = false;
+  for (size_t i : kForwardInput) {
+    const ValueId d = need(i)
+                          ? b.NewValue("grad_lstm", b.shape(n.inputs[i]), ValueKind::kIntermediate)
+                          : kNoValue;
+    gn.outputs.push_back(d);
+    if (d != kNoValue) (*dx)[i] = d;  // need(i): input i is present
+    any = any || d != kNoValue;
+  }
+  if (any) b.EmitNode(std::move(gn));
+  return OkStatus();
+}
+
+// Batched MatMul with broadcasting, and 1-D operands (Note [Batched MatMul gradient]).
+//
+// Note [Batched MatMul gradient]: a 1-D A is [1, K] and a 1-D B is [K, 1] (ONNX promotes them,
+// then drops the added dim from Y), so dY is first reshaped to batch + [M, N]. Then
+// dA = dY·B^T and dB = A^T·dY, each a broadcasting MatMul over the batch dims with Transpose
+// swapping the last two dims of the other operand, summed back to the operand's own batch dims
+// (SalusSumTo) and reshaped to its shape. A 2-D B (a linear layer) takes two Gemms over A's
+// rows instead, without the batch-sized dB the general form sums.
+Status BatchedMatMulGrad(Builder& b, const Node& n, ValueId dy,
+                         const std::function<bool(size_t)>& need, std::vector<ValueId>* dx) {
+  const Shape as = b.shape(n.inputs[0]), bs = b.shape(n.inputs[1]);
+  if (as.empty() || bs.empty()) return InvalidArgumentError(n.Describe() + ": scalar operand");
+  Shape ap = as, bp = bs;
+  if (ap.size() == 1) ap.insert(ap.begin(), 1);
+  if (bp.size() == 1) bp.push_back(1);
+  const int64_t m = ap[ap.size() - 2], k = ap.back(), nn = bp.back();
+  SALUS_ASSIGN_OR_RETURN(Shape batch, BroadcastShapes(Shape(ap.begin(), ap.end() - 2),
+                                                      Shape(bp.begin(), bp.end() - 2)));
+  auto with = [&](Shape s, int64_t r, int64_t c) {
+    s.push_back(r);
+    s.push_back(c);
+    return s;
+  };
+  auto reshape = [&](ValueId v, const Shape& to) {
+    return b.shape(v) == to ? v : b.Emit("SalusReshape", {v}, to);
+  };
+  // Swaps the last two dims.
+  auto transpose = [&](ValueId v) {
+    Shape s = b.shape(v);
+    std::vector<int64_t> perm(s.size());
+    for (size_t i = 0; i < s.size(); ++i) perm[i] = static_cast<int64_t>(i);
+    std::swap(perm[s.size() - 2], perm[s.size() - 1]);
+    std::swap(s[s.size() - 2], s[s.size() - 1]);
+    return b.Emit("Transpose", {v}, s, {{"perm", IntsAttr(perm)}});
+  };
+  if (bs.size() == 2) {
+    // A linear layer over N-D activations: rows of A against one B, two Gemms with no
+    // batch-sized intermediate.
+    const int64_t rows = NumElements(as) / std::max<int64_t>(k, 1);
+    auto gemm = [&](ValueId x, ValueId w, bool ta, bool tb, const Shape& s) {
+      return b.Emit("Gemm", {x, w}, s, {{"transA", IntAttr(ta)}, {"transB", IntAttr(tb)}});
+    };
+    const ValueId dy2 = reshape(dy, {rows, nn});
+    if (need(0)) (*dx)[0] = reshape(gemm(dy2, n.inputs[1], false, true, {rows, k}), as);
+    if (need(1)) (*dx)[1] = gemm(reshape(n.inputs[0], {rows, k}), dy2, true, false, {k, nn});
+    return OkStatus();
+  }
+  const ValueId dyp = reshape(dy, with(batch, m, nn));
+  if (need(0)) {
+    ValueId d = b.Emit("MatMul", {dyp, transpose(reshape(n.inputs[1], bp))}, with(batch, m, k));
+    (*dx)[0] = reshape(b.SumTo(d, ap), as);
+  }
+  if (need(1)) {
+    ValueId d = b.Emit("MatMul", {transpose(reshape(n.inputs[0], ap)), dyp}, with(batch, k, nn));
+    (*dx)[1] = reshape(b.SumTo(d, bp), bs);
+  }
+  return OkStatus();
+}
+
+// The gradients of the tensor and index ops of exported models: Gather, Slice, Concat, Split,
+// Expand, Where, Clip, Min, Max, Pow, Erf, Gelu, Reciprocal, Pad, Trilu, Cast, LSTM. Only
+// float inputs get gradients (indices, conditions and integer casts stop them).
+Status TensorOpGrad(Builder& b, const Node& n, const std::vector<ValueId>& dys, ValueId dy,
+                    const std::vector<bool>& needs, std::vector<ValueId>* dx) {
+  const Graph& g = b.graph();
+  auto need = [&](size_t i) {
+    const ValueId v = n.input(i);
+    return v != kNoValue && needs[v] && g.value(v).type == DataType::kFloat32;
+  };
+  auto in = [&](size_t i) { return n.inputs[i]; };
+  const std::string& op = n.op;
+  const Shape ys = b.shape(n.output(0));
+  if (op == "Gather") {
+    if (need(0)) {
+      SALUS_ASSIGN_OR_RETURN(int64_t axis,
+                             NormalizeAxis(n, n.GetInt("axis", 0), b.shape(in(0)).size()));
+      (*dx)[0] = b.Emit("SalusGatherGrad", {in(1), dy}, b.shape(in(0)), {{"axis", IntAttr(axis)}});
+    }
+  } else if (op == "Slice") {
+    if (need(0)) {
+      SALUS_ASSIGN_OR_RETURN(SliceSpec spec, SliceFor(g, n));
+      (*dx)[0] = b.Emit("SalusSliceGrad", {dy}, b.shape(in(0)),
+                        {{"starts", IntsAttr(spec.starts)}, {"steps", IntsAttr(spec.steps)}});
+    }
+  } else if (op == "Concat") {
+    SALUS_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(n, n.GetInt("axis", 0), ys.size()));
+    Node split;
+    split.op = "SalusConcatGrad";
+    split.inputs = {dy};
+    split.attrs["axis"] = IntAttr(axis);
+    std::vector<int64_t> sizes;
+    bool any = false;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      sizes.push_back(b.shape(in(i))[axis]);
+      split.outputs.push_back(
+          need(i) ? b.NewValue("grad_concat", b.shape(in(i)), ValueKind::kIntermediate) : kNoValue);
+      (*dx)[i] = split.outputs.back();
+      any = any || need(i);
+    }
+    split.attrs["sizes"] = IntsAttr(sizes);
+    if (any) b.EmitNode(std::move(split));
+  } else if (op == "Split") {
+    if (need(0)) {
+      int64_t axis = 0;
+      SALUS_RETURN_IF_ERROR(SplitSizes(g, n, &axis).status());
+      std::vector<ValueId> parts;
+      for (size_t o = 0; o < n.outputs.size(); ++o) {
+        parts.push_back(dys[o] != kNoValue ? dys[o] : b.Zeros(b.shape(n.outputs[o])));
+      }
+      (*dx)[0] = parts.size() == 1
+                     ? parts[0]
+                     : b.Emit("Concat", parts, b.shape(in(0)), {{"axis", IntAttr(axis)}});
+    }
+  } else if (op == "Expand") {
+    if (need(0)) (*dx)[0] = b.SumTo(dy, b.shape(in(0)));
+  } else if (op == "Where") {
+    if (need(1) || need(2)) {
+      const ValueId zero = b.Zeros({});
+      if (need(1)) {
+        (*dx)[1] = b.SumTo(b.Emit("Where", {in(0), dy, zero}, ys), b.shape(in(1)));
+      }
+      if (need(2)) {
+        (*dx)[2] = b.SumTo(b.Emit("Where", {in(0), zero, dy}, ys), b.shape(in(2)));
+      }
+    }
+  } else if (op == "Clip") {
+    // One node: dX, and the sums of dY where min and where max was taken (the bounds are
+    // trainable when they are float initializers).
+    Node gn;
+    gn.op = "SalusClipGrad";
+    gn.inputs = {in(0), n.input(1), n.input(2), dy};
+    gn.attrs = n.attrs;
+    bool any = false;
+    for (size_t i = 0; i < 3; ++i) {
+      gn.outputs.push_back(kNoValue);
+      if (!need(i)) continue;
+      gn.outputs.back() = b.NewValue("grad_clip", b.shape(in(i)), ValueKind::kIntermediate);
+      (*dx)[i] = gn.outputs.back();
+      any = true;
+    }
+    if (any) b.EmitNode(std::move(gn));
+  } else if (op == "Min" || op == "Max") {
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (!need(i)) continue;
+      if (n.inputs.size() == 1) {
+        (*dx)[i] = dy;
+        continue;
+      }
+      std::vector<ValueId> inputs = n.inputs;
+      inputs.push_back(dy);
+      ValueId d = b.Emit("SalusMinMaxGrad", inputs, ys,
+                         {{"forward_op", StringAttr(op)}, {"input", IntAttr(i)}});
+      (*dx)[i] = b.SumTo(d, b.shape(in(i)));
+    }
+  } else if (op == "Pow") {
+    for (size_t i = 0; i < 2; ++i) {
+      if (!need(i)) continue;
+      ValueId d = b.Emit("SalusPowGrad", {in(0), in(1), dy}, ys, {{"input", IntAttr(i)}});
+      (*dx)[i] = b.SumTo(d, b.shape(in(i)));
+    }
+  } else if (op == "Erf" || op == "Gelu" || op == "Reciprocal") {
+    if (need(0)) {
+      std::map<std::string, Attribute> attrs = n.attrs;
+      attrs["forward_op"] = StringAttr(op);
+      (*dx)[0] = b.Emit("SalusUnaryGrad", {in(0), dy}, ys, attrs);
+    }
+  } else if (op == "Pad") {
+    // Constant mode with non-negative pads (shape inference refuses the rest); the constant
+    // value is a compile-time constant.
+    if (need(0)) {
+      const std::vector<int64_t> pads =
+          g.opset() >= 11 ? g.value(in(1)).data.ToInt64s() : n.GetInts("pads");
+      (*dx)[0] = b.Emit("SalusPadGrad", {dy}, b.shape(in(0)), {{"pads", IntsAttr(pads)}});
+    }
+  } else if (op == "Trilu") {
+    if (need(0)) (*dx)[0] = b.Emit("Trilu", {dy, n.input(1)}, ys, n.attrs);
+  } else if (op == "Cast") {
+    // Float to float is the identity; casts to or from integers carry no gradient.
+    if (need(0) && g.value(n.outputs[0]).type == DataType::kFloat32) (*dx)[0] = dy;
+  } else if (op == "LSTM") {
+    return LstmGrad(b, n, dys, need, dx);
+  } else {
+    return UnimplementedError(n.Describe() + " has no gradient");
+  }
+  return OkStatus();
+}
+
+// Appends the gradients of node `n`'s inputs given `dys` (the gradient of each output,
+// kNoValue where none flows) to `dx` (kNoValue where an input needs none). At least one of
+// `dys` is set; `dy` is the gradient of output 0, which single-output ops always have.
+Status NodeGrad(Builder& b, const Node& n, const std::vector<ValueId>& dys,
+                const std::vector<bool>& needs, std::vector<ValueId>* dx) {
   dx->assign(n.inputs.size(), kNoValue);
   auto need = [&](size_t i) { return n.input(i) != kNoValue && needs[n.inputs[i]]; };
   auto in = [&](size_t i) { return n.inputs[i]; };
   const std::string& op = n.op;
-  const Shape ys = b.shape(n.outputs[0]);
+  const Shape ys = b.shape(n.output(0));
+  // Ops that read only output 0's gradient get zeros when only other outputs carry one;
+  // Split and LSTM read `dys` themselves.
+  const bool reads_dys = op == "Split" || op == "LSTM";
+  const ValueId dy =
+      dys[0] != kNoValue || reads_dys || n.output(0) == kNoValue ? dys[0] : b.Zeros(ys);
+  if (dy == kNoValue && !reads_dys) {
+    return UnimplementedError(n.Describe() + ": no gradient without output 0");
+  }
   auto with_forward = [&](std::map<std::string, Attribute> extra) {
     std::map<std::string, Attribute> attrs = n.attrs;
     attrs["forward_op"] = StringAttr(op);
@@ -120,7 +359,7 @@ Status NodeGrad(Builder& b, const Node& n, ValueId dy, const std::vector<bool>& 
   } else if (op == "Gemm" || op == "MatMul") {
     const bool ta = n.GetInt("transA", 0) != 0, tb = n.GetInt("transB", 0) != 0;
     if (op == "MatMul" && (b.shape(in(0)).size() != 2 || b.shape(in(1)).size() != 2)) {
-      return UnimplementedError("node '" + n.name + "': op MatMul gradient beyond 2-D operands");
+      return BatchedMatMulGrad(b, n, dy, need, dx);
     }
     const float alpha = n.GetFloat("alpha", 1.f), beta = n.GetFloat("beta", 1.f);
     auto gemm = [&](ValueId a, ValueId c, bool t1, bool t2, const Shape& s) {
@@ -188,13 +427,42 @@ Status NodeGrad(Builder& b, const Node& n, ValueId dy, const std::vector<bool>& 
       (*dx)[0] = b.Emit("SalusExpand", {dy}, b.shape(in(0)),
                         {{"keep_shape", IntsAttr(keep)}, {"scale", FloatAttr(scale)}});
     }
+  } else if (op == "SalusBatchNormTrain" || op == "LayerNormalization") {
+    // A training compile's BatchNormalization (training_ops.h) or a LayerNormalization:
+    // one node computes dX, dScale and dBias; the statistics outputs carry no gradient.
+    for (size_t o = 1; o < dys.size(); ++o) {
+      if (dys[o] != kNoValue) {
+        return UnimplementedError(n.Describe() + ": no gradient through output " +
+                                  std::to_string(o));
+      }
+    }
+    const bool bn = op == "SalusBatchNormTrain";
+    Node gn;
+    gn.op = bn ? "SalusBatchNormGrad" : "SalusLayerNormGrad";
+    gn.inputs = bn ? std::vector<ValueId>{in(0), in(1), n.outputs[1], n.outputs[2], dy}
+                   : std::vector<ValueId>{in(0), in(1), dy};
+    gn.attrs = n.attrs;
+    gn.outputs = {b.NewValue("grad_X", b.shape(in(0)), ValueKind::kIntermediate),
+                  b.NewValue("grad_scale", b.shape(in(1)), ValueKind::kIntermediate),
+                  n.input(2) == kNoValue
+                      ? kNoValue
+                      : b.NewValue("grad_B", b.shape(in(2)), ValueKind::kIntermediate)};
+    for (size_t i = 0; i < 3; ++i) {
+      if (need(i)) (*dx)[i] = gn.outputs[i];
+    }
+    b.EmitNode(std::move(gn));
+  } else if (op == "SalusDropoutTrain") {
+    if (need(0)) {
+      (*dx)[0] = b.Emit("SalusDropoutGrad", {dy, n.outputs[1]}, ys,
+                        {{"ratio", FloatAttr(n.GetFloat("ratio", 0.5f))}});
+    }
   } else if (op == "SoftmaxCrossEntropyLoss") {
     if (need(0)) {
       (*dx)[0] = b.Emit("SalusSoftmaxCrossEntropyGrad", {in(0), in(1), n.input(2), dy},
                         b.shape(in(0)), n.attrs);
     }
   } else {
-    return UnimplementedError("node '" + n.name + "': op " + op + " has no gradient");
+    return TensorOpGrad(b, n, dys, dy, needs, dx);
   }
   return OkStatus();
 }
@@ -231,15 +499,22 @@ Status Autodiff::Apply(Graph* graph, ValueId loss, const OptimizerOptions& opt) 
   }
   for (size_t i = num_forward; i-- > 0;) {
     const Node n = g.nodes()[i];  // a copy: emitting nodes grows the vector
-    if (n.outputs.empty() || n.outputs[0] == kNoValue || grad[n.outputs[0]] == kNoValue) continue;
-    for (size_t o = 1; o < n.outputs.size(); ++o) {
-      if (n.outputs[o] != kNoValue && grad[n.outputs[o]] != kNoValue) {
-        return UnimplementedError("node '" + n.name + "': op " + n.op +
-                                  " has no gradient through output " + std::to_string(o));
-      }
+    std::vector<ValueId> dys(n.outputs.size(), kNoValue);
+    bool any_grad = false;
+    for (size_t o = 0; o < n.outputs.size(); ++o) {
+      if (n.outputs[o] == kNoValue) continue;
+      dys[o] = grad[n.outputs[o]];
+      any_grad = any_grad || dys[o] != kNoValue;
     }
+    // Only float inputs that depend on a parameter take gradients: nodes with none (shape
+    // arithmetic, masks from ConstantOfShape, Range or comparisons) are not differentiated.
+    bool any_input = false;
+    for (ValueId x : n.inputs) {
+      any_input = any_input || (x != kNoValue && needs[x] && g.value(x).type == DataType::kFloat32);
+    }
+    if (!any_grad || !any_input) continue;
     std::vector<ValueId> dx;
-    SALUS_RETURN_IF_ERROR(NodeGrad(b, n, grad[n.outputs[0]], needs, &dx));
+    SALUS_RETURN_IF_ERROR(NodeGrad(b, n, dys, needs, &dx));
     grad.resize(g.values().size(), kNoValue);
     for (size_t k = 0; k < dx.size(); ++k) {
       if (dx[k] == kNoValue) continue;
@@ -270,7 +545,10 @@ Status Autodiff::Apply(Graph* graph, ValueId loss, const OptimizerOptions& opt) 
       if (opt.momentum != 0.f)
         u.inputs.push_back(b.NewValue(name + ".velocity", shape, ValueKind::kState));
     } else {
+      // AdamW decays the parameter itself (decoupled); Adam adds L2 to the gradient.
       u.op = "SalusAdamUpdate";
+      u.attrs["decoupled_weight_decay"] =
+          IntAttr(opt.kind == OptimizerOptions::Kind::kAdamW ? 1 : 0);
       u.attrs["beta1"] = FloatAttr(opt.beta1);
       u.attrs["beta2"] = FloatAttr(opt.beta2);
       u.attrs["epsilon"] = FloatAttr(opt.epsilon);

@@ -16,13 +16,15 @@
 namespace salus::exec {
 
 struct OptimizerOptions {
-  enum class Kind { kSgd, kAdam };
+  // As torch.optim's SGD and Adam (weight decay as L2 added to the gradient) and AdamW
+  // (decoupled: p -= lr * weight_decay * p before the Adam step).
+  enum class Kind { kSgd, kAdam, kAdamW };
   Kind kind = Kind::kSgd;
   float learning_rate = 0.01f;
   float momentum = 0.f;   // SGD
   bool nesterov = false;  // SGD
   float weight_decay = 0.f;
-  float beta1 = 0.9f;  // Adam
+  float beta1 = 0.9f;  // Adam, AdamW
   float beta2 = 0.999f;
   float epsilon = 1e-8f;
 };

@@ -247,12 +247,16 @@ KernelOr SgdUpdate(const Node& n, const Graph& g) {
   }));
 }
 
-// In place: inputs (param, grad, m, v, step).
+// In place: inputs (param, grad, m, v, step). Weight decay is L2 added to the gradient
+// (torch.optim.Adam), or with "decoupled_weight_decay" p -= lr * wd * p before the step
+// (torch.optim.AdamW).
 KernelOr AdamUpdate(const Node& n, const Graph& g) {
   const int64_t count = NumElements(g.value(n.inputs[0]).shape);
   const float lr = n.GetFloat("lr", 1e-3f), b1 = n.GetFloat("beta1", 0.9f);
   const float b2 = n.GetFloat("beta2", 0.999f), eps = n.GetFloat("epsilon", 1e-8f);
-  const float wd = n.GetFloat("weight_decay", 0.f);
+  const bool decoupled = n.GetInt("decoupled_weight_decay", 0) != 0;
+  const float wd = decoupled ? 0.f : n.GetFloat("weight_decay", 0.f);
+  const float decay = decoupled ? 1.f - lr * n.GetFloat("weight_decay", 0.f) : 1.f;
   return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
     float* p = static_cast<float*>(a.inputs[0]);
     const float* grad = static_cast<const float*>(a.inputs[1]);
@@ -263,6 +267,7 @@ KernelOr AdamUpdate(const Node& n, const Graph& g) {
     const double c1 = 1.0 - std::pow(static_cast<double>(b1), step[0]);
     const double c2 = 1.0 - std::pow(static_cast<double>(b2), step[0]);
     for (int64_t i = 0; i < count; ++i) {
+      if (decoupled) p[i] *= decay;
       const float d = grad[i] + wd * p[i];
       m[i] = b1 * m[i] + (1 - b1) * d;
       v[i] = b2 * v[i] + (1 - b2) * d * d;

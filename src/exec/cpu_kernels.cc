@@ -1,15 +1,16 @@
-// Forward kernels of the CPU device: oneDNN primitives for convolution, deconvolution,
-// pooling, batch normalization, eltwise, softmax, matmul, binary, concat, reduction and
-// reorder (transpose); plain loops for the ops oneDNN has no primitive for (DepthToSpace, Pad,
-// the loss, copies, and binary ops whose first operand broadcasts), whose per-element math and
-// index maps are element_math.h's, shared with the CUDA device. See Note [oneDNN memory] in
-// dnnl_kernel.h.
+// Forward kernels of the CPU device (normalisation and training dropout: cpu_norm_kernels.cc):
+// oneDNN primitives for convolution, deconvolution, pooling, eltwise, softmax, matmul, binary,
+// concat, reduction and reorder (transpose); plain loops for the ops oneDNN has no primitive
+// for (DepthToSpace, Pad, the loss, copies, and binary ops whose first operand broadcasts),
+// whose per-element math and index maps are element_math.h's, shared with the CUDA device.
+// See Note [oneDNN memory] in dnnl_kernel.h.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "exec/cpu_kernel_helpers.h"
+#include "exec/cpu_tensor_kernels.h"
 #include "exec/dnnl_kernel.h"
 #include "exec/element_math.h"
 #include "exec/kernel_registry.h"
@@ -36,6 +37,7 @@ KernelOr Copy(const Node& n, const Graph& g) {
 }
 
 KernelOr Eltwise(const Node& n, const Graph& g) {
+  if (g.value(n.outputs[0]).type == DataType::kInt64) return CpuIntegerUnary(n, g);
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   SALUS_ASSIGN_OR_RETURN(EltwiseSpec spec, EltwiseFor(n));
   auto md = PlainDesc(g.value(n.inputs[0]).shape);
@@ -49,6 +51,7 @@ KernelOr Eltwise(const Node& n, const Graph& g) {
 }
 
 KernelOr Binary(const Node& n, const Graph& g) {
+  if (g.value(n.outputs[0]).type == DataType::kInt64) return CpuIntegerBinary(n, g);
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const Shape& a = g.value(n.inputs[0]).shape;
   const Shape& b = g.value(n.inputs[1]).shape;
@@ -309,59 +312,6 @@ KernelOr Pool(const Node& n, const Graph& g) {
   return std::unique_ptr<Kernel>(std::move(k));
 }
 
-KernelOr BatchNorm(const Node& n, const Graph& g) {
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  const Shape& x = g.value(n.inputs[0]).shape;
-  const int64_t channels = x[1];
-  const float eps = n.GetFloat("epsilon", 1e-5f);
-  const float momentum = n.GetFloat("momentum", 0.9f);
-  const bool training = n.GetInt("training_mode", 0) != 0;
-  auto md = PlainDesc(x);
-  auto c_md = PlainDesc({channels});
-  auto k = std::make_unique<DnnlKernel>();
-  auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
-  if (!training) {
-    flags = flags | dnnl::normalization_flags::use_global_stats;
-    dnnl::batch_normalization_forward::primitive_desc pd(
-        dnnl::batch_normalization_forward::desc(prop_kind::forward_inference, md, eps, flags),
-        UserScratchpad(), CpuEngine());
-    k->AddPrimitive(dnnl::batch_normalization_forward(pd),
-                    {{DNNL_ARG_SRC, md, Slot::In(0)},
-                     {DNNL_ARG_SCALE, c_md, Slot::In(1)},
-                     {DNNL_ARG_SHIFT, c_md, Slot::In(2)},
-                     {DNNL_ARG_MEAN, c_md, Slot::In(3)},
-                     {DNNL_ARG_VARIANCE, c_md, Slot::In(4)},
-                     {DNNL_ARG_DST, md, Slot::Out(0)}},
-                    pd.scratchpad_desc().get_size());
-    return std::unique_ptr<Kernel>(std::move(k));
-  }
-  dnnl::batch_normalization_forward::primitive_desc pd(
-      dnnl::batch_normalization_forward::desc(prop_kind::forward_training, md, eps, flags),
-      UserScratchpad(), CpuEngine());
-  const size_t mean = k->AddTemp(channels * 4), var = k->AddTemp(channels * 4);
-  k->AddPrimitive(dnnl::batch_normalization_forward(pd),
-                  {{DNNL_ARG_SRC, md, Slot::In(0)},
-                   {DNNL_ARG_SCALE, c_md, Slot::In(1)},
-                   {DNNL_ARG_SHIFT, c_md, Slot::In(2)},
-                   {DNNL_ARG_MEAN, c_md, Slot::Temp(mean)},
-                   {DNNL_ARG_VARIANCE, c_md, Slot::Temp(var)},
-                   {DNNL_ARG_DST, md, Slot::Out(0)}},
-                  pd.scratchpad_desc().get_size());
-  k->AddLoop([=](const KernelArgs& a, std::byte* scratch) {
-    const float* bm = reinterpret_cast<const float*>(scratch + mean);
-    const float* bv = reinterpret_cast<const float*>(scratch + var);
-    const float* rm = static_cast<const float*>(a.inputs[3]);
-    const float* rv = static_cast<const float*>(a.inputs[4]);
-    float* om = a.outputs.size() > 1 ? static_cast<float*>(a.outputs[1]) : nullptr;
-    float* ov = a.outputs.size() > 2 ? static_cast<float*>(a.outputs[2]) : nullptr;
-    for (int64_t c = 0; c < channels; ++c) {
-      if (om) om[c] = rm[c] * momentum + bm[c] * (1 - momentum);
-      if (ov) ov[c] = rv[c] * momentum + bv[c] * (1 - momentum);
-    }
-  });
-  return std::unique_ptr<Kernel>(std::move(k));
-}
-
 KernelOr Transpose(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const Shape& x = g.value(n.inputs[0]).shape;
@@ -385,6 +335,7 @@ KernelOr Transpose(const Node& n, const Graph& g) {
 }
 
 KernelOr Concat(const Node& n, const Graph& g) {
+  if (g.value(n.outputs[0]).type != DataType::kFloat32) return CpuConcatCopy(n, g);
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const Shape& y = g.value(n.outputs[0]).shape;
   SALUS_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(n, n.GetInt("axis", 0), y.size()));
@@ -535,7 +486,6 @@ void RegisterCpuKernels(KernelRegistry* r) {
   for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}) {
     r->Register(op, cpu, Pool);
   }
-  r->Register("BatchNormalization", cpu, BatchNorm);
   r->Register("Transpose", cpu, Transpose);
   r->Register("Concat", cpu, Concat);
   for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",

@@ -10,7 +10,10 @@
 //   - Pad's map (output element -> input element, or padding) and DepthToSpace's (input element
 //     -> output element);
 //   - SoftmaxCrossEntropyLoss per row (log-probabilities, the row's loss term and weight) and its
-//     final reduction.
+//     final reduction;
+//   - the LSTM cell, forward and backward, per element;
+//   - the tensor ops of exported models (cpu_tensor_kernels.cc): int64 arithmetic, comparisons,
+//     Mod, Cast, Gelu, Clip, Min/Max, and the maps of Gather, Slice and Trilu.
 // tests/unit/exec/element_math_test.cc runs these over whole tensors on the host against the CPU
 // executable, which is how the CUDA kernels' logic is checked on a machine without a GPU.
 //
@@ -350,5 +353,332 @@ SALUS_HD float SceReduce(const SceSpec& s, double total, double weight_sum) {
   if (s.reduction == 1) return static_cast<float>(total);
   return weight_sum > 0 ? static_cast<float>(total / weight_sum) : 0.f;
 }
+
+// ---------------------------------------------------------------------------------------------
+// LSTM cell (ONNX gate order i, o, f, c; activations Sigmoid, Tanh, Tanh; no peepholes).
+
+SALUS_HD float LstmSigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+
+// One element of one step: the activated gates, the new cell state and the new hidden state.
+struct LstmCellState {
+  float i, o, f, g, c, h;
+};
+
+// z*: the gates' pre-activations (X·W^T + H·R^T + Wb + Rb); c_prev: the previous cell state.
+SALUS_HD LstmCellState LstmCellForward(float zi, float zo, float zf, float zg, float c_prev) {
+  LstmCellState s;
+  s.i = LstmSigmoid(zi);
+  s.o = LstmSigmoid(zo);
+  s.f = LstmSigmoid(zf);
+  s.g = tanhf(zg);
+  s.c = s.f * c_prev + s.i * s.g;
+  s.h = s.o * tanhf(s.c);
+  return s;
+}
+
+// The gradients of one element's gate pre-activations and previous cell state.
+struct LstmCellGrad {
+  float zi, zo, zf, zg, c_prev;
+};
+
+// Given the step's activated gates, its cell state c, the previous c_prev, and the gradients
+// reaching its hidden state (dh: from Y and from the next step) and cell state (dc: from the
+// next step, or Y_c at the last step).
+SALUS_HD LstmCellGrad LstmCellBackward(float i, float o, float f, float g, float c, float c_prev,
+                                       float dh, float dc) {
+  const float tc = tanhf(c);
+  const float dct = dc + dh * o * (1.f - tc * tc);
+  LstmCellGrad d;
+  d.zi = dct * g * i * (1.f - i);
+  d.zo = dh * tc * o * (1.f - o);
+  d.zf = dct * c_prev * f * (1.f - f);
+  d.zg = dct * i * (1.f - g * g);
+  d.c_prev = dct * f;
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tensor ops of exported models (cpu_tensor_kernels.cc): int64 arithmetic, comparisons and
+// logic, Mod, Cast, Erf, Gelu, Clip, and the index maps of Gather, Slice and Trilu.
+
+// int64 Add, Sub, Mul and Div. Add, Sub and Mul wrap on overflow (two's complement, as numpy's
+// int64) where C++ leaves it undefined. Div truncates toward zero (C's integer division, as
+// onnxruntime and the ONNX reference's cast of the quotient); a zero divisor, which the kernels
+// reject before computing, gives 0, and INT64_MIN / -1 wraps. Pow has no int64 form here.
+SALUS_HD int64_t ApplyBinaryInt64(BinaryOp op, int64_t u, int64_t v) {
+  const uint64_t a = static_cast<uint64_t>(u), b = static_cast<uint64_t>(v);
+  switch (op) {
+    case BinaryOp::kAdd:
+      return static_cast<int64_t>(a + b);
+    case BinaryOp::kSub:
+      return static_cast<int64_t>(a - b);
+    case BinaryOp::kMul:
+      return static_cast<int64_t>(a * b);
+    case BinaryOp::kDiv:
+      if (v == 0) return 0;
+      if (v == -1) return static_cast<int64_t>(uint64_t{0} - a);
+      return u / v;
+    case BinaryOp::kPow:
+      break;
+  }
+  return 0;
+}
+
+// ONNX Mod. fmod = 1: the remainder of truncated division, with the dividend's sign (C's fmod
+// and %); fmod = 0 (integers only): the remainder of floored division, with the divisor's sign
+// (Python's %). A zero divisor (rejected by the kernels) gives 0.
+SALUS_HD int64_t ModInt64(int64_t u, int64_t v, bool fmod) {
+  if (v == 0 || v == -1) return 0;  // -1 divides everything; INT64_MIN % -1 would trap
+  int64_t r = u % v;
+  if (!fmod && r != 0 && ((r < 0) != (v < 0))) r += v;
+  return r;
+}
+SALUS_HD float ModFloat(float u, float v) { return fmodf(u, v); }
+
+enum class CompareOp : int32_t { kEqual, kLess, kGreater, kLessOrEqual, kGreaterOrEqual };
+
+// The op of an ONNX comparison op name; false for any other op.
+inline bool CompareOpFor(const std::string& name, CompareOp* op) {
+  struct Entry {
+    const char* name;
+    CompareOp op;
+  };
+  static constexpr Entry kOps[] = {{"Equal", CompareOp::kEqual},
+                                   {"Less", CompareOp::kLess},
+                                   {"Greater", CompareOp::kGreater},
+                                   {"LessOrEqual", CompareOp::kLessOrEqual},
+                                   {"GreaterOrEqual", CompareOp::kGreaterOrEqual}};
+  for (const Entry& e : kOps) {
+    if (name == e.name) {
+      *op = e.op;
+      return true;
+    }
+  }
+  return false;
+}
+
+// IEEE comparisons for floats: every comparison with NaN is false.
+template <typename T>
+SALUS_HD bool ApplyCompare(CompareOp op, T u, T v) {
+  switch (op) {
+    case CompareOp::kEqual:
+      return u == v;
+    case CompareOp::kLess:
+      return u < v;
+    case CompareOp::kGreater:
+      return u > v;
+    case CompareOp::kLessOrEqual:
+      return u <= v;
+    case CompareOp::kGreaterOrEqual:
+      return u >= v;
+  }
+  return false;
+}
+
+// Cast of float to int64 truncates toward zero, as C++ does where it is defined; NaN becomes 0
+// and values beyond int64's range saturate, where C++ leaves them undefined.
+SALUS_HD int64_t FloatToInt64(float x) {
+  constexpr float kTwoTo63 = 9223372036854775808.f;
+  constexpr int64_t kMax = 0x7fffffffffffffff;
+  if (x != x) return 0;
+  if (x >= kTwoTo63) return kMax;
+  if (x < -kTwoTo63) return -kMax - 1;
+  return static_cast<int64_t>(x);
+}
+
+// Gelu (opset 20): approximate "none" is x * Phi(x) through erf; "tanh" is the tanh form.
+SALUS_HD float GeluErf(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
+SALUS_HD float GeluTanh(float x) {
+  constexpr float kSqrtTwoOverPi = 0.79788456080286536f;
+  return 0.5f * x * (1.f + tanhf(kSqrtTwoOverPi * (x + 0.044715f * x * x * x)));
+}
+
+// Clip: max(x, lo), then min(., hi), so a NaN x stays NaN and lo > hi gives hi everywhere (ONNX's
+// rule).
+template <typename T>
+SALUS_HD T ApplyClip(T x, T lo, T hi) {
+  x = x < lo ? lo : x;
+  return x > hi ? hi : x;
+}
+
+// Max and Min propagate NaN (numpy's maximum and minimum).
+template <typename T>
+SALUS_HD T ApplyMax(T u, T v) {
+  return (u > v || u != u) ? u : v;
+}
+template <typename T>
+SALUS_HD T ApplyMin(T u, T v) {
+  return (u < v || u != u) ? u : v;
+}
+
+// Gather along one axis: data viewed as [outer, axis_dim, inner], the indices flattened to
+// `count`, the output [outer, count, inner].
+struct GatherGeometry {
+  int64_t outer = 1, axis_dim = 0, inner = 1, count = 0;
+};
+
+// The data element output element `o` copies. Negative indices count from the end of the axis;
+// the caller has checked every index lies in [-axis_dim, axis_dim).
+SALUS_HD int64_t GatherSourceIndex(const GatherGeometry& g, const int64_t* indices, int64_t o) {
+  const int64_t i = o % g.inner;
+  const int64_t rest = o / g.inner;
+  const int64_t j = rest % g.count, b = rest / g.count;
+  int64_t index = indices[j];
+  if (index < 0) index += g.axis_dim;
+  return (b * g.axis_dim + index) * g.inner + i;
+}
+
+// Slice with every start clamped into its dim and the output dims computed (shape inference):
+// output index i of a dim reads input index start + i * step of it.
+struct SliceMap {
+  int32_t rank = 0;
+  int64_t base = 0;  // input offset of output element 0
+  int64_t out[kMaxIndexDims] = {};
+  int64_t step[kMaxIndexDims] = {};  // input elements per output step, per dim
+};
+
+SALUS_HD int64_t SliceOutputCount(const SliceMap& m) {
+  int64_t count = 1;
+  for (int d = 0; d < m.rank; ++d) count *= m.out[d];
+  return count;
+}
+
+SALUS_HD int64_t SliceSourceIndex(const SliceMap& m, int64_t o) {
+  int64_t src = m.base;
+  for (int d = m.rank - 1; d >= 0; --d) {
+    src += (o % m.out[d]) * m.step[d];
+    o /= m.out[d];
+  }
+  return src;
+}
+
+// The map of a slice of `in` (dense row-major) from `starts` by `steps` to `out` dims. Output
+// dims of size 1 fold into the base offset; a dim with step 1 merges into the next inner one
+// when that one is read whole and contiguously. An empty output is one dim of size 0. False when
+// more than kMaxIndexDims dims remain.
+inline bool MakeSliceMap(const std::vector<int64_t>& in, const std::vector<int64_t>& starts,
+                         const std::vector<int64_t>& steps, const std::vector<int64_t>& out,
+                         SliceMap* m) {
+  *m = SliceMap{};
+  for (int64_t d : out) {
+    if (d == 0) {
+      m->rank = 1;
+      return true;
+    }
+  }
+  struct Group {
+    int64_t in, out, start, step, stride;  // stride: input elements per index of the group
+  };
+  std::vector<Group> groups;  // innermost first
+  int64_t stride = 1;
+  for (int d = static_cast<int>(in.size()) - 1; d >= 0; --d) {
+    if (out[d] == 1) {
+      m->base += starts[d] * stride;
+    } else if (!groups.empty() && steps[d] == 1 && groups.back().start == 0 &&
+               groups.back().step == 1 && groups.back().out == groups.back().in &&
+               groups.back().stride * groups.back().in == stride) {
+      Group& g = groups.back();
+      g.start = starts[d] * g.in;
+      g.out *= out[d];
+      g.in *= in[d];
+    } else {
+      groups.push_back({in[d], out[d], starts[d], steps[d], stride});
+    }
+    stride *= in[d];
+  }
+  if (groups.size() > static_cast<size_t>(kMaxIndexDims)) return false;
+  m->rank = static_cast<int32_t>(groups.size());
+  for (int d = 0; d < m->rank; ++d) {
+    const Group& g = groups[groups.size() - 1 - d];
+    m->base += g.start * g.stride;
+    m->out[d] = g.out;
+    m->step[d] = g.step * g.stride;
+  }
+  return true;
+}
+
+// Trilu keeps element (row, col) of each matrix when it lies on or above diagonal k (upper) or
+// on or below it (lower); the rest is zero.
+SALUS_HD bool TriluKeeps(int64_t row, int64_t col, int64_t k, bool upper) {
+  return upper ? col - row >= k : col - row <= k;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dropout's mask in training.
+//
+// Note [Dropout mask]: element e of a Dropout node's output in iteration t is kept unless a
+// counter-based hash of (seed, stream, t, e) falls below the ratio; `stream` numbers the
+// model's Dropout nodes in graph order. The mask is a pure function of those four numbers, so
+// any device computes it for any element in any order, runs with the same seed repeat exactly,
+// and nothing but the iteration counter (persistent memory, incremented by the kernel) carries
+// over between iterations. The hash is splitmix64's finaliser chained over the four keys.
+
+SALUS_HD uint64_t SplitMix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// The key of one node's mask in one iteration; DropoutKeeps hashes it with the element index.
+SALUS_HD uint64_t DropoutKey(uint64_t seed, uint64_t stream, uint64_t iteration) {
+  return SplitMix64(SplitMix64(SplitMix64(seed) ^ stream) ^ iteration);
+}
+
+// Whether element `e` survives: its hash as a uniform in [0, 1) with 24 bits, against `ratio`.
+SALUS_HD bool DropoutKeeps(uint64_t key, uint64_t e, float ratio) {
+  const float u = static_cast<float>(SplitMix64(key ^ e) >> 40) * (1.0f / 16777216.0f);
+  return u >= ratio;
+}
+
+// The scale of kept elements, 1 / (1 - ratio); 0 when everything is dropped (ratio 1).
+SALUS_HD float DropoutScale(float ratio) { return ratio < 1.f ? 1.f / (1.f - ratio) : 0.f; }
+
+// ---------------------------------------------------------------------------------------------
+// Gradients of the tensor ops (cpu_tensor_grad_kernels.cc), per element.
+
+enum class UnaryGradOp : int32_t { kErf, kGeluErf, kGeluTanh, kReciprocal };
+
+// dy times the derivative of the op at x.
+SALUS_HD float UnaryGrad(UnaryGradOp op, float x, float dy) {
+  constexpr float kTwoOverSqrtPi = 1.12837916709551257f;
+  constexpr float kInvSqrtTwoPi = 0.39894228040143268f;
+  constexpr float kSqrtTwoOverPi = 0.79788456080286536f;
+  switch (op) {
+    case UnaryGradOp::kErf:
+      return dy * kTwoOverSqrtPi * expf(-x * x);
+    case UnaryGradOp::kGeluErf: {
+      const float cdf = 0.5f * (1.f + erff(x * 0.70710678118654752f));
+      return dy * (cdf + x * kInvSqrtTwoPi * expf(-0.5f * x * x));
+    }
+    case UnaryGradOp::kGeluTanh: {
+      const float t = tanhf(kSqrtTwoOverPi * (x + 0.044715f * x * x * x));
+      const float du = kSqrtTwoOverPi * (1.f + 3.f * 0.044715f * x * x);
+      return dy * (0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du);
+    }
+    case UnaryGradOp::kReciprocal:
+      return -dy / (x * x);
+  }
+  return 0.f;
+}
+
+// Which input of Clip an element's gradient goes to: 0 (X) where x lies in [lo, hi] (bounds
+// included, as torch.clamp), 1 (min) below, 2 (max) above or everywhere where lo > hi (ONNX's
+// output is then max).
+SALUS_HD int ClipGradTarget(float x, float lo, float hi) {
+  if (lo > hi || x > hi) return 2;
+  return x < lo ? 1 : 0;
+}
+
+// Min/Max route the gradient to the first input attaining the extreme: whether `v` replaces
+// the best so far.
+SALUS_HD bool MinMaxReplaces(bool is_max, float v, float best) {
+  return is_max ? v > best : v < best;
+}
+
+// d(x^e)/dx = e * x^(e-1), 0 where e is 0 (x^0 is constant, 0^0 included).
+SALUS_HD float PowGradBase(float x, float e) { return e == 0.f ? 0.f : e * powf(x, e - 1.f); }
+// d(x^e)/de = x^e * ln(x) for x > 0; 0 elsewhere, where x^e is real only at integral e.
+SALUS_HD float PowGradExponent(float x, float e) { return x > 0.f ? powf(x, e) * logf(x) : 0.f; }
 
 }  // namespace salus::exec

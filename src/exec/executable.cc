@@ -8,6 +8,7 @@
 #include "exec/kernel_registry.h"
 #include "exec/memory_planner.h"
 #include "exec/onnx_importer.h"
+#include "exec/training_ops.h"
 
 namespace salus::exec {
 namespace {
@@ -92,7 +93,8 @@ Status Executable::Build(const CompileOptions& options) {
   return OkStatus();
 }
 
-// Training: checks the loss, then derives the backward graph and the optimizer's updates.
+// Training: checks the loss, rewrites BatchNormalization and Dropout into their training forms
+// (training_ops.h), then derives the backward graph and the optimizer's updates.
 Status Executable::ApplyTraining(const CompileOptions& options) {
   if (options.mode != Mode::kTraining) return OkStatus();
   Graph& g = graph_;
@@ -106,6 +108,7 @@ Status Executable::ApplyTraining(const CompileOptions& options) {
     return InvalidArgumentError("loss '" + options.loss + "' must be a float scalar, not " +
                                 DataTypeName(lv.type) + ShapeString(lv.shape));
   }
+  SALUS_RETURN_IF_ERROR(LowerTrainingOps(&g, options.seed));
   return Autodiff::Apply(&g, loss, options.optimizer);
 }
 

@@ -45,6 +45,9 @@ struct CompileOptions {
   Mode mode = Mode::kInference;
   std::string loss;  // training: the name of a scalar float output
   OptimizerOptions optimizer;
+  // Training: the seed of Dropout's masks (Note [Dropout mask]); 0 means a fixed default.
+  // Two executables of one model with the same seed drop the same elements.
+  uint64_t seed = 0;
   // Any tensor with more elements is refused (InvalidArgument).
   int64_t max_tensor_elements = int64_t{1} << 30;
   // Constants made at compile time by folding may hold at most this many bytes in all

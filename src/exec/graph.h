@@ -44,13 +44,14 @@ struct Value {
 };
 
 struct Attribute {
-  enum class Kind { kInt, kFloat, kString, kInts, kFloats, kTensor };
+  enum class Kind { kInt, kFloat, kString, kInts, kFloats, kStrings, kTensor };
   Kind kind = Kind::kInt;
   int64_t i = 0;
   float f = 0;
   std::string s;
   std::vector<int64_t> ints;
   std::vector<float> floats;
+  std::vector<std::string> strings;
   HostTensor t;
 };
 

@@ -16,7 +16,11 @@ const KernelRegistry& KernelRegistry::Global() {
   static const KernelRegistry* registry = [] {
     auto* r = new KernelRegistry();
     RegisterCpuKernels(r);
+    RegisterCpuTensorKernels(r);
     RegisterCpuGradKernels(r);
+    RegisterCpuTensorGradKernels(r);
+    RegisterCpuNormKernels(r);
+    RegisterCpuLstmKernels(r);
 #ifdef SALUS_HAVE_CUDA
     RegisterCudaKernels(r);
 #endif

@@ -45,9 +45,13 @@ class KernelRegistry {
   std::map<std::pair<std::string, DeviceType>, KernelFactory> factories_;
 };
 
-// Defined in cpu_kernels.cc and cpu_grad_kernels.cc.
+// Defined in cpu_kernels.cc, cpu_grad_kernels.cc and cpu_lstm_kernels.cc.
 void RegisterCpuKernels(KernelRegistry* registry);
 void RegisterCpuGradKernels(KernelRegistry* registry);
+void RegisterCpuTensorGradKernels(KernelRegistry* registry);  // cpu_tensor_grad_kernels.cc
+void RegisterCpuTensorKernels(KernelRegistry* registry);  // cpu_tensor_kernels.cc
+void RegisterCpuNormKernels(KernelRegistry* registry);  // cpu_norm_kernels.cc
+void RegisterCpuLstmKernels(KernelRegistry* registry);
 // Defined in cuda/cuda_kernels.cc; only in CUDA builds.
 void RegisterCudaKernels(KernelRegistry* registry);
 

@@ -1,6 +1,7 @@
 #include "exec/onnx_importer.h"
 
 #include <onnx/checker.h>
+#include <onnx/defs/schema.h>
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
@@ -60,6 +61,10 @@ StatusOr<Attribute> AttributeFromProto(const onnx::AttributeProto& a) {
     case onnx::AttributeProto::FLOATS:
       out.kind = Attribute::Kind::kFloats;
       out.floats.assign(a.floats().begin(), a.floats().end());
+      break;
+    case onnx::AttributeProto::STRINGS:
+      out.kind = Attribute::Kind::kStrings;
+      out.strings.assign(a.strings().begin(), a.strings().end());
       break;
     case onnx::AttributeProto::TENSOR: {
       out.kind = Attribute::Kind::kTensor;
@@ -138,6 +143,40 @@ bool SameShape(const onnx::TypeProto& t, const Shape& s) {
   return true;
 }
 
+// Note [Model versions]
+// The engine reads models of IR versions kMinIrVersion..kMaxIrVersion importing default-domain
+// opsets kMinOpset..kMaxOpset; each op's semantics at each of those versions are the engine's
+// own (shape_inference.cc and the kernels), so the installed ONNX library's age does not limit
+// what it accepts. That library checks a model and infers its shapes as a second opinion only
+// when it knows the model's IR version and opset; otherwise the engine's own validation (every
+// input defined before use, every value defined once, every op, attribute, type and shape
+// checked by shape inference) is the whole gate.
+constexpr int64_t kMinIrVersion = 3;
+constexpr int64_t kMaxIrVersion = 10;
+constexpr int kMinOpset = 1;
+constexpr int kMaxOpset = 21;
+
+Status CheckVersions(int64_t ir_version, int opset) {
+  if (ir_version < kMinIrVersion || ir_version > kMaxIrVersion) {
+    return UnimplementedError("model IR version " + std::to_string(ir_version) +
+                              " is outside the supported range " + std::to_string(kMinIrVersion) +
+                              ".." + std::to_string(kMaxIrVersion));
+  }
+  if (opset < kMinOpset || opset > kMaxOpset) {
+    return UnimplementedError("model imports default-domain opset " + std::to_string(opset) +
+                              ", outside the supported range " + std::to_string(kMinOpset) + ".." +
+                              std::to_string(kMaxOpset));
+  }
+  return OkStatus();
+}
+
+bool LibOnnxKnows(int64_t ir_version, int opset) {
+  const auto& ranges = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
+  auto it = ranges.find(onnx::ONNX_DOMAIN);
+  return ir_version <= onnx::Version::IR_VERSION && it != ranges.end() &&
+         opset <= it->second.second;
+}
+
 }  // namespace
 
 StatusOr<DataType> OnnxImporter::TypeFromOnnx(int elem_type) {
@@ -213,6 +252,8 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
     if (imp.domain().empty() || imp.domain() == "ai.onnx") opset = static_cast<int>(imp.version());
   }
   if (opset < 0) return InvalidArgumentError("model imports no default-domain opset");
+  SALUS_RETURN_IF_ERROR(CheckVersions(model.ir_version(), opset));
+  const bool libonnx_knows = LibOnnxKnows(model.ir_version(), opset);
   onnx::GraphProto* gp = model.mutable_graph();
   if (gp->node_size() == 0) return InvalidArgumentError("model graph has no nodes");
 
@@ -253,10 +294,12 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
       d.clear_dim_value();
     }
   }
-  try {
-    onnx::checker::check_model(model);
-  } catch (const std::exception& e) {
-    return InvalidArgumentError(std::string("ONNX check failed: ") + e.what());
+  if (libonnx_knows) {
+    try {
+      onnx::checker::check_model(model);
+    } catch (const std::exception& e) {
+      return InvalidArgumentError(std::string("ONNX check failed: ") + e.what());
+    }
   }
 
   Graph g;
@@ -395,12 +438,17 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
   }
   // libonnx's shape inference runs only now, on a graph the engine's own rules have
   // validated: some of its inference functions assume well-formed inputs (ConvTranspose's
-  // dereferences a missing weight shape). Its results must agree with the engine's.
-  try {
-    onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(),
-                                       onnx::ShapeInferenceOptions(true, 1, false));
-  } catch (const std::exception& e) {
-    return InvalidArgumentError(std::string("ONNX shape inference failed: ") + e.what());
+  // dereferences a missing weight shape). It is a second opinion (Note [Model versions]):
+  // where it infers a shape, that shape must agree with the engine's; where it cannot (an
+  // exporter's int64 Constant under an opset whose schema allows only floats), the engine's
+  // own inference, which has already succeeded, stands.
+  if (libonnx_knows) {
+    try {
+      onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(),
+                                         onnx::ShapeInferenceOptions(false, 0, false));
+    } catch (const std::exception&) {
+      gp->clear_value_info();
+    }
   }
   for (const auto& vi : gp->value_info()) {
     ValueId id = g.Find(vi.name());

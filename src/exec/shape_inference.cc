@@ -1,8 +1,12 @@
 #include "exec/shape_inference.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
 #include <set>
 
+#include "exec/lstm.h"
 #include "exec/window.h"
 
 namespace salus::exec {
@@ -15,11 +19,15 @@ const std::set<std::string>& Ops() {
       "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Neg", "Abs", "Elu", "Softplus",
       "Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss",
       "Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
-      "BatchNormalization", "Dropout",
+      "BatchNormalization", "LayerNormalization", "Dropout",
       "Flatten", "Reshape", "Transpose", "Concat", "Identity", "Squeeze", "Unsqueeze", "Shape",
       "DepthToSpace", "Pad", "Constant",
       "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-      "ReduceSumSquare"};
+      "ReduceSumSquare",
+      "Mod", "Cast", "Range", "ConstantOfShape", "Equal", "Less", "Greater", "LessOrEqual",
+      "GreaterOrEqual", "Not", "And", "Or", "Where", "Expand", "Gather", "Slice", "Split", "Erf",
+      "Gelu", "Clip", "Min", "Max", "Trilu", "Reciprocal",
+      "LSTM"};
   // clang-format on
   return ops;
 }
@@ -35,6 +43,63 @@ const HostTensor* ConstantInput(const Graph& g, const Node& n, size_t i) {
 Status Expect(const Node& n, bool cond, const std::string& what) {
   if (!cond) return InvalidArgumentError(n.Describe() + ": " + what);
   return OkStatus();
+}
+
+// Unimplemented naming the node, the op and the input unless input i is a compile-time constant.
+StatusOr<const HostTensor*> RequireConstant(const Graph& g, const Node& n, size_t i,
+                                            const std::string& what) {
+  const HostTensor* t = ConstantInput(g, n, i);
+  if (!t) {
+    return UnimplementedError(n.Describe() + ": " + what + " must be a compile-time constant");
+  }
+  return t;
+}
+
+// The opset that introduced each op added after opset 7 (the oldest the engine reads).
+int IntroducedIn(const std::string& op) {
+  static const std::map<std::string, int> since = {
+      {"Expand", 8}, {"ConstantOfShape", 9}, {"Where", 9},           {"Erf", 9},    {"Mod", 10},
+      {"Range", 11}, {"LessOrEqual", 12},    {"GreaterOrEqual", 12}, {"Trilu", 14}, {"Gelu", 20}};
+  auto it = since.find(op);
+  return it == since.end() ? 0 : it->second;
+}
+
+// The element type of an ONNX TensorProto.DataType code the engine computes in, or kUndefined.
+DataType TypeOfOnnxCode(int64_t code) {
+  switch (code) {
+    case 1:
+      return DataType::kFloat32;
+    case 7:
+      return DataType::kInt64;
+    case 9:
+      return DataType::kBool;
+    default:
+      return DataType::kUndefined;
+  }
+}
+
+// Range's element count, max(ceil((limit - start) / delta), 0), in exact integer arithmetic for
+// int64 and in double (onnxruntime's) for float.
+StatusOr<int64_t> RangeCount(const Node& n, const HostTensor& start, const HostTensor& limit,
+                             const HostTensor& delta) {
+  constexpr int64_t kMaxCount = int64_t{1} << 62;
+  if (start.type == DataType::kInt64) {
+    const __int128 s = start.int64s()[0], l = limit.int64s()[0], d = delta.int64s()[0];
+    if (d == 0) return InvalidArgumentError(n.Describe() + ": delta is 0");
+    const __int128 span = l - s;
+    __int128 count = span / d;
+    if (count * d != span && (span > 0) == (d > 0)) ++count;
+    if (count < 0) count = 0;
+    if (count > kMaxCount) return InvalidArgumentError(n.Describe() + ": too many elements");
+    return static_cast<int64_t>(count);
+  }
+  const float s = start.floats()[0], l = limit.floats()[0], d = delta.floats()[0];
+  if (d == 0.f) return InvalidArgumentError(n.Describe() + ": delta is 0");
+  const double count = std::ceil(static_cast<double>(l - s) / d);
+  if (!std::isfinite(count) || count > static_cast<double>(kMaxCount)) {
+    return InvalidArgumentError(n.Describe() + ": bad or too many elements");
+  }
+  return count < 0 ? int64_t{0} : static_cast<int64_t>(count);
 }
 
 }  // namespace
@@ -70,7 +135,8 @@ StatusOr<std::vector<int64_t>> ReductionAxes(const Graph& graph, const Node& nod
   const Shape& x = graph.value(node.input(0)).shape;
   const int64_t rank = static_cast<int64_t>(x.size());
   std::vector<int64_t> axes;
-  bool axes_from_input = node.op == "ReduceSum" && graph.opset() >= 13;
+  // ReduceSum takes its axes as an input from opset 13, the other reductions from opset 18.
+  bool axes_from_input = graph.opset() >= (node.op == "ReduceSum" ? 13 : 18);
   if (axes_from_input) {
     if (node.input(1) != kNoValue) {
       const HostTensor* t = ConstantInput(graph, node, 1);
@@ -95,6 +161,128 @@ StatusOr<std::vector<int64_t>> ReductionAxes(const Graph& graph, const Node& nod
   return axes;
 }
 
+StatusOr<SliceSpec> SliceFor(const Graph& graph, const Node& node) {
+  const Shape& x = graph.value(node.input(0)).shape;
+  const int64_t rank = static_cast<int64_t>(x.size());
+  std::vector<int64_t> starts, ends, axes, steps;
+  if (graph.opset() < 10) {
+    starts = node.GetInts("starts");
+    ends = node.GetInts("ends");
+    axes = node.GetInts("axes");
+  } else {
+    const char* names[] = {"starts", "ends", "axes", "steps"};
+    std::vector<int64_t>* lists[] = {&starts, &ends, &axes, &steps};
+    for (size_t i = 0; i < 4; ++i) {
+      if (node.input(i + 1) == kNoValue) {
+        if (i < 2) return InvalidArgumentError(node.Describe() + ": missing " + names[i]);
+        continue;
+      }
+      SALUS_ASSIGN_OR_RETURN(const HostTensor* t, RequireConstant(graph, node, i + 1, names[i]));
+      if (t->type != DataType::kInt64) {
+        return InvalidArgumentError(node.Describe() + ": " + names[i] + " is not int64");
+      }
+      *lists[i] = t->ToInt64s();
+    }
+  }
+  if (axes.empty()) {
+    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+  }
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (ends.size() != starts.size() || axes.size() != starts.size() ||
+      steps.size() != starts.size()) {
+    return InvalidArgumentError(node.Describe() +
+                                ": starts, ends, axes and steps differ in length");
+  }
+  SliceSpec spec;
+  spec.starts.assign(rank, 0);
+  spec.steps.assign(rank, 1);
+  spec.out = x;
+  std::vector<bool> seen(rank, false);
+  for (size_t i = 0; i < starts.size(); ++i) {
+    SALUS_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, axes[i], rank));
+    if (rank == 0 || seen[axis]) {
+      return InvalidArgumentError(node.Describe() + ": repeated or bad axis " +
+                                  std::to_string(axes[i]));
+    }
+    seen[axis] = true;
+    const int64_t dim = x[axis];
+    // INT64_MIN cannot be negated; any step beyond the dim takes one element.
+    const int64_t step = std::max(steps[i], -std::numeric_limits<int64_t>::max());
+    if (step == 0) return InvalidArgumentError(node.Describe() + ": a step is 0");
+    int64_t start = starts[i], end = ends[i];
+    if (start < 0) start += dim;
+    if (end < 0) end += dim;
+    int64_t count;
+    if (step > 0) {
+      start = std::clamp<int64_t>(start, 0, dim);
+      end = std::clamp<int64_t>(end, 0, dim);
+      count = end > start ? (end - start - 1) / step + 1 : 0;
+    } else {
+      start = std::clamp<int64_t>(start, 0, dim - 1);
+      end = std::clamp<int64_t>(end, -1, dim - 1);
+      count = start > end ? (start - end - 1) / -step + 1 : 0;
+    }
+    spec.starts[axis] = count > 0 ? start : 0;
+    spec.steps[axis] = step;
+    spec.out[axis] = count;
+  }
+  return spec;
+}
+
+StatusOr<std::vector<int64_t>> SplitSizes(const Graph& graph, const Node& node, int64_t* axis) {
+  const Shape& x = graph.value(node.input(0)).shape;
+  SALUS_ASSIGN_OR_RETURN(*axis, NormalizeAxis(node, node.GetInt("axis", 0), x.size()));
+  if (x.empty()) return InvalidArgumentError(node.Describe() + ": scalar input");
+  const int64_t dim = x[*axis];
+  const int64_t outputs = static_cast<int64_t>(node.outputs.size());
+  std::vector<int64_t> sizes;
+  if (graph.opset() < 13) {
+    sizes = node.GetInts("split");
+  } else if (node.input(1) != kNoValue) {
+    SALUS_ASSIGN_OR_RETURN(const HostTensor* t, RequireConstant(graph, node, 1, "split"));
+    if (t->type != DataType::kInt64) {
+      return InvalidArgumentError(node.Describe() + ": split is not int64");
+    }
+    sizes = t->ToInt64s();
+  }
+  if (sizes.empty() && graph.opset() >= 18 && node.Has("num_outputs")) {
+    // Equal chunks of ceil(dim / num_outputs); the last one takes the rest.
+    const int64_t num = node.GetInt("num_outputs", 0);
+    if (num < 1 || num != outputs) {
+      return InvalidArgumentError(node.Describe() + ": num_outputs " + std::to_string(num) +
+                                  " with " + std::to_string(outputs) + " outputs");
+    }
+    const int64_t chunk = (dim + num - 1) / num;
+    sizes.assign(num, chunk);
+    sizes.back() = dim - chunk * (num - 1);
+    if (sizes.back() < 0) {
+      return InvalidArgumentError(node.Describe() + ": cannot split " + std::to_string(dim) +
+                                  " into " + std::to_string(num) + " chunks");
+    }
+  } else if (sizes.empty()) {
+    if (outputs < 1 || dim % outputs != 0) {
+      return InvalidArgumentError(node.Describe() + ": dim " + std::to_string(dim) +
+                                  " does not split evenly into " + std::to_string(outputs));
+    }
+    sizes.assign(outputs, dim / outputs);
+  }
+  if (static_cast<int64_t>(sizes.size()) != outputs) {
+    return InvalidArgumentError(node.Describe() + ": " + std::to_string(sizes.size()) +
+                                " split sizes for " + std::to_string(outputs) + " outputs");
+  }
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    if (s < 0 || __builtin_add_overflow(total, s, &total)) {
+      return InvalidArgumentError(node.Describe() + ": bad split sizes");
+    }
+  }
+  if (total != dim) {
+    return InvalidArgumentError(node.Describe() + ": split sizes sum to " + std::to_string(total) +
+                                ", not " + std::to_string(dim));
+  }
+  return sizes;
+}
+
 Status InferNodeShapes(Graph* graph, int node_index) {
   Graph& g = *graph;
   const Node& n = g.nodes()[node_index];
@@ -111,23 +299,212 @@ Status InferNodeShapes(Graph* graph, int node_index) {
   if (op == "Gemm" || op == "MatMul" || op == "Add" || op == "Sub" || op == "Mul" || op == "Div" ||
       op == "Conv" || op == "ConvTranspose" || op == "Reshape" || op == "SoftmaxCrossEntropyLoss") {
     required_inputs = 2;
+  } else if (op == "Mod" || op == "Equal" || op == "Less" || op == "Greater" ||
+             op == "LessOrEqual" || op == "GreaterOrEqual" || op == "And" || op == "Or" ||
+             op == "Expand" || op == "Gather") {
+    required_inputs = 2;
+  } else if (op == "Where" || op == "Range") {
+    required_inputs = 3;
   } else if (op == "BatchNormalization") {
     required_inputs = 5;
+  } else if (op == "LayerNormalization") {
+    required_inputs = 2;
   } else if (op == "Constant" || op == "Concat") {
     required_inputs = 0;
+  }
+  if (g.opset() < IntroducedIn(op)) {
+    return InvalidArgumentError(n.Describe() + ": op " + op + " needs opset " +
+                                std::to_string(IntroducedIn(op)) + ", the model imports " +
+                                std::to_string(g.opset()));
   }
   for (size_t i = 0; i < required_inputs; ++i) {
     if (!has_in(i))
       return InvalidArgumentError(n.Describe() + ": missing input " + std::to_string(i));
   }
-  if (n.outputs.empty() || n.outputs[0] == kNoValue) {
+  // LSTM's outputs are all optional (its shape inference wants one of them).
+  if (op != "LSTM" && (n.outputs.empty() || n.outputs[0] == kNoValue)) {
     return InvalidArgumentError(n.Describe() + ": no output");
   }
   const DataType t0 = required_inputs > 0 || has_in(0) ? in(0).type : DataType::kFloat32;
 
-  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow") {
-    SALUS_ASSIGN_OR_RETURN(Shape s, BroadcastShapes(in(0).shape, in(1).shape));
+  auto broadcast = [&](size_t i, size_t j) -> StatusOr<Shape> {
+    auto s = BroadcastShapes(in(i).shape, in(j).shape);
+    if (!s.ok()) return s.status().WithContext(n.Describe());
+    return s;
+  };
+  auto same_types = [&](size_t first, size_t count) -> Status {
+    for (size_t i = first; i < first + count; ++i) {
+      if (in(i).type != in(first).type) {
+        return InvalidArgumentError(n.Describe() + ": inputs of types " +
+                                    DataTypeName(in(first).type) + " and " +
+                                    DataTypeName(in(i).type));
+      }
+    }
+    return OkStatus();
+  };
+  auto type_in = [&](size_t i, std::initializer_list<DataType> types) -> Status {
+    for (DataType t : types) {
+      if (in(i).type == t) return OkStatus();
+    }
+    return UnimplementedError(n.Describe() + ": input " + std::to_string(i) + " of type " +
+                              DataTypeName(in(i).type));
+  };
+
+  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow" || op == "Mod") {
+    // Pow's exponent may have another type (from opset 12); the kernels take float only.
+    if (op != "Pow") SALUS_RETURN_IF_ERROR(same_types(0, 2));
+    SALUS_ASSIGN_OR_RETURN(Shape s, broadcast(0, 1));
+    if (op == "Mod") {
+      SALUS_RETURN_IF_ERROR(type_in(0, {DataType::kFloat32, DataType::kInt64}));
+      SALUS_RETURN_IF_ERROR(Expect(n, t0 != DataType::kFloat32 || n.GetInt("fmod", 0) == 1,
+                                   "floating-point Mod needs fmod=1"));
+    }
     set_out(0, t0, s);
+  } else if (op == "Equal" || op == "Less" || op == "Greater" || op == "LessOrEqual" ||
+             op == "GreaterOrEqual") {
+    SALUS_RETURN_IF_ERROR(same_types(0, 2));
+    if (op == "Equal") {
+      SALUS_RETURN_IF_ERROR(type_in(0, {DataType::kFloat32, DataType::kInt64, DataType::kBool}));
+    } else {
+      SALUS_RETURN_IF_ERROR(type_in(0, {DataType::kFloat32, DataType::kInt64}));
+    }
+    SALUS_ASSIGN_OR_RETURN(Shape s, broadcast(0, 1));
+    set_out(0, DataType::kBool, s);
+  } else if (op == "And" || op == "Or" || op == "Not") {
+    const size_t count = op == "Not" ? 1 : 2;
+    for (size_t i = 0; i < count; ++i) SALUS_RETURN_IF_ERROR(type_in(i, {DataType::kBool}));
+    Shape s = in(0).shape;
+    if (count == 2) {
+      SALUS_ASSIGN_OR_RETURN(s, broadcast(0, 1));
+    }
+    set_out(0, DataType::kBool, s);
+  } else if (op == "Where") {
+    SALUS_RETURN_IF_ERROR(type_in(0, {DataType::kBool}));
+    SALUS_RETURN_IF_ERROR(same_types(1, 2));
+    SALUS_ASSIGN_OR_RETURN(Shape s, broadcast(0, 1));
+    auto all = BroadcastShapes(s, in(2).shape);
+    if (!all.ok()) return all.status().WithContext(n.Describe());
+    set_out(0, in(1).type, *all);
+  } else if (op == "Min" || op == "Max") {
+    SALUS_RETURN_IF_ERROR(Expect(n, !n.inputs.empty(), "no inputs"));
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      SALUS_RETURN_IF_ERROR(Expect(n, has_in(i), "missing input " + std::to_string(i)));
+    }
+    SALUS_RETURN_IF_ERROR(same_types(0, n.inputs.size()));
+    SALUS_RETURN_IF_ERROR(type_in(0, {DataType::kFloat32, DataType::kInt64}));
+    Shape s = in(0).shape;
+    for (size_t i = 1; i < n.inputs.size(); ++i) {
+      // Before opset 8 the inputs had one shape; broadcasting came with Min-8/Max-8.
+      if (g.opset() < 8) SALUS_RETURN_IF_ERROR(Expect(n, in(i).shape == s, "shapes differ"));
+      auto b = BroadcastShapes(s, in(i).shape);
+      if (!b.ok()) return b.status().WithContext(n.Describe());
+      s = *b;
+    }
+    set_out(0, t0, s);
+  } else if (op == "Cast") {
+    SALUS_RETURN_IF_ERROR(type_in(0, {DataType::kFloat32, DataType::kInt64, DataType::kBool}));
+    if (!n.Has("to") || n.attrs.at("to").kind != Attribute::Kind::kInt) {
+      return InvalidArgumentError(n.Describe() + ": no integer 'to' attribute");
+    }
+    const DataType to = TypeOfOnnxCode(n.GetInt("to", 0));
+    if (to == DataType::kUndefined) {
+      return UnimplementedError(n.Describe() + ": cast to ONNX element type " +
+                                std::to_string(n.GetInt("to", 0)));
+    }
+    set_out(0, to, in(0).shape);
+  } else if (op == "Erf" || op == "Reciprocal" || op == "Gelu") {
+    SALUS_RETURN_IF_ERROR(type_in(0, {DataType::kFloat32}));
+    if (op == "Gelu") {
+      const std::string approximate = n.GetString("approximate", "none");
+      SALUS_RETURN_IF_ERROR(Expect(n, approximate == "none" || approximate == "tanh",
+                                   "approximate must be 'none' or 'tanh'"));
+    }
+    set_out(0, t0, in(0).shape);
+  } else if (op == "Clip") {
+    SALUS_RETURN_IF_ERROR(type_in(0, {DataType::kFloat32, DataType::kInt64}));
+    if (g.opset() < 11) {
+      SALUS_RETURN_IF_ERROR(Expect(n, t0 == DataType::kFloat32, "int64 Clip needs opset 12"));
+    } else {
+      for (size_t i = 1; i < 3; ++i) {
+        if (!has_in(i)) continue;
+        SALUS_RETURN_IF_ERROR(Expect(n, in(i).type == t0, "min/max type differs from input"));
+        SALUS_RETURN_IF_ERROR(Expect(n, NumElements(in(i).shape) == 1 && in(i).shape.size() <= 1,
+                                     "min/max must be scalars"));
+      }
+    }
+    set_out(0, t0, in(0).shape);
+  } else if (op == "Trilu") {
+    SALUS_RETURN_IF_ERROR(Expect(n, in(0).shape.size() >= 2, "input rank below 2"));
+    if (has_in(1)) {
+      SALUS_RETURN_IF_ERROR(type_in(1, {DataType::kInt64}));
+      SALUS_RETURN_IF_ERROR(Expect(n, NumElements(in(1).shape) == 1 && in(1).shape.size() <= 1,
+                                   "k must be a scalar"));
+    }
+    set_out(0, t0, in(0).shape);
+  } else if (op == "Range") {
+    SALUS_RETURN_IF_ERROR(same_types(0, 3));
+    SALUS_RETURN_IF_ERROR(type_in(0, {DataType::kFloat32, DataType::kInt64}));
+    const HostTensor* args[3];
+    const char* names[] = {"start", "limit", "delta"};
+    for (size_t i = 0; i < 3; ++i) {
+      SALUS_ASSIGN_OR_RETURN(args[i], RequireConstant(g, n, i, names[i]));
+      SALUS_RETURN_IF_ERROR(Expect(n, args[i]->num_elements() == 1 && args[i]->shape.size() <= 1,
+                                   std::string(names[i]) + " must be a scalar"));
+    }
+    SALUS_ASSIGN_OR_RETURN(int64_t count, RangeCount(n, *args[0], *args[1], *args[2]));
+    set_out(0, t0, {count});
+  } else if (op == "ConstantOfShape") {
+    SALUS_ASSIGN_OR_RETURN(const HostTensor* shape, RequireConstant(g, n, 0, "the shape"));
+    SALUS_RETURN_IF_ERROR(Expect(n, shape->type == DataType::kInt64 && shape->shape.size() == 1,
+                                 "the shape must be a 1-D int64 tensor"));
+    Shape dims = shape->ToInt64s();
+    for (int64_t d : dims) SALUS_RETURN_IF_ERROR(Expect(n, d >= 0, "negative dim"));
+    SALUS_RETURN_IF_ERROR(Expect(n, NumElements(dims) >= 0, "dims overflow"));
+    DataType type = DataType::kFloat32;
+    if (n.Has("value")) {
+      const HostTensor& v = n.attrs.at("value").t;
+      SALUS_RETURN_IF_ERROR(Expect(n, v.num_elements() == 1, "value must have one element"));
+      type = v.type;
+    }
+    set_out(0, type, dims);
+  } else if (op == "Expand") {
+    SALUS_ASSIGN_OR_RETURN(const HostTensor* shape, RequireConstant(g, n, 1, "the shape"));
+    SALUS_RETURN_IF_ERROR(Expect(n, shape->type == DataType::kInt64 && shape->shape.size() == 1,
+                                 "the shape must be a 1-D int64 tensor"));
+    Shape dims = shape->ToInt64s();
+    for (int64_t d : dims) SALUS_RETURN_IF_ERROR(Expect(n, d >= 0, "negative dim"));
+    auto s = BroadcastShapes(in(0).shape, dims);
+    if (!s.ok()) return s.status().WithContext(n.Describe());
+    set_out(0, t0, *s);
+  } else if (op == "Gather") {
+    const Shape& x = in(0).shape;
+    const Shape& idx = in(1).shape;
+    SALUS_RETURN_IF_ERROR(Expect(n, !x.empty(), "scalar data"));
+    SALUS_RETURN_IF_ERROR(type_in(1, {DataType::kInt64}));
+    SALUS_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(n, n.GetInt("axis", 0), x.size()));
+    if (const HostTensor* c = ConstantInput(g, n, 1)) {
+      for (int64_t i : c->ToInt64s()) {
+        if (i < -x[axis] || i >= x[axis]) {
+          return InvalidArgumentError(n.Describe() + ": index " + std::to_string(i) +
+                                      " out of range for dim " + std::to_string(x[axis]));
+        }
+      }
+    }
+    Shape out(x.begin(), x.begin() + axis);
+    out.insert(out.end(), idx.begin(), idx.end());
+    out.insert(out.end(), x.begin() + axis + 1, x.end());
+    set_out(0, t0, out);
+  } else if (op == "Slice") {
+    SALUS_ASSIGN_OR_RETURN(SliceSpec spec, SliceFor(g, n));
+    set_out(0, t0, spec.out);
+  } else if (op == "Split") {
+    int64_t axis = 0;
+    SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> sizes, SplitSizes(g, n, &axis));
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      Shape s = in(0).shape;
+      s[axis] = sizes[i];
+      set_out(i, t0, s);
+    }
   } else if (op == "Relu" || op == "LeakyRelu" || op == "Sigmoid" || op == "Tanh" ||
              op == "Identity" || op == "Exp" || op == "Log" || op == "Sqrt" || op == "Neg" ||
              op == "Abs" || op == "Elu" || op == "Softplus") {
@@ -239,6 +616,27 @@ Status InferNodeShapes(Graph* graph, int node_index) {
     if (n.output(3) != kNoValue || n.output(4) != kNoValue) {
       return UnimplementedError(n.Describe() + ": saved_mean/saved_var outputs");
     }
+  } else if (op == "LayerNormalization") {
+    // Y like X; Mean and InvStdDev keep X's dims before `axis` and are 1 from it on. Scale and
+    // B have the normalised dims X[axis:] (leading 1s aside): one value per element of them.
+    const Shape& x = in(0).shape;
+    const int64_t rank = x.size();
+    SALUS_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(n, n.GetInt("axis", -1), rank));
+    auto strip = [](Shape s) {
+      while (!s.empty() && s.front() == 1) s.erase(s.begin());
+      return s;
+    };
+    const Shape normalised = strip(Shape(x.begin() + axis, x.end()));
+    for (size_t i = 1; i < 3; ++i) {
+      if (!has_in(i)) continue;
+      SALUS_RETURN_IF_ERROR(Expect(n, strip(in(i).shape) == normalised,
+                                   "Scale and B must have the normalised dims' shape"));
+    }
+    Shape stat = x;
+    for (int64_t d = axis; d < rank; ++d) stat[d] = 1;
+    set_out(0, t0, x);
+    set_out(1, t0, stat);
+    set_out(2, t0, stat);
   } else if (op == "Flatten") {
     const Shape& x = in(0).shape;
     const int64_t rank = x.size();
@@ -425,6 +823,8 @@ Status InferNodeShapes(Graph* graph, int node_index) {
         Expect(n, red == "mean" || red == "sum" || red == "none", "bad reduction"));
     set_out(0, t0, red == "none" ? l : Shape{});
     set_out(1, t0, s);
+  } else if (op == "LSTM") {
+    SALUS_RETURN_IF_ERROR(InferLstmShapes(&g, n));
   } else {
     return UnimplementedError("node '" + n.name + "': op " + op + " is not supported");
   }

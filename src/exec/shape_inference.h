@@ -4,7 +4,9 @@
 // engine's authority, since it must know every shape exactly once input shapes are fixed, and
 // it is where an op or attribute the engine lacks is refused with Unimplemented naming the
 // node and the op. Inputs that determine shapes (Reshape's shape, Pad's pads, reduction
-// axes) must be compile-time constants.
+// axes, Slice's starts/ends/axes/steps, Split's sizes, Expand's shape, Range's arguments,
+// ConstantOfShape's input) must be compile-time constants. Each op follows ONNX's semantics of
+// the graph's opset, from 7 on.
 #pragma once
 
 #include <string>
@@ -30,5 +32,20 @@ StatusOr<std::vector<int64_t>> ReductionAxes(const Graph& graph, const Node& nod
 
 // Normalises a possibly negative axis; InvalidArgument when out of range.
 StatusOr<int64_t> NormalizeAxis(const Node& node, int64_t axis, int64_t rank);
+
+// A Slice node resolved over its input's dims: the first input index and the step of every dim
+// (0 and 1 where not sliced) and the output dims. Starts, ends, axes and steps are attributes
+// before opset 10 and compile-time constant inputs from opset 10 (Unimplemented otherwise);
+// starts and ends are clamped as ONNX says (to [0, dim] for positive steps, [-1, dim - 1] for
+// negative ones).
+struct SliceSpec {
+  std::vector<int64_t> starts, steps;
+  Shape out;
+};
+StatusOr<SliceSpec> SliceFor(const Graph& graph, const Node& node);
+
+// A Split node's output sizes along its (normalised) axis: the `split` attribute before opset
+// 13, the constant `split` input from 13, `num_outputs` chunks from 18, else equal parts.
+StatusOr<std::vector<int64_t>> SplitSizes(const Graph& graph, const Node& node, int64_t* axis);
 
 }  // namespace salus::exec

@@ -40,9 +40,11 @@ StatusOr<exec::OptimizerOptions> Optimizer(const v1::Optimizer& o) {
     out.kind = exec::OptimizerOptions::Kind::kSgd;
   } else if (o.type() == "adam") {
     out.kind = exec::OptimizerOptions::Kind::kAdam;
+  } else if (o.type() == "adamw") {
+    out.kind = exec::OptimizerOptions::Kind::kAdamW;
   } else {
-    return InvalidArgumentError(
-        fmt::format("optimizer type '{}' is not supported (expected sgd or adam)", o.type()));
+    return InvalidArgumentError(fmt::format(
+        "optimizer type '{}' is not supported (expected sgd, adam or adamw)", o.type()));
   }
   auto finite_nonneg = [](double v) { return std::isfinite(v) && v >= 0; };
   if (!finite_nonneg(o.lr()) || !finite_nonneg(o.momentum()) || !finite_nonneg(o.weight_decay()) ||
@@ -94,6 +96,7 @@ StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec
       o.mode = exec::Mode::kTraining;
       o.loss = spec.loss();
       SALUS_ASSIGN_OR_RETURN(o.optimizer, Optimizer(spec.optimizer()));
+      o.seed = spec.seed();
       break;
     }
     case v1::INFER:

@@ -47,3 +47,28 @@ def test_bad_arguments_are_reported(bin_dir: Path) -> None:
     assert res.returncode == 1 and "cannot read" in res.stderr
     res = run(bin_dir, "--no-such-flag")
     assert res.returncode == 2
+
+
+def test_runs_a_model_written_by_the_environments_onnx(bin_dir: Path, tmp_path: Path) -> None:
+    """onnx.helper.make_model writes the newest IR version the package knows (10 for 1.16)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]),
+         helper.make_node("Gelu", ["h"], ["y"]),
+         helper.make_node("ReduceMean", ["y", "axes"], ["m"], keepdims=0)],
+        "current",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("m", TensorProto.FLOAT, ["N"])],
+        [w, numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    assert model.ir_version >= 10
+    path = tmp_path / "current.onnx"
+    onnx.save(model, path)
+    res = run(bin_dir, "--model", str(path), "--mode", "infer", "--input", "x=2,4",
+              "--iterations", "1")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["mode"] == "infer"

@@ -201,6 +201,7 @@ class Client:
         latency_class: str = "batch",
         name: str = "",
         admission_timeout: float = 0.0,
+        seed: int = 0,
     ) -> Session:
         if (model is None) == (synthetic is None):
             raise ValueError("give exactly one of model= and synthetic=")
@@ -220,6 +221,7 @@ class Client:
             cs.model.loss = loss
             for k, v in (optimizer or {}).items():
                 setattr(cs.model.optimizer, k, v)
+            cs.model.seed = seed
         else:
             assert synthetic is not None
             cs.synthetic.persistent_bytes = int(synthetic.get("persistent_bytes", 0))

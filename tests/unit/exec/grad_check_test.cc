@@ -287,6 +287,248 @@ TEST(GradCheckTest, SoftmaxCrossEntropyLoss) {
        {{"L", HostTensor::FromInt64s({4, 2}, {1, 0, 4, 2, 2, 3, 0, 1})}, {"Wt", weights}}});
 }
 
+// Gradients of the tensor and index ops of exported models.
+TEST(GradCheckTest, GatherSliceConcatSplit) {
+  // An embedding lookup with repeated and negative indices: the rows' gradients add up.
+  CheckGradients({"gather embedding",
+                  {P("X", {5, 3}, 50)},
+                  {2, 3, 3},
+                  [](ModelBuilder& mb) {
+                    mb.Node("Gather", {"X", "I"}, {"y"});
+                  },
+                  {{"I", HostTensor::FromInt64s({2, 3}, {0, 4, 0, -1, 2, 0})}}});
+  CheckGradients({"gather axis 1 with constant indices",
+                  {P("X", {2, 4, 3}, 51)},
+                  {2, 3, 3},
+                  [](ModelBuilder& mb) {
+                    mb.Int64Initializer("I", {3}, {1, 3, 1});
+                    auto& n = mb.Node("Gather", {"X", "I"}, {"y"});
+                    ModelBuilder::Attr(n, "axis", int64_t{1});
+                  }});
+  CheckGradients({"slice with negative and strided steps",
+                  {P("X", {4, 5, 6}, 52)},
+                  {2, 2, 3},
+                  [](ModelBuilder& mb) {
+                    mb.Int64Initializer("starts", {3}, {1, 4, 0});
+                    mb.Int64Initializer("ends", {3}, {3, 0, 6});
+                    mb.Int64Initializer("axes", {3}, {0, 1, 2});
+                    mb.Int64Initializer("steps", {3}, {1, -2, 2});
+                    mb.Node("Slice", {"X", "starts", "ends", "axes", "steps"}, {"y"});
+                  }});
+  CheckGradients(
+      {"slice of the last axis to the end", {P("X", {3, 4}, 53)}, {3, 3}, [](ModelBuilder& mb) {
+         mb.Int64Initializer("starts", {1}, {1});
+         mb.Int64Initializer("ends", {1}, {INT64_MAX});
+         mb.Int64Initializer("axes", {1}, {-1});
+         mb.Node("Slice", {"X", "starts", "ends", "axes"}, {"y"});
+       }});
+  CheckGradients({"pad", {P("X", {2, 3, 4}, 49)}, {2, 5, 7}, [](ModelBuilder& mb) {
+                    mb.Int64Initializer("pads", {6}, {0, 1, 2, 0, 1, 1});
+                    mb.Node("Pad", {"X", "pads"}, {"y"});
+                  }});
+  CheckGradients({"concat along the last axis",
+                  {P("A", {2, 3}, 54), P("B", {2, 1}, 55), P("C", {2, 2}, 56)},
+                  {2, 6},
+                  [](ModelBuilder& mb) {
+                    auto& n = mb.Node("Concat", {"A", "B", "C"}, {"y"});
+                    ModelBuilder::Attr(n, "axis", int64_t{-1});
+                  }});
+  CheckGradients({"concat along axis 1 of 3-D",
+                  {P("A", {2, 1, 3}, 57), P("B", {2, 2, 3}, 58)},
+                  {2, 3, 3},
+                  [](ModelBuilder& mb) {
+                    auto& n = mb.Node("Concat", {"A", "B"}, {"y"});
+                    ModelBuilder::Attr(n, "axis", int64_t{1});
+                  }});
+  // Output 1 carries no gradient: zeros take its place.
+  CheckGradients(
+      {"split with an unused output", {P("X", {2, 6}, 59)}, {2, 4}, [](ModelBuilder& mb) {
+         mb.Int64Initializer("split", {3}, {1, 2, 3});
+         auto& s = mb.Node("Split", {"X", "split"}, {"a", "b", "c"});
+         ModelBuilder::Attr(s, "axis", int64_t{1});
+         auto& n = mb.Node("Concat", {"c", "a"}, {"y"});
+         ModelBuilder::Attr(n, "axis", int64_t{1});
+       }});
+  // Output 0 carries no gradient: the node is still differentiated.
+  CheckGradients(
+      {"split with only later outputs used", {P("X", {3, 6}, 60)}, {3, 2}, [](ModelBuilder& mb) {
+         auto& s = mb.Node("Split", {"X"}, {"a", "b", "c"});
+         ModelBuilder::Attr(s, "axis", int64_t{1});
+         mb.Node("Mul", {"b", "c"}, {"y"});
+       }});
+}
+
+TEST(GradCheckTest, BroadcastingTensorOps) {
+  CheckGradients({"expand", {P("X", {3, 1}, 61)}, {2, 3, 4}, [](ModelBuilder& mb) {
+                    mb.Int64Initializer("shape", {3}, {2, 1, 4});
+                    mb.Node("Expand", {"X", "shape"}, {"y"});
+                  }});
+  // The condition comes from a fed input; X broadcasts, Y is a trainable scalar.
+  CheckGradients({"where",
+                  {P("X", {4}, 62), P("Y", {}, 63)},
+                  {3, 4},
+                  [](ModelBuilder& mb) {
+                    mb.Initializer("zero", {}, {0.f});
+                    mb.Node("Greater", {"C", "zero"}, {"cond"});
+                    mb.Node("Where", {"cond", "X", "Y"}, {"y"});
+                  },
+                  {{"C", HostTensor::FromFloats({3, 4}, RandomFloats(12, 64))}}});
+  CheckGradients({"max of three with broadcasting",
+                  {P("A", {3, 4}, 65), P("B", {4}, 66), P("C", {3, 1}, 67)},
+                  {3, 4},
+                  [](ModelBuilder& mb) {
+                    mb.Node("Max", {"A", "B", "C"}, {"y"});
+                  }});
+  CheckGradients(
+      {"min of two", {P("A", {2, 3}, 68), P("B", {2, 3}, 69)}, {2, 3}, [](ModelBuilder& mb) {
+         mb.Node("Min", {"A", "B"}, {"y"});
+       }});
+  CheckGradients({"min of one", {P("A", {2, 3}, 70)}, {2, 3}, [](ModelBuilder& mb) {
+                    mb.Node("Min", {"A"}, {"y"});
+                  }});
+  CheckGradients({"pow with a broadcast exponent",
+                  {P("X", {3, 4}, 71, 0.5f, 2.f), P("E", {4}, 72, 0.5f, 2.5f)},
+                  {3, 4},
+                  [](ModelBuilder& mb) {
+                    mb.Node("Pow", {"X", "E"}, {"y"});
+                  }});
+  CheckGradients({"pow with a trainable scalar exponent",
+                  {P("X", {3, 4}, 73, 0.2f, 1.5f), P("E", {}, 74, 2.f, 2.f)},
+                  {3, 4},
+                  [](ModelBuilder& mb) {
+                    mb.Node("Pow", {"X", "E"}, {"y"});
+                  }});
+  // A fed (not differentiated) integral exponent over negative bases.
+  CheckGradients({"pow of negative bases",
+                  {P("X", {3, 4}, 96)},
+                  {3, 4},
+                  [](ModelBuilder& mb) {
+                    mb.Node("Pow", {"X", "E"}, {"y"});
+                  },
+                  {{"E", HostTensor::FromFloats({}, {3.f})}}});
+  // Both bounds trainable: their gradients sum dY where they were taken.
+  CheckGradients({"clip with min and max",
+                  {P("X", {4, 5}, 75), P("lo", {}, 76, -0.5f, -0.5f), P("hi", {}, 77, 0.4f, 0.4f)},
+                  {4, 5},
+                  [](ModelBuilder& mb) {
+                    mb.Node("Clip", {"X", "lo", "hi"}, {"y"});
+                  }});
+  CheckGradients({"clip with max only",
+                  {P("X", {4, 5}, 78), P("hi", {}, 79, 0.3f, 0.3f)},
+                  {4, 5},
+                  [](ModelBuilder& mb) {
+                    mb.Node("Clip", {"X", "", "hi"}, {"y"});
+                  }});
+}
+
+TEST(GradCheckTest, BatchedMatMul) {
+  auto matmul = [](const std::string& label, Shape a, Shape b, Shape y, uint32_t seed) {
+    return Case{label, {P("A", a, seed), P("B", b, seed + 1)}, y, [](ModelBuilder& mb) {
+                  mb.Node("MatMul", {"A", "B"}, {"y"});
+                }};
+  };
+  CheckGradients(matmul("3-D by 2-D", {2, 3, 4}, {4, 5}, {2, 3, 5}, 80));
+  CheckGradients(matmul("4-D by 2-D", {2, 2, 3, 4}, {4, 5}, {2, 2, 3, 5}, 98));
+  CheckGradients(matmul("2-D by 3-D", {3, 4}, {2, 4, 5}, {2, 3, 5}, 99));
+  CheckGradients(matmul("4-D by 3-D broadcast", {2, 1, 3, 4}, {3, 4, 2}, {2, 3, 3, 2}, 82));
+  CheckGradients(matmul("1-D by 3-D", {4}, {2, 4, 3}, {2, 3}, 84));
+  CheckGradients(matmul("3-D by 1-D", {2, 3, 4}, {4}, {2, 3}, 86));
+  CheckGradients(matmul("1-D by 2-D", {4}, {4, 3}, {3}, 88));
+  CheckGradients(matmul("1-D by 1-D", {4}, {4}, {}, 90));
+}
+
+TEST(GradCheckTest, UnaryTensorOps) {
+  CheckGradients(Unary("Erf", P("X", {3, 4}, 91, -2.f, 2.f)));
+  CheckGradients(Unary("Reciprocal", AwayFromZero("X", {3, 4}, 92)));
+  for (const char* approximate : {"none", "tanh"}) {
+    Case c = Unary("Gelu", P("X", {3, 4}, 93, -3.f, 3.f), [approximate](onnx::NodeProto& n) {
+      ModelBuilder::Attr(n, "approximate", std::string(approximate));
+    });
+    c.label += std::string(" ") + approximate;
+    auto build = c.build;
+    c.build = [build](ModelBuilder& mb) {
+      mb.proto().mutable_opset_import(0)->set_version(20);
+      build(mb);
+    };
+    CheckGradients(c);
+  }
+  CheckGradients(Unary("Trilu", P("X", {2, 3, 4}, 97),
+                       [](onnx::NodeProto& n) { ModelBuilder::Attr(n, "upper", int64_t{0}); }));
+  CheckGradients({"trilu with k", {P("X", {3, 4}, 98)}, {3, 4}, [](ModelBuilder& mb) {
+                    mb.Int64Initializer("k", {}, {1});
+                    mb.Node("Trilu", {"X", "k"}, {"y"});
+                  }});
+  // Float to float is the identity.
+  CheckGradients(Unary("Cast", P("X", {3, 4}, 94), [](onnx::NodeProto& n) {
+    ModelBuilder::Attr(n, "to", int64_t{onnx::TensorProto::FLOAT});
+  }));
+  // A mask from a comparison carries no gradient.
+  CheckGradients({"x * cast(x > 0)", {AwayFromZero("X", {3, 4}, 99)}, {3, 4}, [](ModelBuilder& mb) {
+                    mb.Initializer("zero", {}, {0.f});
+                    mb.Node("Greater", {"X", "zero"}, {"pos"});
+                    auto& c = mb.Node("Cast", {"pos"}, {"mask"});
+                    ModelBuilder::Attr(c, "to", int64_t{onnx::TensorProto::FLOAT});
+                    mb.Node("Mul", {"X", "mask"}, {"y"});
+                  }});
+  // An integer cast stops the gradient of its path; the other path still gets one.
+  CheckGradients(
+      {"cast through int64", {P("X", {3, 4}, 95, -3.f, 3.f)}, {3, 4}, [](ModelBuilder& mb) {
+         auto& c = mb.Node("Cast", {"X"}, {"i"});
+         ModelBuilder::Attr(c, "to", int64_t{onnx::TensorProto::INT64});
+         auto& f = mb.Node("Cast", {"i"}, {"f"});
+         ModelBuilder::Attr(f, "to", int64_t{onnx::TensorProto::FLOAT});
+         mb.Node("Mul", {"X", "f"}, {"y"});
+       }});
+}
+
+TEST(GradCheckTest, Lstm) {
+  constexpr int64_t kSeq = 3, kBatch = 2, kIn = 4, kHidden = 3;
+  auto params = [&](uint32_t seed) {
+    return std::vector<Param>{P("X", {kSeq, kBatch, kIn}, seed),
+                              P("W", {1, 4 * kHidden, kIn}, seed + 1),
+                              P("Rw", {1, 4 * kHidden, kHidden}, seed + 2),
+                              P("B", {1, 8 * kHidden}, seed + 3),
+                              P("h0", {1, kBatch, kHidden}, seed + 4),
+                              P("c0", {1, kBatch, kHidden}, seed + 5)};
+  };
+  auto lstm = [](ModelBuilder& mb, const std::vector<std::string>& outputs) {
+    auto& n = mb.Node("LSTM", {"X", "W", "Rw", "B", "", "h0", "c0"}, outputs);
+    ModelBuilder::Attr(n, "hidden_size", kHidden);
+  };
+  CheckGradients(
+      {"lstm through Y", params(100), {kSeq, 1, kBatch, kHidden}, [lstm](ModelBuilder& mb) {
+         lstm(mb, {"y"});
+       }});
+  // Output Y omitted: the gradient comes through Y_h and Y_c only.
+  CheckGradients(
+      {"lstm through Y_h and Y_c", params(110), {1, kBatch, kHidden}, [lstm](ModelBuilder& mb) {
+         lstm(mb, {"", "yh", "yc"});
+         mb.Node("Add", {"yh", "yc"}, {"y"});
+       }});
+}
+
+// Reverse and bidirectional LSTMs in both layouts, without B and initial states.
+TEST(GradCheckTest, LstmDirectionsAndLayouts) {
+  constexpr int64_t kSeq = 3, kBatch = 2, kIn = 3, kHidden = 2;
+  for (const char* direction : {"reverse", "bidirectional"}) {
+    for (int64_t layout : {0, 1}) {
+      const int64_t dirs = std::string(direction) == "bidirectional" ? 2 : 1;
+      const Shape x = layout ? Shape{kBatch, kSeq, kIn} : Shape{kSeq, kBatch, kIn};
+      const Shape y =
+          layout ? Shape{kBatch, kSeq, dirs, kHidden} : Shape{kSeq, dirs, kBatch, kHidden};
+      CheckGradients({std::string("lstm ") + direction + " layout " + std::to_string(layout),
+                      {P("X", x, 120), P("W", {dirs, 4 * kHidden, kIn}, 121),
+                       P("Rec", {dirs, 4 * kHidden, kHidden}, 122)},
+                      y,
+                      [direction, layout](ModelBuilder& mb) {
+                        auto& n = mb.Node("LSTM", {"X", "W", "Rec"}, {"y"});
+                        ModelBuilder::Attr(n, "direction", std::string(direction));
+                        ModelBuilder::Attr(n, "layout", layout);
+                      }});
+    }
+  }
+}
+
 // y = W * X, loss = sum(y): the gradient of W is X, so the updates can be computed by hand.
 class OptimizerTest : public ::testing::Test {
  protected:
@@ -348,6 +590,49 @@ TEST_F(OptimizerTest, Adam) {
     }
     EXPECT_NEAR(got[i], w, 1e-5) << i;
   }
+}
+
+// Normalisation in training: BatchNormalization with the batch's statistics (its running
+// statistics are state, not parameters) and LayerNormalization.
+TEST(GradCheckTest, BatchNormTraining) {
+  for (const Shape& xs : {Shape{4, 3, 2, 2}, Shape{5, 4}}) {
+    const int64_t c = xs[1];
+    CheckGradients(
+        {"BatchNormalization " + ShapeString(xs),
+         {P("X", xs, 61), P("scale", {c}, 62, 0.5f, 1.5f), P("B", {c}, 63)},
+         xs,
+         [c](ModelBuilder& mb) {
+           mb.Initializer("rm", {c}, RandomFloats(c, 64));
+           mb.Initializer("rv", {c}, RandomFloats(c, 65, 0.5f, 2.f));
+           auto& n = mb.Node("BatchNormalization", {"X", "scale", "B", "rm", "rv"}, {"y"});
+           ModelBuilder::Attr(n, "epsilon", 1e-3f);
+         }});
+  }
+}
+
+TEST(GradCheckTest, LayerNormalization) {
+  // Last axis with B; the last two axes without B; every axis of a 2-D input.
+  CheckGradients({"LayerNormalization axis -1",
+                  {P("X", {3, 2, 5}, 71), P("scale", {5}, 72, 0.5f, 1.5f), P("B", {5}, 73)},
+                  {3, 2, 5},
+                  [](ModelBuilder& mb) {
+                    mb.Node("LayerNormalization", {"X", "scale", "B"}, {"y"});
+                  }});
+  CheckGradients({"LayerNormalization axis 1, no B",
+                  {P("X", {3, 2, 5}, 74), P("scale", {2, 5}, 75, 0.5f, 1.5f)},
+                  {3, 2, 5},
+                  [](ModelBuilder& mb) {
+                    auto& n = mb.Node("LayerNormalization", {"X", "scale"}, {"y"});
+                    ModelBuilder::Attr(n, "axis", int64_t{1});
+                    ModelBuilder::Attr(n, "epsilon", 1e-3f);
+                  }});
+  CheckGradients({"LayerNormalization axis 0",
+                  {P("X", {4, 3}, 76), P("scale", {4, 3}, 77, 0.5f, 1.5f), P("B", {4, 3}, 78)},
+                  {4, 3},
+                  [](ModelBuilder& mb) {
+                    auto& n = mb.Node("LayerNormalization", {"X", "scale", "B"}, {"y"});
+                    ModelBuilder::Attr(n, "axis", int64_t{0});
+                  }});
 }
 
 }  // namespace
