@@ -1,13 +1,16 @@
 """Iteration time of the engine against PyTorch and onnxruntime on the CPU.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/exec/compare.py [--build build] [--iters 20]
+        [--models mlp,resnet,resnet18,...]
 
-Needs benchmarks/requirements.txt. For the MLP (784-512-512-10) and the small ResNet of
-benchmarks/models, at the same batch and 2 threads: training iterations (forward, backward,
-SGD with momentum) of the engine and of the same architecture in PyTorch, and inference of the
-engine, PyTorch and onnxruntime on the same ONNX file. Prints a Markdown table of median
-milliseconds and ratios, and the planner's P and E next to PyTorch's peak resident-memory
-growth over a training run (PyTorch's CPU allocator keeps no statistics of its own).
+Needs benchmarks/requirements.txt. For the reference models of benchmarks/models (the MLP
+784-512-512-10 and the small ResNet of make_models.py; ResNet-18, MobileNetV2, the Transformer
+encoder, the GPT decoder and the LSTM of make_torch_models.py), at the same batch and 2 threads:
+training iterations (forward, backward, SGD with momentum) of the engine and of the same module
+in PyTorch (in training mode: BatchNorm on batch statistics), and inference of the engine,
+PyTorch and onnxruntime on the same ONNX file. Prints a Markdown table of median milliseconds
+and ratios, and the planner's P and E next to PyTorch's peak resident-memory growth over a
+training run (PyTorch's CPU allocator keeps no statistics of its own).
 """
 
 from __future__ import annotations
@@ -24,6 +27,17 @@ import numpy as np
 
 THREADS = 2
 MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models")
+# The models of make_models.py; the others are make_torch_models.py's.
+HAND_WRITTEN = ("mlp", "resnet")
+BATCH = {"mlp": 64, "resnet": 32, "resnet18": 32, "mobilenetv2": 32, "transformer": 32,
+         "gpt": 16, "lstm": 32}
+
+
+def exported():
+    sys.path.insert(0, MODELS_DIR)
+    import make_torch_models
+
+    return make_torch_models
 
 
 def torch_model(name: str):
@@ -49,8 +63,15 @@ def torch_model(name: str):
                          Block(32, 32, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
 
 
-def shapes(name: str, batch: int) -> tuple[int, ...]:
-    return (batch, 784) if name == "mlp" else (batch, 3, 32, 32)
+def inputs(name: str, batch: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """The data input, the labels and the data input's name."""
+    if name in HAND_WRITTEN:
+        shape = (batch, 784) if name == "mlp" else (batch, 3, 32, 32)
+        rng = np.random.RandomState(0)
+        return rng.rand(*shape).astype(np.float32), rng.randint(0, 10, batch), "x"
+    m = exported()
+    x, labels = m.example_inputs(name, batch)
+    return x.numpy(), labels.numpy(), m.MODELS[name].input
 
 
 def median_ms(fn, warmup: int, iters: int) -> float:
@@ -69,22 +90,40 @@ def torch_times(name: str, batch: int, iters: int) -> dict:
 
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
-    model = torch_model(name)
-    x = torch.randn(*shapes(name, batch))
-    y = torch.randint(0, 10, (batch,))
+    x_np, y_np, _ = inputs(name, batch)
+    x, y = torch.from_numpy(x_np), torch.from_numpy(y_np).long()
+    if name in HAND_WRITTEN:
+        net = torch_model(name)
+        loss_fn = torch.nn.CrossEntropyLoss()
+
+        def step():
+            return loss_fn(net(x), y)
+
+        def infer():
+            return net(x)
+        model = net
+    else:
+        model = exported().build(name)
+
+        def step():
+            return model(x, y)[0]
+
+        def infer():
+            return model(x, y)[1]
+    model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
 
     def train() -> None:
         opt.zero_grad()
-        loss_fn(model(x), y).backward()
+        step().backward()
         opt.step()
 
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     train_ms = median_ms(train, 5, iters)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+    model.eval()
     with torch.no_grad():
-        infer_ms = median_ms(lambda: model(x), 5, iters)
+        infer_ms = median_ms(infer, 5, iters)
     return {"train_ms": train_ms, "infer_ms": infer_ms, "peak_rss_growth_bytes": peak_kib * 1024}
 
 
@@ -97,16 +136,18 @@ def ort_time(name: str, batch: int, iters: int) -> float:
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(os.path.join(MODELS_DIR, f"{name}.onnx"), so,
                                 providers=["CPUExecutionProvider"])
-    feeds = {"x": np.random.rand(*shapes(name, batch)).astype(np.float32),
-             "labels": np.zeros((batch,), np.int64)}
+    x, labels, x_name = inputs(name, batch)
+    feeds = {x_name: x, "labels": labels.astype(np.int64)}
     return median_ms(lambda: sess.run(["logits"], feeds), 5, iters)
 
 
 def salus_times(build: str, name: str, batch: int, iters: int) -> tuple[dict, dict]:
     exe = os.path.join(build, "bin", "salus-exec-bench")
-    dims = ",".join(str(d) for d in shapes(name, batch))
-    base = [exe, "--model", os.path.join(MODELS_DIR, f"{name}.onnx"), "--input", f"x={dims}",
-            "--input", f"labels={batch}", "--iters", str(iters)]
+    x, labels, x_name = inputs(name, batch)
+    dims = ",".join(str(d) for d in x.shape)
+    ldims = ",".join(str(d) for d in labels.shape)
+    base = [exe, "--model", os.path.join(MODELS_DIR, f"{name}.onnx"), "--input",
+            f"{x_name}={dims}", "--input", f"labels={ldims}", "--iters", str(iters)]
     env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), OMP_WAIT_POLICY="PASSIVE")
     train = json.loads(subprocess.check_output(base + ["--train", "loss"], env=env))
     infer = json.loads(subprocess.check_output(base + ["--fetch", "logits"], env=env))
@@ -123,9 +164,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--models", default=",".join(BATCH))
     args = ap.parse_args()
     rows = []
-    for name, batch in (("mlp", 64), ("resnet", 32)):
+    for name in args.models.split(","):
+        batch = BATCH[name]
         train, infer = salus_times(args.build, name, batch, args.iters)
         # PyTorch in a fresh process each time, so its peak RSS growth is this model's alone.
         t = json.loads(subprocess.check_output(
