@@ -28,8 +28,9 @@ int main(int argc, char** argv) {
       "input", po::value(&inputs)->composing(), "NAME=d0,d1,...")("train", po::value(&train_loss),
                                                                   "train with this loss output")(
       "fetch", po::value(&fetch), "output to fetch in inference")(
-      "profile", "print seconds per op type to stderr")("device", po::value(&device_name),
-                                                        "cpu (default), cuda or cuda:N")(
+      "profile", "print seconds per op type to stderr")(
+      "no-fuse", "inference: skip the graph rewrites of exec/fusion.h")(
+      "device", po::value(&device_name), "cpu (default), cuda or cuda:N")(
       "warmup", po::value(&warmup), "untimed iterations")("iters", po::value(&iters),
                                                           "timed iterations");
   po::variables_map vm;
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.device = *device;
+  o.fuse = vm.count("no-fuse") == 0;
   for (const std::string& spec : inputs) {
     const size_t eq = spec.find('=');
     if (eq == std::string::npos) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "exec/cpu_kernel_helpers.h"
 #include "exec/cpu_tensor_kernels.h"
@@ -247,18 +248,33 @@ KernelOr Conv(const Node& n, const Graph& g) {
            : dnnl::convolution_forward::desc(prop_kind::forward_training,
                                              algorithm::convolution_direct, src, w, dst, c.strides,
                                              c.dilates, c.pad_l, c.pad_r);
-  dnnl::primitive_attr attr = UserScratchpad();
-  if (n.GetString("fused_activation", "") == "Relu") {
-    dnnl::post_ops ops;
+  // Inference fusions (exec/fusion.h): a residual sum (fourth input, Note [Fused residual
+  // sum]), then an activation.
+  const bool sum = n.input(3) != kNoValue;
+  const std::string activation = n.GetString("fused_activation", "");
+  dnnl::post_ops ops;
+  if (sum) ops.append_sum(1.f);
+  if (activation == "Relu") {
     ops.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
-    attr.set_post_ops(ops);
+  } else if (activation == "Clip") {
+    ops.append_eltwise(1.f, algorithm::eltwise_clip, n.GetFloat("fused_min", 0.f),
+                       n.GetFloat("fused_max", 0.f));
+  } else if (!activation.empty()) {
+    return UnimplementedError(n.Describe() + ": fused activation " + activation);
   }
+  dnnl::primitive_attr attr = UserScratchpad();
+  attr.set_post_ops(ops);
   dnnl::convolution_forward::primitive_desc pd(d, attr, CpuEngine());
   std::vector<DnnlKernel::Binding> bind = {
       k->Input(DNNL_ARG_SRC, c.src, pd.src_desc(), Slot::In(0)),
-      k->Input(DNNL_ARG_WEIGHTS, c.weights, pd.weights_desc(), Slot::In(1)),
-      k->Output(DNNL_ARG_DST, c.dst, pd.dst_desc(), Slot::Out(0))};
+      k->Input(DNNL_ARG_WEIGHTS, c.weights, pd.weights_desc(), Slot::In(1))};
   if (bias) bind.push_back({DNNL_ARG_BIAS, c.bias, Slot::In(2)});
+  if (sum) {
+    // The destination starts as the other operand of the sum, in the primitive's layout.
+    bind.push_back(k->Seed(DNNL_ARG_DST, c.dst, pd.dst_desc(), Slot::In(3), Slot::Out(0)));
+  } else {
+    bind.push_back(k->Output(DNNL_ARG_DST, c.dst, pd.dst_desc(), Slot::Out(0)));
+  }
   k->AddPrimitive(dnnl::convolution_forward(pd), bind, pd.scratchpad_desc().get_size());
   return std::unique_ptr<Kernel>(std::move(k));
 }
@@ -356,6 +372,75 @@ KernelOr Concat(const Node& n, const Graph& g) {
   return std::unique_ptr<Kernel>(std::move(k));
 }
 
+// Note [Block reductions]: oneDNN 2.6 reduces over a middle axis (a Transformer's mean over
+// its tokens) with its reference implementation, ten times slower than a loop. When the reduced
+// dims (size-1 dims aside) are one contiguous block, x is [outer, reduced, inner] and each output
+// row of `inner` values is accumulated slice by slice in order: contiguous, vectorisable, and
+// the same order every run.
+struct ReduceBlock {
+  int64_t outer = 1, reduced = 1, inner = 1;
+};
+
+std::optional<ReduceBlock> ReducedBlock(const Shape& x, const Shape& kept) {
+  int first = -1, last = -1;
+  for (int d = 0; d < static_cast<int>(x.size()); ++d) {
+    if (x[d] == 1 || kept[d] == x[d]) continue;
+    if (first < 0) first = d;
+    last = d;
+  }
+  if (first < 0) return std::nullopt;
+  ReduceBlock b;
+  for (int d = 0; d < static_cast<int>(x.size()); ++d) {
+    const bool reduced = kept[d] != x[d];
+    if (d < first) {
+      b.outer *= x[d];
+    } else if (d > last) {
+      b.inner *= x[d];
+    } else if (reduced || x[d] == 1) {
+      b.reduced *= x[d];
+    } else {
+      return std::nullopt;  // a kept dim inside the reduced block
+    }
+  }
+  return b;
+}
+
+KernelOr BlockReduce(const std::string& op, const ReduceBlock& b) {
+  enum class Fn { kSum, kMean, kMax, kMin };
+  const Fn fn = op == "ReduceMean" ? Fn::kMean
+                : op == "ReduceMax"  ? Fn::kMax
+                : op == "ReduceMin"  ? Fn::kMin
+                                     : Fn::kSum;
+  return std::unique_ptr<Kernel>(new LoopKernel([b, fn](const KernelArgs& a) {
+    const float* x = static_cast<const float*>(a.inputs[0]);
+    float* y = static_cast<float*>(a.outputs[0]);
+    for (int64_t o = 0; o < b.outer; ++o) {
+      const float* src = x + o * b.reduced * b.inner;
+      float* dst = y + o * b.inner;
+      std::copy(src, src + b.inner, dst);
+      for (int64_t r = 1; r < b.reduced; ++r) {
+        const float* row = src + r * b.inner;
+        switch (fn) {
+          case Fn::kSum:
+          case Fn::kMean:
+            for (int64_t i = 0; i < b.inner; ++i) dst[i] += row[i];
+            break;
+          case Fn::kMax:
+            for (int64_t i = 0; i < b.inner; ++i) dst[i] = std::max(dst[i], row[i]);
+            break;
+          case Fn::kMin:
+            for (int64_t i = 0; i < b.inner; ++i) dst[i] = std::min(dst[i], row[i]);
+            break;
+        }
+      }
+      if (fn == Fn::kMean) {
+        const float scale = 1.f / static_cast<float>(b.reduced);
+        for (int64_t i = 0; i < b.inner; ++i) dst[i] *= scale;
+      }
+    }
+  }));
+}
+
 KernelOr Reduce(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g, {0}));
   const Shape& x = g.value(n.inputs[0]).shape;
@@ -375,6 +460,10 @@ KernelOr Reduce(const Node& n, const Graph& g) {
       float* out = static_cast<float*>(a.outputs[0]);
       for (int64_t i = 0; i < count; ++i) out[i] = fn == 1 ? std::abs(in[i]) : in[i] * in[i];
     }));
+  }
+  if (auto block = ReducedBlock(x, kept); block && n.op != "ReduceProd" && n.op != "ReduceL1" &&
+                                         n.op != "ReduceL2" && n.op != "ReduceSumSquare") {
+    return BlockReduce(n.op, *block);
   }
   auto src = PlainDesc(x), dst = PlainDesc(kept);
   algorithm alg = algorithm::reduction_sum;

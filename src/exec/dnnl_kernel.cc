@@ -1,5 +1,6 @@
 #include "exec/dnnl_kernel.h"
 
+#include <cstring>
 #include <exception>
 
 namespace salus::exec {
@@ -80,6 +81,24 @@ DnnlKernel::Binding DnnlKernel::Output(int arg, const dnnl::memory::desc& user,
   return {arg, want, Slot::Temp(temp)};
 }
 
+DnnlKernel::Binding DnnlKernel::Seed(int arg, const dnnl::memory::desc& user,
+                                     const dnnl::memory::desc& want, Slot init, Slot slot) {
+  if (user == want) {
+    const size_t bytes = user.get_size();
+    AddLoop([init, slot, bytes](const KernelArgs& args, std::byte*) {
+      const void* from = args.inputs[init.index];
+      void* to = args.outputs[slot.index];
+      if (from != to) std::memcpy(to, from, bytes);
+    });
+    return {arg, user, slot};
+  }
+  const Binding b = Output(arg, user, want, slot);
+  dnnl::reorder::primitive_desc rpd(CpuEngine(), user, CpuEngine(), want, UserScratchpad());
+  AppendStep(dnnl::reorder(rpd), {{DNNL_ARG_FROM, user, init}, {DNNL_ARG_TO, want, b.slot}},
+             rpd.scratchpad_desc().get_size());
+  return b;
+}
+
 void DnnlKernel::AppendStep(dnnl::primitive primitive, std::vector<Binding> bindings,
                             size_t scratchpad_bytes) {
   Step step;
@@ -147,26 +166,6 @@ Shape BroadcastStrides(const Shape& in, const Shape& out) {
     strides[off + i] = in[i] == 1 ? 0 : dense[i];
   }
   return strides;
-}
-
-void ForEachBroadcast(const Shape& out, const std::vector<Shape>& in_strides,
-                      const std::function<void(int64_t, const int64_t*)>& fn) {
-  const int64_t total = NumElements(out);
-  const size_t rank = out.size();
-  const size_t k = in_strides.size();
-  std::vector<int64_t> idx(rank, 0);
-  std::vector<int64_t> offs(k, 0);
-  for (int64_t e = 0; e < total; ++e) {
-    fn(e, offs.data());
-    for (int d = static_cast<int>(rank) - 1; d >= 0; --d) {
-      if (++idx[d] < out[d]) {
-        for (size_t j = 0; j < k; ++j) offs[j] += in_strides[j][d];
-        break;
-      }
-      for (size_t j = 0; j < k; ++j) offs[j] -= in_strides[j][d] * (out[d] - 1);
-      idx[d] = 0;
-    }
-  }
 }
 
 }  // namespace salus::exec

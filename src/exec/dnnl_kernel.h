@@ -13,6 +13,7 @@
 // scratchpads and any temporary buffers between primitives), so oneDNN allocates nothing.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -20,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/check.h"
 #include "exec/alignment.h"
 #include "exec/kernel.h"
 #include "exec/tensor.h"
@@ -75,6 +77,11 @@ class DnnlKernel : public Kernel {
   Binding Input(int arg, const dnnl::memory::desc& user, const dnnl::memory::desc& want, Slot slot);
   Binding Output(int arg, const dnnl::memory::desc& user, const dnnl::memory::desc& want,
                  Slot slot);
+  // Output() for a destination the next primitive accumulates into (a sum post-op): it first
+  // holds a copy of input `init` (layout `user`), reordered into the temp buffer or copied to
+  // `slot` (Note [Fused residual sum] in fusion.cc).
+  Binding Seed(int arg, const dnnl::memory::desc& user, const dnnl::memory::desc& want, Slot init,
+               Slot slot);
 
   size_t scratch_bytes() const override { return temp_bytes_ + scratchpad_bytes_; }
   Status Run(const KernelArgs& args) override;
@@ -117,7 +124,40 @@ Shape BroadcastStrides(const Shape& in, const Shape& out);
 // Calls fn(out_index, in_offsets...) for every element of `out`, with each input's offset
 // computed from its broadcast strides. Works for any rank; used where oneDNN has no
 // primitive for a broadcasting pattern.
-void ForEachBroadcast(const Shape& out, const std::vector<Shape>& in_strides,
-                      const std::function<void(int64_t, const int64_t*)>& fn);
+template <typename Fn>
+void ForEachBroadcast(const Shape& out, const std::vector<Shape>& in_strides, Fn&& fn) {
+  // Row by row: the innermost dim is a plain loop, the odometer steps once per row, and `fn`
+  // inlines (a per-element odometer step and indirect call cost ten times the work).
+  constexpr size_t kMaxOperands = 4;
+  const int64_t total = NumElements(out);
+  const size_t rank = out.size();
+  const size_t k = in_strides.size();
+  SALUS_DCHECK(k <= kMaxOperands, "ForEachBroadcast takes at most 4 operands");
+  std::array<int64_t, kMaxOperands> offs{};
+  if (total <= 0) return;
+  if (rank == 0) {
+    fn(int64_t{0}, offs.data());
+    return;
+  }
+  const int64_t inner = out[rank - 1];
+  std::array<int64_t, kMaxOperands> step{};
+  for (size_t j = 0; j < k; ++j) step[j] = in_strides[j][rank - 1];
+  std::vector<int64_t> idx(rank, 0);
+  for (int64_t e = 0; e < total; e += inner) {
+    std::array<int64_t, kMaxOperands> o = offs;
+    for (int64_t i = 0; i < inner; ++i) {
+      fn(e + i, static_cast<const int64_t*>(o.data()));
+      for (size_t j = 0; j < k; ++j) o[j] += step[j];
+    }
+    for (int d = static_cast<int>(rank) - 2; d >= 0; --d) {
+      if (++idx[d] < out[d]) {
+        for (size_t j = 0; j < k; ++j) offs[j] += in_strides[j][d];
+        break;
+      }
+      for (size_t j = 0; j < k; ++j) offs[j] -= in_strides[j][d] * (out[d] - 1);
+      idx[d] = 0;
+    }
+  }
+}
 
 }  // namespace salus::exec

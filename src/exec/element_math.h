@@ -23,6 +23,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -357,7 +358,43 @@ SALUS_HD float SceReduce(const SceSpec& s, double total, double weight_sum) {
 // ---------------------------------------------------------------------------------------------
 // LSTM cell (ONNX gate order i, o, f, c; activations Sigmoid, Tanh, Tanh; no peepholes).
 
-SALUS_HD float LstmSigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+// Note [LSTM vectorisable math]
+// The cell's exp and tanh are written as branch-free polynomials (Cephes' expf and tanhf, about
+// 2 ulp) rather than libm calls, so that a loop over a row of cells vectorises on the host; the
+// CUDA kernels share them. NaN propagates; arguments beyond float's exp range are clamped,
+// which changes the sigmoid and tanh only below float's resolution.
+SALUS_HD float LstmExp(float x) {
+  constexpr float kMaxArg = 88.f, kMinArg = -87.3f;  // 2^n stays a normal float
+  const float xc = x < kMaxArg ? (x > kMinArg ? x : kMinArg) : kMaxArg;  // NaN -> kMaxArg
+  // e^x = 2^n * e^r with n = round(x * log2(e)) and |r| <= ln(2) / 2; ln(2) split in two.
+  const int32_t n = static_cast<int32_t>(xc * 1.44269504088896341f + (xc >= 0.f ? 0.5f : -0.5f));
+  const float nf = static_cast<float>(n);
+  const float r = (xc - nf * 0.693359375f) + nf * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const int32_t bits = (n + 127) * (1 << 23);
+  float scale;
+  memcpy(&scale, &bits, sizeof(scale));
+  return x != x ? x : p * scale;
+}
+
+SALUS_HD float LstmSigmoid(float x) { return 1.f / (1.f + LstmExp(-x)); }
+
+SALUS_HD float LstmTanh(float x) {
+  constexpr float kSmall = 0.625f;  // below: odd polynomial; above: 1 - 2 / (e^2|x| + 1)
+  const float ax = fabsf(x);
+  const float z = x * x;
+  const float small =
+      ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z +
+        1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
+  const float big = 1.f - 2.f / (LstmExp(2.f * ax) + 1.f);
+  return ax < kSmall ? small : (x < 0.f ? -big : big);
+}
 
 // One element of one step: the activated gates, the new cell state and the new hidden state.
 struct LstmCellState {
@@ -370,9 +407,9 @@ SALUS_HD LstmCellState LstmCellForward(float zi, float zo, float zf, float zg, f
   s.i = LstmSigmoid(zi);
   s.o = LstmSigmoid(zo);
   s.f = LstmSigmoid(zf);
-  s.g = tanhf(zg);
+  s.g = LstmTanh(zg);
   s.c = s.f * c_prev + s.i * s.g;
-  s.h = s.o * tanhf(s.c);
+  s.h = s.o * LstmTanh(s.c);
   return s;
 }
 
@@ -386,7 +423,7 @@ struct LstmCellGrad {
 // next step, or Y_c at the last step).
 SALUS_HD LstmCellGrad LstmCellBackward(float i, float o, float f, float g, float c, float c_prev,
                                        float dh, float dc) {
-  const float tc = tanhf(c);
+  const float tc = LstmTanh(c);
   const float dct = dc + dh * o * (1.f - tc * tc);
   LstmCellGrad d;
   d.zi = dct * g * i * (1.f - i);

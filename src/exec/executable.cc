@@ -3,60 +3,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "exec/alignment.h"
+#include "exec/cpu_threads.h"
+#include "exec/fusion.h"
 #include "exec/kernel_registry.h"
 #include "exec/memory_planner.h"
 #include "exec/onnx_importer.h"
 #include "exec/training_ops.h"
 
 namespace salus::exec {
-namespace {
-
-// Inference only: a Relu that is the single consumer of a Conv's or Gemm's output becomes
-// that op's post-op (one pass over the data instead of two, and for a Conv no reorder of its
-// output before the Relu). Training keeps them apart: the Relu's gradient needs its input.
-void FuseRelu(Graph* graph, const std::vector<ValueId>& keep) {
-  Graph& g = *graph;
-  std::vector<int> consumers(g.values().size(), 0);
-  for (const Node& n : g.nodes()) {
-    for (ValueId in : n.inputs) {
-      if (in != kNoValue) ++consumers[in];
-    }
-  }
-  for (ValueId id : keep) consumers[id] += 2;
-  for (ValueId id : g.outputs()) consumers[id] += 2;
-  std::vector<bool> dead(g.nodes().size(), false);
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    Node& relu = g.nodes()[i];
-    if (relu.op != "Relu" || relu.outputs.size() != 1) continue;
-    const ValueId v = relu.inputs[0];
-    const int p = g.value(v).producer;
-    if (p < 0 || consumers[v] != 1) continue;
-    if (g.nodes()[p].op != "Conv" && g.nodes()[p].op != "Gemm") continue;
-    Node& conv = g.nodes()[p];
-    if (conv.Has("fused_activation")) continue;
-    Attribute a;
-    a.kind = Attribute::Kind::kString;
-    a.s = "Relu";
-    conv.attrs["fused_activation"] = a;
-    conv.outputs[0] = relu.outputs[0];
-    g.value(v).producer = -1;
-    dead[i] = true;
-  }
-  std::vector<Node> live;
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    if (!dead[i]) live.push_back(std::move(g.nodes()[i]));
-  }
-  g.nodes() = std::move(live);
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    for (ValueId o : g.nodes()[i].outputs) {
-      if (o != kNoValue) g.value(o).producer = static_cast<int>(i);
-    }
-  }
-}
-
-}  // namespace
 
 Executable::~Executable() = default;
 
@@ -82,7 +39,12 @@ Status Executable::Build(const CompileOptions& options) {
   SALUS_RETURN_IF_ERROR(ApplyTraining(options));
   SALUS_RETURN_IF_ERROR(ResolveFetches(options));
   input_ids_ = graph_.inputs();
-  if (options.mode == Mode::kInference) FuseRelu(&graph_, fetch_ids_);
+  if (options.mode == Mode::kInference && options.fuse) {
+    if (device_.type == DeviceType::kCpu) {
+      FuseGelu(&graph_, FusionOptions{device_.type, fetch_ids_});
+    }
+    ApplyInferenceFusions(&graph_, FusionOptions{device_.type, fetch_ids_});
+  }
   std::vector<bool> needed;
   const std::vector<bool> live = LiveNodes(&needed);
   std::vector<int> step_node;
@@ -107,6 +69,13 @@ Status Executable::ApplyTraining(const CompileOptions& options) {
   if (lv.type != DataType::kFloat32 || NumElements(lv.shape) != 1) {
     return InvalidArgumentError("loss '" + options.loss + "' must be a float scalar, not " +
                                 DataTypeName(lv.type) + ShapeString(lv.shape));
+  }
+  if (options.fuse && options.device.type == DeviceType::kCpu) {
+    FusionOptions fusion{options.device.type, {loss}};
+    for (const std::string& name : options.fetches) {
+      if (g.Find(name) != kNoValue) fusion.keep.push_back(g.Find(name));
+    }
+    FuseGelu(&g, fusion);
   }
   SALUS_RETURN_IF_ERROR(LowerTrainingOps(&g, options.seed));
   return Autodiff::Apply(&g, loss, options.optimizer);
@@ -160,6 +129,10 @@ Status Executable::CreateKernels(const std::vector<bool>& live, std::vector<int>
     if (!live[i]) continue;
     const Node& node = g.nodes()[i];
     auto step = std::make_unique<Step>();
+    if (device_.type == DeviceType::kCpu) step->threads = StepThreads(g, node, MaxThreads());
+    // oneDNN partitions a primitive's work for the threads it is created with.
+    std::optional<ScopedThreads> threads;
+    if (step->threads > 0) threads.emplace(step->threads);
     SALUS_ASSIGN_OR_RETURN(step->kernel,
                            KernelRegistry::Global().Create(node, g, device_.type, ctx));
     step->op = node.op;
@@ -352,7 +325,10 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
     args.scratch = Resolve(step.scratch, persistent, lane);
     const auto start =
         profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    std::optional<ScopedThreads> threads;
+    if (step.threads > 0) threads.emplace(step.threads);
     Status st = step.kernel->Run(args);
+    threads.reset();
     if (profile_) {
       if (staged && st.ok()) st = runtime_->Synchronize(ctx);  // time the work, not the launch
       step.nanos += std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -57,6 +57,9 @@ struct CompileOptions {
   bool profile = false;
   // Values returned by Run; by default the graph outputs (inference) or the loss (training).
   std::vector<std::string> fetches;
+  // Apply the graph rewrites of exec/fusion.h (off: every node runs as imported): inference
+  // compiles all of them, training compiles FuseGelu (before autodiff).
+  bool fuse = true;
 };
 
 struct TensorInfo {
@@ -120,6 +123,7 @@ class Executable {
     Location scratch;
     std::string op;
     std::string node;                       // Node::Describe(), for errors
+    int threads = 0;  // CPU: OpenMP threads (Note [Threads per step]); 0 elsewhere
     mutable std::atomic<int64_t> nanos{0};  // with profile_
   };
 

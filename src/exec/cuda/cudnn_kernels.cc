@@ -190,8 +190,9 @@ StatusOr<AlgoChoice<Algo>> PickAlgorithm(const Perf* perf, int count, Algo fallb
 }
 
 // ---------------------------------------------------------------------------------------------
-// Conv: cudnnConvolutionForward, then the bias (cudnnAddTensor) and the fused Relu
-// (cudnnActivationForward in place) that inference executables fold into a Conv.
+// Conv: cudnnConvolutionForward, then the bias (cudnnAddTensor) and the fused Relu or Clip
+// with a lower bound of 0 (cudnnActivationForward in place, CUDNN_ACTIVATION_CLIPPED_RELU for
+// the Clip) that inference executables fold into a Conv (exec/fusion.h).
 
 class ConvKernel final : public Kernel {
  public:
@@ -206,7 +207,7 @@ class ConvKernel final : public Kernel {
   TensorDesc x_, y_, bias_;
   FilterDesc w_;
   ConvDesc conv_;
-  ActivationDesc relu_;
+  ActivationDesc relu_;  // the fused Relu or clipped Relu
   cudnnConvolutionFwdAlgo_t algo_ = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
   bool has_bias_ = false;
   bool fuse_relu_ = false;
@@ -226,16 +227,19 @@ KernelOr ConvKernel::Create(const Node& n, const Graph& g, DeviceContext* ctx) {
   SALUS_RETURN_IF_ERROR(RequireConvRank(n, xs, ws));
   SALUS_ASSIGN_OR_RETURN(const int group, GroupOf(n));
   const std::string activation = n.GetString("fused_activation", "");
-  if (!activation.empty() && activation != "Relu") {
+  const bool clip = activation == "Clip";
+  if (!activation.empty() && activation != "Relu" &&
+      !(clip && n.GetFloat("fused_min", 0.f) == 0.f)) {
     return UnimplementedError(what + ": fused activation " + activation);
   }
+  if (n.input(3) != kNoValue) return UnimplementedError(what + ": fused residual sum");
   const std::vector<int64_t> spatial(xs.begin() + 2, xs.end());
   const std::vector<int64_t> kernel(ws.begin() + 2, ws.end());
   SALUS_ASSIGN_OR_RETURN(Window win, ComputeWindow(n, spatial, kernel, false));
 
   std::unique_ptr<ConvKernel> k(new ConvKernel(what));
   k->has_bias_ = n.input(2) != kNoValue;
-  k->fuse_relu_ = activation == "Relu";
+  k->fuse_relu_ = !activation.empty();
   k->pad_input_ = win.pad_begin != win.pad_end;
   Shape conv_in = xs;
   std::vector<int64_t> pads = win.pad_begin;
@@ -279,10 +283,12 @@ KernelOr ConvKernel::Create(const Node& n, const Graph& g, DeviceContext* ctx) {
     SALUS_RETURN_IF_ERROR(SetTensor(&k->bias_, bias_shape, what));
   }
   if (k->fuse_relu_) {
-    // A NaN becomes 0, as in the CPU's fused Relu (oneDNN's max(x, 0)).
-    SALUS_CUDNN_RETURN(cudnnSetActivationDescriptor(k->relu_.d, CUDNN_ACTIVATION_RELU,
-                                                    CUDNN_NOT_PROPAGATE_NAN, 0.0),
-                       what + ": fused Relu");
+    // A NaN becomes 0, as in the CPU's fused Relu (oneDNN's max(x, 0)). The clipped Relu is
+    // min(max(x, 0), coef).
+    SALUS_CUDNN_RETURN(cudnnSetActivationDescriptor(
+                           k->relu_.d, clip ? CUDNN_ACTIVATION_CLIPPED_RELU : CUDNN_ACTIVATION_RELU,
+                           CUDNN_NOT_PROPAGATE_NAN, clip ? n.GetFloat("fused_max", 0.f) : 0.0),
+                       what + ": fused " + activation);
   }
   return std::unique_ptr<Kernel>(std::move(k));
 }
@@ -310,7 +316,7 @@ Status ConvKernel::Run(const KernelArgs& a) {
   if (fuse_relu_) {
     SALUS_CUDNN_RETURN(
         cudnnActivationForward(h, relu_.d, &kOne, y_.d, a.outputs[0], &kZero, y_.d, a.outputs[0]),
-        what_ + ": fused Relu");
+        what_ + ": fused activation");
   }
   return OkStatus();
 }

@@ -1,0 +1,257 @@
+#include "exec/fusion.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace salus::exec {
+namespace {
+
+// How many nodes read each value; values that must stay materialised (fetches, graph outputs)
+// count as read twice more, so no rewrite takes them for a single-consumer intermediate.
+std::vector<int> ConsumerCounts(const Graph& g, const std::vector<ValueId>& keep) {
+  std::vector<int> consumers(g.values().size(), 0);
+  for (const Node& n : g.nodes()) {
+    for (ValueId in : n.inputs) {
+      if (in != kNoValue) ++consumers[in];
+    }
+  }
+  for (ValueId id : keep) consumers[id] += 2;
+  for (ValueId id : g.outputs()) consumers[id] += 2;
+  return consumers;
+}
+
+// Drops the nodes marked dead and renumbers the producers of the rest.
+void RemoveNodes(Graph* graph, const std::vector<bool>& dead) {
+  Graph& g = *graph;
+  std::vector<Node> live;
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    if (!dead[i]) live.push_back(std::move(g.nodes()[i]));
+  }
+  g.nodes() = std::move(live);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    for (ValueId o : g.nodes()[i].outputs) {
+      if (o != kNoValue) g.value(o).producer = static_cast<int>(i);
+    }
+  }
+}
+
+int CountDead(const std::vector<bool>& dead) {
+  int n = 0;
+  for (bool d : dead) n += d ? 1 : 0;
+  return n;
+}
+
+// `node` (the single consumer of `producer`'s first output `v`) is absorbed: the producer now
+// writes the node's output instead.
+void Absorb(Graph* graph, Node* producer, const Node& node, ValueId v) {
+  producer->outputs[0] = node.outputs[0];
+  graph->value(v).producer = -1;
+}
+
+// The float contents of a compile-time constant, or nullptr.
+const HostTensor* ConstantFloats(const Graph& g, ValueId id) {
+  if (id == kNoValue) return nullptr;
+  const Value& v = g.value(id);
+  if (v.kind != ValueKind::kConstant || v.type != DataType::kFloat32) return nullptr;
+  if (v.data.bytes.size() != v.bytes()) return nullptr;
+  return &v.data;
+}
+
+Attribute FloatAttr(float f) {
+  Attribute a;
+  a.kind = Attribute::Kind::kFloat;
+  a.f = f;
+  return a;
+}
+
+Attribute StringAttr(std::string s) {
+  Attribute a;
+  a.kind = Attribute::Kind::kString;
+  a.s = std::move(s);
+  return a;
+}
+
+// The bounds of a Clip whose min and max are known at compile time (attributes before opset
+// 11, constant scalar inputs from it); false otherwise.
+bool ConstantClipBounds(const Graph& g, const Node& clip, float* lo, float* hi) {
+  if (g.opset() < 11) {
+    *lo = clip.GetFloat("min", std::numeric_limits<float>::lowest());
+    *hi = clip.GetFloat("max", std::numeric_limits<float>::max());
+    return true;
+  }
+  *lo = -std::numeric_limits<float>::infinity();
+  *hi = std::numeric_limits<float>::infinity();
+  for (size_t i = 1; i < 3; ++i) {
+    if (clip.input(i) == kNoValue) continue;
+    const HostTensor* t = ConstantFloats(g, clip.input(i));
+    if (t == nullptr || t->num_elements() != 1) return false;
+    (i == 1 ? *lo : *hi) = t->floats()[0];
+  }
+  return *lo <= *hi;
+}
+
+}  // namespace
+
+// Note [BatchNorm folding]: an inference BatchNormalization after a Conv is
+// y = (conv(x, W) + B - mean) * s + b with s = scale / sqrt(var + eps) per output channel, which
+// is conv(x, W * s) + (B - mean) * s + b. The folded weights and bias are new constants (W may
+// be read elsewhere); the originals, no longer read, drop out of persistent memory.
+int FoldBatchNorm(Graph* graph, const FusionOptions& options) {
+  Graph& g = *graph;
+  const std::vector<int> consumers = ConsumerCounts(g, options.keep);
+  std::vector<bool> dead(g.nodes().size(), false);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& bn = g.nodes()[i];
+    if (bn.op != "BatchNormalization" || bn.inputs.size() != 5) continue;
+    if (bn.GetInt("training_mode", 0) != 0) continue;
+    bool extra_outputs = false;
+    for (size_t o = 1; o < bn.outputs.size(); ++o) extra_outputs |= bn.outputs[o] != kNoValue;
+    if (extra_outputs) continue;
+    const ValueId v = bn.inputs[0];
+    const int p = g.value(v).producer;
+    if (p < 0 || consumers[v] != 1 || g.nodes()[p].op != "Conv") continue;
+    Node& conv = g.nodes()[p];
+    if (conv.Has("fused_activation") || conv.input(3) != kNoValue) continue;
+    const HostTensor* w = ConstantFloats(g, conv.inputs[1]);
+    const HostTensor* b = conv.input(2) == kNoValue ? nullptr : ConstantFloats(g, conv.inputs[2]);
+    if (w == nullptr || (conv.input(2) != kNoValue && b == nullptr)) continue;
+    const HostTensor* scale = ConstantFloats(g, bn.inputs[1]);
+    const HostTensor* shift = ConstantFloats(g, bn.inputs[2]);
+    const HostTensor* mean = ConstantFloats(g, bn.inputs[3]);
+    const HostTensor* var = ConstantFloats(g, bn.inputs[4]);
+    if (!scale || !shift || !mean || !var || w->shape.empty()) continue;
+    const int64_t channels = w->shape[0];
+    if (scale->num_elements() != channels || shift->num_elements() != channels ||
+        mean->num_elements() != channels || var->num_elements() != channels) {
+      continue;
+    }
+    const float eps = bn.GetFloat("epsilon", 1e-5f);
+    HostTensor folded_w(DataType::kFloat32, w->shape);
+    HostTensor folded_b(DataType::kFloat32, {channels});
+    const int64_t per_channel = channels > 0 ? w->num_elements() / channels : 0;
+    for (int64_t c = 0; c < channels; ++c) {
+      const float s = scale->floats()[c] / std::sqrt(var->floats()[c] + eps);
+      for (int64_t e = 0; e < per_channel; ++e) {
+        folded_w.floats()[c * per_channel + e] = w->floats()[c * per_channel + e] * s;
+      }
+      const float bias = b != nullptr ? b->floats()[c] : 0.f;
+      folded_b.floats()[c] = (bias - mean->floats()[c]) * s + shift->floats()[c];
+    }
+    const std::string stem = conv.name.empty() ? std::string("conv") : conv.name;
+    Value wv;
+    wv.name = g.UniqueName(stem + ".folded_weight");
+    wv.shape = folded_w.shape;
+    wv.kind = ValueKind::kConstant;
+    wv.data = std::move(folded_w);
+    Value bv;
+    bv.name = g.UniqueName(stem + ".folded_bias");
+    bv.shape = folded_b.shape;
+    bv.kind = ValueKind::kConstant;
+    bv.data = std::move(folded_b);
+    // AddValue may move the value table: no Value references are held past this point.
+    const ValueId wid = g.AddValue(std::move(wv));
+    const ValueId bid = g.AddValue(std::move(bv));
+    Node& c = g.nodes()[p];
+    c.inputs.resize(3, kNoValue);
+    c.inputs[1] = wid;
+    c.inputs[2] = bid;
+    Absorb(&g, &c, g.nodes()[i], v);
+    dead[i] = true;
+  }
+  RemoveNodes(&g, dead);
+  return CountDead(dead);
+}
+
+// Inference only: the Relu's (or Clip's) gradient needs its input, which this removes.
+int FuseActivations(Graph* graph, const FusionOptions& options) {
+  Graph& g = *graph;
+  const std::vector<int> consumers = ConsumerCounts(g, options.keep);
+  std::vector<bool> dead(g.nodes().size(), false);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& act = g.nodes()[i];
+    if ((act.op != "Relu" && act.op != "Clip") || act.outputs.size() != 1) continue;
+    const ValueId v = act.inputs[0];
+    const int p = g.value(v).producer;
+    if (p < 0 || consumers[v] != 1 || g.value(v).type != DataType::kFloat32) continue;
+    Node& producer = g.nodes()[p];
+    if (producer.op != "Conv" && producer.op != "Gemm") continue;
+    if (producer.Has("fused_activation") || producer.input(3) != kNoValue) continue;
+    if (act.op == "Relu") {
+      producer.attrs["fused_activation"] = StringAttr("Relu");
+    } else {
+      float lo = 0, hi = 0;
+      // Clip only into a Conv; cuDNN's clipped Relu has a lower bound of 0.
+      if (producer.op != "Conv" || !ConstantClipBounds(g, act, &lo, &hi)) continue;
+      if (options.device == DeviceType::kCuda && lo != 0.f) continue;
+      producer.attrs["fused_activation"] = StringAttr("Clip");
+      producer.attrs["fused_min"] = FloatAttr(lo);
+      producer.attrs["fused_max"] = FloatAttr(hi);
+    }
+    Absorb(&g, &producer, act, v);
+    dead[i] = true;
+  }
+  RemoveNodes(&g, dead);
+  return CountDead(dead);
+}
+
+// Note [Fused residual sum]: Add(conv(x), other) becomes a Conv with `other` as its fourth
+// input; the kernel seeds its destination with `other` and accumulates the convolution into
+// it (oneDNN's sum post-op), then applies any fused activation (a Relu right after the Add is
+// absorbed too). The Conv must come after `other`'s producer, so that `other` is computed when
+// it runs: of two Conv operands the later one is fused. `other` stays an ordinary input, read
+// before the destination is written, and is planned apart from the output like any input.
+int FuseResidualAdd(Graph* graph, const FusionOptions& options) {
+  if (options.device != DeviceType::kCpu) return 0;
+  Graph& g = *graph;
+  std::vector<int> consumers = ConsumerCounts(g, options.keep);
+  std::vector<bool> dead(g.nodes().size(), false);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& add = g.nodes()[i];
+    if (add.op != "Add" || add.inputs.size() != 2 || add.outputs.size() != 1) continue;
+    const Shape& out = g.value(add.outputs[0]).shape;
+    int chosen = -1;
+    for (int k = 0; k < 2; ++k) {
+      const ValueId v = add.inputs[k], other = add.inputs[1 - k];
+      const int p = g.value(v).producer;
+      if (p < 0 || dead[p] || consumers[v] != 1 || v == other) continue;
+      const Node& conv = g.nodes()[p];
+      if (conv.op != "Conv" || conv.Has("fused_activation") || conv.input(3) != kNoValue) continue;
+      if (g.value(v).type != DataType::kFloat32 || g.value(v).shape != out ||
+          g.value(other).shape != out || g.value(other).type != DataType::kFloat32) {
+        continue;
+      }
+      if (g.value(other).producer >= p) continue;  // not computed yet when the Conv runs
+      if (chosen < 0 || p > g.value(add.inputs[chosen]).producer) chosen = k;
+    }
+    if (chosen < 0) continue;
+    const ValueId v = add.inputs[chosen], other = add.inputs[1 - chosen];
+    const int p = g.value(v).producer;
+    Node& conv = g.nodes()[p];
+    conv.inputs.resize(4, kNoValue);
+    conv.inputs[3] = other;
+    Absorb(&g, &conv, add, v);
+    dead[i] = true;
+    // A Relu that alone reads the sum becomes the Conv's activation, after the sum.
+    const ValueId sum = conv.outputs[0];
+    if (consumers[sum] != 1) continue;
+    for (size_t j = i + 1; j < g.nodes().size(); ++j) {
+      const Node& relu = g.nodes()[j];
+      if (relu.op != "Relu" || relu.inputs[0] != sum || relu.outputs.size() != 1) continue;
+      conv.attrs["fused_activation"] = StringAttr("Relu");
+      Absorb(&g, &conv, relu, sum);
+      dead[j] = true;
+      break;
+    }
+  }
+  RemoveNodes(&g, dead);
+  return CountDead(dead);
+}
+
+void ApplyInferenceFusions(Graph* graph, const FusionOptions& options) {
+  FoldBatchNorm(graph, options);
+  FuseActivations(graph, options);
+  FuseResidualAdd(graph, options);
+}
+
+}  // namespace salus::exec

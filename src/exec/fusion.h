@@ -1,0 +1,48 @@
+// Inference graph rewrites: each replaces a chain of nodes with fewer nodes that compute the
+// same values (to float rounding). Executable::Build runs them on inference compiles only,
+// after the fetches are resolved; a training compile keeps every node (the backward pass reads
+// the intermediates these rewrites remove). No rewrite removes a value that is fetched or is a
+// graph output, nor one that another node still reads.
+//
+//   FoldBatchNorm: Conv -> BatchNormalization (inference form, scale/B/mean/var constants)
+//     becomes one Conv whose weights and bias are the folded constants (Note [BatchNorm
+//     folding]). Any device.
+//   FuseActivations: Conv or Gemm -> Relu, and Conv -> Clip with constant bounds (ReLU6),
+//     become the Conv or Gemm with attribute `fused_activation` ("Relu" or "Clip", the bounds
+//     in `fused_min`/`fused_max`). Any device: every Conv and Gemm kernel honours it.
+//   FuseResidualAdd: Conv -> Add(conv, other) [-> Relu] becomes a Conv with a fourth input
+//     `other` (after X, W and the optional B) that it adds to its output before the
+//     activation (Note [Fused residual sum]). CPU only (the oneDNN sum post-op).
+//
+// ApplyInferenceFusions runs them in that order, so Conv -> BN -> Relu and
+// Conv -> BN -> Add -> Relu each become one Conv.
+#pragma once
+
+#include <vector>
+
+#include "exec/device.h"
+#include "exec/graph.h"
+
+namespace salus::exec {
+
+struct FusionOptions {
+  DeviceType device = DeviceType::kCpu;
+  // Values that must stay materialised (fetches); graph outputs are always kept.
+  std::vector<ValueId> keep;
+};
+
+// Each returns the number of nodes it removed. A pattern that does not qualify is left as it
+// is: none of them fails.
+int FoldBatchNorm(Graph* graph, const FusionOptions& options);
+int FuseActivations(Graph* graph, const FusionOptions& options);
+int FuseResidualAdd(Graph* graph, const FusionOptions& options);
+
+// fusion_seq.cc: the exporter's exact-GELU chain (Div/Mul by sqrt 2, Erf, Add 1, two Muls)
+// becomes one Gelu node. Inference and training (before autodiff: Gelu has a gradient). CPU
+// only (the Gelu kernel). Not run by ApplyInferenceFusions.
+int FuseGelu(Graph* graph, const FusionOptions& options);
+
+// FoldBatchNorm, FuseActivations and FuseResidualAdd, in that order.
+void ApplyInferenceFusions(Graph* graph, const FusionOptions& options);
+
+}  // namespace salus::exec

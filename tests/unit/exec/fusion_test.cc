@@ -1,0 +1,333 @@
+// The inference graph rewrites of exec/fusion.h: each gives the outputs of the graph it
+// replaces (the same model compiled with CompileOptions::fuse off), folded constants replace
+// the originals in persistent memory exactly, and a fetched intermediate is never fused away.
+#include "exec/fusion.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "model_builder.h"
+
+namespace salus::exec {
+namespace {
+
+using testing::Memory;
+using testing::ModelBuilder;
+using testing::RandomFloats;
+using testing::RunHost;
+
+constexpr float kTolerance = 1e-4f;  // relative, as the integration test against onnxruntime
+
+std::string ReadModel(const std::string& name) {
+  std::ifstream f(std::string(SALUS_MODELS_DIR) + "/" + name + ".onnx", std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct Compiled {
+  std::unique_ptr<Executable> exe;
+  std::vector<HostTensor> outputs;
+};
+
+// Compiles `model` (fused or not) and runs it once on `feeds`.
+Compiled CompileAndRun(const std::string& model, CompileOptions o,
+                       const std::vector<HostTensor>& feeds, bool fuse) {
+  o.fuse = fuse;
+  Compiled c;
+  auto exe = Executable::Compile(model, o);
+  EXPECT_TRUE(exe.ok()) << exe.status();
+  if (!exe.ok()) return c;
+  c.exe = std::move(*exe);
+  Memory m(*c.exe);
+  auto out = RunHost(*c.exe, m, feeds);
+  EXPECT_TRUE(out.ok()) << out.status();
+  if (out.ok()) c.outputs = std::move(*out);
+  return c;
+}
+
+void ExpectClose(const HostTensor& got, const HostTensor& want) {
+  ASSERT_EQ(got.shape, want.shape);
+  for (int64_t i = 0; i < want.num_elements(); ++i) {
+    const float w = want.floats()[i];
+    EXPECT_NEAR(got.floats()[i], w, kTolerance * std::max(1.f, std::abs(w))) << "element " << i;
+  }
+}
+
+// Fused against unfused: same outputs; returns the fused executable's step count.
+size_t ExpectSameOutputs(const std::string& model, const CompileOptions& o,
+                         const std::vector<HostTensor>& feeds) {
+  Compiled fused = CompileAndRun(model, o, feeds, true);
+  Compiled plain = CompileAndRun(model, o, feeds, false);
+  if (!fused.exe || !plain.exe) return 0;
+  EXPECT_EQ(fused.outputs.size(), plain.outputs.size());
+  for (size_t i = 0; i < fused.outputs.size() && i < plain.outputs.size(); ++i) {
+    ExpectClose(fused.outputs[i], plain.outputs[i]);
+  }
+  return fused.exe->num_steps();
+}
+
+constexpr int64_t kChannels = 4;
+
+// x[2,3,8,8] -> Conv(w[, b]) -> BatchNormalization -> c; the BN's statistics are such that
+// folding matters (non-zero mean, variance far from 1).
+ModelBuilder ConvBn(bool conv_bias) {
+  ModelBuilder mb;
+  mb.Input("x", {2, 3, 8, 8});
+  mb.Initializer("w", {kChannels, 3, 3, 3}, RandomFloats(108, 1));
+  if (conv_bias) mb.Initializer("b", {kChannels}, RandomFloats(kChannels, 2));
+  mb.Initializer("scale", {kChannels}, RandomFloats(kChannels, 3, 0.5f, 2.f));
+  mb.Initializer("shift", {kChannels}, RandomFloats(kChannels, 4));
+  mb.Initializer("mean", {kChannels}, RandomFloats(kChannels, 5));
+  mb.Initializer("var", {kChannels}, RandomFloats(kChannels, 6, 0.1f, 3.f));
+  std::vector<std::string> in = {"x", "w"};
+  if (conv_bias) in.push_back("b");
+  auto& conv = mb.Node("Conv", in, {"c"});
+  ModelBuilder::Attr(conv, "pads", std::vector<int64_t>{1, 1, 1, 1});
+  auto& bn = mb.Node("BatchNormalization", {"c", "scale", "shift", "mean", "var"}, {"n"});
+  ModelBuilder::Attr(bn, "epsilon", 1e-3f);
+  return mb;
+}
+
+HostTensor Image(uint32_t seed) {
+  return HostTensor::FromFloats({2, 3, 8, 8}, RandomFloats(2 * 3 * 8 * 8, seed));
+}
+
+TEST(FusionTest, BatchNormFoldsIntoConvWithOrWithoutBias) {
+  for (bool conv_bias : {true, false}) {
+    ModelBuilder mb = ConvBn(conv_bias);
+    mb.Node("Relu", {"n"}, {"y"});
+    mb.Output("y", {2, kChannels, 8, 8});
+    // Conv -> BN -> Relu: one Conv.
+    EXPECT_EQ(ExpectSameOutputs(mb.Bytes(), {}, {Image(7)}), 1u) << "bias " << conv_bias;
+  }
+}
+
+TEST(FusionTest, FoldedPersistentBytesAreTheFoldedWeightsAndBias) {
+  ModelBuilder mb = ConvBn(true);
+  mb.Output("n", {2, kChannels, 8, 8});
+  CompileOptions o;
+  auto fused = Executable::Compile(mb.Bytes(), o);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  // W' and B' only; the BN's four vectors and the original W and B are gone.
+  EXPECT_EQ((*fused)->persistent_bytes(), AlignUp(108 * 4) + AlignUp(kChannels * 4));
+  o.fuse = false;
+  auto plain = Executable::Compile(mb.Bytes(), o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->persistent_bytes(), AlignUp(108 * 4) + 5 * AlignUp(kChannels * 4));
+}
+
+TEST(FusionTest, FoldedValuesAreTheHandComputedOnes) {
+  // A 1x1 Conv of one channel: y = (w * x + b - mean) * scale / sqrt(var + eps) + shift.
+  ModelBuilder mb;
+  mb.Input("x", {1, 1, 1, 2});
+  mb.Initializer("w", {1, 1, 1, 1}, {2.f}).Initializer("b", {1}, {1.f});
+  mb.Initializer("scale", {1}, {3.f}).Initializer("shift", {1}, {0.5f});
+  mb.Initializer("mean", {1}, {4.f}).Initializer("var", {1}, {0.25f});
+  mb.Node("Conv", {"x", "w", "b"}, {"c"});
+  auto& bn = mb.Node("BatchNormalization", {"c", "scale", "shift", "mean", "var"}, {"y"});
+  ModelBuilder::Attr(bn, "epsilon", 0.f);
+  mb.Output("y", {1, 1, 1, 2});
+  Compiled c =
+      CompileAndRun(mb.Bytes(), {}, {HostTensor::FromFloats({1, 1, 1, 2}, {1.f, -2.f})}, true);
+  ASSERT_EQ(c.outputs.size(), 1u);
+  EXPECT_EQ(c.exe->num_steps(), 1u);
+  // s = 3 / 0.5 = 6: (2 + 1 - 4) * 6 + 0.5 and (-4 + 1 - 4) * 6 + 0.5.
+  EXPECT_FLOAT_EQ(c.outputs[0].floats()[0], -5.5f);
+  EXPECT_FLOAT_EQ(c.outputs[0].floats()[1], -41.5f);
+}
+
+TEST(FusionTest, AFetchedIntermediateIsNotFusedAway) {
+  ModelBuilder mb = ConvBn(true);
+  mb.Node("Relu", {"n"}, {"y"});
+  mb.Output("y", {2, kChannels, 8, 8});
+  CompileOptions o;
+  o.fetches = {"y", "c"};  // the Conv's own output: BN cannot fold, nor Relu fuse
+  EXPECT_EQ(ExpectSameOutputs(mb.Bytes(), o, {Image(8)}), 3u);
+  o.fetches = {"y", "n"};  // the BN's output: it folds, the Relu stays apart
+  EXPECT_EQ(ExpectSameOutputs(mb.Bytes(), o, {Image(8)}), 2u);
+}
+
+TEST(FusionTest, TrainingKeepsEveryNode) {
+  ModelBuilder mb = ConvBn(true);
+  mb.Node("Relu", {"n"}, {"y"});
+  auto& mean = mb.Node("ReduceMean", {"y"}, {"loss"});
+  ModelBuilder::Attr(mean, "keepdims", int64_t{0});
+  mb.Output("loss", {});
+  CompileOptions o;
+  o.mode = Mode::kTraining;
+  o.loss = "loss";
+  auto exe = Executable::Compile(mb.Bytes(), o);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  int relus = 0;
+  for (const Node& n : (*exe)->graph().nodes()) {
+    relus += n.op == "Relu";
+    EXPECT_FALSE(n.Has("fused_activation")) << n.Describe();
+  }
+  EXPECT_EQ(relus, 1);
+}
+
+// x -> Conv -> Clip(lo, hi) -> y, the bounds as constant inputs (opset 11 on).
+ModelBuilder ConvClip(float lo, float hi) {
+  ModelBuilder mb;
+  mb.Input("x", {2, 3, 8, 8});
+  mb.Initializer("w", {kChannels, 3, 3, 3}, RandomFloats(108, 11, -2.f, 2.f));
+  mb.Initializer("lo", {}, {lo}).Initializer("hi", {}, {hi});
+  auto& conv = mb.Node("Conv", {"x", "w"}, {"c"});
+  ModelBuilder::Attr(conv, "pads", std::vector<int64_t>{1, 1, 1, 1});
+  mb.Node("Clip", {"c", "lo", "hi"}, {"y"});
+  mb.Output("y", {2, kChannels, 8, 8});
+  return mb;
+}
+
+TEST(FusionTest, ClipWithConstantBoundsFusesIntoConv) {
+  for (auto [lo, hi] : {std::pair{0.f, 6.f}, std::pair{-0.5f, 0.5f}}) {
+    ModelBuilder mb = ConvClip(lo, hi);
+    HostTensor x = Image(12);
+    EXPECT_EQ(ExpectSameOutputs(mb.Bytes(), {}, {x}), 1u);
+    Compiled c = CompileAndRun(mb.Bytes(), {}, {x}, true);
+    ASSERT_EQ(c.outputs.size(), 1u);
+    int clipped = 0;
+    for (int64_t i = 0; i < c.outputs[0].num_elements(); ++i) {
+      const float v = c.outputs[0].floats()[i];
+      EXPECT_GE(v, lo);
+      EXPECT_LE(v, hi);
+      clipped += v == lo || v == hi;
+    }
+    EXPECT_GT(clipped, 0);
+  }
+}
+
+TEST(FusionTest, ClipWithAFedBoundIsNotFused) {
+  ModelBuilder mb;
+  mb.Input("x", {2, 3, 8, 8});
+  mb.Input("hi", {});
+  mb.Initializer("w", {kChannels, 3, 3, 3}, RandomFloats(108, 13));
+  mb.Node("Conv", {"x", "w"}, {"c"});
+  mb.Node("Clip", {"c", "", "hi"}, {"y"});
+  mb.Output("y", {2, kChannels, 6, 6});
+  EXPECT_EQ(ExpectSameOutputs(mb.Bytes(), {}, {Image(14), HostTensor::FromFloats({}, {0.1f})}), 2u);
+}
+
+// x -> Conv1 -> a -> Conv2 -> b; Add(b, a) or Add(a, b) -> s [-> Relu -> y].
+ModelBuilder Residual(bool b_first, bool relu) {
+  ModelBuilder mb;
+  mb.Input("x", {2, kChannels, 8, 8});
+  mb.Initializer("w1", {kChannels, kChannels, 3, 3}, RandomFloats(144, 21));
+  mb.Initializer("w2", {kChannels, kChannels, 3, 3}, RandomFloats(144, 22));
+  mb.Initializer("b2", {kChannels}, RandomFloats(kChannels, 23));
+  auto& c1 = mb.Node("Conv", {"x", "w1"}, {"a"});
+  ModelBuilder::Attr(c1, "pads", std::vector<int64_t>{1, 1, 1, 1});
+  auto& c2 = mb.Node("Conv", {"a", "w2", "b2"}, {"b"});
+  ModelBuilder::Attr(c2, "pads", std::vector<int64_t>{1, 1, 1, 1});
+  mb.Node("Add", b_first ? std::vector<std::string>{"b", "a"} : std::vector<std::string>{"a", "b"},
+          {"s"});
+  if (relu) mb.Node("Relu", {"s"}, {"y"});
+  mb.Output(relu ? "y" : "s", {2, kChannels, 8, 8});
+  return mb;
+}
+
+HostTensor ResidualInput() {
+  return HostTensor::FromFloats({2, kChannels, 8, 8}, RandomFloats(2 * kChannels * 64, 24));
+}
+
+TEST(FusionTest, ResidualAddAndReluFuseIntoTheLaterConv) {
+  for (bool b_first : {true, false}) {
+    for (bool relu : {true, false}) {
+      // Conv1 alone, then Conv2 with the sum and the Relu.
+      EXPECT_EQ(ExpectSameOutputs(Residual(b_first, relu).Bytes(), {}, {ResidualInput()}), 2u)
+          << "b_first " << b_first << " relu " << relu;
+    }
+  }
+}
+
+TEST(FusionTest, ResidualAddOfTwoConvsOfOneInput) {
+  // The shape of a downsampling block: Add(Conv1(x), Conv2(x)); Conv2 (later) takes the sum.
+  ModelBuilder mb;
+  mb.Input("x", {2, kChannels, 8, 8});
+  mb.Initializer("w1", {kChannels, kChannels, 1, 1}, RandomFloats(16, 31));
+  mb.Initializer("w2", {kChannels, kChannels, 1, 1}, RandomFloats(16, 32));
+  mb.Node("Conv", {"x", "w1"}, {"a"});
+  mb.Node("Conv", {"x", "w2"}, {"b"});
+  mb.Node("Add", {"a", "b"}, {"s"});
+  mb.Output("s", {2, kChannels, 8, 8});
+  Compiled c = CompileAndRun(mb.Bytes(), {}, {ResidualInput()}, true);
+  ASSERT_TRUE(c.exe);
+  ASSERT_EQ(c.exe->graph().nodes().size(), 2u);
+  EXPECT_EQ(c.exe->graph().nodes()[1].input(3), c.exe->graph().Find("a"));
+  EXPECT_EQ(ExpectSameOutputs(mb.Bytes(), {}, {ResidualInput()}), 2u);
+}
+
+TEST(FusionTest, AFetchedConvOutputKeepsTheAddApart) {
+  CompileOptions o;
+  o.fetches = {"y", "b"};
+  EXPECT_EQ(ExpectSameOutputs(Residual(true, true).Bytes(), o, {ResidualInput()}), 4u);
+  o.fetches = {"y", "s"};  // the sum: the Add fuses, the Relu stays apart
+  EXPECT_EQ(ExpectSameOutputs(Residual(true, true).Bytes(), o, {ResidualInput()}), 3u);
+}
+
+TEST(FusionTest, CudaCompilesKeepTheResidualAddApart) {
+  ModelBuilder mb = Residual(true, true);
+  auto exe = Executable::Compile(mb.Bytes(), {});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  Graph g = (*exe)->graph();  // already fused for the CPU: rebuild from the unfused compile
+  CompileOptions o;
+  o.fuse = false;
+  auto plain = Executable::Compile(mb.Bytes(), o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  Graph cuda = (*plain)->graph();
+  EXPECT_EQ(FuseResidualAdd(&cuda, FusionOptions{DeviceType::kCuda, {}}), 0);
+  EXPECT_EQ(cuda.nodes().size(), 4u);
+  Graph cpu = (*plain)->graph();
+  EXPECT_EQ(FuseResidualAdd(&cpu, FusionOptions{DeviceType::kCpu, {}}), 2);  // Add and Relu
+  EXPECT_EQ(cpu.nodes().size(), g.nodes().size());
+}
+
+TEST(FusionTest, CudaCompilesFuseOnlyClipsFromZero) {
+  for (auto [lo, fused] : {std::pair{0.f, 1}, std::pair{-1.f, 0}}) {
+    CompileOptions o;
+    o.fuse = false;
+    auto plain = Executable::Compile(ConvClip(lo, 6.f).Bytes(), o);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    Graph g = (*plain)->graph();
+    EXPECT_EQ(FuseActivations(&g, FusionOptions{DeviceType::kCuda, {}}), fused) << lo;
+  }
+}
+
+// The exported CNNs: every rewrite at once, against the unfused compile.
+TEST(FusionTest, ExportedCnnsKeepTheirOutputs) {
+  for (const char* name : {"resnet18", "mobilenetv2"}) {
+    const std::string model = ReadModel(name);
+    ASSERT_FALSE(model.empty()) << name;
+    CompileOptions o;
+    o.input_shapes = {{"x", {2, 3, 32, 32}}, {"labels", {2}}};
+    o.fetches = {"logits"};
+    auto probe = Executable::Compile(model, o);
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    std::vector<HostTensor> feeds;
+    for (const TensorInfo& in : (*probe)->inputs()) {
+      if (in.type == DataType::kInt64) {
+        feeds.push_back(
+            HostTensor::FromInt64s(in.shape, std::vector<int64_t>(NumElements(in.shape), 1)));
+      } else {
+        feeds.push_back(HostTensor::FromFloats(in.shape, RandomFloats(NumElements(in.shape), 41)));
+      }
+    }
+    Compiled fused = CompileAndRun(model, o, feeds, true);
+    Compiled plain = CompileAndRun(model, o, feeds, false);
+    ASSERT_TRUE(fused.exe && plain.exe) << name;
+    ASSERT_EQ(fused.outputs.size(), 1u);
+    ExpectClose(fused.outputs[0], plain.outputs[0]);
+    EXPECT_LT(fused.exe->num_steps(), plain.exe->num_steps() / 2) << name;
+    EXPECT_LT(fused.exe->persistent_bytes(), plain.exe->persistent_bytes()) << name;
+    for (const Node& n : fused.exe->graph().nodes()) {
+      EXPECT_NE(n.op, "BatchNormalization") << name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace salus::exec
