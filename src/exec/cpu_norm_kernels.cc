@@ -18,6 +18,7 @@
 #include "exec/dnnl_kernel.h"
 #include "exec/element_math.h"
 #include "exec/kernel_registry.h"
+#include "exec/shape_inference.h"
 
 namespace salus::exec {
 namespace {
@@ -150,36 +151,8 @@ KernelOr BatchNormGrad(const Node& n, const Graph& g) {
   return std::unique_ptr<Kernel>(std::move(k));
 }
 
-// LayerNormalization normalises each row of X seen as [outer, inner], inner the product of
-// the dims from `axis` on; Scale and B hold `inner` values.
-struct LayerNormSpec {
-  int64_t outer = 1, inner = 1;
-  float epsilon = 1e-5f;
-  bool bias = false;
-};
-
-StatusOr<LayerNormSpec> LayerNormFor(const Node& n, const Graph& g) {
-  const Shape& x = g.value(n.inputs[0]).shape;
-  const int64_t rank = static_cast<int64_t>(x.size());
-  int64_t axis = n.GetInt("axis", -1);
-  if (axis < 0) axis += rank;
-  if (axis < 0 || axis >= rank) {
-    return InvalidArgumentError(n.Describe() + ": axis out of range for input " + ShapeString(x));
-  }
-  if (n.GetInt("stash_type", 1) != 1) {
-    return UnimplementedError(n.Describe() + ": stash_type other than float");
-  }
-  LayerNormSpec s;
-  for (int64_t d = 0; d < rank; ++d) (d < axis ? s.outer : s.inner) *= x[d];
-  if (n.input(1) == kNoValue || NumElements(g.value(n.inputs[1]).shape) != s.inner) {
-    return InvalidArgumentError(n.Describe() + ": Scale must hold " + std::to_string(s.inner) +
-                                " values");
-  }
-  s.epsilon = n.GetFloat("epsilon", 1e-5f);
-  s.bias = n.input(2) != kNoValue;
-  return s;
-}
-
+// LayerNormalization normalises each row of X seen as [outer, inner] (LayerNormFor in
+// shape_inference.h).
 dnnl::memory::desc RowsDesc(const LayerNormSpec& s) { return PlainDesc({s.outer, s.inner}); }
 
 Flags LayerNormFlags(const LayerNormSpec& s) { return s.bias ? kScaleShift : Flags::use_scale; }
@@ -187,7 +160,7 @@ Flags LayerNormFlags(const LayerNormSpec& s) { return s.bias ? kScaleShift : Fla
 // Inputs (X, Scale, B?); outputs (Y, Mean?, InvStdDev?).
 KernelOr LayerNorm(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  SALUS_ASSIGN_OR_RETURN(LayerNormSpec s, LayerNormFor(n, g));
+  SALUS_ASSIGN_OR_RETURN(LayerNormSpec s, LayerNormFor(g, n));
   const bool mean_out = n.output(1) != kNoValue, invstd_out = n.output(2) != kNoValue;
   auto md = RowsDesc(s);
   auto stat_md = PlainDesc({s.outer});
@@ -224,7 +197,7 @@ KernelOr LayerNorm(const Node& n, const Graph& g) {
 // Inputs (X, Scale, dY); outputs (dX, dScale, dBias?). Each row's mean and variance are
 // recomputed from X (in double) into scratch before oneDNN's backward primitive.
 KernelOr LayerNormGrad(const Node& n, const Graph& g) {
-  SALUS_ASSIGN_OR_RETURN(LayerNormSpec s, LayerNormFor(n, g));
+  SALUS_ASSIGN_OR_RETURN(LayerNormSpec s, LayerNormFor(g, n));
   s.bias = n.output(2) != kNoValue;
   auto md = RowsDesc(s);
   auto stat_md = PlainDesc({s.outer});

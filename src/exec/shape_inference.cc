@@ -161,6 +161,36 @@ StatusOr<std::vector<int64_t>> ReductionAxes(const Graph& graph, const Node& nod
   return axes;
 }
 
+StatusOr<LayerNormSpec> LayerNormFor(const Graph& graph, const Node& node) {
+  const Shape& x = graph.value(node.inputs[0]).shape;
+  const int64_t rank = static_cast<int64_t>(x.size());
+  int64_t axis = node.GetInt("axis", -1);
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank) {
+    return InvalidArgumentError(node.Describe() + ": axis out of range for input " +
+                                ShapeString(x));
+  }
+  if (node.GetInt("stash_type", 1) != 1) {
+    return UnimplementedError(node.Describe() + ": stash_type other than float");
+  }
+  LayerNormSpec s;
+  for (int64_t d = 0; d < rank; ++d) (d < axis ? s.outer : s.inner) *= x[d];
+  // The forward node's inputs are (X, Scale, B?); its gradient's (X, Scale, dY).
+  const bool forward = node.op == "LayerNormalization";
+  for (size_t i = 1; i < (forward ? 3u : 2u); ++i) {
+    if (i == 1 && node.input(i) == kNoValue) {
+      return InvalidArgumentError(node.Describe() + ": missing Scale");
+    }
+    if (node.input(i) != kNoValue && NumElements(graph.value(node.inputs[i]).shape) != s.inner) {
+      return InvalidArgumentError(node.Describe() + (i == 1 ? ": Scale" : ": B") + " must hold " +
+                                  std::to_string(s.inner) + " values");
+    }
+  }
+  s.epsilon = node.GetFloat("epsilon", 1e-5f);
+  s.bias = forward && node.input(2) != kNoValue;
+  return s;
+}
+
 StatusOr<SliceSpec> SliceFor(const Graph& graph, const Node& node) {
   const Shape& x = graph.value(node.input(0)).shape;
   const int64_t rank = static_cast<int64_t>(x.size());

@@ -48,4 +48,13 @@ StatusOr<SliceSpec> SliceFor(const Graph& graph, const Node& node);
 // 13, the constant `split` input from 13, `num_outputs` chunks from 18, else equal parts.
 StatusOr<std::vector<int64_t>> SplitSizes(const Graph& graph, const Node& node, int64_t* axis);
 
+// A LayerNormalization node's X seen as [outer, inner], inner the product of the dims from
+// `axis` on; Scale (and B, when given) hold `inner` values. Both devices' kernels take it.
+struct LayerNormSpec {
+  int64_t outer = 1, inner = 1;
+  float epsilon = 1e-5f;
+  bool bias = false;
+};
+StatusOr<LayerNormSpec> LayerNormFor(const Graph& graph, const Node& node);
+
 }  // namespace salus::exec

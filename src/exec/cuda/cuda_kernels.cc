@@ -6,6 +6,8 @@ void RegisterCudaKernels(KernelRegistry* registry) {
   cuda::RegisterBasicKernels(registry);
   cuda::RegisterCudnnKernels(registry);
   cuda::RegisterBlasKernels(registry);
+  cuda::RegisterTensorKernels(registry);
+  cuda::RegisterNormLstmKernels(registry);
 }
 
 }  // namespace salus::exec

@@ -5,6 +5,9 @@
 //                      broadcasting binary ops, Transpose, Concat, DepthToSpace, Pad, the loss
 //   cudnn_kernels.cc   Conv, ConvTranspose, pooling, BatchNormalization, Softmax, LogSoftmax
 //   blas_kernels.cc    Gemm and MatMul (cuBLAS), reductions (CUB)
+//   tensor_kernels.cc  the tensor ops of exported models: Gather, Where, Cast, Expand, Slice,
+//                      Split, comparisons and logic, Min, Max, Clip, Mod, Erf, Gelu, Range, ...
+//   norm_lstm_kernels.cc  LayerNormalization (hand-written) and LSTM (cuBLAS and a cell kernel)
 #pragma once
 
 #include "exec/kernel_registry.h"
@@ -14,5 +17,7 @@ namespace salus::exec::cuda {
 void RegisterBasicKernels(KernelRegistry* registry);
 void RegisterCudnnKernels(KernelRegistry* registry);
 void RegisterBlasKernels(KernelRegistry* registry);
+void RegisterTensorKernels(KernelRegistry* registry);
+void RegisterNormLstmKernels(KernelRegistry* registry);
 
 }  // namespace salus::exec::cuda

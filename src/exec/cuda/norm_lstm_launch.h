@@ -1,0 +1,58 @@
+// Launch interface of norm_lstm.cu (C++17: nvcc compiles it): the hand-written kernels behind
+// norm_lstm_kernels.cc, LayerNormalization and the LSTM's per-step work. The LSTM cell is
+// element_math.h's LstmCellForward, which the CPU kernel shares.
+//
+// Each function queues its kernel on `stream` and returns the launch's error; it never waits for
+// it and allocates nothing. Tensors are packed float32 in device memory. Nothing is launched for
+// an empty tensor.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace salus::exec::cuda {
+
+// X viewed as [rows, inner]; Scale and B hold `inner` values.
+struct LayerNormGeometry {
+  int64_t rows = 0, inner = 0;
+  float epsilon = 1e-5f;
+};
+
+// One block per row (grid-stride over rows): the row's mean, then its (biased) variance about
+// the mean, each summed in double by a fixed-shape tree; then
+// y = (x - mean) * inv_std * scale (+ bias) with inv_std = 1 / sqrt(variance + epsilon).
+// bias, mean and inv_std may be null (mean and inv_std: the optional outputs, `rows` floats).
+// Deterministic: no atomics, a fixed order of additions.
+cudaError_t LaunchLayerNorm(const LayerNormGeometry& g, const float* x, const float* scale,
+                            const float* bias, float* y, float* mean, float* inv_std,
+                            cudaStream_t stream);
+
+// Where one direction's per-step rows lie. Every offset is linear in its indices, so each is a
+// base plus strides (in floats): row (t, b) of the input projections is t * row_t + b * row_b;
+// Y's (t, b) slice starts at y_base + t * y_t + b * y_b; a state's b slice (initial_h, Y_h, ...)
+// at state_base + b * state_b.
+struct LstmGeometry {
+  int64_t batch = 0, hidden = 0;
+  int64_t row_t = 0, row_b = 0;
+  int64_t y_base = 0, y_t = 0, y_b = 0;
+  int64_t state_base = 0, state_b = 0;
+};
+
+// buf[b * hidden + j] = state[state_base + b * state_b + j], or 0 where state is null.
+cudaError_t LaunchLstmLoadState(const LstmGeometry& g, const float* state, float* buf,
+                                cudaStream_t stream);
+
+// state[state_base + b * state_b + j] = buf[b * hidden + j].
+cudaError_t LaunchLstmStoreState(const LstmGeometry& g, const float* buf, float* state,
+                                 cudaStream_t stream);
+
+// One time step t of one direction, for every batch b and unit j: the gates' pre-activations are
+// z_k = (gx[row(t, b) * 4H + k * H + j] + (wb[k * H + j] + rb[k * H + j])) + gh[b * 4H + k * H + j]
+// (the CPU's order of additions; no bias when wb is null), and LstmCellForward of them and
+// c[b * H + j] updates c and h in place and writes h to Y (when y is not null).
+cudaError_t LaunchLstmCell(const LstmGeometry& g, int64_t t, const float* gx, const float* gh,
+                           const float* wb, const float* rb, float* h, float* c, float* y,
+                           cudaStream_t stream);
+
+}  // namespace salus::exec::cuda

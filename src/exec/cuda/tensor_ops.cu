@@ -1,0 +1,465 @@
+// The hand-written kernels of tensor_kernels.cc (tensor_ops_launch.h): grid-stride loops over
+// 64-bit indices whose per-element math and index maps are element_math.h's. Ops that only move
+// elements are instantiated per element size (uint8_t, uint32_t, uint64_t), the math per element
+// type and op, so the op's switch folds away. No kernel shares an output element between
+// threads, so every result is deterministic.
+#include <cstdint>
+#include <type_traits>
+
+#include "exec/cuda/grid.cuh"
+#include "exec/cuda/tensor_ops_launch.h"
+#include "exec/element_math.h"
+#include "exec/hd.h"
+
+namespace salus::exec::cuda {
+namespace {
+
+// Launches `kernel` over `count` elements (grid-stride), nothing when count is 0.
+template <typename... Params, typename... Args>
+cudaError_t Launch(void (*kernel)(Params...), int64_t count, cudaStream_t stream, Args... args) {
+  if (count <= 0) return cudaSuccess;
+  kernel<<<BlocksFor(count), kThreads, 0, stream>>>(args...);
+  return cudaGetLastError();
+}
+
+// Calls fn with a value of an unsigned type `bytes` wide.
+template <typename Fn>
+cudaError_t BySize(int bytes, Fn&& fn) {
+  switch (bytes) {
+    case 1:
+      return fn(uint8_t{});
+    case 4:
+      return fn(uint32_t{});
+    case 8:
+      return fn(uint64_t{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+// Calls fn with a value of the C++ type holding `t`'s elements (uint8_t for bool).
+template <typename Fn>
+cudaError_t ByType(ElemType t, Fn&& fn) {
+  switch (t) {
+    case ElemType::kFloat32:
+      return fn(float{});
+    case ElemType::kInt64:
+      return fn(int64_t{});
+    case ElemType::kBool:
+      return fn(uint8_t{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data movement.
+
+template <typename T>
+__global__ void MapCopyKernel(IndexMap map, const T* __restrict__ x, T* __restrict__ y,
+                              int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    int64_t off[kMaxIndexOperands];
+    MapIndex(map, e, off);
+    y[e] = x[off[0]];
+  }
+}
+
+template <typename T>
+__global__ void SliceKernel(SliceMap map, const T* __restrict__ x, T* __restrict__ y,
+                            int64_t count) {
+  for (int64_t o = FirstIndex(); o < count; o += GridStride()) y[o] = x[SliceSourceIndex(map, o)];
+}
+
+template <typename T>
+__global__ void GatherKernel(GatherGeometry g, const T* __restrict__ x,
+                             const int64_t* __restrict__ indices, T* __restrict__ y,
+                             int64_t count) {
+  for (int64_t o = FirstIndex(); o < count; o += GridStride()) {
+    const int64_t index = indices[(o / g.inner) % g.count];
+    const bool valid = index >= -g.axis_dim && index < g.axis_dim;
+    y[o] = valid ? x[GatherSourceIndex(g, indices, o)] : T{0};
+  }
+}
+
+template <typename T>
+__global__ void WhereKernel(IndexMap cond_x, IndexMap y_map, const uint8_t* __restrict__ cond,
+                            const T* __restrict__ x, const T* __restrict__ y, T* __restrict__ z,
+                            int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    int64_t cx[kMaxIndexOperands], yo[kMaxIndexOperands];
+    MapIndex(cond_x, e, cx);
+    MapIndex(y_map, e, yo);
+    z[e] = cond[cx[0]] != 0 ? x[cx[1]] : y[yo[0]];
+  }
+}
+
+template <typename T>
+__global__ void TriluKernel(int64_t rows, int64_t cols, bool upper, const int64_t* __restrict__ k,
+                            const T* __restrict__ x, T* __restrict__ y, int64_t count) {
+  const int64_t diagonal = k != nullptr ? k[0] : 0;
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    const int64_t c = e % cols, r = (e / cols) % rows;
+    y[e] = TriluKeeps(r, c, diagonal, upper) ? x[e] : T{0};
+  }
+}
+
+template <typename T>
+__global__ void FillKernel(T value, T* __restrict__ y, int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) y[e] = value;
+}
+
+__global__ void WriteInt64sKernel(Int64List list, int64_t* __restrict__ y) {
+  for (int64_t i = FirstIndex(); i < list.count; i += GridStride()) y[i] = list.values[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Math.
+
+template <TensorUnaryOp kOp>
+__global__ void TensorUnaryKernel(const float* __restrict__ x, float* __restrict__ y,
+                                  int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    const float v = x[e];
+    switch (kOp) {
+      case TensorUnaryOp::kErf:
+        y[e] = erff(v);
+        break;
+      case TensorUnaryOp::kGeluErf:
+        y[e] = GeluErf(v);
+        break;
+      case TensorUnaryOp::kGeluTanh:
+        y[e] = GeluTanh(v);
+        break;
+      case TensorUnaryOp::kReciprocal:
+        y[e] = 1.f / v;
+        break;
+    }
+  }
+}
+
+__global__ void NotKernel(const uint8_t* __restrict__ x, uint8_t* __restrict__ y, int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) y[e] = x[e] == 0;
+}
+
+template <typename F, typename T>
+__device__ __forceinline__ T Convert(F x) {
+  if constexpr (std::is_same_v<T, uint8_t>) {
+    return x != 0;  // NaN is true, as numpy's astype(bool)
+  } else if constexpr (std::is_same_v<F, float> && std::is_same_v<T, int64_t>) {
+    return FloatToInt64(x);
+  } else {
+    return static_cast<T>(x);
+  }
+}
+
+template <typename F, typename T>
+__global__ void CastKernel(const F* __restrict__ x, T* __restrict__ y, int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) y[e] = Convert<F, T>(x[e]);
+}
+
+// The bound of an omitted Clip min or max, as the CPU's: none at all.
+template <typename T>
+__device__ __forceinline__ T Unbounded(bool upper) {
+  if constexpr (std::is_same_v<T, float>) {
+    return upper ? INFINITY : -INFINITY;
+  } else {
+    return upper ? INT64_MAX : INT64_MIN;
+  }
+}
+
+template <typename T>
+__global__ void ClipKernel(const T* __restrict__ x, const T* __restrict__ lo_at,
+                           const T* __restrict__ hi_at, T* __restrict__ y, int64_t count) {
+  const T lo = lo_at != nullptr ? lo_at[0] : Unbounded<T>(false);
+  const T hi = hi_at != nullptr ? hi_at[0] : Unbounded<T>(true);
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) y[e] = ApplyClip(x[e], lo, hi);
+}
+
+__global__ void ClipConstantKernel(float lo, float hi, const float* __restrict__ x,
+                                   float* __restrict__ y, int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) y[e] = ApplyClip(x[e], lo, hi);
+}
+
+// a may be z (in place), so neither is __restrict__.
+template <bool kMax, typename T>
+__global__ void MinMaxKernel(IndexMap map, const T* a, const T* __restrict__ b, T* z,
+                             int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    int64_t off[kMaxIndexOperands];
+    MapIndex(map, e, off);
+    z[e] = kMax ? ApplyMax(a[off[0]], b[off[1]]) : ApplyMin(a[off[0]], b[off[1]]);
+  }
+}
+
+template <CompareOp kOp, typename T>
+__global__ void CompareKernel(IndexMap map, const T* a, const T* b, uint8_t* __restrict__ z,
+                              int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    int64_t off[kMaxIndexOperands];
+    MapIndex(map, e, off);
+    z[e] = ApplyCompare(kOp, a[off[0]], b[off[1]]);
+  }
+}
+
+__global__ void BoolEqualKernel(IndexMap map, const uint8_t* a, const uint8_t* b,
+                                uint8_t* __restrict__ z, int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    int64_t off[kMaxIndexOperands];
+    MapIndex(map, e, off);
+    z[e] = (a[off[0]] != 0) == (b[off[1]] != 0);
+  }
+}
+
+template <bool kAnd>
+__global__ void LogicKernel(IndexMap map, const uint8_t* a, const uint8_t* b,
+                            uint8_t* __restrict__ z, int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    int64_t off[kMaxIndexOperands];
+    MapIndex(map, e, off);
+    const bool u = a[off[0]] != 0, v = b[off[1]] != 0;
+    z[e] = kAnd ? (u && v) : (u || v);
+  }
+}
+
+__global__ void ModFloatKernel(IndexMap map, const float* a, const float* b, float* __restrict__ z,
+                               int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    int64_t off[kMaxIndexOperands];
+    MapIndex(map, e, off);
+    z[e] = ModFloat(a[off[0]], b[off[1]]);
+  }
+}
+
+__global__ void ModInt64Kernel(IndexMap map, bool fmod, const int64_t* a, const int64_t* b,
+                               int64_t* __restrict__ z, int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    int64_t off[kMaxIndexOperands];
+    MapIndex(map, e, off);
+    z[e] = ModInt64(a[off[0]], b[off[1]], fmod);
+  }
+}
+
+template <typename T>
+__global__ void RangeKernel(const T* __restrict__ start_at, const T* __restrict__ delta_at,
+                            T* __restrict__ y, int64_t count) {
+  const T start = start_at[0], delta = delta_at[0];
+  for (int64_t i = FirstIndex(); i < count; i += GridStride()) {
+    if constexpr (std::is_same_v<T, int64_t>) {
+      // Wraps like numpy rather than overflow, as the CPU's.
+      y[i] = static_cast<int64_t>(static_cast<uint64_t>(start) +
+                                  static_cast<uint64_t>(i) * static_cast<uint64_t>(delta));
+    } else {
+      y[i] = start + static_cast<T>(i) * delta;
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchMapCopy(const IndexMap& map, int elem_bytes, const void* x, void* y,
+                          cudaStream_t stream) {
+  return BySize(elem_bytes, [&](auto tag) {
+    using T = decltype(tag);
+    return Launch(&MapCopyKernel<T>, IndexMapCount(map), stream, map, static_cast<const T*>(x),
+                  static_cast<T*>(y), IndexMapCount(map));
+  });
+}
+
+cudaError_t LaunchSlice(const SliceMap& map, int elem_bytes, const void* x, void* y,
+                        cudaStream_t stream) {
+  const int64_t count = SliceOutputCount(map);
+  return BySize(elem_bytes, [&](auto tag) {
+    using T = decltype(tag);
+    return Launch(&SliceKernel<T>, count, stream, map, static_cast<const T*>(x), static_cast<T*>(y),
+                  count);
+  });
+}
+
+cudaError_t LaunchGather(const GatherGeometry& g, int elem_bytes, const void* x,
+                         const int64_t* indices, void* y, cudaStream_t stream) {
+  const int64_t count = g.outer * g.count * g.inner;
+  return BySize(elem_bytes, [&](auto tag) {
+    using T = decltype(tag);
+    return Launch(&GatherKernel<T>, count, stream, g, static_cast<const T*>(x), indices,
+                  static_cast<T*>(y), count);
+  });
+}
+
+cudaError_t LaunchWhere(const IndexMap& cond_x, const IndexMap& y_map, int elem_bytes,
+                        const uint8_t* cond, const void* x, const void* y, void* z,
+                        cudaStream_t stream) {
+  const int64_t count = IndexMapCount(cond_x);
+  return BySize(elem_bytes, [&](auto tag) {
+    using T = decltype(tag);
+    return Launch(&WhereKernel<T>, count, stream, cond_x, y_map, cond, static_cast<const T*>(x),
+                  static_cast<const T*>(y), static_cast<T*>(z), count);
+  });
+}
+
+cudaError_t LaunchTrilu(int64_t matrices, int64_t rows, int64_t cols, bool upper, const int64_t* k,
+                        int elem_bytes, const void* x, void* y, cudaStream_t stream) {
+  const int64_t count = matrices * rows * cols;
+  return BySize(elem_bytes, [&](auto tag) {
+    using T = decltype(tag);
+    return Launch(&TriluKernel<T>, count, stream, rows, cols, upper, k, static_cast<const T*>(x),
+                  static_cast<T*>(y), count);
+  });
+}
+
+cudaError_t LaunchFill(uint64_t bits, int elem_bytes, int64_t count, void* y, cudaStream_t stream) {
+  return BySize(elem_bytes, [&](auto tag) {
+    using T = decltype(tag);
+    return Launch(&FillKernel<T>, count, stream, static_cast<T>(bits), static_cast<T*>(y), count);
+  });
+}
+
+cudaError_t LaunchWriteInt64s(const Int64List& list, int64_t* y, cudaStream_t stream) {
+  if (list.count < 0 || list.count > kMaxListValues) return cudaErrorInvalidValue;
+  return Launch(&WriteInt64sKernel, list.count, stream, list, y);
+}
+
+cudaError_t LaunchTensorUnary(TensorUnaryOp op, const float* x, float* y, int64_t count,
+                              cudaStream_t stream) {
+  switch (op) {
+    case TensorUnaryOp::kErf:
+      return Launch(&TensorUnaryKernel<TensorUnaryOp::kErf>, count, stream, x, y, count);
+    case TensorUnaryOp::kGeluErf:
+      return Launch(&TensorUnaryKernel<TensorUnaryOp::kGeluErf>, count, stream, x, y, count);
+    case TensorUnaryOp::kGeluTanh:
+      return Launch(&TensorUnaryKernel<TensorUnaryOp::kGeluTanh>, count, stream, x, y, count);
+    case TensorUnaryOp::kReciprocal:
+      return Launch(&TensorUnaryKernel<TensorUnaryOp::kReciprocal>, count, stream, x, y, count);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchNot(const uint8_t* x, uint8_t* y, int64_t count, cudaStream_t stream) {
+  return Launch(&NotKernel, count, stream, x, y, count);
+}
+
+cudaError_t LaunchCast(ElemType from, ElemType to, const void* x, void* y, int64_t count,
+                       cudaStream_t stream) {
+  return ByType(from, [&](auto from_tag) {
+    using F = decltype(from_tag);
+    return ByType(to, [&](auto to_tag) {
+      using T = decltype(to_tag);
+      return Launch(&CastKernel<F, T>, count, stream, static_cast<const F*>(x), static_cast<T*>(y),
+                    count);
+    });
+  });
+}
+
+cudaError_t LaunchClip(ElemType t, const void* x, const void* lo, const void* hi, void* y,
+                       int64_t count, cudaStream_t stream) {
+  switch (t) {
+    case ElemType::kFloat32:
+      return Launch(&ClipKernel<float>, count, stream, static_cast<const float*>(x),
+                    static_cast<const float*>(lo), static_cast<const float*>(hi),
+                    static_cast<float*>(y), count);
+    case ElemType::kInt64:
+      return Launch(&ClipKernel<int64_t>, count, stream, static_cast<const int64_t*>(x),
+                    static_cast<const int64_t*>(lo), static_cast<const int64_t*>(hi),
+                    static_cast<int64_t*>(y), count);
+    case ElemType::kBool:
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchClipConstant(float lo, float hi, const float* x, float* y, int64_t count,
+                               cudaStream_t stream) {
+  return Launch(&ClipConstantKernel, count, stream, lo, hi, x, y, count);
+}
+
+cudaError_t LaunchMinMax(bool is_max, ElemType t, const IndexMap& map, const void* a, const void* b,
+                         void* z, cudaStream_t stream) {
+  const int64_t count = IndexMapCount(map);
+  return ByType(t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* u = static_cast<const T*>(a);
+    const T* v = static_cast<const T*>(b);
+    T* w = static_cast<T*>(z);
+    return is_max ? Launch(&MinMaxKernel<true, T>, count, stream, map, u, v, w, count)
+                  : Launch(&MinMaxKernel<false, T>, count, stream, map, u, v, w, count);
+  });
+}
+
+namespace {
+
+template <typename T>
+cudaError_t CompareOf(CompareOp op, const IndexMap& map, const T* a, const T* b, uint8_t* z,
+                      int64_t count, cudaStream_t stream) {
+  switch (op) {
+    case CompareOp::kEqual:
+      return Launch(&CompareKernel<CompareOp::kEqual, T>, count, stream, map, a, b, z, count);
+    case CompareOp::kLess:
+      return Launch(&CompareKernel<CompareOp::kLess, T>, count, stream, map, a, b, z, count);
+    case CompareOp::kGreater:
+      return Launch(&CompareKernel<CompareOp::kGreater, T>, count, stream, map, a, b, z, count);
+    case CompareOp::kLessOrEqual:
+      return Launch(&CompareKernel<CompareOp::kLessOrEqual, T>, count, stream, map, a, b, z, count);
+    case CompareOp::kGreaterOrEqual:
+      return Launch(&CompareKernel<CompareOp::kGreaterOrEqual, T>, count, stream, map, a, b, z,
+                    count);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t LaunchCompare(CompareOp op, ElemType t, const IndexMap& map, const void* a,
+                          const void* b, uint8_t* z, cudaStream_t stream) {
+  const int64_t count = IndexMapCount(map);
+  switch (t) {
+    case ElemType::kFloat32:
+      return CompareOf(op, map, static_cast<const float*>(a), static_cast<const float*>(b), z,
+                       count, stream);
+    case ElemType::kInt64:
+      return CompareOf(op, map, static_cast<const int64_t*>(a), static_cast<const int64_t*>(b), z,
+                       count, stream);
+    case ElemType::kBool:
+      if (op != CompareOp::kEqual) break;
+      return Launch(&BoolEqualKernel, count, stream, map, static_cast<const uint8_t*>(a),
+                    static_cast<const uint8_t*>(b), z, count);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchLogic(bool is_and, const IndexMap& map, const uint8_t* a, const uint8_t* b,
+                        uint8_t* z, cudaStream_t stream) {
+  const int64_t count = IndexMapCount(map);
+  return is_and ? Launch(&LogicKernel<true>, count, stream, map, a, b, z, count)
+                : Launch(&LogicKernel<false>, count, stream, map, a, b, z, count);
+}
+
+cudaError_t LaunchMod(ElemType t, bool fmod, const IndexMap& map, const void* a, const void* b,
+                      void* z, cudaStream_t stream) {
+  const int64_t count = IndexMapCount(map);
+  switch (t) {
+    case ElemType::kFloat32:
+      return Launch(&ModFloatKernel, count, stream, map, static_cast<const float*>(a),
+                    static_cast<const float*>(b), static_cast<float*>(z), count);
+    case ElemType::kInt64:
+      return Launch(&ModInt64Kernel, count, stream, map, fmod, static_cast<const int64_t*>(a),
+                    static_cast<const int64_t*>(b), static_cast<int64_t*>(z), count);
+    case ElemType::kBool:
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchRange(ElemType t, const void* start, const void* delta, void* y, int64_t count,
+                        cudaStream_t stream) {
+  switch (t) {
+    case ElemType::kFloat32:
+      return Launch(&RangeKernel<float>, count, stream, static_cast<const float*>(start),
+                    static_cast<const float*>(delta), static_cast<float*>(y), count);
+    case ElemType::kInt64:
+      return Launch(&RangeKernel<int64_t>, count, stream, static_cast<const int64_t*>(start),
+                    static_cast<const int64_t*>(delta), static_cast<int64_t*>(y), count);
+    case ElemType::kBool:
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace salus::exec::cuda
