@@ -239,8 +239,13 @@ KernelOr Conv(const Node& n, const Graph& g) {
                          ConvFor(n, g.value(n.inputs[0]).shape, g.value(n.inputs[1]).shape, n.op));
   auto k = std::make_unique<DnnlKernel>();
   const bool bias = n.input(2) != kNoValue;
-  // Note [Blocked layouts] in dnnl_kernel.h.
-  auto src = AnyLayout(c.src), w = AnyLayout(c.weights), dst = AnyLayout(c.dst);
+  // Note [Blocked layouts] in dnnl_kernel.h: X and Y are row-major unless the graph keeps them
+  // blocked between Convs.
+  const int64_t src_block = n.GetInt("src_block", 0), dst_block = n.GetInt("dst_block", 0);
+  if (src_block > 0) c.src = BlockedDesc(c.src.dims(), src_block);
+  if (dst_block > 0) c.dst = BlockedDesc(c.dst.dims(), dst_block);
+  auto src = src_block > 0 ? c.src : AnyLayout(c.src), w = AnyLayout(c.weights);
+  auto dst = dst_block > 0 ? c.dst : AnyLayout(c.dst);
   dnnl::convolution_forward::desc d =
       bias ? dnnl::convolution_forward::desc(prop_kind::forward_training,
                                              algorithm::convolution_direct, src, w, c.bias, dst,

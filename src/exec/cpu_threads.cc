@@ -33,11 +33,13 @@ int64_t MultiplyAdds(const Graph& g, const Node& n) {
     return Elements(g, n.outputs[0]) * k;
   }
   if (op == "LSTM" || op == "SalusLstmGrad") {
-    // Input and recurrent products: every step's rows times (input + hidden) per gate.
+    // One time step's input and recurrent products: its rows times (input + hidden) per gate.
+    const Shape& x = shape(0);
     const Shape& w = shape(1);
     const Shape& r = shape(2);
-    if (w.size() != 3 || r.size() != 3) return 0;
-    return Elements(g, n.inputs[0]) / std::max<int64_t>(w[2], 1) * w[0] * w[1] * (w[2] + r[2]);
+    if (x.size() != 3 || w.size() != 3 || r.size() != 3) return 0;
+    const int64_t batch = n.GetInt("layout", 0) == 0 ? x[1] : x[0];
+    return batch * w[0] * w[1] * (w[2] + r[2]);
   }
   return -1;
 }

@@ -11,11 +11,13 @@ namespace salus::exec {
 // parallel regions, and waking them costs tens of microseconds, more than a small op's whole
 // work: with 2 threads, inference of the exported Transformer took twice as long as with one.
 // So each step gets a thread count when it is compiled: one thread when its work is below what
-// a wake-up costs, all of them otherwise. The work is the elements the step reads and writes
-// for memory-bound ops, and its multiply-adds for convolutions, products and LSTMs. The step is
-// created (oneDNN fixes its partitioning then) and run with that count.
+// its wake-ups cost, all of them otherwise. The work is the elements the step reads and writes
+// for memory-bound ops, and its multiply-adds for convolutions and products; an LSTM wakes the
+// threads at every time step, so its work is one step's. The step is created (oneDNN fixes its
+// partitioning then) and run with that count. The thresholds are about 100 microseconds of one
+// core's work: a Conv's region and the reorders around it each wake the threads.
 inline constexpr int64_t kSerialElements = int64_t{1} << 18;  // read + written, 1 MiB of floats
-inline constexpr int64_t kSerialMultiplyAdds = int64_t{1} << 21;
+inline constexpr int64_t kSerialMultiplyAdds = int64_t{1} << 23;
 
 // The threads node `n` of `g` runs on, at most `max_threads`.
 int StepThreads(const Graph& g, const Node& n, int max_threads);

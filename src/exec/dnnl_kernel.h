@@ -1,10 +1,15 @@
 // Building blocks of the CPU kernels: a kernel made of oneDNN primitives and a kernel made of
 // a plain loop.
 //
-// Note [Blocked layouts]: convolutions (forward and backward) are created with
+// Note [Blocked layouts]: convolutions (forward and both backward) are created with
 // format_tag::any, so oneDNN picks its fastest (blocked) layouts; the kernel reorders from and
-// to the graph's row-major tensors around them, in planned temp buffers. Every other op works
-// on row-major tensors directly.
+// to the graph's row-major tensors around them, in planned temp buffers. In inference on the
+// CPU, a value produced by a Conv and read only by Convs (as X, or as the other operand of a
+// fused sum) stays in the channel-blocked layout (nChw16c with AVX-512, nChw8c otherwise)
+// between them: the producer writes it and the consumers read it without a reorder
+// (KeepBlockedLayouts in fusion.h; the Convs' `dst_block`/`src_block` attributes). Only values
+// whose channels are a whole number of blocks are kept so, so they take the bytes of their
+// row-major form. Every other op works on row-major tensors.
 //
 // Note [oneDNN memory]: every primitive is created at compile time with plain (row-major)
 // memory descriptors, `scratchpad_mode::user` and memory objects that own no buffer. At run
@@ -117,6 +122,11 @@ class LoopKernel : public Kernel {
   Fn fn_;
   size_t scratch_;
 };
+
+// The channel block of oneDNN's fastest activation layout on this CPU: 16 with AVX-512, else 8.
+int64_t CpuChannelBlock();
+// A 4-D NCHW tensor of `dims` in the layout of `block` channels (nChw16c or nChw8c).
+dnnl::memory::desc BlockedDesc(const dnnl::memory::dims& dims, int64_t block);
 
 // Strides of `in` (right-aligned) over `out`'s index space: 0 on broadcast dims.
 Shape BroadcastStrides(const Shape& in, const Shape& out);

@@ -7,6 +7,7 @@
 
 #include "exec/alignment.h"
 #include "exec/cpu_threads.h"
+#include "exec/dnnl_kernel.h"
 #include "exec/fusion.h"
 #include "exec/kernel_registry.h"
 #include "exec/memory_planner.h"
@@ -44,6 +45,9 @@ Status Executable::Build(const CompileOptions& options) {
       FuseGelu(&graph_, FusionOptions{device_.type, fetch_ids_});
     }
     ApplyInferenceFusions(&graph_, FusionOptions{device_.type, fetch_ids_});
+    if (device_.type == DeviceType::kCpu) {
+      KeepBlockedLayouts(&graph_, FusionOptions{device_.type, fetch_ids_}, CpuChannelBlock());
+    }
   }
   std::vector<bool> needed;
   const std::vector<bool> live = LiveNodes(&needed);

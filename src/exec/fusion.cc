@@ -248,6 +248,58 @@ int FuseResidualAdd(Graph* graph, const FusionOptions& options) {
   return CountDead(dead);
 }
 
+int KeepBlockedLayouts(Graph* graph, const FusionOptions& options, int64_t block) {
+  Graph& g = *graph;
+  const int num_values = static_cast<int>(g.values().size());
+  std::vector<bool> kept(num_values, false);
+  for (ValueId id : options.keep) kept[id] = true;
+  for (ValueId id : g.outputs()) kept[id] = true;
+  // Candidates: a Conv's 4-D float output, channels a whole number of blocks, read only by
+  // Convs, as their X or as the other operand of their fused sum.
+  std::vector<bool> blocked(num_values, false);
+  for (ValueId id = 0; id < num_values; ++id) {
+    const Value& v = g.value(id);
+    blocked[id] = !kept[id] && v.kind == ValueKind::kIntermediate && v.producer >= 0 &&
+                  v.type == DataType::kFloat32 && v.shape.size() == 4 && v.shape[1] % block == 0 &&
+                  g.nodes()[v.producer].op == "Conv";
+  }
+  for (const Node& n : g.nodes()) {
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const ValueId v = n.inputs[i];
+      if (v != kNoValue && !(n.op == "Conv" && (i == 0 || i == 3))) blocked[v] = false;
+    }
+  }
+  // A fused sum starts from its other operand in the destination's layout: both are blocked
+  // or neither is.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const Node& n : g.nodes()) {
+      if (n.op != "Conv" || n.input(3) == kNoValue) continue;
+      const ValueId other = n.inputs[3], out = n.outputs[0];
+      if (blocked[other] != blocked[out]) {
+        blocked[other] = blocked[out] = false;
+        changed = true;
+      }
+    }
+  }
+  int count = 0;
+  auto mark = [](Node& n, const char* name, int64_t value) {
+    Attribute a;
+    a.kind = Attribute::Kind::kInt;
+    a.i = value;
+    n.attrs[name] = a;
+  };
+  for (Node& n : g.nodes()) {
+    if (n.op != "Conv") continue;
+    if (blocked[n.inputs[0]]) mark(n, "src_block", block);
+    if (blocked[n.outputs[0]]) {
+      mark(n, "dst_block", block);
+      ++count;
+    }
+  }
+  return count;
+}
+
 void ApplyInferenceFusions(Graph* graph, const FusionOptions& options) {
   FoldBatchNorm(graph, options);
   FuseActivations(graph, options);

@@ -16,8 +16,14 @@
 //
 // ApplyInferenceFusions runs them in that order, so Conv -> BN -> Relu and
 // Conv -> BN -> Add -> Relu each become one Conv.
+//
+//   KeepBlockedLayouts (CPU, after the fusions; Note [Blocked layouts] in dnnl_kernel.h): a
+//     Conv output read only by Convs stays in oneDNN's channel-blocked layout, so the reorders
+//     to row-major and back between them disappear. It marks the Convs with `dst_block` and
+//     `src_block` (the channel block).
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "exec/device.h"
@@ -41,6 +47,11 @@ int FuseResidualAdd(Graph* graph, const FusionOptions& options);
 // becomes one Gelu node. Inference and training (before autodiff: Gelu has a gradient). CPU
 // only (the Gelu kernel). Not run by ApplyInferenceFusions.
 int FuseGelu(Graph* graph, const FusionOptions& options);
+
+// Marks the values between Convs that stay in a layout of `block` channels (8 or 16); returns
+// how many. Only values whose channels are a whole number of blocks qualify, so a blocked value
+// takes exactly the bytes of its row-major form and the memory plan is unchanged.
+int KeepBlockedLayouts(Graph* graph, const FusionOptions& options, int64_t block);
 
 // FoldBatchNorm, FuseActivations and FuseResidualAdd, in that order.
 void ApplyInferenceFusions(Graph* graph, const FusionOptions& options);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "model_builder.h"
 
@@ -294,6 +295,55 @@ TEST(FusionTest, CudaCompilesFuseOnlyClipsFromZero) {
     ASSERT_TRUE(plain.ok()) << plain.status();
     Graph g = (*plain)->graph();
     EXPECT_EQ(FuseActivations(&g, FusionOptions{DeviceType::kCuda, {}}), fused) << lo;
+  }
+}
+
+// x -> Conv a -> Conv b -> Conv c (+ a as a fused residual sum) -> y, 16 channels: a value
+// between Convs stays channel-blocked (Note [Blocked layouts]) and the result is the row-major
+// compile's.
+ModelBuilder ConvChain() {
+  ModelBuilder mb;
+  mb.Input("x", {2, 16, 6, 6});
+  for (const char* w : {"wa", "wb", "wc"}) {
+    mb.Initializer(w, {16, 16, 3, 3}, RandomFloats(16 * 16 * 9, w[1], -0.2f, 0.2f));
+  }
+  for (auto [in, w, out] : {std::tuple{"x", "wa", "a"}, {"a", "wb", "b"}, {"b", "wc", "c"}}) {
+    auto& conv = mb.Node("Conv", {in, w}, {out});
+    ModelBuilder::Attr(conv, "pads", std::vector<int64_t>{1, 1, 1, 1});
+  }
+  mb.Node("Add", {"c", "a"}, {"y"});
+  mb.Output("y", {2, 16, 6, 6});
+  return mb;
+}
+
+TEST(FusionTest, ValuesBetweenConvsStayBlocked) {
+  const std::string model = ConvChain().Bytes();
+  const std::vector<HostTensor> feeds = {
+      HostTensor::FromFloats({2, 16, 6, 6}, RandomFloats(2 * 16 * 36, 7))};
+  CompileOptions o;
+  Compiled fused = CompileAndRun(model, o, feeds, true);
+  Compiled plain = CompileAndRun(model, o, feeds, false);
+  ASSERT_TRUE(fused.exe && plain.exe);
+  ExpectClose(fused.outputs[0], plain.outputs[0]);
+  int blocked_out = 0, blocked_in = 0;
+  for (const Node& n : fused.exe->graph().nodes()) {
+    blocked_out += n.GetInt("dst_block", 0) > 0;
+    blocked_in += n.GetInt("src_block", 0) > 0;
+  }
+  // b only: y is a graph output and stays row-major, and so does a, the other operand of the
+  // sum that makes y (a fused sum starts from it in y's layout).
+  EXPECT_EQ(blocked_out, 1);
+  EXPECT_EQ(blocked_in, 1);
+
+  // A fetched value stays row-major, and so does the one it is summed with.
+  o.fetches = {"y", "a"};
+  Compiled fetched = CompileAndRun(model, o, feeds, true);
+  ASSERT_TRUE(fetched.exe);
+  ExpectClose(fetched.outputs[0], plain.outputs[0]);
+  for (const Node& n : fetched.exe->graph().nodes()) {
+    if (n.outputs[0] == fetched.exe->graph().Find("a")) {
+      EXPECT_EQ(n.GetInt("dst_block", 0), 0);
+    }
   }
 }
 
