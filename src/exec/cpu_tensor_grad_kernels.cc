@@ -202,6 +202,23 @@ KernelOr ClipGrad(const Node& n, const Graph& g) {
     const float hi = a.inputs[2] ? *static_cast<const float*>(a.inputs[2]) : hi_attr;
     const float* dy = static_cast<const float*>(a.inputs[3]);
     float* dx = static_cast<float*>(a.outputs[0]);
+    const bool bounds =
+        (a.outputs.size() > 1 && a.outputs[1]) || (a.outputs.size() > 2 && a.outputs[2]);
+    if (!bounds) {
+      // The common case (ReLU6: constant bounds): a select the compiler vectorises.
+      if (dx) {
+        // ClipGradTarget(x, lo, hi) == 0, written so the loop vectorises.
+        // (lo > hi: every element takes max, none passes.)
+        const float l = lo > hi ? std::numeric_limits<float>::infinity() : lo;
+#pragma omp simd
+        for (int64_t e = 0; e < count; ++e) {
+          const float g = dy[e];  // loaded unconditionally, so the select if-converts
+          const bool pass = (x[e] >= l) & (x[e] <= hi);
+          dx[e] = pass ? g : 0.f;
+        }
+      }
+      return;
+    }
     double sums[3] = {0, 0, 0};
     for (int64_t e = 0; e < count; ++e) {
       const int target = ClipGradTarget(x[e], lo, hi);
@@ -209,7 +226,9 @@ KernelOr ClipGrad(const Node& n, const Graph& g) {
       sums[target] += dy[e];
     }
     for (int i = 1; i < 3; ++i) {
-      if (a.outputs[i]) *static_cast<float*>(a.outputs[i]) = static_cast<float>(sums[i]);
+      if (a.outputs.size() > static_cast<size_t>(i) && a.outputs[i]) {
+        *static_cast<float*>(a.outputs[i]) = static_cast<float>(sums[i]);
+      }
     }
   }));
 }
