@@ -18,17 +18,6 @@ namespace {
 
 using KernelOr = StatusOr<std::unique_ptr<Kernel>>;
 
-// A loop that can fail at run time (on data: an index out of range).
-class CheckedLoopKernel : public Kernel {
- public:
-  using Fn = std::function<Status(const KernelArgs& args)>;
-  explicit CheckedLoopKernel(Fn fn) : fn_(std::move(fn)) {}
-  Status Run(const KernelArgs& args) override { return fn_(args); }
-
- private:
-  Fn fn_;
-};
-
 Status Expect(const Node& n, bool ok, const std::string& what) {
   return ok ? OkStatus() : InvalidArgumentError(n.Describe() + ": " + what);
 }

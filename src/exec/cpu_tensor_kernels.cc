@@ -31,17 +31,6 @@ namespace {
 
 using KernelOr = StatusOr<std::unique_ptr<Kernel>>;
 
-// A loop that may find its data bad.
-class CheckedLoopKernel : public Kernel {
- public:
-  using Fn = std::function<Status(const KernelArgs& args)>;
-  explicit CheckedLoopKernel(Fn fn) : fn_(std::move(fn)) {}
-  Status Run(const KernelArgs& args) override { return fn_(args); }
-
- private:
-  Fn fn_;
-};
-
 KernelOr Loop(LoopKernel::Fn fn) { return std::unique_ptr<Kernel>(new LoopKernel(std::move(fn))); }
 KernelOr Checked(CheckedLoopKernel::Fn fn) {
   return std::unique_ptr<Kernel>(new CheckedLoopKernel(std::move(fn)));

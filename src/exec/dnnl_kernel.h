@@ -128,6 +128,17 @@ int64_t CpuChannelBlock();
 // A 4-D NCHW tensor of `dims` in the layout of `block` channels (nChw16c or nChw8c).
 dnnl::memory::desc BlockedDesc(const dnnl::memory::dims& dims, int64_t block);
 
+// A loop that may find its data bad (an index out of range) and says so.
+class CheckedLoopKernel : public Kernel {
+ public:
+  using Fn = std::function<Status(const KernelArgs& args)>;
+  explicit CheckedLoopKernel(Fn fn) : fn_(std::move(fn)) {}
+  Status Run(const KernelArgs& args) override { return fn_(args); }
+
+ private:
+  Fn fn_;
+};
+
 // Strides of `in` (right-aligned) over `out`'s index space: 0 on broadcast dims.
 Shape BroadcastStrides(const Shape& in, const Shape& out);
 

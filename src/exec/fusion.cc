@@ -5,11 +5,10 @@
 #include <string>
 
 namespace salus::exec {
-namespace {
 
 // How many nodes read each value; values that must stay materialised (fetches, graph outputs)
 // count as read twice more, so no rewrite takes them for a single-consumer intermediate.
-std::vector<int> ConsumerCounts(const Graph& g, const std::vector<ValueId>& keep) {
+std::vector<int> ReadCounts(const Graph& g, const std::vector<ValueId>& keep) {
   std::vector<int> consumers(g.values().size(), 0);
   for (const Node& n : g.nodes()) {
     for (ValueId in : n.inputs) {
@@ -36,6 +35,8 @@ void RemoveNodes(Graph* graph, const std::vector<bool>& dead) {
   }
 }
 
+namespace {
+
 int CountDead(const std::vector<bool>& dead) {
   int n = 0;
   for (bool d : dead) n += d ? 1 : 0;
@@ -56,20 +57,6 @@ const HostTensor* ConstantFloats(const Graph& g, ValueId id) {
   if (v.kind != ValueKind::kConstant || v.type != DataType::kFloat32) return nullptr;
   if (v.data.bytes.size() != v.bytes()) return nullptr;
   return &v.data;
-}
-
-Attribute FloatAttr(float f) {
-  Attribute a;
-  a.kind = Attribute::Kind::kFloat;
-  a.f = f;
-  return a;
-}
-
-Attribute StringAttr(std::string s) {
-  Attribute a;
-  a.kind = Attribute::Kind::kString;
-  a.s = std::move(s);
-  return a;
 }
 
 // The bounds of a Clip whose min and max are known at compile time (attributes before opset
@@ -99,7 +86,7 @@ bool ConstantClipBounds(const Graph& g, const Node& clip, float* lo, float* hi) 
 // be read elsewhere); the originals, no longer read, drop out of persistent memory.
 int FoldBatchNorm(Graph* graph, const FusionOptions& options) {
   Graph& g = *graph;
-  const std::vector<int> consumers = ConsumerCounts(g, options.keep);
+  const std::vector<int> consumers = ReadCounts(g, options.keep);
   std::vector<bool> dead(g.nodes().size(), false);
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& bn = g.nodes()[i];
@@ -166,7 +153,7 @@ int FoldBatchNorm(Graph* graph, const FusionOptions& options) {
 // Inference only: the Relu's (or Clip's) gradient needs its input, which this removes.
 int FuseActivations(Graph* graph, const FusionOptions& options) {
   Graph& g = *graph;
-  const std::vector<int> consumers = ConsumerCounts(g, options.keep);
+  const std::vector<int> consumers = ReadCounts(g, options.keep);
   std::vector<bool> dead(g.nodes().size(), false);
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& act = g.nodes()[i];
@@ -204,7 +191,7 @@ int FuseActivations(Graph* graph, const FusionOptions& options) {
 int FuseResidualAdd(Graph* graph, const FusionOptions& options) {
   if (options.device != DeviceType::kCpu) return 0;
   Graph& g = *graph;
-  std::vector<int> consumers = ConsumerCounts(g, options.keep);
+  std::vector<int> consumers = ReadCounts(g, options.keep);
   std::vector<bool> dead(g.nodes().size(), false);
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& add = g.nodes()[i];
@@ -283,17 +270,11 @@ int KeepBlockedLayouts(Graph* graph, const FusionOptions& options, int64_t block
     }
   }
   int count = 0;
-  auto mark = [](Node& n, const char* name, int64_t value) {
-    Attribute a;
-    a.kind = Attribute::Kind::kInt;
-    a.i = value;
-    n.attrs[name] = a;
-  };
   for (Node& n : g.nodes()) {
     if (n.op != "Conv") continue;
-    if (blocked[n.inputs[0]]) mark(n, "src_block", block);
+    if (blocked[n.inputs[0]]) n.attrs["src_block"] = IntAttr(block);
     if (blocked[n.outputs[0]]) {
-      mark(n, "dst_block", block);
+      n.attrs["dst_block"] = IntAttr(block);
       ++count;
     }
   }

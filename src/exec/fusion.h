@@ -37,6 +37,12 @@ struct FusionOptions {
   std::vector<ValueId> keep;
 };
 
+// Shared by the rewrites: how many nodes read each value, the values in `keep` and the graph
+// outputs counting as read twice more (so none is taken for a single-reader intermediate); and
+// dropping the nodes marked dead, renumbering the producers of the rest.
+std::vector<int> ReadCounts(const Graph& g, const std::vector<ValueId>& keep);
+void RemoveNodes(Graph* graph, const std::vector<bool>& dead);
+
 // Each returns the number of nodes it removed. A pattern that does not qualify is left as it
 // is: none of them fails.
 int FoldBatchNorm(Graph* graph, const FusionOptions& options);

@@ -15,20 +15,6 @@
 namespace salus::exec {
 namespace {
 
-// How many nodes read each value; kept values (fetches, graph outputs) count twice more, so no
-// rewrite takes them for a single-consumer intermediate.
-std::vector<int> ReadCounts(const Graph& g, const std::vector<ValueId>& keep) {
-  std::vector<int> reads(g.values().size(), 0);
-  for (const Node& n : g.nodes()) {
-    for (ValueId in : n.inputs) {
-      if (in != kNoValue) ++reads[in];
-    }
-  }
-  for (ValueId id : keep) reads[id] += 2;
-  for (ValueId id : g.outputs()) reads[id] += 2;
-  return reads;
-}
-
 // Whether `id` is a compile-time float constant with one element equal to `want` (to 1e-6).
 bool IsScalar(const Graph& g, ValueId id, double want) {
   if (id == kNoValue) return false;
@@ -140,23 +126,11 @@ int FuseGelu(Graph* graph, const FusionOptions& options) {
     gelu.op = "Gelu";
     gelu.inputs = {x};
     gelu.attrs.clear();
-    Attribute approximate;
-    approximate.kind = Attribute::Kind::kString;
-    approximate.s = "none";
-    gelu.attrs["approximate"] = approximate;
+    gelu.attrs["approximate"] = StringAttr("none");
     removed += static_cast<int>(nodes.size());
   }
   if (removed == 0) return 0;
-  std::vector<Node> live;
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    if (!dead[i]) live.push_back(std::move(g.nodes()[i]));
-  }
-  g.nodes() = std::move(live);
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    for (ValueId o : g.nodes()[i].outputs) {
-      if (o != kNoValue) g.value(o).producer = static_cast<int>(i);
-    }
-  }
+  RemoveNodes(&g, dead);
   return removed;
 }
 

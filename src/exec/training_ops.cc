@@ -92,16 +92,10 @@ Status LowerDropout(Graph& g, Node& n, uint64_t seed, int64_t stream) {
   step.kind = ValueKind::kState;
   const ValueId step_id = g.AddValue(std::move(step));
 
-  Attribute a;
-  a.kind = Attribute::Kind::kFloat;
-  a.f = ratio;
   n.attrs.clear();
-  n.attrs["ratio"] = a;
-  a.kind = Attribute::Kind::kInt;
-  a.i = static_cast<int64_t>(seed);
-  n.attrs["seed"] = a;
-  a.i = stream;
-  n.attrs["stream"] = a;
+  n.attrs["ratio"] = FloatAttr(ratio);
+  n.attrs["seed"] = IntAttr(static_cast<int64_t>(seed));
+  n.attrs["stream"] = IntAttr(stream);
   n.inputs = {n.inputs[0], step_id};
   n.outputs = {n.outputs[0], mask};
   n.op = "SalusDropoutTrain";

@@ -596,13 +596,6 @@ Attribute TensorAttr(HostTensor t) {
   return a;
 }
 
-Attribute IntAttr(int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInt;
-  a.i = v;
-  return a;
-}
-
 TEST(CudaTensorKernelsTest, Generators) {
   SALUS_REQUIRE_GPU();
   {

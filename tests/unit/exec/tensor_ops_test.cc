@@ -76,25 +76,6 @@ StatusOr<std::vector<HostTensor>> CompileAndRun(const ModelBuilder& m,
 // ---------------------------------------------------------------------------------------------
 // One node on the CPU kernels, outside any model: for opsets libonnx 1.12 cannot check.
 
-Attribute IntAttr(int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInt;
-  a.i = v;
-  return a;
-}
-Attribute IntsAttr(std::vector<int64_t> v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInts;
-  a.ints = std::move(v);
-  return a;
-}
-Attribute StringAttr(std::string v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kString;
-  a.s = std::move(v);
-  return a;
-}
-
 struct Arg {
   HostTensor t;
   bool constant = false;
