@@ -43,13 +43,19 @@ std::string ReadModel(const std::string& name) {
   return ss.str();
 }
 
-// Input shapes of a reference model at batch `n` (make_models.py).
+// Input shapes of a reference model at batch `n` (make_models.py, make_torch_models.py).
 std::map<std::string, Shape> InputShapes(const std::string& model, int64_t n) {
   if (model == "mlp") return {{"x", {n, 784}}, {"labels", {n}}};
   if (model == "lenet5") return {{"x", {n, 1, 28, 28}}, {"labels", {n}}};
   if (model == "resnet") return {{"x", {n, 3, 32, 32}}, {"labels", {n}}};
   if (model == "espcn") return {{"x", {n, 1, 16, 16}}, {"target", {n, 1, 48, 48}}};
   if (model == "vae") return {{"x", {n, 784}}, {"eps", {n, 20}}};
+  // make_torch_models.py: images or 32 tokens, and labels.
+  if (model == "resnet18" || model == "mobilenetv2") {
+    return {{"x", {n, 3, 32, 32}}, {"labels", {n}}};
+  }
+  if (model == "transformer" || model == "lstm") return {{"tokens", {n, 32}}, {"labels", {n}}};
+  if (model == "gpt") return {{"tokens", {n, 32}}, {"labels", {n, 32}}};
   ADD_FAILURE() << "unknown model " << model;
   return {};
 }
@@ -91,6 +97,16 @@ INSTANTIATE_TEST_SUITE_P(ReferenceModels, CudaModelsTest,
                                            ModelCase{"resnet", 1}, ModelCase{"resnet", 32},
                                            ModelCase{"espcn", 1}, ModelCase{"espcn", 8},
                                            ModelCase{"vae", 1}, ModelCase{"vae", 32}),
+                         CaseName);
+
+// The models exported by PyTorch (BatchNorm folded, ReLU6, attention, embeddings, an LSTM);
+// token inputs and labels are small indices.
+INSTANTIATE_TEST_SUITE_P(ExportedModels, CudaModelsTest,
+                         ::testing::Values(ModelCase{"resnet18", 1}, ModelCase{"resnet18", 8},
+                                           ModelCase{"mobilenetv2", 1}, ModelCase{"mobilenetv2", 8},
+                                           ModelCase{"transformer", 1}, ModelCase{"transformer", 8},
+                                           ModelCase{"gpt", 1}, ModelCase{"gpt", 8},
+                                           ModelCase{"lstm", 1}, ModelCase{"lstm", 8}),
                          CaseName);
 
 // One executable per thread, each thread on its own device context (its own stream and library
