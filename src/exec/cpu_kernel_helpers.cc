@@ -72,6 +72,12 @@ StatusOr<EltwiseSpec> EltwiseFor(const Node& n) {
   if (op == "Abs") return EltwiseSpec{algorithm::eltwise_abs, 0.f, 0.f};
   if (op == "Elu") return EltwiseSpec{algorithm::eltwise_elu, n.GetFloat("alpha", 1.f), 0.f};
   if (op == "Softplus") return EltwiseSpec{algorithm::eltwise_soft_relu, 0.f, 0.f};
+  if (op == "Gelu") {
+    return EltwiseSpec{n.GetString("approximate", "none") == "tanh" ? algorithm::eltwise_gelu_tanh
+                                                                    : algorithm::eltwise_gelu_erf,
+                       0.f, 0.f};
+  }
+  if (op == "Reciprocal") return EltwiseSpec{algorithm::eltwise_pow, 1.f, -1.f};  // 1 * x^-1
   return UnimplementedError("node '" + n.name + "': op " + op + " is not an eltwise op");
 }
 

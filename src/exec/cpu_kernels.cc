@@ -412,10 +412,10 @@ std::optional<ReduceBlock> ReducedBlock(const Shape& x, const Shape& kept) {
 
 KernelOr BlockReduce(const std::string& op, const ReduceBlock& b) {
   enum class Fn { kSum, kMean, kMax, kMin };
-  const Fn fn = op == "ReduceMean" ? Fn::kMean
-                : op == "ReduceMax"  ? Fn::kMax
-                : op == "ReduceMin"  ? Fn::kMin
-                                     : Fn::kSum;
+  const Fn fn = op == "ReduceMean"  ? Fn::kMean
+                : op == "ReduceMax" ? Fn::kMax
+                : op == "ReduceMin" ? Fn::kMin
+                                    : Fn::kSum;
   return std::unique_ptr<Kernel>(new LoopKernel([b, fn](const KernelArgs& a) {
     const float* x = static_cast<const float*>(a.inputs[0]);
     float* y = static_cast<float*>(a.outputs[0]);
@@ -467,7 +467,7 @@ KernelOr Reduce(const Node& n, const Graph& g) {
     }));
   }
   if (auto block = ReducedBlock(x, kept); block && n.op != "ReduceProd" && n.op != "ReduceL1" &&
-                                         n.op != "ReduceL2" && n.op != "ReduceSumSquare") {
+                                          n.op != "ReduceL2" && n.op != "ReduceSumSquare") {
     return BlockReduce(n.op, *block);
   }
   auto src = PlainDesc(x), dst = PlainDesc(kept);
@@ -567,7 +567,7 @@ void RegisterCpuKernels(KernelRegistry* r) {
     r->Register(op, cpu, Copy);
   }
   for (const char* op : {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Neg", "Abs",
-                         "Elu", "Softplus"}) {
+                         "Elu", "Softplus", "Gelu", "Reciprocal"}) {
     r->Register(op, cpu, Eltwise);
   }
   for (const char* op : {"Add", "Sub", "Mul", "Div", "Pow"}) r->Register(op, cpu, Binary);

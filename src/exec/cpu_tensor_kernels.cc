@@ -1,13 +1,13 @@
 // Forward CPU kernels of the tensor ops that exported models use around their layers: int64
 // shape arithmetic, comparisons and logic, Cast, Where, Expand, Gather, Slice, Split, Range,
-// ConstantOfShape, Trilu, Clip, Min, Max, Mod, Shape, Erf, Gelu and Reciprocal; and the int64 and
-// bool forms of Add..Div, Neg, Abs and Concat, whose float forms are cpu_kernels.cc's oneDNN
-// primitives (cpu_tensor_kernels.h).
+// ConstantOfShape, Trilu, Clip, Min, Max, Mod, Shape and Erf; and the int64 and bool forms of
+// Add..Div, Neg, Abs and Concat, whose float forms are cpu_kernels.cc's oneDNN primitives
+// (cpu_tensor_kernels.h). (Gelu and Reciprocal are cpu_kernels.cc's eltwise primitives.)
 //
-// Gelu and Reciprocal are oneDNN eltwise primitives; the rest are loops over element_math.h's
-// per-element math and index maps, which the CUDA device can share. Ops that only move data
-// (Expand, Gather, Slice, Split, Concat, Where's selection, Trilu) copy elements by their size,
-// so one loop serves float, int64 and bool. Bool is one byte, read as zero or not.
+// They are loops over element_math.h's per-element math and index maps, which the CUDA device can
+// share. Ops that only move data (Expand, Gather, Slice, Split, Concat, Where's selection, Trilu)
+// copy elements by their size, so one loop serves float, int64 and bool. Bool is one byte, read as
+// zero or not.
 //
 // A kernel that can meet bad data when it runs (an int64 zero divisor, a Gather index out of
 // range) returns InvalidArgument naming the node instead of computing garbage; when the node
@@ -320,26 +320,6 @@ KernelOr Erf(const Node& n, const Graph& g) {
   });
 }
 
-// Gelu (erf or tanh form) and Reciprocal (1 * x^-1) as oneDNN eltwise primitives.
-KernelOr DnnlEltwise(const Node& n, const Graph& g) {
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  dnnl::algorithm alg = dnnl::algorithm::eltwise_pow;
-  float alpha = 1.f, beta = -1.f;
-  if (n.op == "Gelu") {
-    alg = n.GetString("approximate", "none") == "tanh" ? dnnl::algorithm::eltwise_gelu_tanh
-                                                       : dnnl::algorithm::eltwise_gelu_erf;
-    alpha = beta = 0.f;
-  }
-  auto md = PlainDesc(In(n, g, 0).shape);
-  dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, alg, md, alpha, beta);
-  dnnl::eltwise_forward::primitive_desc pd(d, UserScratchpad(), CpuEngine());
-  auto k = std::make_unique<DnnlKernel>();
-  k->AddPrimitive(dnnl::eltwise_forward(pd),
-                  {{DNNL_ARG_SRC, md, Slot::In(0)}, {DNNL_ARG_DST, md, Slot::Out(0)}},
-                  pd.scratchpad_desc().get_size());
-  return std::unique_ptr<Kernel>(std::move(k));
-}
-
 // ---------------------------------------------------------------------------------------------
 // Data movement and generators.
 
@@ -586,8 +566,6 @@ void RegisterCpuTensorKernels(KernelRegistry* r) {
   r->Register("Clip", cpu, Clip);
   r->Register("Cast", cpu, Cast);
   r->Register("Erf", cpu, Erf);
-  r->Register("Gelu", cpu, DnnlEltwise);
-  r->Register("Reciprocal", cpu, DnnlEltwise);
   r->Register("Expand", cpu, Expand);
   r->Register("Gather", cpu, Gather);
   r->Register("Slice", cpu, Slice);

@@ -169,15 +169,14 @@ Shape BroadcastStrides(const Shape& in, const Shape& out) {
 }
 
 int64_t CpuChannelBlock() {
-  static const int64_t block =
-      dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core ? 16 : 8;
+  static const int64_t block = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core ? 16 : 8;
   return block;
 }
 
 dnnl::memory::desc BlockedDesc(const dnnl::memory::dims& dims, int64_t block) {
-  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32,
-                            block == 16 ? dnnl::memory::format_tag::nChw16c
-                                        : dnnl::memory::format_tag::nChw8c);
+  return dnnl::memory::desc(
+      dims, dnnl::memory::data_type::f32,
+      block == 16 ? dnnl::memory::format_tag::nChw16c : dnnl::memory::format_tag::nChw8c);
 }
 
 }  // namespace salus::exec

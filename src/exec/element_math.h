@@ -364,7 +364,7 @@ SALUS_HD float SceReduce(const SceSpec& s, double total, double weight_sum) {
 // CUDA kernels share them. NaN propagates; arguments beyond float's exp range are clamped,
 // which changes the sigmoid and tanh only below float's resolution.
 SALUS_HD float LstmExp(float x) {
-  constexpr float kMaxArg = 88.f, kMinArg = -87.3f;  // 2^n stays a normal float
+  constexpr float kMaxArg = 88.f, kMinArg = -87.3f;                      // 2^n stays a normal float
   const float xc = x < kMaxArg ? (x > kMinArg ? x : kMinArg) : kMaxArg;  // NaN -> kMaxArg
   // e^x = 2^n * e^r with n = round(x * log2(e)) and |r| <= ln(2) / 2; ln(2) split in two.
   const int32_t n = static_cast<int32_t>(xc * 1.44269504088896341f + (xc >= 0.f ? 0.5f : -0.5f));
@@ -389,9 +389,12 @@ SALUS_HD float LstmTanh(float x) {
   constexpr float kSmall = 0.625f;  // below: odd polynomial; above: 1 - 2 / (e^2|x| + 1)
   const float ax = fabsf(x);
   const float z = x * x;
-  const float small =
-      ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z +
-        1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
+  // Horner's scheme, innermost coefficient first.
+  float p = -5.70498872745e-3f * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = p * z * x + x;
   const float big = 1.f - 2.f / (LstmExp(2.f * ax) + 1.f);
   return ax < kSmall ? small : (x < 0.f ? -big : big);
 }

@@ -122,8 +122,8 @@ class Executable {
     std::vector<Location> inputs, outputs;
     Location scratch;
     std::string op;
-    std::string node;                       // Node::Describe(), for errors
-    int threads = 0;  // CPU: OpenMP threads (Note [Threads per step]); 0 elsewhere
+    std::string node;  // Node::Describe(), for errors
+    int threads = 0;   // CPU: OpenMP threads (Note [Threads per step]); 0 elsewhere
     mutable std::atomic<int64_t> nanos{0};  // with profile_
   };
 

@@ -49,8 +49,8 @@ class KernelRegistry {
 void RegisterCpuKernels(KernelRegistry* registry);
 void RegisterCpuGradKernels(KernelRegistry* registry);
 void RegisterCpuTensorGradKernels(KernelRegistry* registry);  // cpu_tensor_grad_kernels.cc
-void RegisterCpuTensorKernels(KernelRegistry* registry);  // cpu_tensor_kernels.cc
-void RegisterCpuNormKernels(KernelRegistry* registry);  // cpu_norm_kernels.cc
+void RegisterCpuTensorKernels(KernelRegistry* registry);      // cpu_tensor_kernels.cc
+void RegisterCpuNormKernels(KernelRegistry* registry);        // cpu_norm_kernels.cc
 void RegisterCpuLstmKernels(KernelRegistry* registry);
 // Defined in cuda/cuda_kernels.cc; only in CUDA builds.
 void RegisterCudaKernels(KernelRegistry* registry);
