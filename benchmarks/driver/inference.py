@@ -86,9 +86,11 @@ def run(args: argparse.Namespace) -> list[str]:
                        for k in range(args.sessions)]
             sessions = [common.open_model_session(c, m, 1, mode="infer", name=f"svc{k}-{m}")
                         for k, (c, m) in enumerate(zip(clients, names, strict=True))]
-            listing = clients[0].sessions()
-            admitted = sum(1 for s in listing if s["state"] != "WAITING")
-            mem_bytes = sum(s["persistent_bytes"] + s["ephemeral_bytes"] for s in listing)
+            # Each client sees its own session and the others' totals.
+            listing, others = clients[0].sessions(), clients[0].others()
+            admitted = sum(1 for s in listing if s["state"] != "WAITING") + others["admitted"]
+            mem_bytes = sum(s["persistent_bytes"] + s["ephemeral_bytes"] for s in listing) + \
+                others["persistent_bytes"] + others["ephemeral_bytes"]
             memmap = clients[0].memory_map()
             t0 = time.monotonic()
 

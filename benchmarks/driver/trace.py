@@ -293,9 +293,9 @@ def _replay(args: argparse.Namespace, policy: str, jobs: list[Job],
             c = salus.connect(endpoint, timeout=None, name="monitor")
             try:
                 while not stop.wait(0.02):
-                    states = [s["state"] for s in c.sessions()]
+                    others = c.others()  # the jobs' sessions are other clients'
                     seen["listings"] += 1
-                    seen["max_admitted"] = max(seen["max_admitted"], states.count("ADMITTED"))
+                    seen["max_admitted"] = max(seen["max_admitted"], others["admitted"])
             finally:
                 c.close()
 

@@ -13,7 +13,11 @@
 // Every call returns a Status: the daemon's error (its canonical code and message) or a
 // transport failure (UNAVAILABLE, DEADLINE_EXCEEDED). A Client is thread-safe; calls are
 // serialised on its one connection. While it lives it renews its lease, so the daemon keeps
-// its sessions; when the process dies the daemon frees them after the lease.
+// its sessions; when the process dies the daemon frees them after the lease. Its sessions and
+// shared buffers are its own: no other client can use, close or list them.
+//
+// A daemon reached over a remote (CURVE) endpoint needs Options::server_key and the client's
+// own secret key (Options::secret_key, or $SALUS_CURVE_SERVER_KEY and $SALUS_CURVE_SECRET_KEY).
 #pragma once
 
 #include <chrono>
@@ -112,6 +116,9 @@ struct IterationStats {
 struct ServerInfo {
   uint32_t protocol_version = 0;
   std::string server_version, device, policy, client_id;
+  std::string role;       // "user" or "admin"
+  std::string principal;  // who the daemon authenticated: "uid:1000", "curve:<key>", "tcp:<ip>"
+
   uint64_t capacity_bytes = 0;
   uint64_t lease_ms = 0;
 };
@@ -125,6 +132,11 @@ struct SessionInfo {
   uint64_t persistent_bytes = 0, ephemeral_bytes = 0;
   int64_t iterations_done = 0, iterations_declared = 0;
   double avg_iteration_seconds = 0;
+};
+
+// Sessions of other clients, as the totals an ordinary client may see.
+struct OtherSessions {
+  uint64_t sessions = 0, admitted = 0, waiting = 0, persistent_bytes = 0, ephemeral_bytes = 0;
 };
 
 class Client;
@@ -237,6 +249,11 @@ class Client {
     uint64_t stage_feeds_from = 64 << 10;
     // Staging buffers at most, one per iteration in flight; more in flight use frames.
     int max_staging_buffers = 4;
+    // CURVE, for a daemon's remote endpoint: the daemon's public key and this client's secret
+    // key, each a Z85 key or the path of a key file (`salusctl keygen`). Empty: for a tcp
+    // endpoint, from $SALUS_CURVE_SERVER_KEY and $SALUS_CURVE_SECRET_KEY; with a server key but
+    // no secret key the client makes a key pair of its own (enough for a daemon in open mode).
+    std::string server_key, secret_key;
   };
   static StatusOr<std::unique_ptr<Client>> Connect(const std::string& endpoint);
   static StatusOr<std::unique_ptr<Client>> Connect(const std::string& endpoint, Options options);
@@ -244,7 +261,8 @@ class Client {
 
   const ServerInfo& server() const;
   StatusOr<std::unique_ptr<Session>> CreateSession(const SessionOptions& options);
-  StatusOr<std::vector<SessionInfo>> ListSessions();
+  // This client's sessions (an administrator's: every session), and the others' totals.
+  StatusOr<std::vector<SessionInfo>> ListSessions(OtherSessions* others = nullptr);
   StatusOr<std::string> StatsJson();
   StatusOr<std::string> MemoryMapJson();
   Status Drain();

@@ -86,6 +86,7 @@ Status UnimplementedError(std::string message);
 Status InternalError(std::string message);
 Status UnavailableError(std::string message);
 Status DataLossError(std::string message);
+Status UnauthenticatedError(std::string message);
 
 // Either a value or a non-OK status. Constructing one from an OK status is a programming
 // error and yields an INTERNAL status instead.

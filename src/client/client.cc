@@ -9,6 +9,7 @@
 #include <bit>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "common/curve_keys.h"
 #include "salus/v1/data_type.h"
 #include "salus/v1/salus.pb.h"
 
@@ -91,6 +93,7 @@ struct Client::Impl {
   std::mutex mu;  // serialises requests on the socket
   uint64_t next_id = 1;
   ServerInfo server;
+  std::string token;  // from Hello, on every later request
   std::thread heartbeat;
   std::mutex stop_mu;
   std::condition_variable stop_cv;
@@ -116,6 +119,7 @@ struct Client::Impl {
   StatusOr<uint64_t> Send(v1::Request req, std::vector<zmq::message_t> frames) {
     std::lock_guard<std::mutex> lock(mu);
     req.set_request_id(next_id++);
+    if (!token.empty()) req.set_client_token(token);
     std::string bytes;
     req.SerializeToString(&bytes);
     std::vector<zmq::message_t> msg;
@@ -230,10 +234,54 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& endpoint) {
   return Connect(endpoint, Options{});
 }
 
+namespace {
+
+// Sets the CURVE options on `sock` when the options, or for a tcp endpoint the environment,
+// give a server key (an ipc endpoint never speaks CURVE).
+Status ConfigureCurve(zmq::socket_t& sock, const std::string& endpoint, const Client::Options& o) {
+  const bool tcp = endpoint.rfind("tcp://", 0) == 0;
+  auto from_env = [tcp](const std::string& given, const char* var) {
+    const char* v = std::getenv(var);
+    return !given.empty() || v == nullptr || !tcp ? given : std::string(v);
+  };
+  const std::string server = from_env(o.server_key, "SALUS_CURVE_SERVER_KEY");
+  const std::string secret = from_env(o.secret_key, "SALUS_CURVE_SECRET_KEY");
+  if (server.empty()) {
+    if (!secret.empty()) return InvalidArgumentError("a CURVE secret key needs the server's key");
+    return OkStatus();
+  }
+  SALUS_ASSIGN_OR_RETURN(std::string server_key, ResolveKey(server));
+  char public_key[kCurveKeyZ85Chars + 1] = {}, secret_key[kCurveKeyZ85Chars + 1] = {};
+  if (secret.empty()) {
+    if (zmq_curve_keypair(public_key, secret_key) != 0) {
+      return UnavailableError(
+          fmt::format("cannot make a CURVE key pair: {}", zmq_strerror(zmq_errno())));
+    }
+  } else {
+    SALUS_ASSIGN_OR_RETURN(std::string key, ResolveKey(secret));
+    std::memcpy(secret_key, key.data(), kCurveKeyZ85Chars);
+    if (zmq_curve_public(public_key, secret_key) != 0) {
+      return InvalidArgumentError(
+          fmt::format("the CURVE secret key is not usable: {}", zmq_strerror(zmq_errno())));
+    }
+  }
+  try {
+    sock.set(zmq::sockopt::curve_serverkey, server_key);
+    sock.set(zmq::sockopt::curve_publickey, std::string(public_key));
+    sock.set(zmq::sockopt::curve_secretkey, std::string(secret_key));
+  } catch (const zmq::error_t& e) {
+    return UnavailableError(fmt::format("cannot set up CURVE: {}", e.what()));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& endpoint, Options options) {
   auto impl = std::make_unique<Impl>();
   impl->endpoint = endpoint;
   impl->options = options;
+  SALUS_RETURN_IF_ERROR(ConfigureCurve(impl->sock, endpoint, options));
   try {
     impl->sock.set(zmq::sockopt::linger, 0);
     impl->sock.connect(endpoint);
@@ -245,8 +293,17 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& endpoint, O
   req.mutable_hello()->set_client_name(options.name);
   SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl->Control(std::move(req)));
   const v1::HelloReply& h = reply.hello();
-  impl->server = {h.protocol_version(), h.server_version(), h.device(),  h.policy(),
-                  h.client_id(),        h.capacity_bytes(), h.lease_ms()};
+  ServerInfo& info = impl->server;
+  info.protocol_version = h.protocol_version();
+  info.server_version = h.server_version();
+  info.device = h.device();
+  info.policy = h.policy();
+  info.client_id = h.client_id();
+  info.role = h.role() == v1::ROLE_ADMIN ? "admin" : "user";
+  info.principal = h.principal();
+  info.capacity_bytes = h.capacity_bytes();
+  info.lease_ms = h.lease_ms();
+  impl->token = h.client_token();
   const auto period =
       std::chrono::milliseconds(std::max<uint64_t>(h.lease_ms() / kBeatsPerLease, 100));
   Impl* raw = impl.get();
@@ -307,10 +364,14 @@ StatusOr<std::unique_ptr<Session>> Client::CreateSession(const SessionOptions& o
   return s;
 }
 
-StatusOr<std::vector<SessionInfo>> Client::ListSessions() {
+StatusOr<std::vector<SessionInfo>> Client::ListSessions(OtherSessions* others) {
   v1::Request req;
   req.mutable_list_sessions();
   SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl_->Control(std::move(req)));
+  if (others != nullptr) {
+    const v1::OtherSessions& o = reply.list_sessions().others();
+    *others = {o.sessions(), o.admitted(), o.waiting(), o.persistent_bytes(), o.ephemeral_bytes()};
+  }
   std::vector<SessionInfo> out;
   for (const v1::SessionInfo& s : reply.list_sessions().sessions()) {
     SessionInfo i;

@@ -81,6 +81,7 @@ SALUS_DEFINE_ERROR(UnimplementedError, kUnimplemented)
 SALUS_DEFINE_ERROR(InternalError, kInternal)
 SALUS_DEFINE_ERROR(UnavailableError, kUnavailable)
 SALUS_DEFINE_ERROR(DataLossError, kDataLoss)
+SALUS_DEFINE_ERROR(UnauthenticatedError, kUnauthenticated)
 #undef SALUS_DEFINE_ERROR
 
 }  // namespace salus

@@ -5,8 +5,10 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "common/logging.h"
 
@@ -15,18 +17,45 @@ namespace {
 
 // Requests taken from one ROUTER before the others get a turn.
 constexpr int kBurst = 256;
+// A connection that has not finished ZeroMQ's handshake by then is dropped.
+constexpr int kHandshakeMs = 10000;
+// ZAP domains, one per kind of listener (Note [Principals]).
+constexpr char kIpcDomain[] = "salus-ipc";
+constexpr char kTcpDomain[] = "salus-tcp";
+constexpr char kCurveDomain[] = "salus-curve";
+constexpr char kZapEndpoint[] = "inproc://zeromq.zap.01";
+constexpr size_t kCurveKeyBytes = 32;
 
-std::string Hex(const std::string& bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  }
-  return out;
+// "uid:<N>" from libzmq's address of an ipc peer, ":<uid>:<gid>:<pid>" (read with
+// SO_PEERCRED); empty when the address carries no credentials.
+std::string IpcPrincipal(const std::string& address) {
+  const size_t pid = address.rfind(':');
+  if (pid == std::string::npos || pid == 0) return "";
+  const size_t gid = address.rfind(':', pid - 1);
+  if (gid == std::string::npos || gid == 0) return "";
+  const size_t uid = address.rfind(':', gid - 1);
+  if (uid == std::string::npos) return "";
+  const std::string n = address.substr(uid + 1, gid - uid - 1);
+  if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) return "";
+  return "uid:" + n;
 }
 
 }  // namespace
+
+// Note [Principals]
+// ZeroMQ asks the context's ZAP handler (RFC 27) about every new connection of a socket that
+// has a ZAP domain, before any message from it is delivered; the handler's answer may refuse
+// the connection, and the user id it returns is attached to every message the connection
+// brings ("User-Id"). The frontend binds that handler in its own context and gives each
+// listener a domain that says what kind it is:
+// - ipc: libzmq reads the peer's credentials with SO_PEERCRED and appends them to the address
+//   as ":uid:gid:pid"; the principal is "uid:<uid>", which the peer cannot forge.
+// - plain TCP (loopback only; the server refuses other addresses without CURVE): the
+//   principal is "tcp:<address>", one unauthenticated principal per address.
+// - CURVE: the handshake has proven the client holds the secret of the public key it shows;
+//   a key outside the allow-list is refused (status 400: the client never gets a reply) unless
+//   the listener is open; the principal is "curve:<Z85 key>".
+// Roles are not decided here: the server maps principals to roles.
 
 void ToProto(const Status& s, v1::Status* out) {
   out->set_code(static_cast<int32_t>(s.code()));
@@ -48,6 +77,8 @@ Call::Call(Call&& o) noexcept
       socket_(o.socket_),
       route_(std::move(o.route_)),
       request_id_(o.request_id_),
+      principal_(std::move(o.principal_)),
+      on_answered_(std::move(o.on_answered_)),
       request_(std::move(o.request_)),
       frames_(std::move(o.frames_)) {
   o.frontend_ = nullptr;
@@ -58,8 +89,6 @@ Call::~Call() {
     ReplyError(InternalError("the server dropped this request without an answer"));
   }
 }
-
-std::string Call::peer() const { return fmt::format("{}:{}", socket_, Hex(route_)); }
 
 void Call::Reply(v1::Reply reply, std::vector<zmq::message_t> frames) {
   if (frontend_ == nullptr) return;  // answered already: exactly one reply
@@ -74,6 +103,7 @@ void Call::Reply(v1::Reply reply, std::vector<zmq::message_t> frames) {
   RpcFrontend* fe = frontend_;
   frontend_ = nullptr;
   fe->Post(socket_, route_, std::move(msg));
+  if (on_answered_) std::exchange(on_answered_, nullptr)();
 }
 
 void Call::ReplyError(const Status& status) {
@@ -87,19 +117,45 @@ RpcFrontend::RpcFrontend(Handler handler) : handler_(std::move(handler)), ctx_(1
 
 StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(
     const std::vector<std::string>& endpoints, Handler handler) {
-  if (endpoints.empty()) return InvalidArgumentError("no endpoint to listen on");
+  std::vector<Listener> listeners;
+  for (const std::string& ep : endpoints) listeners.push_back({ep, false});
+  return Create(listeners, CurveServer{}, std::move(handler));
+}
+
+StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(const std::vector<Listener>& listeners,
+                                                           const CurveServer& curve,
+                                                           Handler handler) {
+  if (listeners.empty()) return InvalidArgumentError("no endpoint to listen on");
   std::unique_ptr<RpcFrontend> fe(new RpcFrontend(std::move(handler)));
+  fe->curve_ = curve;
   fe->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fe->wake_fd_ < 0) {
     return InternalError(fmt::format("eventfd for the rpc frontend: {}", std::strerror(errno)));
   }
+  // The handler first: a connection that arrives before it would go unauthenticated.
+  try {
+    fe->zap_ = zmq::socket_t(fe->ctx_, zmq::socket_type::rep);
+    fe->zap_.set(zmq::sockopt::linger, 0);
+    fe->zap_.bind(kZapEndpoint);
+  } catch (const zmq::error_t& e) {
+    return InternalError(fmt::format("the rpc frontend's ZAP handler: {}", e.what()));
+  }
   MutexLock lock(&fe->sock_mu_);
-  for (const std::string& ep : endpoints) {
+  for (const Listener& l : listeners) {
+    const std::string& ep = l.endpoint;
     zmq::socket_t s(fe->ctx_, zmq::socket_type::router);
     s.set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
     s.set(zmq::sockopt::linger, 0);
     s.set(zmq::sockopt::router_mandatory, 0);
+    s.set(zmq::sockopt::handshake_ivl, kHandshakeMs);
     try {
+      if (l.curve) {
+        s.set(zmq::sockopt::curve_server, true);
+        s.set(zmq::sockopt::curve_secretkey, curve.secret_key);
+        s.set(zmq::sockopt::zap_domain, kCurveDomain);
+      } else {
+        s.set(zmq::sockopt::zap_domain, ep.rfind("ipc://", 0) == 0 ? kIpcDomain : kTcpDomain);
+      }
       s.bind(ep);
     } catch (const zmq::error_t& e) {
       return UnavailableError(fmt::format("cannot listen on '{}': {}", ep, e.what()));
@@ -189,14 +245,70 @@ void RpcFrontend::OnRequest(size_t socket, std::vector<zmq::message_t>& msg) {
     return bad(0, fmt::format("frame 0 ({} bytes) is not a salus.v1.Request", env.size()));
   }
   Call call(this, socket, route, req.request_id());
+  try {
+    call.principal_ = env.gets("User-Id");
+  } catch (const zmq::error_t&) {
+    // Not authenticated by the handler (it always is, once bound): no principal.
+  }
   call.request_ = std::move(req);
   for (size_t i = 2; i < msg.size(); ++i) call.frames_.push_back(std::move(msg[i]));
   handler_(std::move(call));
 }
 
+bool RpcFrontend::ServeZap() {
+  int served = 0;
+  for (; served < kBurst; ++served) {
+    std::vector<zmq::message_t> req;
+    if (!zmq::recv_multipart(zap_, std::back_inserter(req), zmq::recv_flags::dontwait)) break;
+    // version, request id, domain, address, routing id, mechanism, credentials...
+    std::string code = "200", text = "OK", user;
+    if (req.size() < 6) {
+      code = "500";
+      text = "malformed ZAP request";
+    } else {
+      const std::string domain = req[2].to_string(), address = req[3].to_string();
+      const std::string mechanism = req[5].to_string();
+      if (mechanism == "CURVE" && req.size() >= 7 && req[6].size() == kCurveKeyBytes) {
+        char z85[kCurveKeyBytes * 5 / 4 + 1];
+        zmq_z85_encode(z85, static_cast<const uint8_t*>(req[6].data()), kCurveKeyBytes);
+        const bool listed =
+            std::find(curve_.allowed.begin(), curve_.allowed.end(), z85) != curve_.allowed.end();
+        if (curve_.open || listed) {
+          user = fmt::format("curve:{}", z85);
+        } else {
+          code = "400";
+          text = "this key is not allowed";
+          logging::Get("server")->debug("rpc: refused CURVE key {} from {}", z85, address);
+        }
+      } else if (mechanism == "NULL" && domain == kIpcDomain) {
+        user = IpcPrincipal(address);
+      } else if (mechanism == "NULL" && domain == kTcpDomain) {
+        user = fmt::format("tcp:{}", address);
+      } else {
+        code = "400";
+        text = "this listener does not accept that mechanism";
+      }
+    }
+    std::vector<zmq::message_t> reply;
+    reply.emplace_back(std::string_view("1.0"));
+    reply.push_back(req.size() > 1 ? std::move(req[1]) : zmq::message_t());
+    reply.emplace_back(code);
+    reply.emplace_back(text);
+    reply.emplace_back(user);
+    reply.emplace_back();
+    try {
+      zmq::send_multipart(zap_, reply, zmq::send_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      logging::Get("server")->error("rpc: answering ZAP failed: {}", e.what());
+    }
+  }
+  return served == kBurst || (zap_.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+}
+
 void RpcFrontend::Loop() {
   std::vector<pollfd> fds;
   for (int fd : router_fds_) fds.push_back({fd, POLLIN, 0});
+  fds.push_back({zap_.get(zmq::sockopt::fd), POLLIN, 0});
   fds.push_back({wake_fd_, POLLIN, 0});
   std::vector<std::pair<size_t, std::vector<zmq::message_t>>> batch;
   while (!stopping_.load()) {
@@ -219,6 +331,7 @@ void RpcFrontend::Loop() {
         }
       }
     }
+    if (ServeZap()) more = true;
     // Handlers reply through Post, which takes the lock: call them outside it.
     for (auto& [socket, msg] : batch) OnRequest(socket, msg);
     batch.clear();

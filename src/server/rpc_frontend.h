@@ -13,6 +13,11 @@
 // INVALID_ARGUMENT (request id 0 when none could be read); everything else reaches the
 // handler with a Call that must be answered exactly once. A Call destroyed unanswered
 // answers INTERNAL itself, so no request ever goes without its one reply.
+//
+// Authentication (Note [Principals] in rpc_frontend.cc): the frontend runs the context's ZAP
+// handler, so every connection is authenticated before its first request and each Call names
+// its principal: the peer's Unix user over ipc, its CURVE key on a CURVE listener, its address
+// on plain TCP. A CURVE listener refuses keys outside its allow-list (unless open).
 #pragma once
 
 #include <atomic>
@@ -37,6 +42,19 @@ inline constexpr int64_t kMaxMessageBytes = 2ll << 30;
 
 class RpcFrontend;
 
+// One endpoint to bind, and whether it speaks CURVE.
+struct Listener {
+  std::string endpoint;
+  bool curve = false;
+};
+
+// The server side of CURVE, for the listeners that speak it.
+struct CurveServer {
+  std::string secret_key;            // Z85
+  std::vector<std::string> allowed;  // clients' public keys, Z85
+  bool open = false;                 // any key may connect (still encrypted)
+};
+
 // One request and the means to answer it. Movable, answer-once.
 class Call {
  public:
@@ -47,8 +65,10 @@ class Call {
 
   v1::Request& request() { return request_; }
   std::vector<zmq::message_t>& frames() { return frames_; }
-  // Who sent it: the endpoint index and ZeroMQ routing id, as one printable string.
-  std::string peer() const;
+  // Who the transport authenticated (Note [Principals]); empty when it could not tell.
+  const std::string& principal() const { return principal_; }
+  // Runs `fn` once, right after the reply is posted (or the Call is destroyed unanswered).
+  void OnAnswered(std::function<void()> fn) { on_answered_ = std::move(fn); }
 
   // Sends `reply` (its request_id is set here) followed by `frames`.
   void Reply(v1::Reply reply, std::vector<zmq::message_t> frames = {});
@@ -61,6 +81,8 @@ class Call {
   size_t socket_;
   std::string route_;
   uint64_t request_id_;
+  std::string principal_;
+  std::function<void()> on_answered_;
   v1::Request request_;
   std::vector<zmq::message_t> frames_;
 };
@@ -73,6 +95,9 @@ class RpcFrontend {
   // the endpoint.
   static StatusOr<std::unique_ptr<RpcFrontend>> Create(const std::vector<std::string>& endpoints,
                                                        Handler handler);
+  // The same, with CURVE on the listeners that ask for it (`curve` must then hold a key).
+  static StatusOr<std::unique_ptr<RpcFrontend>> Create(const std::vector<Listener>& listeners,
+                                                       const CurveServer& curve, Handler handler);
   ~RpcFrontend();
 
   // Starts the I/O thread.
@@ -95,6 +120,8 @@ class RpcFrontend {
   void Wake();
   void Loop();
   void OnRequest(size_t socket, std::vector<zmq::message_t>& msg);
+  // Answers the ZAP requests waiting on zap_; returns whether more may be waiting.
+  bool ServeZap();
 
   Handler handler_;
   zmq::context_t ctx_;
@@ -102,6 +129,8 @@ class RpcFrontend {
   Mutex sock_mu_;
   std::vector<zmq::socket_t> routers_ GUARDED_BY(sock_mu_);
   bool closed_ GUARDED_BY(sock_mu_) = false;
+  zmq::socket_t zap_;  // the ZAP handler (Note [Principals]); the I/O thread's alone
+  CurveServer curve_;
   std::vector<int> router_fds_;  // each ROUTER's ZMQ_FD, polled by the I/O thread
   int wake_fd_ = -1;             // eventfd: wakes the I/O thread (Stop, Note above)
   std::thread io_;

@@ -1,11 +1,12 @@
 // salus-server: the Salus daemon.
 //
-//   salus-server [--config FILE] [--listen EP]... [--device cpu|cuda:N] [--memory 16GiB]
-//                [--policy fifo|srtf|pack|fair|priority] [--log-level info] [--metrics-listen
-//                HOST:PORT]
+//   salus-server [--config FILE] [--listen EP]... [--listen-remote EP]... [--device cpu|cuda:N]
+//                [--memory 16GiB] [--policy fifo|srtf|pack|fair|priority] [--log-level info]
+//                [--metrics-listen HOST:PORT]
 //
-// Flags override the config file (JSON: listen, device, memory, policy, policy_options,
-// metrics_listen, log_level, lease_seconds). SIGTERM and SIGINT drain the daemon: it stops
+// Flags override the config file (JSON: listen, listen_remote, device, memory, policy,
+// policy_options, metrics_listen, log_level, lease_seconds, max_folded_bytes, quotas,
+// security.curve; see docs/operations.md). SIGTERM and SIGINT drain the daemon: it stops
 // admitting, finishes the iterations in flight, answers every waiter and exits 0.
 #include <signal.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "common/config.h"
+#include "common/curve_keys.h"
 #include "common/logging.h"
 #include "common/openmp_env.h"
 #include "common/units.h"
@@ -30,11 +32,42 @@ int Fail(const salus::Status& s) {
   return 1;
 }
 
+// The "security.curve" section: key files, allowed and administrator keys, open mode.
+salus::Status ReadSecurity(const salus::Config& config, salus::server::SecurityOptions* out) {
+  using salus::StatusOr;
+  auto keys = [&](const char* list_key, const char* file_key,
+                  std::vector<std::string>* into) -> salus::Status {
+    if (config.Has(list_key)) {
+      SALUS_ASSIGN_OR_RETURN(std::vector<std::string> listed, config.GetStrings(list_key));
+      for (const std::string& k : listed) {
+        SALUS_ASSIGN_OR_RETURN(std::string key, salus::ResolveKey(k));
+        into->push_back(std::move(key));
+      }
+    }
+    if (config.Has(file_key)) {
+      SALUS_ASSIGN_OR_RETURN(std::string path, config.GetString(file_key));
+      SALUS_ASSIGN_OR_RETURN(std::vector<std::string> listed, salus::ReadKeyList(path));
+      into->insert(into->end(), listed.begin(), listed.end());
+    }
+    return salus::OkStatus();
+  };
+  if (config.Has("security.curve.secret_key_file")) {
+    SALUS_ASSIGN_OR_RETURN(std::string path, config.GetString("security.curve.secret_key_file"));
+    SALUS_ASSIGN_OR_RETURN(out->curve_secret_key, salus::ReadKeyFile(path));
+  }
+  SALUS_RETURN_IF_ERROR(
+      keys("security.curve.client_keys", "security.curve.client_keys_file", &out->client_keys));
+  SALUS_RETURN_IF_ERROR(
+      keys("security.curve.admin_keys", "security.curve.admin_keys_file", &out->admin_keys));
+  SALUS_ASSIGN_OR_RETURN(out->open, config.GetBool("security.curve.open", false));
+  return salus::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   salus::EnsurePassiveOpenMpWait(argv);  // Note [OpenMP wait policy]
-  std::vector<std::string> listen;
+  std::vector<std::string> listen, listen_remote;
   std::string config_path, device, memory, policy, policy_options, log_level, metrics_listen,
       max_folded_bytes;
   double lease_seconds = 0;
@@ -42,7 +75,10 @@ int main(int argc, char** argv) {
   desc.add_options()("help,h", "show this help")("config", po::value(&config_path),
                                                  "JSON config file")(
       "listen", po::value(&listen)->composing(),
-      "endpoint to serve on (repeatable), e.g. ipc:///run/salus/salus.sock, tcp://127.0.0.1:5501")(
+      "endpoint to serve on (repeatable), e.g. ipc:///run/salus/salus.sock, tcp://127.0.0.1:5501; "
+      "a tcp endpoint that is not loopback speaks CURVE")(
+      "listen-remote", po::value(&listen_remote)->composing(),
+      "endpoint to serve on with CURVE even on a loopback address (repeatable)")(
       "device", po::value(&device), "cpu (default) or cuda:N")("memory", po::value(&memory),
                                                                "the arena's capacity, e.g. 16GiB")(
       "policy", po::value(&policy), "fifo, srtf, pack, fair (default) or priority")(
@@ -110,6 +146,18 @@ int main(int argc, char** argv) {
     if (!l.ok()) return Fail(l.status());
     o.listen = *l;
   }
+  if (!listen_remote.empty()) {
+    o.security.listen_remote = listen_remote;
+  } else if (config.Has("listen_remote")) {
+    auto l = config.GetStrings("listen_remote");
+    if (!l.ok()) return Fail(l.status());
+    o.security.listen_remote = *l;
+  }
+  if (auto s = ReadSecurity(config, &o.security); !s.ok()) return Fail(s);
+  auto quotas = salus::server::Quotas::FromJson(
+      config.json().contains("quotas") ? config.json()["quotas"] : nlohmann::json());
+  if (!quotas.ok()) return Fail(quotas.status());
+  o.quotas = *quotas;
   auto lease = config.GetDouble("lease_seconds", 30.0);
   if (!lease.ok()) return Fail(lease.status());
   if (!(*lease > 0)) return Fail(salus::InvalidArgumentError("lease_seconds must be positive"));

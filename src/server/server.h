@@ -3,13 +3,22 @@
 // metrics endpoint, and answers each request type (the only place statuses become wire
 // errors is the frontend's Call).
 //
+// Every request is classified once, by kind (Note [Request classes] in server.cc), and checked
+// there against its caller: which client its token names, which role its principal has, and
+// the client's requests-in-flight quota. Only then does the kind's handler run, and each
+// handler gives the request its one reply.
+//
 // Threads: the frontend's I/O thread (decodes, dispatches, never waits on execution); one
-// control thread for CreateSession (model compilation can take a while); lane workers; a
-// housekeeping thread (admission timeouts, client leases); the metrics HTTP thread.
+// control thread for CreateSession (model compilation can take a while), which serves the
+// clients' queued creations in turn; lane workers; a housekeeping thread (admission timeouts,
+// client leases); the metrics HTTP thread.
 #pragma once
 
+#include <deque>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,8 +28,10 @@
 #include "device/memory_provider.h"
 #include "exec/device.h"
 #include "sched/executor.h"
+#include "server/client_registry.h"
 #include "server/metrics.h"
 #include "server/metrics_http_server.h"
+#include "server/request_pacer.h"
 #include "server/rpc_frontend.h"
 #include "server/session_manager.h"
 
@@ -29,6 +40,17 @@ namespace salus::server {
 inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr char kServerVersion[] = "0.1.0";
 inline constexpr uint16_t kDefaultTcpPort = 5501;
+
+// Who may reach the daemon from elsewhere, and who administers it (docs/operations.md).
+struct SecurityOptions {
+  // Endpoints that speak CURVE even on a loopback address; any tcp endpoint in `listen` that
+  // is not loopback does so too.
+  std::vector<std::string> listen_remote;
+  std::string curve_secret_key;          // Z85; needed when any endpoint speaks CURVE
+  std::vector<std::string> client_keys;  // allowed CURVE client keys, Z85
+  std::vector<std::string> admin_keys;   // CURVE keys with the administrator role
+  bool open = false;                     // any CURVE key may connect (as an ordinary user)
+};
 
 struct ServerOptions {
   std::vector<std::string> listen;  // empty: DefaultEndpoints()
@@ -39,10 +61,11 @@ struct ServerOptions {
   std::string metrics_listen;  // HOST:PORT; empty: no metrics endpoint
   Nanos lease{std::chrono::seconds(30)};
   SessionManager::ModelFactory model_factory;  // null: model sessions are UNIMPLEMENTED
+  SecurityOptions security;
+  Quotas quotas;
 };
 
-// ipc://<runtime dir>/salus.sock and tcp://127.0.0.1:5501. The runtime dir is
-// $RUNTIME_DIRECTORY (systemd), else $XDG_RUNTIME_DIR/salus, else /tmp/salus-<uid>.
+// DefaultIpcEndpoint() (common/endpoints.h) and tcp://127.0.0.1:5501.
 std::vector<std::string> DefaultEndpoints();
 
 // The arena a device gets without --memory: on the CPU 8 GiB of address space (pages are
@@ -72,20 +95,36 @@ class Server {
   bool draining() const EXCLUDES(mu_);
 
  private:
+  // Who sent a request, as far as the server could tell.
+  struct Caller {
+    std::string principal;
+    bool admin = false;
+    std::optional<ClientRef> client;  // the live client its token names
+  };
   explicit Server(ServerOptions options) : o_(std::move(options)) {}
   void Handle(Call call);
-  void HandleHello(Call call);
+  // Runs the kind's handler for a request that passed Handle's checks (and the pacer).
+  void Dispatch(const Caller& caller, Call call);
+  // The reply of each kind answered at once (everything but CreateSession and RunIteration).
+  StatusOr<v1::Reply> Answer(const Caller& caller, const v1::Request& req);
+  StatusOr<v1::Reply> Hello(const Caller& caller, const v1::Hello& hello);
+  bool IsAdmin(const std::string& principal) const;
   // Answers `call` with the error `s` and counts it as a failed request.
   void Fail(Call& call, const Status& s);
   void ControlLoop();
   void HousekeepingLoop();
   std::string Gauges() const;
-  nlohmann::json StatsJson() const;
+  // Everything for an administrator (null viewer); for a client its own sessions and the
+  // others' totals.
+  nlohmann::json StatsJson(const ClientRef* viewer) const;
+  nlohmann::json MemoryMapJson(const ClientRef* viewer) const;
 
   ServerOptions o_;
   std::unique_ptr<device::MemoryProvider> provider_;
   exec::DeviceRuntime* runtime_ = nullptr;  // the engine's GPU runtime; null on the CPU
   Metrics metrics_;
+  std::unique_ptr<ClientRegistry> clients_;  // outlives every Call (their OnAnswered hooks)
+  std::unique_ptr<RequestPacer> pacer_;
   std::unique_ptr<sched::Executor> executor_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<RpcFrontend> frontend_;
@@ -96,7 +135,10 @@ class Server {
   bool draining_ GUARDED_BY(mu_) = false;
   bool drained_ GUARDED_BY(mu_) = false;
   bool stop_ GUARDED_BY(mu_) = false;
-  std::deque<Call> control_queue_ GUARDED_BY(mu_);
+  // CreateSession requests waiting for the control thread, per client; `control_turns_` holds
+  // each client with a non-empty queue once, in the order they are served.
+  std::map<uint64_t, std::deque<std::pair<ClientRef, Call>>> control_queue_ GUARDED_BY(mu_);
+  std::deque<uint64_t> control_turns_ GUARDED_BY(mu_);
   std::thread control_, housekeeping_, drainer_;
 };
 

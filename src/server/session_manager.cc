@@ -15,13 +15,36 @@ namespace {
 
 // Priorities outside this range are refused (FAIR's weights would be meaningless).
 constexpr int32_t kMaxPriority = 100;
-// Shared buffers one client may hold at once.
-constexpr size_t kMaxBuffersPerClient = 64;
+// Session ids stay below 2^53, so any JSON reader holds them exactly.
+constexpr uint64_t kSessionIdMask = (uint64_t{1} << 53) - 1;
+
+Status NoSuchSession(uint64_t id) {
+  return NotFoundError(fmt::format("session {} does not exist", id));
+}
 
 }  // namespace
 
-StatusOr<v1::CreateSessionReply> SessionManager::Create(const std::string& client,
+uint64_t SessionManager::NewSessionId() {
+  while (true) {
+    const uint64_t id = SecureRandom64() & kSessionIdMask;
+    if (id != 0 && sessions_.count(id) == 0) return id;
+  }
+}
+
+StatusOr<std::shared_ptr<SessionManager::Entry>> SessionManager::Owned(const ClientRef& owner,
+                                                                       uint64_t id) const {
+  MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second->client != owner.id) return NoSuchSession(id);
+  return it->second;
+}
+
+StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
                                                         const v1::CreateSession& req) {
+  const Quotas& quota = o_.quotas;
+  if (quota.sessions != 0 && SessionsOf(owner.id).size() >= quota.sessions) {
+    return QuotaExceeded("sessions", quota.sessions, "close one of this client's sessions first");
+  }
   if (req.iterations() < 0) {
     return InvalidArgumentError(fmt::format("iterations must be >= 0, got {}", req.iterations()));
   }
@@ -61,9 +84,27 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const std::string& clien
       return InvalidArgumentError("CreateSession needs a model or a synthetic profile");
   }
 
+  const uint64_t p = runtime->requirement().persistent_bytes;
+  if (quota.persistent_bytes != 0) {
+    uint64_t held = 0;
+    {
+      MutexLock lock(&mu_);
+      for (const auto& [id, e] : sessions_) {
+        if (e->client == owner.id) held += e->runtime->requirement().persistent_bytes;
+      }
+    }
+    if (held + p > quota.persistent_bytes) {
+      return QuotaExceeded(
+          "persistent_bytes", quota.persistent_bytes,
+          fmt::format("this session needs {} of persistent memory and the client holds {}",
+                      FormatBytes(p), FormatBytes(held)));
+    }
+  }
+
   auto entry = std::make_shared<Entry>();
   entry->name = req.name();
-  entry->client = client;
+  entry->client = owner.id;
+  entry->client_name = owner.name;
   entry->priority = req.priority();
   entry->latency_class = req.latency_class();
   entry->iterations_declared = req.iterations();
@@ -84,10 +125,9 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const std::string& clien
   uint64_t id = 0;
   {
     MutexLock lock(&mu_);
-    id = next_id_++;
+    id = NewSessionId();
     entry->id = id;
     sessions_[id] = entry;
-    clients_[client].last_seen = o_.clock->Now();
   }
   auto admitted = o_.executor->AddSession(id, spec);
   if (!admitted.ok()) {
@@ -119,22 +159,18 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const std::string& clien
   return reply;
 }
 
-void SessionManager::Run(Call call) {
+void SessionManager::Run(Call call, const ClientRef& owner) {
   const uint64_t id = call.request().session_id();
-  std::shared_ptr<Entry> entry;
-  {
-    MutexLock lock(&mu_);
-    auto it = sessions_.find(id);
-    if (it != sessions_.end()) entry = it->second;
-  }
-  if (!entry) return call.ReplyError(NotFoundError(fmt::format("session {} does not exist", id)));
+  auto owned = Owned(owner, id);
+  if (!owned.ok()) return call.ReplyError(owned.status());
+  std::shared_ptr<Entry> entry = std::move(*owned);
   if (Status lost = DeviceLost(); !lost.ok() && entry->runtime->kind() == "model") {
     return call.ReplyError(lost);
   }
 
   // Decode and check the feeds against their frames and buffers before anything is queued.
   const v1::RunIteration& body = call.request().run_iteration();
-  const std::string client = call.peer();
+  const uint64_t client = owner.id;
   size_t framed = 0;
   for (const v1::TensorSpec& spec : body.feeds()) framed += spec.has_buffer() ? 0 : 1;
   if (framed != call.frames().size()) {
@@ -165,10 +201,6 @@ void SessionManager::Run(Call call) {
     return state->ReplyError(s);
   }
 
-  {
-    MutexLock lock(&mu_);
-    clients_[client].in_flight++;
-  }
   auto outputs = std::make_shared<IterationOutputs>();
   auto work = [this, entry, state, feeds, fetches, state_only, outputs,
                buffers](const sched::Dispatch& d) {
@@ -193,9 +225,8 @@ void SessionManager::Run(Call call) {
     return s;
   };
   Metrics* metrics = o_.metrics;
-  auto done = [this, client, state, outputs, metrics, state_only](const Status& status,
-                                                                  const sched::IterationRecord& r) {
-    IterationEnded(client);
+  auto done = [state, outputs, metrics, state_only](const Status& status,
+                                                    const sched::IterationRecord& r) {
     if (metrics != nullptr && status.ok() && !state_only) metrics->IterationDone(r);
     if (!status.ok()) return state->ReplyError(status);
     v1::Reply reply;
@@ -214,22 +245,21 @@ void SessionManager::Run(Call call) {
     state->Reply(std::move(reply), std::move(frames));
   };
   if (Status s = o_.executor->Submit(id, work, done, /*counted=*/!state_only); !s.ok()) {
-    IterationEnded(client);
     state->ReplyError(s);
   }
 }
 
 StatusOr<HostTensor> SessionManager::ResolveSlice(
-    const std::string& client, const v1::TensorSpec& spec,
+    uint64_t client, const v1::TensorSpec& spec,
     std::vector<std::shared_ptr<SharedBuffer>>* buffers) {
   const uint64_t id = spec.buffer().buffer_id();
   std::shared_ptr<SharedBuffer> buffer;
   {
     MutexLock lock(&mu_);
-    auto c = clients_.find(client);
-    if (c != clients_.end()) {
-      auto b = c->second.buffers.find(id);
-      if (b != c->second.buffers.end()) buffer = b->second;
+    auto c = buffers_.find(client);
+    if (c != buffers_.end()) {
+      auto b = c->second.find(id);
+      if (b != c->second.end()) buffer = b->second;
     }
   }
   if (!buffer) {
@@ -260,96 +290,85 @@ StatusOr<HostTensor> SessionManager::ResolveSlice(
   return t;
 }
 
-StatusOr<uint64_t> SessionManager::RegisterBuffer(const std::string& client,
+StatusOr<uint64_t> SessionManager::RegisterBuffer(const ClientRef& owner,
                                                   const v1::RegisterBuffer& req) {
+  const uint64_t limit = o_.quotas.shared_buffers;
+  auto full = [&]() REQUIRES(mu_) {
+    auto c = buffers_.find(owner.id);
+    return limit != 0 && c != buffers_.end() && c->second.size() >= limit;
+  };
   {
     MutexLock lock(&mu_);
-    auto c = clients_.find(client);
-    if (c != clients_.end() && c->second.buffers.size() >= kMaxBuffersPerClient) {
-      return ResourceExhaustedError(
-          fmt::format("a client may hold at most {} shared buffers; unregister one first",
-                      kMaxBuffersPerClient));
-    }
+    if (full()) return QuotaExceeded("shared_buffers", limit, "unregister one first");
   }
   SALUS_ASSIGN_OR_RETURN(auto buffer, SharedBuffer::Open(req.shm_name(), req.bytes()));
   MutexLock lock(&mu_);
-  ClientLease& c = clients_[client];
-  c.last_seen = o_.clock->Now();
+  if (full()) return QuotaExceeded("shared_buffers", limit, "unregister one first");
   const uint64_t id = next_buffer_id_++;
-  c.buffers.emplace(id, std::move(buffer));
+  buffers_[owner.id].emplace(id, std::move(buffer));
   return id;
 }
 
-Status SessionManager::UnregisterBuffer(const std::string& client, uint64_t buffer_id) {
+Status SessionManager::UnregisterBuffer(const ClientRef& owner, uint64_t buffer_id) {
   std::shared_ptr<SharedBuffer> dropped;  // unmapped outside the lock (or after its iterations)
   MutexLock lock(&mu_);
-  auto c = clients_.find(client);
-  if (c == clients_.end() || c->second.buffers.count(buffer_id) == 0) {
+  auto c = buffers_.find(owner.id);
+  if (c == buffers_.end() || c->second.count(buffer_id) == 0) {
     return NotFoundError(
         fmt::format("shared buffer {} is not registered by this client", buffer_id));
   }
-  dropped = std::move(c->second.buffers[buffer_id]);
-  c->second.buffers.erase(buffer_id);
+  dropped = std::move(c->second[buffer_id]);
+  c->second.erase(buffer_id);
   return OkStatus();
 }
 
 size_t SessionManager::BufferCount() const {
   MutexLock lock(&mu_);
   size_t n = 0;
-  for (const auto& [id, c] : clients_) n += c.buffers.size();
+  for (const auto& [id, c] : buffers_) n += c.size();
   return n;
 }
 
-void SessionManager::IterationEnded(const std::string& client) {
-  MutexLock lock(&mu_);
-  ClientLease& c = clients_[client];
-  c.in_flight--;
-  c.last_seen = o_.clock->Now();
+Status SessionManager::Close(const ClientRef& owner, uint64_t id) {
+  SALUS_RETURN_IF_ERROR(Owned(owner, id).status());
+  return Remove(id);
 }
 
-Status SessionManager::Close(uint64_t id) {
+Status SessionManager::Remove(uint64_t id) {
   std::shared_ptr<Entry> entry;
   {
     MutexLock lock(&mu_);
     auto it = sessions_.find(id);
-    if (it == sessions_.end()) return NotFoundError(fmt::format("session {} does not exist", id));
+    if (it == sessions_.end()) return NoSuchSession(id);  // closed meanwhile by another path
     entry = it->second;
     sessions_.erase(it);
   }
   Status s = o_.executor->RemoveSession(id);
+  if (s.code() == StatusCode::kNotFound) {
+    // The engine dropped it first: its admission just failed (OnAdmissionFailed is on its
+    // way). It is gone, as it would be a moment later: the same answer as then.
+    return NotFoundError(fmt::format("session {} does not exist (its admission failed)", id));
+  }
   logging::Event("server", "session_closed", {{"session", id}, {"name", entry->name}});
   if (o_.metrics != nullptr) o_.metrics->SessionClosed();
-  // NOT_FOUND here means the engine already dropped it (admission timeout): closed either way.
-  return s.code() == StatusCode::kNotFound ? OkStatus() : s;
+  return s;
 }
 
-void SessionManager::Touch(const std::string& client) {
-  MutexLock lock(&mu_);
-  auto it = clients_.find(client);
-  if (it != clients_.end()) it->second.last_seen = o_.clock->Now();
-}
-
-size_t SessionManager::ExpireLeases() {
-  std::vector<uint64_t> expired;
+size_t SessionManager::CloseClient(uint64_t client) {
+  std::vector<uint64_t> ids = SessionsOf(client);
+  std::map<uint64_t, std::shared_ptr<SharedBuffer>> dropped;  // unmapped outside the lock
   {
     MutexLock lock(&mu_);
-    const Nanos now = o_.clock->Now();
-    for (auto it = clients_.begin(); it != clients_.end();) {
-      if (it->second.in_flight > 0 || now - it->second.last_seen <= o_.lease) {
-        ++it;
-        continue;
-      }
-      for (const auto& [id, e] : sessions_) {
-        if (e->client == it->first) expired.push_back(id);
-      }
-      it = clients_.erase(it);
+    if (auto c = buffers_.find(client); c != buffers_.end()) {
+      dropped = std::move(c->second);
+      buffers_.erase(c);
     }
   }
-  for (uint64_t id : expired) {
+  for (uint64_t id : ids) {
     logging::Event("server", "lease_expired", {{"session", id}});
-    Close(id).IgnoreError();  // already closed by its owner meanwhile is fine
+    Remove(id).IgnoreError();  // closed by its owner meanwhile is fine
   }
-  return expired.size();
+  return ids.size();
 }
 
 void SessionManager::CloseAll() {
@@ -358,17 +377,39 @@ void SessionManager::CloseAll() {
     MutexLock lock(&mu_);
     for (const auto& [id, e] : sessions_) ids.push_back(id);
   }
-  for (uint64_t id : ids) Close(id).IgnoreError();
+  for (uint64_t id : ids) Remove(id).IgnoreError();
 }
 
-std::vector<v1::SessionInfo> SessionManager::List() const {
+std::vector<uint64_t> SessionManager::SessionsOf(uint64_t client) const {
+  std::vector<uint64_t> ids;
+  MutexLock lock(&mu_);
+  for (const auto& [id, e] : sessions_) {
+    if (e->client == client) ids.push_back(id);
+  }
+  return ids;
+}
+
+v1::ListSessionsReply SessionManager::List(const ClientRef* viewer) const {
   std::vector<std::shared_ptr<Entry>> entries;
   {
     MutexLock lock(&mu_);
     for (const auto& [id, e] : sessions_) entries.push_back(e);
   }
-  std::vector<v1::SessionInfo> out;
+  v1::ListSessionsReply out;
+  v1::OtherSessions* others = out.mutable_others();
   for (const auto& e : entries) {
+    auto s = o_.executor->engine().Session(e->id);
+    const bool admitted = s.ok() && s->state == sched::SessionState::kAdmitted;
+    if (viewer != nullptr && e->client != viewer->id) {
+      others->set_sessions(others->sessions() + 1);
+      others->set_waiting(others->waiting() + (s.ok() && !admitted ? 1 : 0));
+      others->set_admitted(others->admitted() + (admitted ? 1 : 0));
+      others->set_persistent_bytes(others->persistent_bytes() +
+                                   e->runtime->requirement().persistent_bytes);
+      others->set_ephemeral_bytes(others->ephemeral_bytes() +
+                                  e->runtime->requirement().ephemeral_bytes);
+      continue;
+    }
     v1::SessionInfo info;
     info.set_session_id(e->id);
     info.set_name(e->name);
@@ -378,8 +419,7 @@ std::vector<v1::SessionInfo> SessionManager::List() const {
     info.set_persistent_bytes(e->runtime->requirement().persistent_bytes);
     info.set_ephemeral_bytes(e->runtime->requirement().ephemeral_bytes);
     info.set_iterations_declared(e->iterations_declared);
-    info.set_client_id(e->client);
-    auto s = o_.executor->engine().Session(e->id);
+    info.set_client_id(e->client_name);
     if (s.ok()) {
       info.set_state(s->state == sched::SessionState::kAdmitted ? v1::ADMITTED : v1::WAITING);
       info.set_lane(s->lane);
@@ -388,7 +428,7 @@ std::vector<v1::SessionInfo> SessionManager::List() const {
     } else {
       info.set_state(v1::CLOSING);
     }
-    out.push_back(std::move(info));
+    *out.add_sessions() = std::move(info);
   }
   return out;
 }

@@ -5,12 +5,13 @@
 // validated here and queued on the executor; its reply goes out when the lane worker is done
 // → close (explicit, lease expiry of the owning client, admission timeout, or drain).
 //
-// Leases: a session belongs to the client (ZeroMQ peer) that created it. Any request from
-// that peer renews its lease; a peer silent for longer than the lease, with no iteration of
-// its own queued or running, loses its sessions, so a client that dies frees its memory and
-// wakes the admission queue. (A client blocked on a long iteration or on admission sends
-// nothing, but is not silent: it is owed a reply.) An iteration in flight
-// when that happens finishes first (the lane is never interrupted mid-iteration).
+// Ownership: a session and a shared buffer belong to the client (ClientRegistry) that made
+// them; a request from any other client that names one gets NOT_FOUND, worded exactly as for
+// an id that does not exist. Session ids are random (53 bits, so they survive any JSON
+// reader), not a sequence. When the registry forgets a client (its lease ran out), the server
+// calls CloseClient: its sessions close and its buffers go, which frees its memory and wakes
+// the admission queue; an iteration in flight finishes first (a lane is never interrupted
+// mid-iteration). The session, persistent-memory and buffer quotas are enforced here.
 #pragma once
 
 #include <functional>
@@ -22,6 +23,7 @@
 #include "common/clock.h"
 #include "common/thread_annotations.h"
 #include "sched/executor.h"
+#include "server/client_registry.h"
 #include "server/rpc_frontend.h"
 #include "server/session_runtime.h"
 #include "server/shared_buffer.h"
@@ -37,11 +39,10 @@ class SessionManager {
 
   struct Options {
     sched::Executor* executor = nullptr;
-    const Clock* clock = nullptr;
-    Nanos lease{std::chrono::seconds(30)};
     bool host_accessible = true;  // the arena's memory may be touched by the host
     ModelFactory model_factory;   // null: model sessions are UNIMPLEMENTED
     Metrics* metrics = nullptr;   // optional
+    Quotas quotas;
     // Asked after an iteration fails: whether the device survived (a GPU fault can corrupt
     // its context). Null: the device cannot be lost (the CPU).
     std::function<Status()> device_health;
@@ -49,28 +50,32 @@ class SessionManager {
 
   explicit SessionManager(Options options) : o_(std::move(options)) {}
 
-  StatusOr<v1::CreateSessionReply> Create(const std::string& client, const v1::CreateSession& req)
+  StatusOr<v1::CreateSessionReply> Create(const ClientRef& owner, const v1::CreateSession& req)
       EXCLUDES(mu_);
-  // Validates and queues one iteration; the Call is answered exactly once, now (on error) or
-  // when the iteration ends.
-  void Run(Call call) EXCLUDES(mu_);
-  Status Close(uint64_t session) EXCLUDES(mu_);
-  // Shared buffers (see salus.v1.RegisterBuffer): owned by the client, dropped with its lease.
-  StatusOr<uint64_t> RegisterBuffer(const std::string& client, const v1::RegisterBuffer& req)
+  // Validates and queues one iteration of one of `owner`'s sessions; the Call is answered
+  // exactly once, now (on error) or when the iteration ends.
+  void Run(Call call, const ClientRef& owner) EXCLUDES(mu_);
+  // Closes one of `owner`'s sessions.
+  Status Close(const ClientRef& owner, uint64_t session) EXCLUDES(mu_);
+  // Shared buffers (see salus.v1.RegisterBuffer): owned by the client, dropped with it.
+  StatusOr<uint64_t> RegisterBuffer(const ClientRef& owner, const v1::RegisterBuffer& req)
       EXCLUDES(mu_);
-  Status UnregisterBuffer(const std::string& client, uint64_t buffer_id) EXCLUDES(mu_);
+  Status UnregisterBuffer(const ClientRef& owner, uint64_t buffer_id) EXCLUDES(mu_);
   size_t BufferCount() const EXCLUDES(mu_);
-  // Renews the client's lease.
-  void Touch(const std::string& client) EXCLUDES(mu_);
-  // Closes the sessions of clients whose lease expired; returns how many sessions closed.
-  size_t ExpireLeases() EXCLUDES(mu_);
+  // Closes the sessions and drops the buffers of a client the registry forgot; returns how
+  // many sessions closed.
+  size_t CloseClient(uint64_t client) EXCLUDES(mu_);
   // Closes every session (drain).
   void CloseAll() EXCLUDES(mu_);
 
   // Set once the device is lost: every later iteration and model session is refused with it.
   Status DeviceLost() const EXCLUDES(mu_);
 
-  std::vector<v1::SessionInfo> List() const EXCLUDES(mu_);
+  // What `viewer` may see: its own sessions in full and the others' as totals; with a null
+  // viewer (an administrator) every session in full.
+  v1::ListSessionsReply List(const ClientRef* viewer) const EXCLUDES(mu_);
+  // Ids of the sessions `client` owns.
+  std::vector<uint64_t> SessionsOf(uint64_t client) const EXCLUDES(mu_);
   size_t Count() const EXCLUDES(mu_);
 
   // Engine callbacks (wired by the server).
@@ -81,7 +86,8 @@ class SessionManager {
   struct Entry {
     uint64_t id = 0;
     std::string name;
-    std::string client;
+    uint64_t client = 0;
+    std::string client_name;  // public
     int32_t priority = 0;
     v1::LatencyClass latency_class = v1::LATENCY_BATCH;
     int64_t iterations_declared = 0;
@@ -91,24 +97,25 @@ class SessionManager {
   // After a failed iteration: checks the device; when it is lost, records that (once) and
   // returns the status every session gets from now on; otherwise returns `iteration`.
   Status CheckDevice(const Status& iteration) EXCLUDES(mu_);
+  // `owner`'s session `id`, or NOT_FOUND (the same for a session that is someone else's).
+  StatusOr<std::shared_ptr<Entry>> Owned(const ClientRef& owner, uint64_t id) const EXCLUDES(mu_);
+  // Removes session `id`, whoever owns it.
+  Status Remove(uint64_t id) EXCLUDES(mu_);
+  // A fresh random session id.
+  uint64_t NewSessionId() REQUIRES(mu_);
 
   Options o_;
   mutable Mutex mu_;
   Status device_lost_ GUARDED_BY(mu_);
-  uint64_t next_id_ GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::shared_ptr<Entry>> sessions_ GUARDED_BY(mu_);
-  struct ClientLease {
-    Nanos last_seen{0};
-    int in_flight = 0;  // iterations queued or running: a client waiting on them is alive
-    std::map<uint64_t, std::shared_ptr<SharedBuffer>> buffers;
-  };
   uint64_t next_buffer_id_ GUARDED_BY(mu_) = 1;
-  void IterationEnded(const std::string& client) EXCLUDES(mu_);
   // A feed in a shared buffer: checked against the buffer, which joins `buffers` (distinct).
-  StatusOr<HostTensor> ResolveSlice(const std::string& client, const v1::TensorSpec& spec,
+  StatusOr<HostTensor> ResolveSlice(uint64_t client, const v1::TensorSpec& spec,
                                     std::vector<std::shared_ptr<SharedBuffer>>* buffers)
       EXCLUDES(mu_);
-  std::unordered_map<std::string, ClientLease> clients_ GUARDED_BY(mu_);
+  // Each client's shared buffers, by id.
+  std::unordered_map<uint64_t, std::map<uint64_t, std::shared_ptr<SharedBuffer>>> buffers_
+      GUARDED_BY(mu_);
 };
 
 }  // namespace salus::server

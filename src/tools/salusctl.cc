@@ -4,12 +4,25 @@
 //   salusctl [--endpoint EP] sessions [--json]
 //   salusctl [--endpoint EP] memory [--json]   the memory map: lanes, blocks, free ranges
 //   salusctl [--endpoint EP] drain             finish in-flight work and stop the daemon
+//   salusctl keygen PREFIX                     a CURVE key pair: PREFIX.key and PREFIX.pub
+//
+// The default endpoint is the daemon's ipc socket, where its own user and root have the
+// administrator role (they see every session and may drain); elsewhere a client sees its
+// own sessions and the others' totals. --server-key and --secret-key reach a remote (CURVE)
+// endpoint.
+#include <sys/stat.h>
+#include <zmq.h>
+
 #include <boost/program_options.hpp>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "common/endpoints.h"
 #include "common/units.h"
 #include "salus/client.h"
 
@@ -24,7 +37,39 @@ int Fail(const salus::Status& s) {
 
 std::string DefaultEndpoint() {
   const char* env = std::getenv("SALUS_ENDPOINT");
-  return env != nullptr && *env != '\0' ? env : "tcp://127.0.0.1:5501";
+  return env != nullptr && *env != '\0' ? env : salus::DefaultIpcEndpoint();
+}
+
+// Writes a new CURVE key pair: PREFIX.key (the secret, readable by its owner only) and
+// PREFIX.pub (the public key, to give to the other side).
+int Keygen(const std::string& prefix) {
+  char public_key[41] = {}, secret_key[41] = {};
+  if (zmq_curve_keypair(public_key, secret_key) != 0) {
+    return Fail(salus::UnavailableError(std::string("cannot make a CURVE key pair: ") +
+                                        zmq_strerror(zmq_errno())));
+  }
+  auto write = [](const std::string& path, const std::string& what, const char* key,
+                  mode_t mode) -> salus::Status {
+    const mode_t old = umask(0077);
+    std::ofstream out(path, std::ios::trunc);
+    umask(old);
+    if (!out) {
+      return salus::UnavailableError("cannot write '" + path + "': " + std::strerror(errno));
+    }
+    out << "# salus CURVE " << what << "\n" << key << "\n";
+    out.close();
+    if (chmod(path.c_str(), mode) != 0) {
+      return salus::UnavailableError("cannot set the mode of '" + path + "'");
+    }
+    return salus::OkStatus();
+  };
+  if (auto s = write(prefix + ".key", "secret key: keep it private", secret_key, 0600); !s.ok()) {
+    return Fail(s);
+  }
+  if (auto s = write(prefix + ".pub", "public key", public_key, 0644); !s.ok()) return Fail(s);
+  std::printf("wrote %s.key (secret) and %s.pub (public: %s)\n", prefix.c_str(), prefix.c_str(),
+              public_key);
+  return 0;
 }
 
 int Status(salus::client::Client& c) {
@@ -35,6 +80,7 @@ int Status(salus::client::Client& c) {
   std::printf("server     salus-server %s (protocol %u)\n", info.server_version.c_str(),
               info.protocol_version);
   std::printf("device     %s, policy %s\n", info.device.c_str(), info.policy.c_str());
+  std::printf("you        %s (%s)\n", info.principal.c_str(), info.role.c_str());
   if (j.value("device_reserved_bytes", 0ull) > 0) {
     std::printf("reserved   %s of device memory outside the arena (streams, library handles)\n",
                 salus::FormatBytes(j.value("device_reserved_bytes", 0ull)).c_str());
@@ -55,7 +101,8 @@ int Status(salus::client::Client& c) {
 }
 
 int Sessions(salus::client::Client& c, bool json) {
-  auto list = c.ListSessions();
+  salus::client::OtherSessions others;
+  auto list = c.ListSessions(&others);
   if (!list.ok()) return Fail(list.status());
   if (json) {
     nlohmann::json out = nlohmann::json::array();
@@ -71,7 +118,8 @@ int Sessions(salus::client::Client& c, bool json) {
                      {"ephemeral_bytes", s.ephemeral_bytes},
                      {"iterations_done", s.iterations_done},
                      {"iterations_declared", s.iterations_declared},
-                     {"avg_iteration_seconds", s.avg_iteration_seconds}});
+                     {"avg_iteration_seconds", s.avg_iteration_seconds},
+                     {"client_id", s.client_id}});
     }
     std::cout << out.dump(2) << "\n";
     return 0;
@@ -89,6 +137,13 @@ int Sessions(salus::client::Client& c, bool json) {
                 salus::FormatBytes(s.persistent_bytes).c_str(),
                 salus::FormatBytes(s.ephemeral_bytes).c_str(), iters.c_str(),
                 s.avg_iteration_seconds * 1e3);
+  }
+  if (others.sessions > 0) {
+    std::printf("and %llu sessions of other clients (%llu waiting), %s persistent, %s ephemeral\n",
+                static_cast<unsigned long long>(others.sessions),
+                static_cast<unsigned long long>(others.waiting),
+                salus::FormatBytes(others.persistent_bytes).c_str(),
+                salus::FormatBytes(others.ephemeral_bytes).c_str());
   }
   return 0;
 }
@@ -131,16 +186,19 @@ int Memory(salus::client::Client& c, bool json) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string endpoint = DefaultEndpoint(), command;
+  std::string endpoint = DefaultEndpoint(), command, argument, server_key, secret_key;
   po::options_description desc(
       "salusctl: inspect and control a running salus-server\n\n"
-      "commands: status | sessions | memory | drain\n\noptions");
+      "commands: status | sessions | memory | drain | keygen PREFIX\n\noptions");
   desc.add_options()("help,h", "show this help")(
-      "endpoint", po::value(&endpoint),
-      "the daemon (default $SALUS_ENDPOINT or tcp://127.0.0.1:5501)")(
-      "json", "print JSON (sessions, memory)")("command", po::value(&command), "the command");
+      "endpoint", po::value(&endpoint), "the daemon (default $SALUS_ENDPOINT or its ipc socket)")(
+      "server-key", po::value(&server_key),
+      "the daemon's CURVE public key or key file, for a remote endpoint")(
+      "secret-key", po::value(&secret_key), "this client's CURVE secret key or key file")(
+      "json", "print JSON (sessions, memory)")("command", po::value(&command), "the command")(
+      "argument", po::value(&argument), "the command's argument");
   po::positional_options_description pos;
-  pos.add("command", 1);
+  pos.add("command", 1).add("argument", 1);
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(desc).positional(pos).run(), vm);
@@ -153,6 +211,13 @@ int main(int argc, char** argv) {
     std::cout << desc;
     return command.empty() && !vm.count("help") ? 2 : 0;
   }
+  if (command == "keygen") {
+    if (argument.empty()) {
+      std::cerr << "salusctl: keygen needs a path prefix, e.g. salusctl keygen /etc/salus/server\n";
+      return 2;
+    }
+    return Keygen(argument);
+  }
   if (command != "status" && command != "sessions" && command != "memory" && command != "drain") {
     std::cerr << "salusctl: unknown command '" << command << "'\n\n" << desc;
     return 2;
@@ -160,6 +225,8 @@ int main(int argc, char** argv) {
   salus::client::Client::Options o;
   o.name = "salusctl";
   o.timeout = std::chrono::milliseconds(5000);
+  o.server_key = server_key;
+  o.secret_key = secret_key;
   auto client = salus::client::Client::Connect(endpoint, o);
   if (!client.ok()) return Fail(client.status());
   const bool json = vm.count("json") > 0;

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = Path(os.environ.get("SALUS_SERVER", REPO / "build" / "bin" / "salus-server"))
+# salusctl of the same build as the server unless $SALUS_CTL names one.
+CTL = Path(os.environ.get("SALUS_CTL", SERVER.parent / "salusctl"))
 MODELS = REPO / "benchmarks" / "models"
 sys.path.insert(0, str(REPO / "adaptors" / "python"))
 
@@ -25,16 +30,26 @@ def free_port() -> int:
 
 
 class Daemon:
-    """A salus-server child process; `endpoint` is its tcp endpoint."""
+    """A salus-server child process. `endpoint` is its loopback tcp endpoint, where a client
+    is an ordinary user; `admin_endpoint` its ipc socket in a private folder, where a client
+    of this process's Unix user is an administrator. `config` is written to a file in that
+    folder and passed as --config; `args` are further flags."""
 
     def __init__(self, *args: str, memory: str = "1GiB", policy: str = "fair",
-                 lease: float = 30.0) -> None:
+                 lease: float = 30.0, config: dict | None = None) -> None:
         self.port = free_port()
         self.metrics_port = free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
-        cmd = [str(SERVER), "--listen", self.endpoint, "--memory", memory, "--policy", policy,
-               "--lease-seconds", str(lease), "--metrics-listen",
-               f"127.0.0.1:{self.metrics_port}", *args]
+        self.dir = Path(tempfile.mkdtemp(prefix="salus-test-"))
+        self.admin_endpoint = f"ipc://{self.dir / 'salus.sock'}"
+        self._remove_dir = weakref.finalize(self, shutil.rmtree, self.dir, True)
+        cmd = [str(SERVER), "--listen", self.endpoint, "--listen", self.admin_endpoint,
+               "--memory", memory, "--policy", policy, "--lease-seconds", str(lease),
+               "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *args]
+        if config is not None:
+            path = self.dir / "config.json"
+            path.write_text(json.dumps(config))
+            cmd += ["--config", str(path)]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         self.ready: dict = {}
         deadline = time.monotonic() + 20
@@ -42,12 +57,14 @@ class Daemon:
         while time.monotonic() < deadline:
             line = self.proc.stderr.readline()
             if not line:
+                self._remove_dir()
                 raise RuntimeError(f"salus-server exited early with {self.proc.wait()}")
             if "event: ready " in line:
                 self.ready = json.loads(line.split("event: ready ", 1)[1])
                 break
         else:
             self.proc.kill()
+            self._remove_dir()
             raise RuntimeError("salus-server did not become ready")
         # Keep draining stderr so the daemon never blocks on a full pipe.
         self.log: list[str] = []
@@ -68,3 +85,5 @@ class Daemon:
             self.proc.kill()
             self.proc.wait()
             raise
+        finally:
+            self._remove_dir()

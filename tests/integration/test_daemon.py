@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from salus_daemon import MODELS, REPO, Daemon
+from salus_daemon import CTL, MODELS, SERVER, Daemon
 
 import salus
 from salus._generated.salus.v1 import salus_pb2 as pb
@@ -70,7 +70,9 @@ def test_session_waits_for_memory_and_is_admitted_when_another_closes(daemon_fac
         first.close()
         t.join(timeout=30)
         assert done.is_set()
-        assert [s["state"] for s in a.sessions()] == ["ADMITTED"]
+        # Each client lists its own sessions: a's is closed, b's admitted.
+        assert a.sessions() == [] and a.others()["sessions"] == 1
+        assert [s["state"] for s in b.sessions()] == ["ADMITTED"]
 
 
 def test_session_that_can_never_fit_is_refused(daemon: Daemon) -> None:
@@ -133,6 +135,15 @@ def test_compilation_is_bounded_by_max_folded_bytes(daemon_factory) -> None:
 # -- bad input ------------------------------------------------------------------------------
 
 
+def raw_hello(endpoint: str) -> str:
+    """A new client's token, from a Hello on a connection of its own."""
+    hello = request(hello=pb.Hello(protocol_version=1, client_name="raw"))
+    reply = pb.Reply()
+    reply.ParseFromString(raw_call(endpoint, [hello.SerializeToString()])[0])
+    assert reply.status.code == 0 and reply.hello.client_token, reply.status.message
+    return reply.hello.client_token
+
+
 def raw_call(endpoint: str, frames: list[bytes]) -> list[bytes]:
     ctx = zmq.Context.instance()
     s = ctx.socket(zmq.DEALER)
@@ -155,15 +166,16 @@ def reply_status(frames: list[bytes]) -> tuple[int, str, int]:
 def request(**kw: object) -> pb.Request:
     r = pb.Request(request_id=77)
     for k, v in kw.items():
-        if isinstance(v, int):
+        if isinstance(v, int | str):
             setattr(r, k, v)
         else:
             getattr(r, k).CopyFrom(v)
     return r
 
 
-def run_request(session_id: int, specs: list[tuple[str, int, tuple[int, ...]]]) -> pb.Request:
-    r = request(session_id=session_id)
+def run_request(session_id: int, specs: list[tuple[str, int, tuple[int, ...]]],
+                token: str = "") -> pb.Request:
+    r = request(session_id=session_id, client_token=token)
     for name, dtype, shape in specs:
         t = r.run_iteration.feeds.add()
         t.name, t.dtype = name, dtype
@@ -182,19 +194,23 @@ def test_bad_input_battery_gets_errors_and_harms_no_one(daemon: Daemon) -> None:
         y = feeds["labels"].tobytes()
         rng = np.random.default_rng(3)
         junk = rng.bytes(4096)
-        create_bad_model = request()
+        # The raw requests come on connections of their own with the good client's token (the
+        # token, not the connection, is the client), so they reach its session's checks.
+        tok = good._token
+        create_bad_model = request(client_token=tok)
         create_bad_model.create_session.model.onnx = b"\x08\x07not a model"
         create_bad_model.create_session.model.mode = pb.TRAIN
         create_bad_model.create_session.model.loss = "loss"
-        body_less = request()
+        body_less = request(client_token=tok)
         f32, i64 = pb.FLOAT32, pb.INT64
         def env(*specs: tuple[str, int, tuple[int, ...]], sid: int = sid) -> bytes:
-            return run_request(sid, list(specs)).SerializeToString()
+            return run_request(sid, list(specs), tok).SerializeToString()
 
         xs, ls = ("x", f32, (16, 784)), ("labels", i64, (16,))
-        bad_time = request(create_session=pb.CreateSession(
+        bad_time = request(client_token=tok, create_session=pb.CreateSession(
             synthetic=pb.SyntheticProfile(iteration_seconds=-1)))
-        close_unknown = request(session_id=12345, close_session=pb.CloseSession())
+        close_unknown = request(session_id=12345, close_session=pb.CloseSession(),
+                                client_token=tok)
         old_hello = request(hello=pb.Hello(protocol_version=9))
         # A string field holding invalid UTF-8 (protobuf checks proto3 strings when parsing).
         bad_utf8 = request(hello=pb.Hello(protocol_version=1, client_name="x")).SerializeToString()
@@ -327,9 +343,11 @@ def test_staging_refused_by_the_daemon_falls_back_to_frames(daemon: Daemon) -> N
 def test_bad_shared_buffer_requests_get_errors_and_harm_no_one(daemon: Daemon) -> None:
     from multiprocessing import shared_memory
 
+    other = raw_hello(daemon.endpoint)  # another client
+
     def reg(name: str, nbytes: int) -> bytes:
-        return request(register_buffer=pb.RegisterBuffer(shm_name=name, bytes=nbytes)
-                       ).SerializeToString()
+        return request(register_buffer=pb.RegisterBuffer(shm_name=name, bytes=nbytes),
+                       client_token=other).SerializeToString()
 
     small = shared_memory.SharedMemory(name=f"salus-test-{os.getpid()}", create=True, size=4096)
     try:
@@ -354,7 +372,9 @@ def test_bad_shared_buffer_requests_get_errors_and_harm_no_one(daemon: Daemon) -
 
             x = ("x", pb.FLOAT32, (16, 784))
             y = ("labels", pb.INT64, (16,))
-            # Raw requests on another connection: another client.
+            # Raw requests on another connection, with another client's token.
+            theirs = run_slices((*x, buf.id, 0), (*y, buf.id, 16 * 784 * 4))
+            theirs.client_token = other
             raw_cases = [
                 ("name outside /salus-", reg("/not-salus", 16), 3),
                 ("name with a slash", reg("/salus-a/b", 16), 3),
@@ -362,9 +382,9 @@ def test_bad_shared_buffer_requests_get_errors_and_harm_no_one(daemon: Daemon) -
                 ("zero bytes", reg("/" + small.name, 0), 3),
                 ("more bytes than the object", reg("/" + small.name, 8192), 3),
                 ("unregister unknown", request(
-                    unregister_buffer=pb.UnregisterBuffer(buffer_id=999)).SerializeToString(), 5),
-                ("another client's buffer", run_slices(
-                    (*x, buf.id, 0), (*y, buf.id, 16 * 784 * 4)).SerializeToString(), 5),
+                    unregister_buffer=pb.UnregisterBuffer(buffer_id=999),
+                    client_token=other).SerializeToString(), 5),
+                ("another client's buffer", theirs.SerializeToString(), 5),
             ]
             for name, env, want in raw_cases:
                 code, message, rid = reply_status(raw_call(daemon.endpoint, [env]))
@@ -466,8 +486,6 @@ def test_sigterm_drains_answers_everyone_and_exits_zero(daemon: Daemon) -> None:
 
 
 def test_endpoint_in_use_is_a_clear_startup_error(daemon: Daemon) -> None:
-    from salus_daemon import SERVER
-
     r = subprocess.run([str(SERVER), "--listen", daemon.endpoint, "--memory", "64MiB"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 1, r.stderr
@@ -482,11 +500,11 @@ def test_daemon_process_is_named_salus_server(daemon: Daemon) -> None:
 
 
 def test_drain_request_with_salusctl(daemon: Daemon) -> None:
-    ctl = REPO / "build" / "bin" / "salusctl"
-    out = subprocess.run([str(ctl), "--endpoint", daemon.endpoint, "status"], check=True,
+    out = subprocess.run([str(CTL), "--endpoint", daemon.endpoint, "status"], check=True,
                          capture_output=True, text=True).stdout
     assert "policy fair" in out and "serving" in out
-    subprocess.run([str(ctl), "--endpoint", daemon.endpoint, "drain"], check=True,
+    # Drain needs the administrator: the daemon's own user over ipc.
+    subprocess.run([str(CTL), "--endpoint", daemon.admin_endpoint, "drain"], check=True,
                    capture_output=True)
     assert daemon.proc.wait(30) == 0
 
@@ -543,7 +561,7 @@ def test_interactive_sessions_get_their_own_lane(daemon_factory) -> None:  # noq
 
 
 def test_anticipation_is_configurable(daemon_factory) -> None:  # noqa: ANN001
-    bad = subprocess.run([str(REPO / "build" / "bin" / "salus-server"), "--policy", "srtf",
+    bad = subprocess.run([str(SERVER), "--policy", "srtf",
                           "--policy-options", '{"max_hold_ms": -1}'],
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode != 0 and "max_hold_ms" in bad.stderr

@@ -279,18 +279,20 @@ def test_client_killed_mid_iteration_harms_no_one(daemon_factory: Callable[..., 
         assert victim.stdout.readline().strip() == "running", "the victim never ran"
         others = ("mlp", "espcn")
         want = {m: cpu_reference(cpu_daemon, m, [11, 12]) for m in others}
-        with salus.connect(d.endpoint, name="survivor") as c:
+        # The administrator (ipc) sees every client's sessions, the victim's included.
+        with salus.connect(d.endpoint, name="survivor") as c, \
+                salus.connect(d.admin_endpoint, name="watcher") as admin:
             sessions = {m: infer_session(c, m) for m in others}
             for m, s in sessions.items():
                 assert_close(run_all(s, feeds(m, BATCH[m], 11)), want[m][0], f"{m} before")
             wait_for(lambda: any(s["name"] == "resnet" and s["iterations_done"] > 0
-                                 for s in c.sessions()), "the victim's iterations")
+                                 for s in admin.sessions()), "the victim's iterations")
             victim.send_signal(signal.SIGKILL)
             assert victim.wait(30) == -signal.SIGKILL
             for m, s in sessions.items():
                 assert_close(run_all(s, feeds(m, BATCH[m], 12)), want[m][1], f"{m} after")
             # The victim's in-flight iterations end, its lease lapses, its memory returns.
-            wait_for(lambda: sorted(s["name"] for s in c.sessions()) == sorted(others),
+            wait_for(lambda: sorted(s["name"] for s in admin.sessions()) == sorted(others),
                      "the victim's session to close")
             mine = sum(s.persistent_bytes + s.ephemeral_bytes for s in sessions.values())
             stats = c.stats()

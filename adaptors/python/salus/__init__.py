@@ -17,6 +17,7 @@ from salus.client import (
     SharedBuffer,
     connect,
     default_endpoint,
+    read_curve_key,
 )
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "SharedBuffer",
     "connect",
     "default_endpoint",
+    "read_curve_key",
 ]

@@ -5,6 +5,11 @@ collecting them (`Session.submit`). Feeds travel as raw frames, or, from a `Shar
 (memory shared with a daemon on the same host), without passing through the socket at all.
 Large feeds are copied into such a buffer the client owns (staged) when the daemon can map it:
 one copy instead of the socket's several.
+
+Hello makes this client on the daemon and returns its secret token, which every later request
+carries: the token, not the connection, is who the client is. Over a remote tcp endpoint the
+connection is CURVE-encrypted and authenticated: the client needs the server's public key and
+a secret key of its own whose public half the daemon admits (docs/operations.md, Security).
 """
 
 from __future__ import annotations
@@ -18,11 +23,16 @@ from typing import Any
 
 import numpy as np
 import zmq
+from zmq.utils import z85
 
 from salus._generated.salus.v1 import salus_pb2 as pb
 
 PROTOCOL_VERSION = 1
 DEFAULT_TCP = "tcp://127.0.0.1:5501"
+# Each names a Z85 key (40 characters) or a file holding one; see `Client`.
+ENV_SERVER_KEY = "SALUS_CURVE_SERVER_KEY"
+ENV_SECRET_KEY = "SALUS_CURVE_SECRET_KEY"
+_Z85_KEY_CHARS = 40  # a 32-byte CURVE key in Z85
 _STAGE_ALIGN = 64
 
 _CODE_NAMES = [
@@ -66,6 +76,27 @@ def default_endpoint() -> str:
     return os.environ.get("SALUS_ENDPOINT", DEFAULT_TCP)
 
 
+def read_curve_key(value: str | bytes | os.PathLike[str]) -> bytes:
+    """A CURVE key in Z85: `value` itself when it is 40 characters (and no file of that name
+    exists), else the key in the file `value` names. In a file, blank lines and lines that
+    start with '#' are ignored, as `salusctl keygen` writes them."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii")
+    text = os.fspath(value).strip()
+    if len(text) == _Z85_KEY_CHARS and not Path(text).is_file():
+        key, source = text, "the key given"
+    else:
+        lines = Path(text).read_text().splitlines()
+        key = "".join(ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#"))
+        source = f"key file {text}"
+    try:
+        if len(z85.decode(key.encode("ascii"))) != 32:
+            raise ValueError
+    except (ValueError, UnicodeEncodeError):
+        raise ValueError(f"{source}: not a {_Z85_KEY_CHARS}-character Z85 CURVE key") from None
+    return key.encode("ascii")
+
+
 def _raise_for(status: pb.Status) -> None:
     if status.code != 0:
         name = _CODE_NAMES[status.code] if 0 <= status.code < len(_CODE_NAMES) else "UNKNOWN"
@@ -86,11 +117,20 @@ class Client:
     Feeds of `stage_from` bytes or more are staged: copied into shared memory this client owns
     and the daemon maps, one buffer per iteration in flight (at most `max_staging_buffers`;
     more in flight use frames). When the daemon cannot map one (another host, another user),
-    every feed travels in frames from then on; `stage_from=None` never stages."""
+    every feed travels in frames from then on; `stage_from=None` never stages.
+
+    CURVE (a daemon's remote tcp endpoint): `server_key` is the daemon's public key,
+    `secret_key` this client's own (its public half is derived); each a Z85 string or the path
+    of a key file. They default to $SALUS_CURVE_SERVER_KEY and $SALUS_CURVE_SECRET_KEY for tcp
+    endpoints. With a server key and no secret key the client makes a key pair for this
+    connection, which only a daemon in open mode admits. A daemon that does not admit the key
+    never answers: Hello ends in DEADLINE_EXCEEDED after `timeout`."""
 
     def __init__(self, endpoint: str | None = None, timeout: float | None = 30.0,
                  name: str = "python", stage_from: int | None = 64 * 1024,
-                 max_staging_buffers: int = 4) -> None:
+                 max_staging_buffers: int = 4,
+                 server_key: str | bytes | os.PathLike[str] | None = None,
+                 secret_key: str | bytes | os.PathLike[str] | None = None) -> None:
         self.endpoint = endpoint or default_endpoint()
         self._stage_from = stage_from or 0
         self._max_stages = max_staging_buffers
@@ -101,14 +141,21 @@ class Client:
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._set_curve(server_key, secret_key)
         self._sock.connect(self.endpoint)
+        self._token = ""  # from Hello; every later request carries it
         self._lock = threading.Lock()
         self._stash: dict[int, tuple[pb.Reply, list[zmq.Frame]]] = {}
         self._outstanding: set[int] = set()
         self._buffers: list[SharedBuffer] = []
         self._next_id = 1
         self._closed = False
-        self.server = self._hello(name)
+        try:
+            self.server = self._hello(name)
+        except BaseException:  # refused, or no answer (e.g. a CURVE key the daemon refuses)
+            self._closed = True
+            self._sock.close(0)
+            raise
         self._stop = threading.Event()
         lease_s = max(self.server["lease_ms"] / 1000.0, 0.3)
         self._heartbeat = threading.Thread(
@@ -117,6 +164,27 @@ class Client:
         self._heartbeat.start()
 
     # -- plumbing ------------------------------------------------------------------------
+    def _set_curve(self, server_key: str | bytes | os.PathLike[str] | None,
+                   secret_key: str | bytes | os.PathLike[str] | None) -> None:
+        """Sets the socket's CURVE options (before connect); none without a server key."""
+        self.public_key: str | None = None  # this client's CURVE key, as the daemon sees it
+        if self.endpoint.startswith("tcp://"):
+            server_key = server_key or os.environ.get(ENV_SERVER_KEY) or None
+            secret_key = secret_key or os.environ.get(ENV_SECRET_KEY) or None
+        if server_key is None:
+            if secret_key is not None:
+                raise ValueError("a CURVE secret_key needs the server's key (server_key)")
+            return
+        if secret_key is None:
+            public, secret = zmq.curve_keypair()
+        else:
+            secret = read_curve_key(secret_key)
+            public = zmq.curve_public(secret)
+        self._sock.setsockopt(zmq.CURVE_SERVERKEY, read_curve_key(server_key))
+        self._sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+        self._sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+        self.public_key = public.decode("ascii")
+
     def _send(self, req: pb.Request, frames: list[bytes | memoryview] | None = None) -> int:
         """Sends one request; its reply is collected with _await."""
         if self._closed:
@@ -124,6 +192,7 @@ class Client:
         with self._lock:
             req.request_id = self._next_id
             self._next_id += 1
+            req.client_token = self._token
             self._sock.send_multipart([req.SerializeToString(), *(frames or [])], copy=False)
             self._outstanding.add(req.request_id)
             return req.request_id
@@ -164,6 +233,7 @@ class Client:
         req.hello.protocol_version = PROTOCOL_VERSION
         req.hello.client_name = name
         h = self._call(req)[0].hello
+        self._token = h.client_token
         return {
             "protocol_version": h.protocol_version,
             "server_version": h.server_version,
@@ -172,6 +242,8 @@ class Client:
             "policy": h.policy,
             "client_id": h.client_id,
             "lease_ms": h.lease_ms,
+            "role": "admin" if h.role == pb.ROLE_ADMIN else "user",
+            "principal": h.principal,
         }
 
     def _beat(self, period: float) -> None:
@@ -252,12 +324,14 @@ class Client:
         return Session(self, r)
 
     def sessions(self) -> list[dict[str, Any]]:
+        """This client's sessions; an administrator's: every client's (see `client_id`)."""
         req = pb.Request()
         req.list_sessions.SetInParent()
         out = []
         for s in self._call(req)[0].list_sessions.sessions:
             out.append({
-                "session_id": s.session_id, "name": s.name, "kind": s.kind,
+                "session_id": s.session_id, "client_id": s.client_id, "name": s.name,
+                "kind": s.kind,
                 "state": pb.SessionState.Name(s.state), "lane": s.lane, "priority": s.priority,
                 "latency_class": "interactive" if s.latency_class == pb.LATENCY_INTERACTIVE
                 else "batch",
@@ -267,6 +341,16 @@ class Client:
                 "avg_iteration_seconds": s.avg_iteration_seconds,
             })
         return out
+
+    def others(self) -> dict[str, int]:
+        """Other clients' sessions as totals: sessions, waiting (for memory), admitted (the
+        rest are closing), persistent_bytes, ephemeral_bytes; all zero for an administrator,
+        whose `sessions()` lists them."""
+        req = pb.Request()
+        req.list_sessions.SetInParent()
+        o = self._call(req)[0].list_sessions.others
+        return {"sessions": o.sessions, "waiting": o.waiting, "admitted": o.admitted,
+                "persistent_bytes": o.persistent_bytes, "ephemeral_bytes": o.ephemeral_bytes}
 
     def stats(self) -> dict[str, Any]:
         import json
@@ -362,6 +446,8 @@ class Client:
         return None
 
     def drain(self) -> None:
+        """Asks the daemon to finish what it holds and exit; needs the administrator role
+        (PERMISSION_DENIED otherwise)."""
         req = pb.Request()
         req.drain.SetInParent()
         self._call(req)
@@ -584,10 +670,15 @@ class SharedBuffer:
 
 def connect(endpoint: str | None = None, timeout: float | None = 30.0,
             name: str = "python", stage_from: int | None = 64 * 1024,
-            max_staging_buffers: int = 4) -> Client:
+            max_staging_buffers: int = 4,
+            server_key: str | bytes | os.PathLike[str] | None = None,
+            secret_key: str | bytes | os.PathLike[str] | None = None) -> Client:
     """Connects to a salus-server (default: $SALUS_ENDPOINT or tcp://127.0.0.1:5501).
 
     Feeds of `stage_from` bytes or more are staged in shared memory when the daemon can map
-    it (see `Client`); None sends every feed in a frame."""
+    it (see `Client`); None sends every feed in a frame. `server_key` and `secret_key` (Z85
+    or key files; default $SALUS_CURVE_SERVER_KEY, $SALUS_CURVE_SECRET_KEY) make a CURVE
+    connection to a remote endpoint."""
     return Client(endpoint, timeout=timeout, name=name, stage_from=stage_from,
-                  max_staging_buffers=max_staging_buffers)
+                  max_staging_buffers=max_staging_buffers, server_key=server_key,
+                  secret_key=secret_key)

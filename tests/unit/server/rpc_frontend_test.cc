@@ -10,6 +10,7 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -162,6 +163,96 @@ TEST(RpcFrontendTest, BadEnvelopeIsAnsweredAndAnUnansweredCallAnswersInternal) {
   EXPECT_EQ((*fe)->bad_envelopes(), 1u);
   (*fe)->Stop();
   (*fe)->Stop();  // idempotent
+}
+
+// Answers every call with its principal as the status message.
+void EchoPrincipal(Call call) {
+  v1::Reply reply;
+  reply.mutable_status()->set_message(call.principal());
+  call.Reply(std::move(reply));
+}
+
+// The principal the frontend names for one heartbeat from `s`, or nullopt without a reply
+// within `wait` (a refused connection never gets one).
+std::optional<std::string> PrincipalOf(zmq::socket_t& s, std::chrono::milliseconds wait) {
+  v1::Request req;
+  req.set_request_id(1);
+  req.mutable_heartbeat();
+  s.send(zmq::message_t(req.SerializeAsString()), zmq::send_flags::none);
+  zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+  if (zmq::poll(&item, 1, wait) == 0) return std::nullopt;
+  zmq::message_t r;
+  EXPECT_TRUE(s.recv(r));
+  v1::Reply reply;
+  EXPECT_TRUE(reply.ParseFromArray(r.data(), static_cast<int>(r.size())));
+  return reply.status().message();
+}
+
+TEST(RpcFrontendTest, PrincipalIsThePeersUserOverIpcAndItsAddressOverTcp) {
+  auto fe = RpcFrontend::Create({IpcEndpoint("p"), "tcp://127.0.0.1:0"}, EchoPrincipal);
+  ASSERT_TRUE(fe.ok()) << fe.status();
+  (*fe)->Start();
+  zmq::context_t ctx(1);
+  for (const auto& [ep, want] :
+       {std::pair{(*fe)->endpoints()[0], "uid:" + std::to_string(geteuid())},
+        std::pair{(*fe)->endpoints()[1], std::string("tcp:127.0.0.1")}}) {
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    s.connect(ep);
+    EXPECT_EQ(PrincipalOf(s, 20s), want) << ep;
+  }
+  (*fe)->Stop();
+}
+
+TEST(RpcFrontendTest, CurveListenerAdmitsListedKeysOnly) {
+  char server_public[41], server_secret[41], listed_public[41], listed_secret[41], other_public[41],
+      other_secret[41];
+  ASSERT_EQ(zmq_curve_keypair(server_public, server_secret), 0);
+  ASSERT_EQ(zmq_curve_keypair(listed_public, listed_secret), 0);
+  ASSERT_EQ(zmq_curve_keypair(other_public, other_secret), 0);
+  CurveServer curve{server_secret, {listed_public}, false};
+  auto fe = RpcFrontend::Create({Listener{"tcp://127.0.0.1:0", true}}, curve, EchoPrincipal);
+  ASSERT_TRUE(fe.ok()) << fe.status();
+  (*fe)->Start();
+  zmq::context_t ctx(1);
+  auto client = [&](const char* pub, const char* sec) {
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    if (pub != nullptr) {
+      s.set(zmq::sockopt::curve_serverkey, std::string(server_public));
+      s.set(zmq::sockopt::curve_publickey, std::string(pub));
+      s.set(zmq::sockopt::curve_secretkey, std::string(sec));
+    }
+    s.connect((*fe)->endpoints()[0]);
+    return s;
+  };
+  zmq::socket_t listed = client(listed_public, listed_secret);
+  EXPECT_EQ(PrincipalOf(listed, 20s), std::string("curve:") + listed_public);
+  zmq::socket_t unlisted = client(other_public, other_secret);
+  EXPECT_EQ(PrincipalOf(unlisted, 1s), std::nullopt);
+  zmq::socket_t plain = client(nullptr, nullptr);
+  EXPECT_EQ(PrincipalOf(plain, 1s), std::nullopt);
+  EXPECT_EQ((*fe)->requests_received(), 1u);  // nothing from the refused two reached it
+  (*fe)->Stop();
+}
+
+TEST(RpcFrontendTest, OpenCurveListenerAdmitsAnyKey) {
+  char server_public[41], server_secret[41], pub[41], sec[41];
+  ASSERT_EQ(zmq_curve_keypair(server_public, server_secret), 0);
+  ASSERT_EQ(zmq_curve_keypair(pub, sec), 0);
+  auto fe = RpcFrontend::Create({Listener{"tcp://127.0.0.1:0", true}},
+                                CurveServer{server_secret, {}, true}, EchoPrincipal);
+  ASSERT_TRUE(fe.ok()) << fe.status();
+  (*fe)->Start();
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::curve_serverkey, std::string(server_public));
+  s.set(zmq::sockopt::curve_publickey, std::string(pub));
+  s.set(zmq::sockopt::curve_secretkey, std::string(sec));
+  s.connect((*fe)->endpoints()[0]);
+  EXPECT_EQ(PrincipalOf(s, 20s), std::string("curve:") + pub);
+  (*fe)->Stop();
 }
 
 TEST(RpcFrontendTest, EndpointThatCannotBeBoundIsNamed) {

@@ -1,0 +1,191 @@
+#include "server/client_registry.h"
+
+#include <fmt/format.h>
+#include <sys/random.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/units.h"
+
+namespace salus::server {
+namespace {
+
+// Bytes of randomness in a client token (hex on the wire).
+constexpr size_t kTokenBytes = 32;
+
+void FillRandom(void* out, size_t n) {
+  auto* p = static_cast<unsigned char*>(out);
+  while (n > 0) {
+    const ssize_t got = getrandom(p, n, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {  // only with a kernel older than 3.17: nothing secure to fall back to
+      std::fprintf(stderr, "salus-server: getrandom failed: %s\n", std::strerror(errno));
+      std::abort();
+    }
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+}
+
+std::string NewToken() {
+  std::array<unsigned char, kTokenBytes> bytes;
+  FillRandom(bytes.data(), bytes.size());
+  std::string out;
+  for (unsigned char b : bytes) out += fmt::format("{:02x}", b);
+  return out;
+}
+
+}  // namespace
+
+// Note [Client identity]
+// A client is not its connection: a DEALER that reconnects (a daemon restart of the network
+// path, a dropped TCP link) keeps its work, and a ZeroMQ routing id is chosen by the peer, so
+// anyone may present another's. Instead Hello issues 256 random bits, the token, which the
+// client carries on every request; sessions and shared buffers belong to the token's client.
+// The token is also bound to the principal the transport authenticated when Hello arrived
+// (the Unix user of an ipc peer, the CURVE key of a remote one; loopback TCP is one
+// unauthenticated principal per address), so a token that leaks to another user is useless to
+// them. The client lives while requests carrying its token keep arriving within the lease, or
+// a reply is still owed to it; then the registry forgets the token and the server closes what
+// the client owned. A request with a forgotten token is UNAUTHENTICATED: the client says Hello
+// again and starts afresh (its old sessions are gone).
+
+uint64_t SecureRandom64() {
+  uint64_t v = 0;
+  FillRandom(&v, sizeof(v));
+  return v;
+}
+
+Status QuotaExceeded(std::string_view name, uint64_t limit, std::string_view what) {
+  return ResourceExhaustedError(
+      fmt::format("quota {}={} reached: {} (the daemon's config, \"quotas\")", name, limit, what));
+}
+
+StatusOr<Quotas> Quotas::FromJson(const nlohmann::json& section) {
+  Quotas q;
+  if (section.is_null()) return q;
+  if (!section.is_object()) return InvalidArgumentError("\"quotas\" must be an object");
+  for (const auto& [key, value] : section.items()) {
+    uint64_t* field = key == "sessions"                ? &q.sessions
+                      : key == "persistent_bytes"      ? &q.persistent_bytes
+                      : key == "requests_in_flight"    ? &q.requests_in_flight
+                      : key == "shared_buffers"        ? &q.shared_buffers
+                      : key == "clients_per_principal" ? &q.clients_per_principal
+                      : key == "requests_per_second"   ? &q.requests_per_second
+                                                       : nullptr;
+    if (field == nullptr) {
+      return InvalidArgumentError(fmt::format(
+          "unknown quota \"{}\" (expected sessions, persistent_bytes, requests_in_flight, "
+          "shared_buffers, clients_per_principal, requests_per_second)",
+          key));
+    }
+    if (value.is_number_unsigned()) {
+      *field = value.get<uint64_t>();
+    } else if (value.is_string() && key == "persistent_bytes") {
+      auto bytes = ParseBytes(value.get<std::string>());
+      if (!bytes.ok()) {
+        return InvalidArgumentError(fmt::format("quota \"{}\": {}", key, bytes.status().message()));
+      }
+      *field = *bytes;
+    } else {
+      return InvalidArgumentError(fmt::format(
+          "quota \"{}\" must be a non-negative integer{}, got {}", key,
+          key == "persistent_bytes" ? " or a size such as \"4GiB\"" : "", value.dump()));
+    }
+  }
+  return q;
+}
+
+StatusOr<ClientRef> ClientRegistry::Hello(const std::string& principal, std::string* token) {
+  MutexLock lock(&mu_);
+  uint64_t& count = per_principal_[principal];
+  if (quotas_.clients_per_principal != 0 && count >= quotas_.clients_per_principal) {
+    return QuotaExceeded("clients_per_principal", quotas_.clients_per_principal,
+                         fmt::format("{} has that many clients with live leases", principal));
+  }
+  std::string t = NewToken();
+  Client c;
+  c.ref.id = next_id_++;
+  c.ref.name = fmt::format("c{}/{}", c.ref.id, principal);
+  c.ref.principal = principal;
+  c.last_seen = clock_->Now();
+  ++count;
+  by_token_[t] = c.ref.id;
+  ClientRef ref = c.ref;
+  clients_.emplace(c.ref.id, std::pair{t, std::move(c)});
+  *token = std::move(t);
+  return ref;
+}
+
+StatusOr<ClientRef> ClientRegistry::Resolve(const std::string& token,
+                                            const std::string& principal) {
+  if (token.empty()) {
+    return UnauthenticatedError(
+        "this request needs a client: send Hello first and carry its client_token");
+  }
+  MutexLock lock(&mu_);
+  auto t = by_token_.find(token);
+  if (t != by_token_.end()) {
+    Client& c = clients_.at(t->second).second;
+    if (c.ref.principal == principal) {
+      c.last_seen = clock_->Now();
+      return c.ref;
+    }
+  }
+  return UnauthenticatedError(
+      "the client_token is unknown or its lease expired: send Hello again (sessions of an "
+      "expired client are closed)");
+}
+
+Status ClientRegistry::BeginRequest(uint64_t client) {
+  MutexLock lock(&mu_);
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return UnauthenticatedError("the client's lease expired");
+  Client& c = it->second.second;
+  if (quotas_.requests_in_flight != 0 && c.in_flight >= quotas_.requests_in_flight) {
+    return QuotaExceeded("requests_in_flight", quotas_.requests_in_flight,
+                         "wait for replies before sending more");
+  }
+  ++c.in_flight;
+  return OkStatus();
+}
+
+void ClientRegistry::EndRequest(uint64_t client) {
+  MutexLock lock(&mu_);
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return;
+  Client& c = it->second.second;
+  if (c.in_flight > 0) --c.in_flight;
+  c.last_seen = clock_->Now();
+}
+
+std::vector<uint64_t> ClientRegistry::Expire() {
+  std::vector<uint64_t> gone;
+  MutexLock lock(&mu_);
+  const Nanos now = clock_->Now();
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    const Client& c = it->second.second;
+    if (c.in_flight > 0 || now - c.last_seen <= lease_) {
+      ++it;
+      continue;
+    }
+    gone.push_back(c.ref.id);
+    by_token_.erase(it->second.first);
+    if (auto p = per_principal_.find(c.ref.principal); p != per_principal_.end()) {
+      if (--p->second == 0) per_principal_.erase(p);
+    }
+    it = clients_.erase(it);
+  }
+  return gone;
+}
+
+size_t ClientRegistry::Count() const {
+  MutexLock lock(&mu_);
+  return clients_.size();
+}
+
+}  // namespace salus::server

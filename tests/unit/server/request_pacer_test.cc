@@ -1,0 +1,54 @@
+// RequestPacer on the manual clock: a second's worth at once, then the rate, per key, in order.
+#include "server/request_pacer.h"
+
+#include <gtest/gtest.h>
+
+namespace salus::server {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(RequestPacerTest, BurstThenRatePerKeyInOrder) {
+  ManualClock clock;
+  RequestPacer pacer(&clock, 10);
+  std::vector<int> ran;
+  for (int i = 0; i < 15; ++i) pacer.Offer("a", [&ran, i] { ran.push_back(i); });
+  EXPECT_EQ(ran.size(), 10u) << "a second's worth runs at once";
+  EXPECT_EQ(pacer.held(), 5u);
+  pacer.Offer("b", [&ran] { ran.push_back(100); });  // another key is not held back by a
+  EXPECT_EQ(ran.back(), 100);
+  EXPECT_EQ(pacer.Release(), 0u) << "no time passed, no tokens";
+  clock.Advance(300ms);
+  EXPECT_EQ(pacer.Release(), 3u);
+  clock.Advance(1s);
+  EXPECT_EQ(pacer.Release(), 2u);
+  const std::vector<int> want = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 100, 10, 11, 12, 13, 14};
+  EXPECT_EQ(ran, want);
+  EXPECT_EQ(pacer.held(), 0u);
+}
+
+TEST(RequestPacerTest, WorkArrivingBehindHeldWorkWaitsItsTurn) {
+  ManualClock clock;
+  RequestPacer pacer(&clock, 2);
+  std::vector<int> ran;
+  for (int i = 0; i < 3; ++i) pacer.Offer("a", [&ran, i] { ran.push_back(i); });
+  clock.Advance(500ms);  // one token back, but request 2 is first in line
+  pacer.Offer("a", [&ran] { ran.push_back(3); });
+  EXPECT_EQ(ran, (std::vector<int>{0, 1}));
+  EXPECT_EQ(pacer.Release(), 1u);
+  EXPECT_EQ(ran, (std::vector<int>{0, 1, 2}));
+  pacer.Flush();
+  EXPECT_EQ(ran, (std::vector<int>{0, 1, 2, 3}));
+}
+
+TEST(RequestPacerTest, ZeroRateNeverHolds) {
+  ManualClock clock;
+  RequestPacer pacer(&clock, 0);
+  int ran = 0;
+  for (int i = 0; i < 10000; ++i) pacer.Offer("a", [&ran] { ++ran; });
+  EXPECT_EQ(ran, 10000);
+  EXPECT_EQ(pacer.held(), 0u);
+}
+
+}  // namespace
+}  // namespace salus::server
