@@ -314,3 +314,21 @@ def test_parse_bytes() -> None:
     assert common.parse_bytes("512MiB") == 512 << 20
     with pytest.raises(ValueError):
         common.parse_bytes("lots")
+
+
+def test_security_flood(tmp_path: Path) -> None:
+    out = tmp_path / "flood"
+    res = subprocess.run([sys.executable, "benchmarks/security/flood.py", "--iterations", "5",
+                          "--warmup", "2", "--idle-connections", "20", "--garbage-mib", "1",
+                          "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    table = {r["scenario"]: r for r in rows(out / "flood.csv")}
+    assert list(table) == ["solo", "cheap", "runs", "idle", "garbage"]
+    assert all(positive(r["median_ms"]) and positive(r["device_median_ms"])
+               for r in table.values())
+    # Every flood reached the daemon and was answered: lists and stats, its own iterations,
+    # and each garbage envelope refused.
+    for kind in ("cheap", "runs", "garbage"):
+        assert int(table[kind]["flood_replies"]) > 0, table[kind]
+    assert int(table["garbage"]["flood_refused"]) == int(table["garbage"]["flood_replies"])
