@@ -265,6 +265,8 @@ class Client {
   StatusOr<std::vector<SessionInfo>> ListSessions(OtherSessions* others = nullptr);
   StatusOr<std::string> StatsJson();
   StatusOr<std::string> MemoryMapJson();
+  // Closes a session by id: one of this client's, or as the administrator anyone's.
+  Status CloseSession(uint64_t session_id);
   Status Drain();
   // A shared buffer of `bytes` (the daemon must run on this host and be able to read this
   // user's shared memory: NOT_FOUND or PERMISSION_DENIED otherwise). Outlived by the Client.

@@ -407,6 +407,13 @@ StatusOr<std::string> Client::MemoryMapJson() {
   return reply.get_memory_map().json();
 }
 
+Status Client::CloseSession(uint64_t session_id) {
+  v1::Request req;
+  req.set_session_id(session_id);
+  req.mutable_close_session();
+  return impl_->Control(std::move(req)).status();
+}
+
 Status Client::Drain() {
   v1::Request req;
   req.mutable_drain();
@@ -643,10 +650,7 @@ StatusOr<std::map<std::string, Tensor>> PendingIteration::Wait() {
 
 Status Session::Close() {
   if (closed_) return OkStatus();
-  v1::Request req;
-  req.set_session_id(id_);
-  req.mutable_close_session();
-  Status s = client_->impl_->Control(std::move(req)).status();
+  Status s = client_->CloseSession(id_);
   closed_ = true;
   return s;
 }

@@ -9,6 +9,7 @@
 // security.curve; see docs/operations.md). SIGTERM and SIGINT drain the daemon: it stops
 // admitting, finishes the iterations in flight, answers every waiter and exits 0.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
@@ -54,6 +55,12 @@ salus::Status ReadSecurity(const salus::Config& config, salus::server::SecurityO
   if (config.Has("security.curve.secret_key_file")) {
     SALUS_ASSIGN_OR_RETURN(std::string path, config.GetString("security.curve.secret_key_file"));
     SALUS_ASSIGN_OR_RETURN(out->curve_secret_key, salus::ReadKeyFile(path));
+    struct stat st {};
+    if (stat(path.c_str(), &st) == 0 && (st.st_mode & 0077) != 0) {
+      salus::logging::Get("server")->warn(
+          "the secret key file '{}' can be read by other users (mode {:o}): chmod 600 it", path,
+          st.st_mode & 0777);
+    }
   }
   SALUS_RETURN_IF_ERROR(
       keys("security.curve.client_keys", "security.curve.client_keys_file", &out->client_keys));

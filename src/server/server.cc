@@ -361,7 +361,7 @@ StatusOr<v1::Reply> Server::Answer(const Caller& caller, const v1::Request& req)
       reply.mutable_heartbeat();
       return reply;
     case v1::Request::kCloseSession:
-      SALUS_RETURN_IF_ERROR(sessions_->Close(*caller.client, req.session_id()));
+      SALUS_RETURN_IF_ERROR(sessions_->Close(*caller.client, req.session_id(), caller.admin));
       reply.mutable_close_session();
       return reply;
     case v1::Request::kRegisterBuffer: {

@@ -329,9 +329,14 @@ size_t SessionManager::BufferCount() const {
   return n;
 }
 
-Status SessionManager::Close(const ClientRef& owner, uint64_t id) {
-  SALUS_RETURN_IF_ERROR(Owned(owner, id).status());
-  return Remove(id);
+Status SessionManager::Close(const ClientRef& owner, uint64_t id, bool any_owner) {
+  const bool theirs = !Owned(owner, id).ok();
+  if (theirs && !any_owner) return NoSuchSession(id);
+  SALUS_RETURN_IF_ERROR(Remove(id));
+  if (theirs) {
+    logging::Event("server", "session_closed_by_admin", {{"session", id}, {"by", owner.name}});
+  }
+  return OkStatus();
 }
 
 Status SessionManager::Remove(uint64_t id) {

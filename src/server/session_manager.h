@@ -55,8 +55,8 @@ class SessionManager {
   // Validates and queues one iteration of one of `owner`'s sessions; the Call is answered
   // exactly once, now (on error) or when the iteration ends.
   void Run(Call call, const ClientRef& owner) EXCLUDES(mu_);
-  // Closes one of `owner`'s sessions.
-  Status Close(const ClientRef& owner, uint64_t session) EXCLUDES(mu_);
+  // Closes one of `owner`'s sessions; an administrator (`any_owner`) may close anyone's.
+  Status Close(const ClientRef& owner, uint64_t session, bool any_owner = false) EXCLUDES(mu_);
   // Shared buffers (see salus.v1.RegisterBuffer): owned by the client, dropped with it.
   StatusOr<uint64_t> RegisterBuffer(const ClientRef& owner, const v1::RegisterBuffer& req)
       EXCLUDES(mu_);

@@ -3,6 +3,7 @@
 //   salusctl [--endpoint EP] status            server, device, memory and session counts
 //   salusctl [--endpoint EP] sessions [--json]
 //   salusctl [--endpoint EP] memory [--json]   the memory map: lanes, blocks, free ranges
+//   salusctl [--endpoint EP] close ID          close a session (the administrator: anyone's)
 //   salusctl [--endpoint EP] drain             finish in-flight work and stop the daemon
 //   salusctl keygen PREFIX                     a CURVE key pair: PREFIX.key and PREFIX.pub
 //
@@ -189,7 +190,7 @@ int main(int argc, char** argv) {
   std::string endpoint = DefaultEndpoint(), command, argument, server_key, secret_key;
   po::options_description desc(
       "salusctl: inspect and control a running salus-server\n\n"
-      "commands: status | sessions | memory | drain | keygen PREFIX\n\noptions");
+      "commands: status | sessions | memory | close ID | drain | keygen PREFIX\n\noptions");
   desc.add_options()("help,h", "show this help")(
       "endpoint", po::value(&endpoint), "the daemon (default $SALUS_ENDPOINT or its ipc socket)")(
       "server-key", po::value(&server_key),
@@ -218,7 +219,8 @@ int main(int argc, char** argv) {
     }
     return Keygen(argument);
   }
-  if (command != "status" && command != "sessions" && command != "memory" && command != "drain") {
+  if (command != "status" && command != "sessions" && command != "memory" && command != "drain" &&
+      command != "close") {
     std::cerr << "salusctl: unknown command '" << command << "'\n\n" << desc;
     return 2;
   }
@@ -233,6 +235,17 @@ int main(int argc, char** argv) {
   if (command == "status") return Status(**client);
   if (command == "sessions") return Sessions(**client, json);
   if (command == "memory") return Memory(**client, json);
+  if (command == "close") {
+    char* end = nullptr;
+    const unsigned long long id = std::strtoull(argument.c_str(), &end, 10);
+    if (argument.empty() || *end != '\0') {
+      std::cerr << "salusctl: close needs a session id (salusctl sessions lists them)\n";
+      return 2;
+    }
+    if (auto s = (*client)->CloseSession(id); !s.ok()) return Fail(s);
+    std::cout << "closed session " << id << "\n";
+    return 0;
+  }
   if (auto s = (*client)->Drain(); !s.ok()) return Fail(s);
   std::cout << "draining: in-flight iterations finish, then the daemon exits\n";
   return 0;

@@ -329,6 +329,17 @@ def test_users_see_others_only_as_totals_and_the_admin_sees_all(daemon: Daemon) 
         assert str(mine_b[0].id) in json.dumps(b.memory_map())
         assert all(str(i) in json.dumps(admin.memory_map()) for i in ids_a)
 
+        # The administrator may close anyone's session; an ordinary user not even by id.
+        with pytest.raises(salus.SalusError) as e:
+            b.close_session(mine_a[0].id)
+        assert e.value.code == "NOT_FOUND"
+        admin.close_session(mine_a[0].id)
+        assert {s["session_id"] for s in a.sessions()} == {mine_a[1].id}
+        with pytest.raises(salus.SalusError) as e:
+            mine_a[0].run()
+        assert e.value.code == "NOT_FOUND"
+        mine_a[1].run()
+
 
 # -- draining -------------------------------------------------------------------------------
 

@@ -445,6 +445,14 @@ class Client:
                 return b.id, start - b._base
         return None
 
+    def close_session(self, session_id: int) -> None:
+        """Closes a session by id: one of this client's, or as the administrator anyone's
+        (NOT_FOUND for a session that is not open or not this client's)."""
+        req = pb.Request()
+        req.session_id = session_id
+        req.close_session.SetInParent()
+        self._call(req)
+
     def drain(self) -> None:
         """Asks the daemon to finish what it holds and exit; needs the administrator role
         (PERMISSION_DENIED otherwise)."""
@@ -584,10 +592,7 @@ class Session:
         return out
 
     def close(self) -> None:
-        req = pb.Request()
-        req.session_id = self.id
-        req.close_session.SetInParent()
-        self._client._call(req)
+        self._client.close_session(self.id)
 
     def __enter__(self) -> Session:
         return self
