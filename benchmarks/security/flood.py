@@ -14,7 +14,8 @@ machine with few cores the flooder, the trainer and the daemon share them: the r
 includes plain CPU contention, not only what the daemon lets one client do to another.
 device_ratio, the same for the iteration's run time as the daemon measures it, tells them
 apart: where it grows as much as the ratio, the cores were busy, not the trainer kept
-waiting.
+waiting. daemon_cores and flooder_cores say who kept them busy (CPU seconds per second of the
+daemon while the trainer ran, and of the flooding process while it flooded).
 
     .venv/bin/python benchmarks/security/flood.py [--quick] [--out DIR] [--endpoint EP]
 
@@ -25,6 +26,7 @@ results/security-flood-<timestamp>/) and prints the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -64,8 +66,9 @@ def _hello(sock: Any, pb: Any) -> str:
 
 
 def _flood(endpoint: str, kind: str, idle_connections: int, garbage_bytes: int, ready: Any,
-           stop: Any, counts: Any) -> None:
-    """Floods until `stop`; counts[0] replies, counts[1] of them refusals (code != 0)."""
+           stop: Any, counts: Any, cores: Any) -> None:
+    """Floods until `stop`; counts[0] replies, counts[1] of them refusals (code != 0); cores[0]
+    the cores this process kept busy while flooding (CPU seconds per second)."""
     import zmq
 
     from salus._generated.salus.v1 import salus_pb2 as pb
@@ -124,6 +127,7 @@ def _flood(endpoint: str, kind: str, idle_connections: int, garbage_bytes: int, 
     window = 1 if kind == "garbage" else WINDOW
     outstanding = 0
     ready.set()
+    cpu0, wall0 = time.process_time(), time.monotonic()
     flip = False
     while not stop.is_set():
         while outstanding < window:
@@ -137,6 +141,7 @@ def _flood(endpoint: str, kind: str, idle_connections: int, garbage_bytes: int, 
             outstanding += 1
         take()
         outstanding -= 1
+    cores[0] = (time.process_time() - cpu0) / max(time.monotonic() - wall0, 1e-9)
     while outstanding:
         take()
         outstanding -= 1
@@ -168,30 +173,54 @@ def _train(endpoint: str, iterations: int, warmup: int) -> dict[str, float]:
             "device_median_ms": common.median(runs) * 1e3}
 
 
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process `pid` (all its threads), from /proc."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _train_timed(endpoint: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The trainer's figures, and the cores the daemon kept busy meanwhile."""
+    cpu0, t0 = _cpu_seconds(args.daemon_pid), time.monotonic()
+    row = _train(endpoint, args.iterations, args.warmup)
+    seconds, cpu1 = time.monotonic() - t0, _cpu_seconds(args.daemon_pid)
+    row["seconds"] = seconds
+    row["daemon_cores"] = (cpu1 - cpu0) / seconds if cpu0 is not None and cpu1 is not None \
+        else ""
+    return row
+
+
 def _scenario(endpoint: str, kind: str, args: argparse.Namespace) -> dict[str, Any]:
     if kind == "solo":
-        return {"scenario": kind, **_train(endpoint, args.iterations, args.warmup)}
+        return {"scenario": kind, **_train_timed(endpoint, args)}
     spawn = mp.get_context("spawn")
     ready, stop = spawn.Event(), spawn.Event()
     counts = spawn.Array("q", [0, 0])
+    cores = spawn.Array("d", [0.0])
     flooder = spawn.Process(target=_flood, args=(endpoint, kind, args.idle_connections,
-                                                 args.garbage_mib << 20, ready, stop, counts),
+                                                 args.garbage_mib << 20, ready, stop, counts,
+                                                 cores),
                             daemon=True)
     flooder.start()
     try:
         if not ready.wait(60):
             raise RuntimeError(f"the {kind} flooder did not start")
-        t0 = time.monotonic()
-        row = {"scenario": kind, **_train(endpoint, args.iterations, args.warmup)}
-        seconds = time.monotonic() - t0
+        row = {"scenario": kind, **_train_timed(endpoint, args)}
     finally:
         stop.set()
         flooder.join(300)
     if flooder.exitcode != 0:
         raise RuntimeError(f"the {kind} flooder failed (exit {flooder.exitcode})")
+    seconds = row.pop("seconds")
     row["flood_replies"] = int(counts[0])
     row["flood_refused"] = int(counts[1])
     row["flood_replies_per_s"] = counts[0] / seconds if seconds > 0 else 0.0
+    row["flooder_cores"] = cores[0]
     return row
 
 
@@ -223,7 +252,13 @@ def main(argv: list[str] | None = None) -> int:
 
     watch = common.Stopwatch()
     rows: list[dict[str, Any]] = []
-    with common.device(args, "fair", memory="2GiB") as endpoint:
+    with contextlib.ExitStack() as stack:
+        args.daemon_pid = None  # a daemon given by --endpoint is not measured
+        endpoint = args.endpoint
+        if not endpoint:
+            d = stack.enter_context(common.Daemon("fair", "2GiB", None,
+                                                  log_path=args.out / "salus-server.log"))
+            endpoint, args.daemon_pid = d.endpoint, d.ready.get("pid")
         for kind in kinds:
             rows.append(_scenario(endpoint, kind, args))
             print(f"{kind}: median {rows[-1]['median_ms']:.2f} ms", flush=True)
@@ -235,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         r["device_ratio"] = r["device_median_ms"] / solo_device
 
     fields = ["scenario", "median_ms", "p95_ms", "ratio", "within_target", "device_median_ms",
-              "device_ratio", "flood_replies", "flood_refused", "flood_replies_per_s"]
+              "device_ratio", "daemon_cores", "flooder_cores", "flood_replies", "flood_refused",
+              "flood_replies_per_s"]
     table = common.md_table(rows, fields)
     print(table)
     result = {"model": "mlp", "batch": BATCH, "iterations": args.iterations,
