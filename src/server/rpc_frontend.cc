@@ -17,6 +17,10 @@ namespace {
 
 // Requests taken from one ROUTER before the others get a turn.
 constexpr int kBurst = 256;
+// ZeroMQ's own I/O threads, which read and write the connections (each connection is served by
+// one). With one, a client sending a huge message holds up every other client's small ones
+// while it is read; two let the others through meanwhile.
+constexpr int kIoThreads = 2;
 // A connection that has not finished ZeroMQ's handshake by then is dropped.
 constexpr int kHandshakeMs = 10000;
 // ZAP domains, one per kind of listener (Note [Principals]).
@@ -125,7 +129,7 @@ void Call::ReplyError(const Status& status) {
   Reply(std::move(reply));
 }
 
-RpcFrontend::RpcFrontend(Handler handler) : handler_(std::move(handler)), ctx_(1) {}
+RpcFrontend::RpcFrontend(Handler handler) : handler_(std::move(handler)), ctx_(kIoThreads) {}
 
 StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(
     const std::vector<std::string>& endpoints, Handler handler) {
