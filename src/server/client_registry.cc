@@ -76,11 +76,12 @@ StatusOr<Quotas> Quotas::FromJson(const nlohmann::json& section) {
                       : key == "shared_buffers"        ? &q.shared_buffers
                       : key == "clients_per_principal" ? &q.clients_per_principal
                       : key == "requests_per_second"   ? &q.requests_per_second
+                      : key == "max_priority"          ? &q.max_priority
                                                        : nullptr;
     if (field == nullptr) {
       return InvalidArgumentError(fmt::format(
           "unknown quota \"{}\" (expected sessions, persistent_bytes, requests_in_flight, "
-          "shared_buffers, clients_per_principal, requests_per_second)",
+          "shared_buffers, clients_per_principal, requests_per_second, max_priority)",
           key));
     }
     if (value.is_number_unsigned()) {

@@ -30,6 +30,10 @@ struct Quotas {
   uint64_t requests_in_flight = 1024;
   uint64_t shared_buffers = 64;
   uint64_t clients_per_principal = 4096;
+  // The highest priority a client's session may ask for (the protocol allows 100): under the
+  // PRIORITY and FAIR policies priority is a share of the device, so this bounds what one
+  // tenant can claim over the others.
+  uint64_t max_priority = 100;
   // Requests other than work (CreateSession, RunIteration, RegisterBuffer: bounded by
   // requests_in_flight and the policy) answered per second per client, or per principal for
   // requests without a client; past it replies are paced (RequestPacer).

@@ -60,6 +60,10 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
     return InvalidArgumentError(
         fmt::format("priority must be in [-{0}, {0}], got {1}", kMaxPriority, req.priority()));
   }
+  if (req.priority() > 0 && static_cast<uint64_t>(req.priority()) > quota.max_priority) {
+    return QuotaExceeded("max_priority", quota.max_priority,
+                         fmt::format("this session asks for priority {}", req.priority()));
+  }
   if (!v1::LatencyClass_IsValid(req.latency_class())) {
     return InvalidArgumentError(
         fmt::format("latency_class must be BATCH (0) or INTERACTIVE (1), got {}",

@@ -485,7 +485,7 @@ def test_a_public_tcp_endpoint_without_keys_is_refused_at_startup() -> None:
 # -- quotas -----------------------------------------------------------------------------------
 
 QUOTAS = {"sessions": 2, "persistent_bytes": "8MiB", "requests_in_flight": 4,
-          "shared_buffers": 1}
+          "shared_buffers": 1, "max_priority": 10}
 
 
 def exhausted(fn, limit: str) -> None:  # noqa: ANN001
@@ -508,6 +508,11 @@ def test_quotas_refuse_the_excess_and_nothing_else(daemon_factory) -> None:  # n
             s2.run()
             s1.close()
             synthetic(c).run()
+
+        with salus.connect(d.endpoint) as c:  # priority
+            exhausted(lambda: synthetic(c, priority=11), "quota max_priority=10")
+            synthetic(c, priority=10).close()
+            synthetic(c, priority=-50).close()  # lowering one's own share is always allowed
 
         with salus.connect(d.endpoint) as c:  # persistent bytes
             big = synthetic(c, p=6 * MiB)

@@ -120,13 +120,14 @@ TEST(ClientRegistryTest, ClientsPerPrincipalQuotaCountsLiveClientsOnly) {
 TEST(QuotasTest, ParsesTheConfigSectionAndNamesWhatIsWrong) {
   auto q = Quotas::FromJson(nlohmann::json::parse(
       R"({"sessions": 3, "persistent_bytes": "1GiB", "requests_in_flight": 8,
-          "shared_buffers": 2, "clients_per_principal": 16})"));
+          "shared_buffers": 2, "clients_per_principal": 16, "max_priority": 5})"));
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ(q->sessions, 3u);
   EXPECT_EQ(q->persistent_bytes, uint64_t{1} << 30);
   EXPECT_EQ(q->requests_in_flight, 8u);
   EXPECT_EQ(q->shared_buffers, 2u);
   EXPECT_EQ(q->clients_per_principal, 16u);
+  EXPECT_EQ(q->max_priority, 5u);
   const Quotas defaults;
   auto none = Quotas::FromJson(nlohmann::json());
   ASSERT_TRUE(none.ok());
