@@ -108,17 +108,17 @@ StatusOr<ClientRef> ClientRegistry::Hello(const std::string& principal, std::str
     return QuotaExceeded("clients_per_principal", quotas_.clients_per_principal,
                          fmt::format("{} has that many clients with live leases", principal));
   }
-  std::string t = NewToken();
   Client c;
   c.ref.id = next_id_++;
   c.ref.name = fmt::format("c{}/{}", c.ref.id, principal);
   c.ref.principal = principal;
+  c.token = NewToken();
   c.last_seen = clock_->Now();
   ++count;
-  by_token_[t] = c.ref.id;
+  by_token_[c.token] = c.ref.id;
+  *token = c.token;
   ClientRef ref = c.ref;
-  clients_.emplace(c.ref.id, std::pair{t, std::move(c)});
-  *token = std::move(t);
+  clients_.emplace(ref.id, std::move(c));
   return ref;
 }
 
@@ -131,7 +131,7 @@ StatusOr<ClientRef> ClientRegistry::Resolve(const std::string& token,
   MutexLock lock(&mu_);
   auto t = by_token_.find(token);
   if (t != by_token_.end()) {
-    Client& c = clients_.at(t->second).second;
+    Client& c = clients_.at(t->second);
     if (c.ref.principal == principal) {
       c.last_seen = clock_->Now();
       return c.ref;
@@ -146,7 +146,7 @@ Status ClientRegistry::BeginRequest(uint64_t client) {
   MutexLock lock(&mu_);
   auto it = clients_.find(client);
   if (it == clients_.end()) return UnauthenticatedError("the client's lease expired");
-  Client& c = it->second.second;
+  Client& c = it->second;
   if (quotas_.requests_in_flight != 0 && c.in_flight >= quotas_.requests_in_flight) {
     return QuotaExceeded("requests_in_flight", quotas_.requests_in_flight,
                          "wait for replies before sending more");
@@ -159,7 +159,7 @@ void ClientRegistry::EndRequest(uint64_t client) {
   MutexLock lock(&mu_);
   auto it = clients_.find(client);
   if (it == clients_.end()) return;
-  Client& c = it->second.second;
+  Client& c = it->second;
   if (c.in_flight > 0) --c.in_flight;
   c.last_seen = clock_->Now();
 }
@@ -169,13 +169,13 @@ std::vector<uint64_t> ClientRegistry::Expire() {
   MutexLock lock(&mu_);
   const Nanos now = clock_->Now();
   for (auto it = clients_.begin(); it != clients_.end();) {
-    const Client& c = it->second.second;
+    const Client& c = it->second;
     if (c.in_flight > 0 || now - c.last_seen <= lease_) {
       ++it;
       continue;
     }
     gone.push_back(c.ref.id);
-    by_token_.erase(it->second.first);
+    by_token_.erase(c.token);
     if (auto p = per_principal_.find(c.ref.principal); p != per_principal_.end()) {
       if (--p->second == 0) per_principal_.erase(p);
     }

@@ -79,6 +79,7 @@ class ClientRegistry {
  private:
   struct Client {
     ClientRef ref;
+    std::string token;
     Nanos last_seen{0};
     uint64_t in_flight = 0;
   };
@@ -88,8 +89,7 @@ class ClientRegistry {
   mutable Mutex mu_;
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
   std::unordered_map<std::string, uint64_t> by_token_ GUARDED_BY(mu_);
-  std::unordered_map<uint64_t, std::pair<std::string, Client>> clients_
-      GUARDED_BY(mu_);  // id → (token, client)
+  std::unordered_map<uint64_t, Client> clients_ GUARDED_BY(mu_);
   std::unordered_map<std::string, uint64_t> per_principal_ GUARDED_BY(mu_);
 };
 

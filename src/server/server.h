@@ -14,6 +14,8 @@
 // client leases); the metrics HTTP thread.
 #pragma once
 
+#include <unistd.h>
+
 #include <deque>
 #include <map>
 #include <memory>
@@ -120,6 +122,7 @@ class Server {
   nlohmann::json MemoryMapJson(const ClientRef* viewer) const;
 
   ServerOptions o_;
+  const std::string own_principal_ = "uid:" + std::to_string(geteuid());  // the daemon's user
   std::unique_ptr<device::MemoryProvider> provider_;
   exec::DeviceRuntime* runtime_ = nullptr;  // the engine's GPU runtime; null on the CPU
   Metrics metrics_;
