@@ -49,4 +49,62 @@ Status CudaMemoryProvider::Free(std::byte* ptr, uint64_t bytes) {
   return OkStatus();
 }
 
+CudaMemoryProvider::~CudaMemoryProvider() {
+  if (copy_stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(copy_stream_));
+}
+
+StatusOr<std::byte*> CudaMemoryProvider::AllocateHost(uint64_t bytes) {
+  if (bytes == 0) return InvalidArgumentError(name() + ": host memory of 0 bytes");
+  void* p = nullptr;
+  const cudaError_t err = cudaMallocHost(&p, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return ResourceExhaustedError(fmt::format("{}: cudaMallocHost of {} ({} bytes) failed: {}",
+                                              name(), FormatBytes(bytes), bytes, Describe(err)));
+  }
+  return static_cast<std::byte*>(p);
+}
+
+Status CudaMemoryProvider::FreeHost(std::byte* ptr, uint64_t bytes) {
+  if (ptr == nullptr) return InvalidArgumentError(name() + ": free of null host memory");
+  const cudaError_t err = cudaFreeHost(ptr);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return InvalidArgumentError(fmt::format("{}: cudaFreeHost of {} failed: {}", name(),
+                                            FormatBytes(bytes), Describe(err)));
+  }
+  return OkStatus();
+}
+
+Status CudaMemoryProvider::Copy(void* dst, const void* src, uint64_t bytes, bool to_host) {
+  if (bytes == 0) return OkStatus();
+  std::lock_guard<std::mutex> lock(copy_mu_);
+  cudaError_t err = cudaSetDevice(ordinal_);
+  if (err == cudaSuccess && copy_stream_ == nullptr) {
+    cudaStream_t s = nullptr;
+    err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    copy_stream_ = s;
+  }
+  const auto stream = static_cast<cudaStream_t>(copy_stream_);
+  if (err == cudaSuccess) {
+    err = cudaMemcpyAsync(dst, src, bytes,
+                          to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream);
+  }
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return InternalError(fmt::format("{}: copying {} {} failed: {}", name(), FormatBytes(bytes),
+                                     to_host ? "to the host" : "to the device", Describe(err)));
+  }
+  return OkStatus();
+}
+
+Status CudaMemoryProvider::CopyToHost(std::byte* host, const std::byte* device, uint64_t bytes) {
+  return Copy(host, device, bytes, true);
+}
+
+Status CudaMemoryProvider::CopyToDevice(std::byte* device, const std::byte* host, uint64_t bytes) {
+  return Copy(device, host, bytes, false);
+}
+
 }  // namespace salus::device

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <mutex>
 
 #include "device/memory_provider.h"
 
@@ -23,11 +24,23 @@ class CudaMemoryProvider final : public MemoryProvider {
   // when it has not that much free memory.
   StatusOr<std::byte*> Allocate(uint64_t bytes) override;
   Status Free(std::byte* ptr, uint64_t bytes) override;
+  // Pinned (page-locked) host memory, so that copies run asynchronously at full bandwidth.
+  StatusOr<std::byte*> AllocateHost(uint64_t bytes) override;
+  Status FreeHost(std::byte* ptr, uint64_t bytes) override;
+  // On the provider's copy stream (created at the first copy, never the default stream), then
+  // waits for that stream alone: kernels on the compute streams keep running meanwhile.
+  Status CopyToHost(std::byte* host, const std::byte* device, uint64_t bytes) override;
+  Status CopyToDevice(std::byte* device, const std::byte* host, uint64_t bytes) override;
+  ~CudaMemoryProvider() override;
 
   int ordinal() const { return ordinal_; }
 
  private:
+  Status Copy(void* dst, const void* src, uint64_t bytes, bool to_host);
+
   const int ordinal_;
+  std::mutex copy_mu_;           // copies are serialized on the one copy path
+  void* copy_stream_ = nullptr;  // cudaStream_t, guarded by copy_mu_
 };
 
 }  // namespace salus::device

@@ -53,6 +53,41 @@ Status FakeMemoryProvider::Free(std::byte* ptr, uint64_t bytes) {
   return OkStatus();
 }
 
+StatusOr<std::byte*> FakeMemoryProvider::AllocateHost(uint64_t bytes) {
+  if (bytes == 0) return InvalidArgumentError("fake provider: host memory of 0 bytes");
+  MutexLock lock(&mu_);
+  const uint64_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  const uint64_t addr = next_host_;
+  next_host_ += rounded;
+  live_host_.emplace(addr, bytes);
+  live_host_bytes_ += bytes;
+  return reinterpret_cast<std::byte*>(addr);
+}
+
+Status FakeMemoryProvider::FreeHost(std::byte* ptr, uint64_t bytes) {
+  MutexLock lock(&mu_);
+  const auto it = live_host_.find(reinterpret_cast<uint64_t>(ptr));
+  if (it == live_host_.end() || it->second != bytes) {
+    return InvalidArgumentError(fmt::format(
+        "fake provider: free of {} of host memory at {}, which it did not hand out as such",
+        FormatBytes(bytes), static_cast<void*>(ptr)));
+  }
+  live_host_bytes_ -= bytes;
+  live_host_.erase(it);
+  return OkStatus();
+}
+
+Status FakeMemoryProvider::CopyToHost(std::byte*, const std::byte*, uint64_t) { return OkStatus(); }
+
+Status FakeMemoryProvider::CopyToDevice(std::byte*, const std::byte*, uint64_t) {
+  return OkStatus();
+}
+
+uint64_t FakeMemoryProvider::live_host_bytes() const {
+  MutexLock lock(&mu_);
+  return live_host_bytes_;
+}
+
 uint64_t FakeMemoryProvider::live_bytes() const {
   MutexLock lock(&mu_);
   return live_bytes_;

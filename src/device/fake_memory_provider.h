@@ -38,8 +38,15 @@ class FakeMemoryProvider final : public MemoryProvider {
 
   StatusOr<std::byte*> Allocate(uint64_t bytes) override EXCLUDES(mu_);
   Status Free(std::byte* ptr, uint64_t bytes) override EXCLUDES(mu_);
+  // Host memory is fake too (addresses above the device's), and copies move nothing: tests
+  // and the simulator page state of any size without holding it.
+  StatusOr<std::byte*> AllocateHost(uint64_t bytes) override EXCLUDES(mu_);
+  Status FreeHost(std::byte* ptr, uint64_t bytes) override EXCLUDES(mu_);
+  Status CopyToHost(std::byte* host, const std::byte* device, uint64_t bytes) override;
+  Status CopyToDevice(std::byte* device, const std::byte* host, uint64_t bytes) override;
 
   uint64_t live_bytes() const EXCLUDES(mu_);
+  uint64_t live_host_bytes() const EXCLUDES(mu_);
   uint64_t allocate_calls() const EXCLUDES(mu_);
 
  private:
@@ -51,6 +58,9 @@ class FakeMemoryProvider final : public MemoryProvider {
   uint64_t calls_ GUARDED_BY(mu_) = 0;
   uint64_t live_bytes_ GUARDED_BY(mu_) = 0;
   std::map<uint64_t, uint64_t> live_ GUARDED_BY(mu_);  // address -> size
+  uint64_t next_host_ GUARDED_BY(mu_) = kFakeBase + 4 * kMaxDeviceBytes;
+  std::map<uint64_t, uint64_t> live_host_ GUARDED_BY(mu_);
+  uint64_t live_host_bytes_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace salus::device

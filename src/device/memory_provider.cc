@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cstdlib>
+#include <cstring>
 
+#include "common/units.h"
 #include "device/fake_memory_provider.h"
 #include "device/host_memory_provider.h"
 #ifdef SALUS_HAVE_CUDA
@@ -32,7 +35,43 @@ StatusOr<int> ParseCudaOrdinal(std::string_view name) {
   return ordinal;
 }
 
+constexpr uint64_t kHostPoolAlignment = 4096;
+
 }  // namespace
+
+StatusOr<std::byte*> MemoryProvider::AllocateHost(uint64_t bytes) {
+  if (bytes == 0) return InvalidArgumentError(name() + ": host memory of 0 bytes");
+  const uint64_t rounded =
+      (bytes + kHostPoolAlignment - 1) / kHostPoolAlignment * kHostPoolAlignment;
+  void* p = std::aligned_alloc(kHostPoolAlignment, rounded);
+  if (p == nullptr) {
+    return ResourceExhaustedError(fmt::format("{}: no host memory for {} ({} bytes) of paged state",
+                                              name(), FormatBytes(bytes), bytes));
+  }
+  return static_cast<std::byte*>(p);
+}
+
+Status MemoryProvider::FreeHost(std::byte* ptr, uint64_t /*bytes*/) {
+  if (ptr == nullptr) return InvalidArgumentError(name() + ": free of null host memory");
+  std::free(ptr);
+  return OkStatus();
+}
+
+Status MemoryProvider::CopyToHost(std::byte* host, const std::byte* device, uint64_t bytes) {
+  if (!host_accessible()) {
+    return FailedPreconditionError(name() + ": its memory cannot be copied by the host");
+  }
+  if (bytes > 0) std::memcpy(host, device, bytes);
+  return OkStatus();
+}
+
+Status MemoryProvider::CopyToDevice(std::byte* device, const std::byte* host, uint64_t bytes) {
+  if (!host_accessible()) {
+    return FailedPreconditionError(name() + ": its memory cannot be copied by the host");
+  }
+  if (bytes > 0) std::memcpy(device, host, bytes);
+  return OkStatus();
+}
 
 StatusOr<std::unique_ptr<MemoryProvider>> CreateMemoryProvider(std::string_view name) {
   if (name == "cpu" || name == "host") {

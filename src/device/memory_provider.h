@@ -37,6 +37,18 @@ class MemoryProvider {
   // Returns a range from Allocate, with the size it was allocated with. InvalidArgument when
   // the range is not one this provider handed out. Thread-safe.
   virtual Status Free(std::byte* ptr, uint64_t bytes) = 0;
+
+  // Host memory for state paged out of this provider's memory (the memory manager's host
+  // pool): pinned where the device copies from it asynchronously. The default is page-aligned
+  // host memory. ResourceExhausted naming the size when it cannot be had. Thread-safe.
+  virtual StatusOr<std::byte*> AllocateHost(uint64_t bytes);
+  virtual Status FreeHost(std::byte* ptr, uint64_t bytes);
+  // Blocking copies between `bytes` of this provider's memory and host memory from
+  // AllocateHost, on the calling thread (on a GPU: on a copy stream of the provider's own, so
+  // they overlap kernels running on other streams). The default copies with memcpy and is
+  // FailedPrecondition for memory that is not host-accessible. Thread-safe.
+  virtual Status CopyToHost(std::byte* host, const std::byte* device, uint64_t bytes);
+  virtual Status CopyToDevice(std::byte* device, const std::byte* host, uint64_t bytes);
 };
 
 // A provider by the name a configuration uses: "cpu" or "host", "fake", "cuda" (= "cuda:0")
