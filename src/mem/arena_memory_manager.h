@@ -1,6 +1,10 @@
 // ArenaMemoryManager: the MemoryManager of memory_manager.h over one arena from a
-// device::MemoryProvider. Algorithm 1, the lane layout and the notes that explain them are in
-// arena_memory_manager.cc; docs/memory.md draws the picture.
+// device::MemoryProvider. It applies the decisions of its AdmissionRule (mem/admission.h) and
+// keeps the physical layout safe. Three files:
+//   arena_memory_manager.cc  admission, release and paging: the accounting;
+//   arena_placement.cc       lanes' physical places, iterations, blocks waiting for space;
+//   arena_views.cc           statistics, the memory map and the invariants.
+// docs/memory.md draws the picture.
 #pragma once
 
 #include <list>
@@ -14,11 +18,15 @@
 #include <vector>
 
 #include "common/thread_annotations.h"
+#include "mem/admission.h"
 #include "mem/lane_allocator.h"
 #include "mem/memory_manager.h"
 #include "mem/persistent_region.h"
 
 namespace salus::mem {
+
+// "[offset, offset + size)", for messages.
+std::string ArenaRange(uint64_t offset, uint64_t size);
 
 class ArenaMemoryManager final : public MemoryManager {
  public:
@@ -49,16 +57,40 @@ class ArenaMemoryManager final : public MemoryManager {
   MemoryStatsSnapshot StatsSnapshot() const override EXCLUDES(mu_);
   Status CheckInvariants() const override EXCLUDES(mu_);
 
+  StatusOr<PageInResult> PageIn(SessionId session, std::span<const SessionId> candidates) override
+      EXCLUDES(mu_);
+  std::vector<Transfer> TakeTransfers() override EXCLUDES(mu_);
+  Status FinishTransfer(uint64_t transfer, const Status& copy = OkStatus()) override EXCLUDES(mu_);
+  StatusOr<Residence> ResidenceOf(SessionId session) const override EXCLUDES(mu_);
+  ArenaSnapshot Snapshot() const override EXCLUDES(mu_);
+
  private:
   struct Session {
     SessionId id = 0;
     Requirement req;       // rounded
     Requirement declared;  // as asked
-    LaneId lane = 0;
-    uint64_t block_offset = 0;  // meaningful when req.persistent_bytes > 0
+    Residence residence = Residence::kResident;
+    LaneId lane = 0;            // 0 unless resident or paging in
+    uint64_t block_offset = 0;  // meaningful when in the region and req.persistent_bytes > 0
     bool block_pending = false;
+    bool fresh = false;         // admitted paged out and never resident: nothing to copy in
+    std::byte* host = nullptr;  // its state in host memory (paging out, paged out, paging in)
     MemoryStats persistent;
     MemoryStats ephemeral;
+  };
+
+  // A block's copy between the arena and host memory; its device range is in use until the
+  // copy ends.
+  struct Moving {
+    uint64_t id = 0;
+    SessionId session = 0;
+    bool to_host = true;
+    uint64_t offset = 0;
+    uint64_t size = 0;
+    std::byte* host = nullptr;
+    bool ready = false;     // may run: (page-in) its block is placed
+    bool issued = false;    // handed out by TakeTransfers
+    bool released = false;  // its session was released meanwhile
   };
 
   struct Lane {
@@ -92,25 +124,45 @@ class ArenaMemoryManager final : public MemoryManager {
     LaneId lane = 0;
   };
 
-  enum class Step { kNewLane, kJoin, kGrow, kWait };
-  struct Decision {
-    Step step = Step::kWait;
-    LaneId lane = 0;
+  using Step = AdmissionDecision::Step;
+  // What admission does for one request: apply a decision, admit it paged out, or wait.
+  struct Outcome {
+    AdmissionDecision decision;
+    bool paged = false;  // admitted paged out (overcommit)
   };
 
   ArenaMemoryManager(Options options, std::byte* base);
 
-  Decision Decide(const Requirement& req) const REQUIRES(mu_);
-  Grant Apply(const Waiting& w, const Decision& d) REQUIRES(mu_);
+  ArenaSnapshot SnapshotArenaLocked() const REQUIRES(mu_);
+  // The rule's answer for a waiting request, checked, or admission paged out.
+  Outcome DecideLocked(const ArenaSnapshot& arena, const Requirement& req) const REQUIRES(mu_);
+  // INTERNAL when applying `d` to `arena` would break the safety condition or names a lane
+  // that is not there: a rule that broke its contract.
+  Status CheckDecisionLocked(const ArenaSnapshot& arena, const Requirement& req,
+                             const AdmissionDecision& d) const REQUIRES(mu_);
+  Grant Apply(const Waiting& w, const AdmissionDecision& d) REQUIRES(mu_);
+  Grant AdmitPaged(const Waiting& w) REQUIRES(mu_);
+  // Places `s`'s block and puts it in a lane as `d` says (admission or page-in).
+  void Enter(Session& s, const AdmissionDecision& d) REQUIRES(mu_);
+  // Begins paging resident `s` out (its lane left, its block copied to `host`).
+  void BeginPageOut(Session& s, std::byte* host) REQUIRES(mu_);
+  bool Pageable(const Session& s) const REQUIRES(mu_);
+  // Takes `s`'s block out of the region; its range stays in use while `busy_until_lane` (a
+  // lane mid-iteration) or a copy needs it.
+  void RemoveBlock(Session& s) REQUIRES(mu_);
+  void FreeHost(std::byte* host, uint64_t bytes) REQUIRES(mu_);
   void LeaveLane(const Session& s) REQUIRES(mu_);
   void ResizeLane(Lane& lane, uint64_t size) REQUIRES(mu_);
   uint64_t LayoutOffset(LaneId lane) const REQUIRES(mu_);
   Lane* FindLane(LaneId lane) REQUIRES(mu_);
   // What occupies [offset, offset + size) physically right now (lanes mid-iteration other
   // than `except`, retiring blocks); nullopt when nothing does.
-  std::optional<std::string> Hazard(uint64_t offset, uint64_t size, LaneId except) const
-      REQUIRES(mu_);
+  std::optional<std::string> Hazard(uint64_t offset, uint64_t size, LaneId except,
+                                    SessionId except_session = 0) const REQUIRES(mu_);
   void PlacePendingBlocks() REQUIRES(mu_);
+  // OK when `s` may run an iteration now; UNAVAILABLE (paging in, block in use) or
+  // FAILED_PRECONDITION (paged out) naming why not.
+  Status ResidentLocked(const Session& s) const REQUIRES(mu_);
   std::vector<Grant> RetryQueue() REQUIRES(mu_);
   StatusOr<LaneIteration> Begin(LaneId lane, std::optional<SessionId> session) EXCLUDES(mu_);
   MemoryStatsSnapshot SnapshotLocked() const REQUIRES(mu_);
@@ -133,8 +185,14 @@ class ArenaMemoryManager final : public MemoryManager {
   std::list<Waiting> waiting_ GUARDED_BY(mu_);
   std::vector<Retiring> retiring_ GUARDED_BY(mu_);
   std::vector<SessionId> pending_blocks_ GUARDED_BY(mu_);
-  uint64_t persistent_bytes_ GUARDED_BY(mu_) = 0;  // ΣP
-  uint64_t lane_bytes_ GUARDED_BY(mu_) = 0;        // ΣL
+  std::map<uint64_t, Moving> moving_ GUARDED_BY(mu_);  // by transfer id
+  uint64_t next_transfer_ GUARDED_BY(mu_) = 1;
+  uint64_t persistent_bytes_ GUARDED_BY(mu_) = 0;  // ΣP of sessions in the region
+  uint64_t paged_bytes_ GUARDED_BY(mu_) = 0;       // ΣP of the others
+  size_t paged_sessions_ GUARDED_BY(mu_) = 0;
+  uint64_t page_outs_ GUARDED_BY(mu_) = 0, page_ins_ GUARDED_BY(mu_) = 0;
+  uint64_t paged_out_bytes_ GUARDED_BY(mu_) = 0, paged_in_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t lane_bytes_ GUARDED_BY(mu_) = 0;  // ΣL
   LaneId next_lane_ GUARDED_BY(mu_) = 1;
   MemoryStats persistent_stats_ GUARDED_BY(mu_);
   MemoryStats closed_lane_stats_ GUARDED_BY(mu_);  // lanes that have closed

@@ -1,24 +1,30 @@
-// MemoryManager: the arena, the persistent region, lanes, Algorithm 1 and the admission queue.
+// MemoryManager: the arena, the persistent region, lanes, paging and the admission queue.
 //
 // CONTRACT (the scheduler and the server code against this; the implementation may add to it
 // but keeps these signatures and semantics):
 //
 // - The arena [0, C) is taken once at Create() from a device::MemoryProvider. The persistent
 //   region grows down from C, the ephemeral region grows up from 0 and is cut into lanes.
-// - Admit(session, {P, E}) runs the admission rule of the configured mode:
-//     kPack        Algorithm 1 of DESIGN.md (new lane / best-match join / grow / queue);
-//     kSingleLane  one shared lane per lane class grown to the largest E; admitted if
-//                  ΣP + P + ΣL - L + max(L, E) ≤ C (L: the class's lane, 0 when it has none);
-//     kExclusive   one session on the device at a time (admitted iff none is admitted).
-//   Every mode except kExclusive admits a session only into a lane of its own LaneClass.
-//   It returns the Grant when admitted now, std::nullopt when the session waits in the
-//   admission queue (it is admitted later and reported through Options::on_admitted), or
+// - Admit(session, {P, E}) asks the configured AdmissionRule (mem/admission.h; the rules are
+//   the policies', src/sched/admission_rules.h) where the session goes and applies the answer:
+//   a new lane, joining or growing a lane of the session's LaneClass, or waiting in the
+//   admission queue. It returns the Grant when admitted now, std::nullopt when the session
+//   waits (it is admitted later and reported through Options::on_admitted), or
 //   RESOURCE_EXHAUSTED at once when it can never fit (P + E > C), with P, E and C in human
-//   units in the message. Invariant 1 (ΣP + ΣL ≤ C) holds after every call.
-// - Release(session) frees its persistent block and its lane membership (the lane shrinks to
-//   the largest remaining E, or closes), then re-tries the admission queue in order; each
-//   session admitted by that is reported through on_admitted (called without internal locks
-//   held, on the caller's thread).
+//   units in the message. Invariant 1 (resident ΣP + ΣL ≤ C) holds after every call.
+// - Overcommit (Options::overcommit > 1): when the rule says wait, a session is still admitted
+//   while the ΣP of every admitted session, resident or not, stays within overcommit × C; it is
+//   admitted *paged out* (Grant::resident false, no lane) and becomes resident through PageIn.
+// - PageIn(session, candidates) makes a paged-out session resident, paging out the prefix of
+//   `candidates` (resident sessions, in the policy's order) the rule asks for. Paging moves
+//   persistent blocks between the arena and host memory from the provider (AllocateHost);
+//   the copies are Transfers the caller runs (TakeTransfers, then FinishTransfer), so they
+//   overlap other lanes' work. A session is *resident* when its block is in the arena and it
+//   is in a lane; only a resident session's iterations may begin.
+// - Release(session) frees its persistent block (or its paged state) and its lane membership
+//   (the lane shrinks to the largest remaining E, or closes), then re-tries the admission
+//   queue in order; each session admitted by that is reported through on_admitted (called
+//   without internal locks held, on the caller's thread).
 // - CancelWaiting / ExpireWaiting remove queued sessions (the latter those whose timeout has
 //   passed on the injected clock); each is reported through on_admission_failed with
 //   CANCELLED or DEADLINE_EXCEEDED.
@@ -35,22 +41,19 @@
 // - P and E are rounded up to kArenaAlignment before anything is counted, so every lane base and
 //   block offset is aligned; ΣP, ΣL, "never fits" and the statistics use the rounded sizes
 //   (messages quote the declared ones).
-// - Step 2 of Algorithm 1 (join) also requires ΣP + P + ΣL ≤ C: joining adds P, and invariant 1
-//   must hold after every call.
-// - Persistent blocks never move, so holes between them can make the persistent region's
-//   footprint F (C minus its lowest block) larger than ΣP. Admission uses the footprint the
-//   region would have after placing P where Algorithm 1 says ΣP + P (Note [Persistent
-//   footprint]); without holes the two are equal and the rule is exactly DESIGN.md's.
+// - Persistent blocks never move while resident, so holes between them can make the persistent
+//   region's footprint F (C minus its lowest block) larger than ΣP; the rules evaluate the
+//   footprint the region would have after placing P (Note [Persistent footprint]).
 // - The queue is re-tried in order, and every waiting request that fits is admitted (a large
 //   request does not block smaller ones behind it). A request whose timeout has passed is not
 //   admitted by a re-try; ExpireWaiting reports it.
 // - Release of a session that is still waiting cancels it (on_admission_failed, CANCELLED).
 // - Persistent(session) returns UNAVAILABLE, for a session admitted into space that a lane
-//   mid-iteration still occupies at its old place (or a released session's block its lane's
-//   iteration may still use), until that iteration ends: the block is placed at the first
-//   EndIteration that clears it (Note [Lane placement]). BeginIteration(lane, session) says
-//   the same. Release during a lane's iteration keeps the released block and a closed lane's
-//   range in use until that iteration ends.
+//   mid-iteration still occupies at its old place (or a released or paging block still in
+//   use), until that iteration or copy ends: the block is placed at the first EndIteration or
+//   FinishTransfer that clears it (Note [Lane placement]); also while its page-in copy runs.
+//   BeginIteration(lane, session) says the same. Release during a lane's iteration keeps the
+//   released block and a closed lane's range in use until that iteration ends.
 #pragma once
 
 #include <chrono>
@@ -59,6 +62,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -71,6 +75,8 @@ class MemoryProvider;
 }
 
 namespace salus::mem {
+
+struct ArenaSnapshot;
 
 using SessionId = uint64_t;
 using LaneId = uint64_t;
@@ -93,15 +99,40 @@ struct Requirement {
   LaneClass lane_class = LaneClass::kBatch;
 };
 
-enum class AdmissionMode {
-  kPack,        // PACK, FAIR: Algorithm 1, as many lanes as the safety condition allows
-  kSingleLane,  // SRTF, FAIR's single-lane option
-  kExclusive,   // FIFO: no sharing
-};
+class AdmissionRule;  // mem/admission.h
 
 struct Grant {
   SessionId session = 0;
-  LaneId lane = 0;
+  LaneId lane = 0;       // 0 when admitted paged out
+  bool resident = true;  // false: admitted paged out (overcommit); PageIn makes it resident
+};
+
+// Where a session's persistent state is. Paging moves it between the arena and host memory,
+// only between the session's iterations.
+enum class Residence : uint8_t {
+  kResident,   // its block is in the arena and it is in a lane
+  kPagingOut,  // its block is being copied to host memory; no longer counted as resident
+  kPagedOut,   // its state is in host memory (or it never ran: admitted paged out)
+  kPagingIn,   // its block is placed and in its lane, the copy back has not finished
+};
+std::string_view ResidenceName(Residence r);  // "resident", "paging out", ...
+
+// One copy of a persistent block between the arena and host memory, for the caller to run
+// (device::MemoryProvider::CopyToHost / CopyToDevice) and report with FinishTransfer.
+struct Transfer {
+  uint64_t id = 0;
+  SessionId session = 0;
+  bool to_host = true;  // page-out; false: page-in
+  std::byte* device = nullptr;
+  std::byte* host = nullptr;
+  uint64_t bytes = 0;
+};
+
+// The result of a PageIn.
+struct PageInResult {
+  bool resident = false;             // false: it does not fit even with the candidates gone
+  LaneId lane = 0;                   // its lane when resident
+  std::vector<SessionId> paged_out;  // candidates paged out to make room, in order
 };
 
 // One iteration's view of its lane. Valid between BeginIteration and EndIteration.
@@ -139,7 +170,8 @@ struct LaneStats {
 
 struct SessionStats {
   SessionId session = 0;
-  LaneId lane = 0;
+  LaneId lane = 0;  // 0 while paged out
+  Residence residence = Residence::kResident;
   Requirement requirement;  // rounded to kArenaAlignment
   MemoryStats persistent;   // its block
   MemoryStats ephemeral;    // allocations of iterations begun with BeginIteration(lane, session)
@@ -150,8 +182,12 @@ struct MemoryStatsSnapshot {
   uint64_t persistent_committed_bytes = 0;  // ΣP
   uint64_t ephemeral_committed_bytes = 0;   // ΣL
   uint64_t persistent_footprint_bytes = 0;  // C minus the persistent region's floor
-  size_t admitted_sessions = 0;
+  size_t admitted_sessions = 0;             // resident or paged out
   size_t waiting_sessions = 0;
+  uint64_t paged_bytes = 0;  // ΣP of sessions not resident
+  size_t paged_sessions = 0;
+  uint64_t page_outs = 0, page_ins = 0;  // copies finished, since creation
+  uint64_t paged_out_bytes = 0, paged_in_bytes = 0;
   // Regions: "persistent" counts blocks, "ephemeral" counts allocations in lanes (including
   // closed ones). The ephemeral peak is sampled at iteration ends and snapshots.
   MemoryStats persistent;
@@ -165,7 +201,10 @@ class MemoryManager {
   struct Options {
     device::MemoryProvider* provider = nullptr;  // not owned; outlives the manager
     uint64_t capacity = 0;                       // C
-    AdmissionMode mode = AdmissionMode::kPack;
+    std::shared_ptr<const AdmissionRule> rule;   // required
+    // Admission admits paged out while the ΣP of all admitted sessions ≤ overcommit × C;
+    // 1 (the default): never, every admitted session is resident.
+    double overcommit = 1.0;
     const Clock* clock = nullptr;  // for admission timeouts; SteadyClock when null
     std::function<void(const Grant&)> on_admitted;
     std::function<void(SessionId, const Status&)> on_admission_failed;
@@ -203,6 +242,23 @@ class MemoryManager {
   // Checks invariants 1-4 and the bookkeeping behind them; INTERNAL naming the first broken
   // one. Debug builds check this after every change; tests call it directly.
   virtual Status CheckInvariants() const = 0;
+
+  // Paging (see the contract above).
+  // NOT_FOUND for a session not admitted; FAILED_PRECONDITION when it is not paged out (or
+  // its page-out copy has not finished). Candidates that are not resident, or mid-iteration,
+  // are skipped.
+  virtual StatusOr<PageInResult> PageIn(SessionId session,
+                                        std::span<const SessionId> candidates) = 0;
+  // Copies ready to run (each handed out once).
+  virtual std::vector<Transfer> TakeTransfers() = 0;
+  // The transfer's copy ended with `copy` (OK or the copy's error). Frees the range or host
+  // memory it held and places blocks waiting for it. A failed copy loses the session's state:
+  // the session is released and reported through on_admission_failed with INTERNAL.
+  // NOT_FOUND for an unknown transfer.
+  virtual Status FinishTransfer(uint64_t transfer, const Status& copy = OkStatus()) = 0;
+  virtual StatusOr<Residence> ResidenceOf(SessionId session) const = 0;
+  // A snapshot of the arena for admission rules.
+  virtual ArenaSnapshot Snapshot() const = 0;
 };
 
 }  // namespace salus::mem

@@ -45,7 +45,7 @@ class PersistentRegion {
   void AddHole(uint64_t offset, uint64_t size);
   void DropHole(uint64_t offset, uint64_t size);
 
-  const uint64_t capacity_;
+  uint64_t capacity_;
   uint64_t block_bytes_ = 0;
   std::map<uint64_t, uint64_t> blocks_;            // offset -> size
   std::set<std::pair<uint64_t, uint64_t>> holes_;  // (size, offset), between blocks only

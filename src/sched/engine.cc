@@ -21,13 +21,55 @@ namespace salus::sched {
 //  - else nothing declared: +infinity, so an open-ended session yields to every job that
 //    said how long it is.
 
+// Note [Session lifecycle]
+// A session is in exactly one SessionState, with a reason where the state alone does not say
+// enough (who it was paged out for, that it is paging in). The lane fields mean something
+// only in kAdmitted, kRunning and kClosing; a kPagedOut session is in no lane and never in
+// a lane's runnable views. kClosing is a session removed while its iteration runs: Complete
+// releases it. Nothing is inferred from a lookup failing: RemoveSession of a session gone
+// through a failed admission says so.
+//
+// Note [Paging]
+// With overcommit (Options::overcommit > 1) the memory manager admits sessions beyond what
+// fits resident, paged out (src/mem, Note [Paging]). At every dispatch the engine pages in
+// paged-out sessions that have work, best first by the policy's own Pick over them; for
+// each it offers the memory manager resident sessions to page out, in the policy's
+// OrderPageOut order, and the admission rule takes the shortest prefix that makes room. A
+// resident session is offered only when it is between iterations, no copy of its state is
+// running, it has been resident for paging_quantum and run an iteration since (so a session
+// paged in makes progress before it can be paged out: no thrashing), and either it is idle
+// (no iteration asked for in page_out_idle) or the policy would run the incoming session
+// before it (Pick over the two). A session paging in joins its lane at once but becomes
+// runnable only when its copy ends; the copies are Transfers the driver runs (the daemon's
+// copy thread, the simulator's modelled bus) and reports with FinishTransfer.
+
+std::string_view SessionStateName(SessionState s) {
+  switch (s) {
+    case SessionState::kWaiting:
+      return "waiting";
+    case SessionState::kAdmitted:
+      return "admitted";
+    case SessionState::kRunning:
+      return "running";
+    case SessionState::kPagedOut:
+      return "paged out";
+    case SessionState::kClosing:
+      return "closing";
+  }
+  return "?";
+}
+
 Engine::Engine(Options options)
     : clock_(options.clock),
+      provider_(options.provider),
       policy_(std::move(options.policy)),
       ewma_alpha_(options.ewma_alpha),
       on_admitted_(std::move(options.on_admitted)),
       on_admission_failed_(std::move(options.on_admission_failed)),
-      anticipation_(policy_->anticipation()) {}
+      anticipation_(policy_->anticipation()),
+      paging_(options.overcommit > 1.0),
+      paging_quantum_(options.paging_quantum),
+      page_out_idle_(options.page_out_idle) {}
 
 Engine::~Engine() = default;
 
@@ -44,7 +86,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(Options options) {
   mem::MemoryManager::Options mo;
   mo.provider = options.provider;
   mo.capacity = options.capacity;
-  mo.mode = options.policy->admission_mode();
+  mo.rule = options.policy->admission_rule();
+  mo.overcommit = options.overcommit;
   mo.clock = options.clock;
   std::unique_ptr<Engine> engine(new Engine(std::move(options)));
   Engine* self = engine.get();
@@ -60,12 +103,23 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(Options options) {
   return engine;
 }
 
-void Engine::OnAdmittedLocked(SessionId id, LaneId lane) {
+void Engine::OnAdmittedLocked(SessionId id, const mem::Grant& grant) {
   SessionRec& s = sessions_.at(id);
-  s.state = SessionState::kAdmitted;
-  s.lane = lane;
   s.admit_seq = next_admit_seq_++;
   s.hold_window = HoldWindowLocked(s);
+  if (!grant.resident) {
+    s.state = SessionState::kPagedOut;
+    s.reason = "admitted beyond the device's capacity (overcommit); paged in when it runs";
+    return;
+  }
+  s.state = SessionState::kAdmitted;
+  s.resident_since = clock_->Now();
+  JoinLaneLocked(s, grant.lane);
+}
+
+void Engine::JoinLaneLocked(SessionRec& s, LaneId lane) {
+  const SessionId id = s.id;
+  s.lane = lane;
   LaneRec& l = lanes_[lane];
   l.lane_class = s.spec.requirement.lane_class;
   l.members.push_back(id);
@@ -111,15 +165,16 @@ SessionView Engine::ViewLocked(const SessionRec& s) const {
   v.total_service = s.total_service;
   v.remaining_seconds = RemainingSecondsLocked(s);
   v.iterations_done = s.iterations_done;
+  v.last_ran = s.last_ran;
   return v;
 }
 
 void Engine::RefreshViewLocked(SessionRec& s) {
-  if (s.state != SessionState::kAdmitted) return;
+  if (!Live(s)) return;
   auto lit = lanes_.find(s.lane);
   if (lit == lanes_.end()) return;
   LaneRec& lane = lit->second;
-  if (s.closing || PendingLocked(s) == 0) return RemoveViewLocked(s, lane);
+  if (s.copying || PendingLocked(s) == 0) return RemoveViewLocked(s, lane);
   const SessionView v = ViewLocked(s);
   if (s.view == kNotRunnable) {
     s.view = lane.runnable.size();
@@ -154,7 +209,9 @@ Nanos Engine::CurrentHoldWindowLocked(const SessionRec& s) const {
 }
 
 bool Engine::AnticipatedLocked(const SessionRec& s, Nanos now) const {
-  if (!s.idle_since || s.closing || s.running || PendingLocked(s) != 0) return false;
+  if (!s.idle_since || s.state != SessionState::kAdmitted || s.copying || PendingLocked(s) != 0) {
+    return false;
+  }
   if (s.spec.declared_iterations && s.iterations_done >= *s.spec.declared_iterations) return false;
   const Nanos window = CurrentHoldWindowLocked(s);
   return window > Nanos(0) && now - *s.idle_since < window;
@@ -170,7 +227,7 @@ void Engine::StopIdlingLocked(SessionRec& s, LaneRec* lane) {
 
 void Engine::DetachLocked(SessionRec& s) {
   auto lit = lanes_.find(s.lane);
-  if (lit == lanes_.end()) return;
+  if (lit == lanes_.end()) return StopIdlingLocked(s, nullptr);
   StopIdlingLocked(s, &lit->second);  // a hold for it ends at the next decision
   RemoveViewLocked(s, lit->second);
 }
@@ -192,10 +249,15 @@ void Engine::DrainMemEventsLocked(Notices* notices) {
     auto it = sessions_.find(e.session);
     if (it == sessions_.end()) continue;  // removed by its owner meanwhile
     if (e.grant) {
-      OnAdmittedLocked(e.session, e.grant->lane);
+      OnAdmittedLocked(e.session, *e.grant);
       notices->admitted.emplace_back(e.session, e.grant->lane);
     } else {
+      // Its admission failed, or (paging) its state was lost and the memory released it.
+      SessionRec& s = it->second;
+      const LaneId lane = s.lane;
+      if (s.state != SessionState::kWaiting) DetachLocked(s);
       sessions_.erase(it);
+      if (lane != 0) LeaveLaneLocked(e.session, lane);
       notices->failed.emplace_back(e.session, e.failure);
     }
   }
@@ -234,7 +296,7 @@ StatusOr<bool> Engine::AddSession(SessionId id, const SessionSpec& spec) {
       return grant.status();
     }
     if (grant->has_value()) {
-      OnAdmittedLocked(id, (*grant)->lane);
+      OnAdmittedLocked(id, **grant);
       admitted = true;
     }
     DrainMemEventsLocked(&notices);
@@ -248,7 +310,7 @@ Status Engine::ReleaseLocked(SessionId id, Notices* notices) {
   const LaneId lane = s.lane;
   DetachLocked(s);
   sessions_.erase(id);
-  LeaveLaneLocked(id, lane);
+  if (lane != 0) LeaveLaneLocked(id, lane);
   Status st = memory_->Release(id);
   DrainMemEventsLocked(notices);
   return st;
@@ -261,22 +323,30 @@ StatusOr<int> Engine::RemoveSession(SessionId id) {
   {
     MutexLock lock(&mu_);
     auto it = sessions_.find(id);
-    if (it == sessions_.end() || it->second.closing) {
+    if (it == sessions_.end()) {
       return NotFoundError(fmt::format("session {} does not exist", id));
     }
     SessionRec& s = it->second;
+    if (s.state == SessionState::kClosing) {
+      return FailedPreconditionError(
+          fmt::format("session {} is already closing (its last iteration is ending)", id));
+    }
     dropped = PendingLocked(s);
     s.requests.clear();
     s.requests_head = 0;
-    if (s.state == SessionState::kAdmitted) DetachLocked(s);
-    if (s.state == SessionState::kWaiting) {
-      sessions_.erase(it);
-      memory_->CancelWaiting(id);
-      DrainMemEventsLocked(&notices);
-    } else if (s.running) {
-      s.closing = true;  // released by Complete()
-    } else {
-      st = ReleaseLocked(id, &notices);
+    switch (s.state) {
+      case SessionState::kWaiting:
+        sessions_.erase(it);
+        memory_->CancelWaiting(id);
+        DrainMemEventsLocked(&notices);
+        break;
+      case SessionState::kRunning:
+        DetachLocked(s);
+        s.state = SessionState::kClosing;  // released by Complete()
+        s.reason = "removed while its iteration runs";
+        break;
+      default:
+        st = ReleaseLocked(id, &notices);
     }
   }
   Notify(notices);
@@ -287,16 +357,18 @@ StatusOr<int> Engine::RemoveSession(SessionId id) {
 Status Engine::RequestIteration(SessionId id) {
   MutexLock lock(&mu_);
   auto it = sessions_.find(id);
-  if (it == sessions_.end() || it->second.closing) {
-    return NotFoundError(fmt::format("session {} does not exist", id));
-  }
+  if (it == sessions_.end()) return NotFoundError(fmt::format("session {} does not exist", id));
   SessionRec& s = it->second;
+  if (s.state == SessionState::kClosing) {
+    return FailedPreconditionError(fmt::format("session {} is closing", id));
+  }
   if (s.requests_head > 0 && s.requests_head == s.requests.size()) {
     s.requests.clear();
     s.requests_head = 0;
   }
   const Nanos now = clock_->Now();
   s.requests.push_back(now);
+  s.last_request = now;
   if (s.idle_since) {
     // Note [Anticipation]: one more reply-to-request gap; the window follows it.
     s.gaps[s.gaps_observed % kGapHistory] = now - *s.idle_since;
@@ -334,8 +406,17 @@ std::vector<Dispatch> Engine::DispatchReady() {
 }
 
 void Engine::DispatchReady(std::vector<Dispatch>* out) {
-  MutexLock lock(&mu_);
-  const Nanos now = clock_->Now();
+  Notices notices;
+  {
+    MutexLock lock(&mu_);
+    const Nanos now = clock_->Now();
+    if (paging_) PageInLocked(now, &notices);
+    DispatchLanesLocked(now, out);
+  }
+  if (!notices.admitted.empty() || !notices.failed.empty()) Notify(notices);
+}
+
+void Engine::DispatchLanesLocked(Nanos now, std::vector<Dispatch>* out) {
   next_hold_deadline_.reset();
   for (auto& [lane_id, lane] : lanes_) {
     if (lane.busy) continue;
@@ -410,7 +491,7 @@ void Engine::DispatchReady(std::vector<Dispatch>* out) {
     d.started_at = now;
     d.lane_first = !lane.has_run;
     d.switch_gap = lane.has_run ? now - lane.last_end : Nanos(0);
-    s.running = true;
+    s.state = SessionState::kRunning;
     RefreshViewLocked(s);
     lane.busy = true;
     ++running_;
@@ -426,7 +507,9 @@ StatusOr<IterationRecord> Engine::Complete(const Dispatch& d, bool counted) {
     MutexLock lock(&mu_);
     auto sit = sessions_.find(d.session);
     auto lit = lanes_.find(d.lane);
-    if (sit == sessions_.end() || lit == lanes_.end() || !sit->second.running ||
+    if (sit == sessions_.end() || lit == lanes_.end() ||
+        (sit->second.state != SessionState::kRunning &&
+         sit->second.state != SessionState::kClosing) ||
         !lit->second.busy) {
       return FailedPreconditionError(
           fmt::format("session {} has no iteration running on lane {}", d.session, d.lane));
@@ -446,7 +529,9 @@ StatusOr<IterationRecord> Engine::Complete(const Dispatch& d, bool counted) {
     rec.switch_gap = d.switch_gap;
     rec.lane_first = d.lane_first;
 
-    s.running = false;
+    const bool closing = s.state == SessionState::kClosing;
+    if (!closing) s.state = SessionState::kAdmitted;
+    s.last_ran = now;
     s.service += rec.run_time;
     if (counted) {
       s.iterations_done++;
@@ -455,7 +540,7 @@ StatusOr<IterationRecord> Engine::Complete(const Dispatch& d, bool counted) {
       s.ewma_seconds =
           s.ewma_seconds < 0 ? secs : ewma_alpha_ * secs + (1 - ewma_alpha_) * s.ewma_seconds;
     }
-    if (!s.closing) {
+    if (!closing) {
       RefreshViewLocked(s);
       if (anticipation_.max_hold > Nanos(0) && PendingLocked(s) == 0) {
         // Its reply goes out now; a synchronous client comes back after its turnaround.
@@ -471,7 +556,7 @@ StatusOr<IterationRecord> Engine::Complete(const Dispatch& d, bool counted) {
     if (!end.ok()) {
       logging::Get("sched")->error("lane {}: end of iteration: {}", d.lane, end.ToString());
     }
-    if (s.closing) {
+    if (closing) {
       release_status = ReleaseLocked(d.session, &notices);
     } else if (lane.members.empty()) {
       lanes_.erase(lit);
@@ -500,12 +585,15 @@ StatusOr<SessionInfo> Engine::Session(SessionId id) const {
   SessionInfo info;
   info.id = id;
   info.state = s.state;
+  info.reason = s.reason;
+  info.copying = s.copying;
+  info.page_outs = s.page_outs;
   info.lane = s.lane;
   info.lane_class = s.spec.requirement.lane_class;
   info.priority = s.spec.priority;
   info.iterations_done = s.iterations_done;
   info.pending = PendingLocked(s);
-  info.running = s.running;
+  info.running = s.state == SessionState::kRunning || s.state == SessionState::kClosing;
   info.total_service = s.total_service;
   info.remaining_seconds = RemainingSecondsLocked(s);
   info.avg_iteration_seconds = std::max(0.0, s.ewma_seconds);
@@ -560,6 +648,125 @@ HoldStats Engine::Holds() const {
 size_t Engine::RunningIterations() const {
   MutexLock lock(&mu_);
   return running_;
+}
+
+// ----------------------------------------------------------------------------------------
+// Paging (Note [Paging])
+
+bool Engine::MayPageOutLocked(const SessionRec& v, const SessionView& in, Nanos now) const {
+  if (v.state != SessionState::kAdmitted || v.copying) return false;
+  if (now - v.resident_since < paging_quantum_ || v.iterations_done == v.iterations_at_resident) {
+    // Made resident for a reason: it keeps its place until it has used it. An idle session
+    // that never ran since is the exception, once it has been idle a quantum.
+    const bool stale = PendingLocked(v) == 0 && now - v.resident_since >= paging_quantum_ &&
+                       now - v.last_request >= page_out_idle_;
+    if (!stale) return false;
+  }
+  if (PendingLocked(v) == 0 && now - std::max(v.last_ran, v.last_request) >= page_out_idle_) {
+    return true;  // idle
+  }
+  const std::array<SessionView, 2> pair{in, ViewLocked(v)};
+  return policy_->Pick(LaneSnapshot{now, 0, pair}).next == in.id;
+}
+
+void Engine::PageInLocked(Nanos now, Notices* notices) {
+  // Paged-out sessions with work, fully copied out.
+  std::vector<SessionView>& want = page_scratch_;
+  want.clear();
+  for (const auto& [id, s] : sessions_) {
+    if (s.state == SessionState::kPagedOut && !s.copying && PendingLocked(s) > 0) {
+      want.push_back(ViewLocked(s));
+    }
+  }
+  std::vector<SessionView> candidates;
+  std::vector<SessionId> ids;
+  while (!want.empty()) {
+    // The policy's best of them first.
+    const SessionId next = policy_->Pick(LaneSnapshot{now, 0, want}).next;
+    const auto w =
+        std::find_if(want.begin(), want.end(), [&](const SessionView& v) { return v.id == next; });
+    if (w == want.end()) break;  // policy broke its contract
+    const SessionView in = *w;
+    *w = want.back();
+    want.pop_back();
+
+    candidates.clear();
+    for (const auto& [id, s] : sessions_) {
+      if (MayPageOutLocked(s, in, now)) candidates.push_back(ViewLocked(s));
+    }
+    policy_->OrderPageOut(candidates);
+    ids.clear();
+    for (const SessionView& v : candidates) ids.push_back(v.id);
+    auto r = memory_->PageIn(in.id, ids);
+    if (!r.ok()) {
+      logging::Get("sched")->error("session {}: page-in: {}", in.id, r.status().ToString());
+      continue;
+    }
+    if (!r->resident) continue;  // no room even so; a smaller one may fit
+    for (const SessionId v : r->paged_out) {
+      SessionRec& out = sessions_.at(v);
+      const LaneId lane = out.lane;
+      DetachLocked(out);
+      out.lane = 0;
+      LeaveLaneLocked(v, lane);
+      out.state = SessionState::kPagedOut;
+      out.reason = fmt::format("paged out to make room for session {}", in.id);
+      out.copying = out.spec.requirement.persistent_bytes > 0;
+      out.page_outs++;
+      paging_stats_.page_outs++;
+      logging::Event("sched", "paged_out", {{"session", v}, {"for", in.id}});
+    }
+    SessionRec& s = sessions_.at(in.id);
+    auto residence = memory_->ResidenceOf(in.id);
+    s.state = SessionState::kAdmitted;
+    s.copying = residence.ok() && *residence == mem::Residence::kPagingIn;
+    s.reason = s.copying ? "paging in: its state is being copied back" : "";
+    s.resident_since = now;
+    s.iterations_at_resident = s.iterations_done;
+    JoinLaneLocked(s, r->lane);
+    paging_stats_.page_ins++;
+    logging::Event("sched", "paged_in",
+                   {{"session", in.id}, {"lane", r->lane}, {"paged_out", r->paged_out.size()}});
+  }
+  DrainMemEventsLocked(notices);
+}
+
+std::vector<mem::Transfer> Engine::TakeTransfers() {
+  MutexLock lock(&mu_);
+  return memory_->TakeTransfers();
+}
+
+Status Engine::FinishTransfer(const mem::Transfer& t, const Status& copy, Nanos took) {
+  Notices notices;
+  Status st;
+  {
+    MutexLock lock(&mu_);
+    st = memory_->FinishTransfer(t.id, copy);
+    if (st.ok()) {
+      paging_stats_.copies++;
+      paging_stats_.copied_bytes += t.bytes;
+      paging_stats_.copy_time += took;
+    }
+    auto it = sessions_.find(t.session);
+    if (st.ok() && it != sessions_.end()) {
+      SessionRec& s = it->second;
+      s.copying = false;
+      if (s.state == SessionState::kPagedOut) {
+        s.reason = "paged out; paged in when the policy runs it";
+      } else {
+        s.reason.clear();
+        RefreshViewLocked(s);  // runnable now, if it has work
+      }
+    }
+    DrainMemEventsLocked(&notices);
+  }
+  Notify(notices);
+  return st;
+}
+
+PagingStats Engine::Paging() const {
+  MutexLock lock(&mu_);
+  return paging_stats_;
 }
 
 }  // namespace salus::sched

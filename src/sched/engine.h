@@ -27,6 +27,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -78,11 +80,18 @@ struct IterationRecord {
   bool lane_first = true;
 };
 
-enum class SessionState { kWaiting, kAdmitted };
+// A session's lifecycle, one state at a time (Note [Session lifecycle] in engine.cc):
+//   waiting --admitted--> admitted <--iteration--> running
+//   admitted --paged out to make room--> paged out --paged in--> admitted
+//   running --removed--> closing --its iteration ends--> (gone)
+// Admission beyond capacity (overcommit) admits straight into paged out.
+enum class SessionState : uint8_t { kWaiting, kAdmitted, kRunning, kPagedOut, kClosing };
+std::string_view SessionStateName(SessionState s);  // "waiting", "admitted", ...
 
 struct SessionInfo {
   SessionId id = 0;
   SessionState state = SessionState::kWaiting;
+  std::string reason;  // why it is in its state, where that says more (paged out for whom)
   LaneId lane = 0;
   mem::LaneClass lane_class = mem::LaneClass::kBatch;
   int priority = 0;
@@ -94,6 +103,17 @@ struct SessionInfo {
   double avg_iteration_seconds = 0;  // 0 until measured
   Nanos hold_window{0};              // Note [Anticipation]; 0 when the policy never holds
   size_t gaps_observed = 0;          // reply-to-request gaps seen (at most kGapHistory kept)
+  bool copying = false;              // its state is being copied to or from host memory
+  uint64_t page_outs = 0;            // times paged out
+};
+
+// Paging since the engine was created (Note [Paging] in engine.cc).
+struct PagingStats {
+  uint64_t page_ins = 0;   // sessions made resident by paging in
+  uint64_t page_outs = 0;  // sessions paged out to make room
+  uint64_t copies = 0;     // transfers finished
+  uint64_t copied_bytes = 0;
+  Nanos copy_time{0};  // summed over finished transfers, as their runner reported
 };
 
 // Lanes held for anticipated sessions (Note [Anticipation]), since the engine was created.
@@ -118,6 +138,13 @@ class Engine {
     std::unique_ptr<Policy> policy;              // required
     // Weight of the newest measurement in the moving average of iteration time.
     double ewma_alpha = 0.25;
+    // Admission beyond capacity (mem::MemoryManager::Options::overcommit); 1: off.
+    double overcommit = 1.0;
+    // Note [Paging]: a session made resident is not paged out for another before this much
+    // time has passed and it has run an iteration; an idle one is paged out only when it has
+    // not asked for an iteration for page_out_idle.
+    Nanos paging_quantum = std::chrono::seconds(1);
+    Nanos page_out_idle = std::chrono::milliseconds(50);
     // A session that waited was admitted, or gave up (DEADLINE_EXCEEDED). Called without the
     // engine's lock, on the thread whose call caused it.
     std::function<void(SessionId, LaneId)> on_admitted;
@@ -146,6 +173,13 @@ class Engine {
   StatusOr<IterationRecord> Complete(const Dispatch& d, bool counted = true) EXCLUDES(mu_);
   // Times out sessions that waited too long for admission (reported via on_admission_failed).
   void ExpireWaiting() EXCLUDES(mu_);
+  // Paging's copies that may start now (Note [Paging]): whoever drives the engine runs each
+  // (MemoryProvider::CopyToHost / CopyToDevice) on its copy path and reports it with
+  // FinishTransfer, taking `took` to copy; then dispatches again.
+  std::vector<mem::Transfer> TakeTransfers() EXCLUDES(mu_);
+  Status FinishTransfer(const mem::Transfer& transfer, const Status& copy, Nanos took)
+      EXCLUDES(mu_);
+  PagingStats Paging() const EXCLUDES(mu_);
 
   StatusOr<SessionInfo> Session(SessionId id) const EXCLUDES(mu_);
   std::vector<SessionInfo> Sessions() const EXCLUDES(mu_);
@@ -164,18 +198,26 @@ class Engine {
   mem::MemoryManager& memory() { return *memory_; }
   const mem::MemoryManager& memory() const { return *memory_; }
   const Clock& clock() const { return *clock_; }
+  device::MemoryProvider& provider() const { return *provider_; }
 
  private:
   struct SessionRec {
     SessionId id = 0;
     SessionSpec spec;
     SessionState state = SessionState::kWaiting;
-    LaneId lane = 0;
+    std::string reason;
+    LaneId lane = 0;  // 0 unless admitted, running or closing
     uint64_t admit_seq = 0;
     std::vector<Nanos> requests;  // request times of pending iterations, oldest first
     size_t requests_head = 0;
-    bool running = false;
-    bool closing = false;
+    // Note [Paging]: a copy of its state is running; when it became resident; iterations
+    // done then; when its last iteration ended or it last asked for one.
+    bool copying = false;
+    Nanos resident_since{0};
+    int64_t iterations_at_resident = 0;
+    Nanos last_ran{0};
+    Nanos last_request{0};
+    uint64_t page_outs = 0;
     Nanos service{0};
     Nanos total_service{0};
     int64_t iterations_done = 0;
@@ -220,7 +262,15 @@ class Engine {
     std::vector<std::pair<SessionId, Status>> failed;
   };
   explicit Engine(Options options);
-  void OnAdmittedLocked(SessionId id, LaneId lane) REQUIRES(mu_);
+  bool Live(const SessionRec& s) const {
+    return s.state == SessionState::kAdmitted || s.state == SessionState::kRunning;
+  }
+  void OnAdmittedLocked(SessionId id, const mem::Grant& grant) REQUIRES(mu_);
+  void JoinLaneLocked(SessionRec& s, LaneId lane) REQUIRES(mu_);
+  // Note [Paging]: pages in paged-out sessions with work, in the policy's order.
+  void PageInLocked(Nanos now, Notices* notices) REQUIRES(mu_);
+  void DispatchLanesLocked(Nanos now, std::vector<Dispatch>* out) REQUIRES(mu_);
+  bool MayPageOutLocked(const SessionRec& v, const SessionView& in, Nanos now) const REQUIRES(mu_);
   void LeaveLaneLocked(SessionId id, LaneId lane) REQUIRES(mu_);
   Status ReleaseLocked(SessionId id, Notices* notices) REQUIRES(mu_);
   void DrainMemEventsLocked(Notices* notices) REQUIRES(mu_);
@@ -243,6 +293,7 @@ class Engine {
   }
 
   const Clock* clock_;
+  device::MemoryProvider* provider_;
   std::unique_ptr<Policy> policy_;
   std::unique_ptr<mem::MemoryManager> memory_;
   double ewma_alpha_;
@@ -257,6 +308,10 @@ class Engine {
   std::vector<SessionView> anticipated_ GUARDED_BY(mu_);  // scratch of DispatchReady
   const AnticipationOptions anticipation_;
   HoldStats holds_ GUARDED_BY(mu_);
+  const bool paging_;
+  const Nanos paging_quantum_, page_out_idle_;
+  PagingStats paging_stats_ GUARDED_BY(mu_);
+  std::vector<SessionView> page_scratch_ GUARDED_BY(mu_);
   std::optional<Nanos> next_hold_deadline_ GUARDED_BY(mu_);
 
   Mutex events_mu_;

@@ -6,6 +6,7 @@
 
 #include "common/logging.h"
 #include "common/thread_priority.h"
+#include "device/memory_provider.h"
 
 namespace salus::sched {
 
@@ -86,8 +87,45 @@ Status Executor::Submit(SessionId id, Work work, Done done, bool counted) {
   return OkStatus();
 }
 
+void Executor::QueueTransfers() {
+  std::vector<mem::Transfer> ts = engine_->TakeTransfers();
+  if (ts.empty()) return;
+  MutexLock lock(&copy_mu_);
+  if (copy_stop_) return;  // shutting down: the memory manager frees what they held
+  if (!copier_.joinable()) copier_ = std::thread([this] { CopyLoop(); });
+  for (const mem::Transfer& t : ts) copies_.push_back(t);
+  copy_cv_.NotifyOne();
+}
+
+void Executor::CopyLoop() {
+  device::MemoryProvider& provider = engine_->provider();
+  while (true) {
+    mem::Transfer t;
+    {
+      MutexLock lock(&copy_mu_);
+      while (copies_.empty() && !copy_stop_) copy_cv_.Wait(&copy_mu_);
+      if (copies_.empty()) return;
+      t = copies_.front();
+      copies_.pop_front();
+    }
+    const Nanos start = engine_->clock().Now();
+    const Status copy = t.to_host ? provider.CopyToHost(t.host, t.device, t.bytes)
+                                  : provider.CopyToDevice(t.device, t.host, t.bytes);
+    if (!copy.ok()) {
+      logging::Get("sched")->error("session {}: paging copy failed: {}", t.session,
+                                   copy.ToString());
+    }
+    const Status st = engine_->FinishTransfer(t, copy, engine_->clock().Now() - start);
+    if (!st.ok()) {
+      logging::Get("sched")->error("transfer {}: {}", t.id, st.ToString());
+    }
+    Pump(std::nullopt);
+  }
+}
+
 std::optional<Executor::Job> Executor::Pump(std::optional<LaneId> self) {
   std::vector<Dispatch> ds = engine_->DispatchReady();
+  QueueTransfers();
   if (auto hold = engine_->NextHoldDeadline()) ArmHoldTimer(*hold);
   std::optional<Job> mine;
   MutexLock lock(&mu_);
@@ -261,6 +299,12 @@ void Executor::Shutdown() {
     while (engine_->RunningIterations() > 0) idle_cv_.Wait(&mu_);
     workers.swap(workers_);
   }
+  {
+    MutexLock lock(&copy_mu_);
+    copy_stop_ = true;  // copies queued still run: each ends what its range is held for
+    copy_cv_.NotifyOne();
+  }
+  if (copier_.joinable()) copier_.join();
   for (auto& [lane, w] : workers) {
     {
       MutexLock wl(&w->mu);

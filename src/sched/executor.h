@@ -9,7 +9,9 @@
 // decision and no thread hand-off. Nothing sleeps or polls: workers wait on condition
 // variables and every event (submit, completion, admission, removal) pumps the engine; a
 // lane the policy holds for an anticipated session (Note [Anticipation]) is pumped again by a
-// timer thread at the hold's end, if nothing else pumped it first.
+// timer thread at the hold's end, if nothing else pumped it first. Paging's copies (Note
+// [Paging] in engine.cc) run on one copy thread, in the order the engine hands them out,
+// overlapped with the lanes' iterations; each finished copy pumps the engine.
 // Workers of interactive lanes run at a higher OS priority (kInteractiveNice) where the
 // process may raise it, at the default otherwise; the code path is the same.
 #pragma once
@@ -95,6 +97,17 @@ class Executor {
   // A session left since the last reap that found every worker's lane alive: only then can a
   // lane have closed, so only then does Pump look for workers to join.
   bool reap_pending_ GUARDED_BY(mu_) = false;
+
+  void CopyLoop() EXCLUDES(copy_mu_);
+  // Hands the engine's ready copies to the copy thread (started at the first).
+  void QueueTransfers() EXCLUDES(copy_mu_);
+
+  // The copy thread. A leaf lock.
+  Mutex copy_mu_;
+  CondVar copy_cv_;
+  std::thread copier_;
+  std::deque<mem::Transfer> copies_ GUARDED_BY(copy_mu_);
+  bool copy_stop_ GUARDED_BY(copy_mu_) = false;
 
   // The hold timer (started at the first hold). A leaf lock: nothing else is taken under it.
   Mutex timer_mu_;

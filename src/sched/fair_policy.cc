@@ -14,13 +14,21 @@ StatusOr<std::unique_ptr<Policy>> FairPolicy::Create(const nlohmann::json& optio
   return std::unique_ptr<Policy>(new FairPolicy(o));
 }
 
-Decision FairPolicy::Pick(const LaneSnapshot& s) const {
-  return internal::PickMinBy(s, [](const SessionView& v) {
-    // Note [Ordered bits]: weighted service is never negative.
-    return std::pair(internal::OrderedBits(static_cast<double>(v.service.count()) *
-                                           InversePriorityWeight(v.priority)),
-                     v.admit_seq);
-  });
+namespace {
+
+auto Key(const SessionView& v) {
+  // Note [Ordered bits]: weighted service is never negative.
+  return std::pair(internal::OrderedBits(static_cast<double>(v.service.count()) *
+                                         InversePriorityWeight(v.priority)),
+                   v.admit_seq);
+}
+
+}  // namespace
+
+Decision FairPolicy::Pick(const LaneSnapshot& s) const { return internal::PickMinBy(s, Key); }
+
+void FairPolicy::OrderPageOut(std::span<SessionView> candidates) const {
+  internal::LastPickedFirst(candidates, Key);
 }
 
 }  // namespace salus::sched

@@ -3,7 +3,8 @@
 // Assumptions: admission is Algorithm 1 (mode kPack), or one shared lane with the option
 // {"single_lane": true} (mode kSingleLane). Algorithm: within a lane, pick the runnable session
 // with the least service (device time attained since the lane's membership last changed)
-// divided by its priority weight (PriorityWeight); ties go to the earlier admitted. Resetting
+// divided by its priority weight (PriorityWeight); ties go to the earlier admitted. Paging
+// (overcommit) takes out the session with the most weighted device time attained first. Resetting
 // service when membership changes keeps a newcomer from monopolising the lane to "catch up"
 // with sessions that ran alone before it came.
 #pragma once
@@ -20,10 +21,12 @@ class FairPolicy final : public Policy {
   static StatusOr<std::unique_ptr<Policy>> Create(const nlohmann::json& options);
   explicit FairPolicy(Options options) : options_(options) {}
   std::string_view name() const override { return "fair"; }
-  mem::AdmissionMode admission_mode() const override {
-    return options_.single_lane ? mem::AdmissionMode::kSingleLane : mem::AdmissionMode::kPack;
+  std::shared_ptr<const mem::AdmissionRule> admission_rule() const override {
+    return options_.single_lane ? SingleLaneRule() : PackRule();
   }
   Decision Pick(const LaneSnapshot& snapshot) const override;
+  // The most served (weighted) first.
+  void OrderPageOut(std::span<SessionView> candidates) const override;
 
  private:
   Options options_;

@@ -13,7 +13,9 @@ class FifoPolicy final : public Policy {
  public:
   static StatusOr<std::unique_ptr<Policy>> Create(const nlohmann::json& options);
   std::string_view name() const override { return "fifo"; }
-  mem::AdmissionMode admission_mode() const override { return mem::AdmissionMode::kExclusive; }
+  std::shared_ptr<const mem::AdmissionRule> admission_rule() const override {
+    return ExclusiveRule();
+  }
   Decision Pick(const LaneSnapshot& snapshot) const override;
 };
 

@@ -14,7 +14,7 @@ class PackPolicy final : public Policy {
  public:
   static StatusOr<std::unique_ptr<Policy>> Create(const nlohmann::json& options);
   std::string_view name() const override { return "pack"; }
-  mem::AdmissionMode admission_mode() const override { return mem::AdmissionMode::kPack; }
+  std::shared_ptr<const mem::AdmissionRule> admission_rule() const override { return PackRule(); }
   Decision Pick(const LaneSnapshot& snapshot) const override;
 };
 

@@ -14,6 +14,12 @@
 
 namespace salus::sched {
 
+void Policy::OrderPageOut(std::span<SessionView> candidates) const {
+  std::sort(candidates.begin(), candidates.end(), [](const SessionView& a, const SessionView& b) {
+    return std::pair(a.last_ran, a.admit_seq) < std::pair(b.last_ran, b.admit_seq);
+  });
+}
+
 double PriorityWeight(int priority) {
   return priority >= 0 ? 1.0 + priority : 1.0 / (1.0 - priority);
 }

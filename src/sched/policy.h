@@ -28,6 +28,7 @@
 // A policy whose anticipation() has max_hold 0 never sees anticipated sessions.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstdint>
@@ -42,6 +43,7 @@
 #include "common/clock.h"
 #include "mem/memory_manager.h"
 #include "salus/status.h"
+#include "sched/admission_rules.h"
 
 namespace salus::sched {
 
@@ -60,6 +62,8 @@ struct SessionView {
   int64_t iterations_done = 0;
   // Anticipated sessions only: when a hold for this session would end (Note [Anticipation]).
   Nanos expected_by{0};
+  // When its last iteration ended (0: it has not run). Paging's least-recently-run order.
+  Nanos last_ran{0};
 };
 
 // A lane at an iteration boundary: its runnable sessions (never empty), and those of its
@@ -93,12 +97,16 @@ class Policy {
  public:
   virtual ~Policy() = default;
   virtual std::string_view name() const = 0;
-  virtual mem::AdmissionMode admission_mode() const = 0;
+  // Where sessions go in the arena (src/sched/admission_rules.h).
+  virtual std::shared_ptr<const mem::AdmissionRule> admission_rule() const = 0;
   // Precondition: !snapshot.runnable.empty(). Returns Run of one of the runnable sessions,
   // or Hold of one of the anticipated ones until (at most) its expected_by.
   virtual Decision Pick(const LaneSnapshot& snapshot) const = 0;
   // Whether and how long this policy holds lanes (Note [Anticipation]); never, by default.
   virtual AnticipationOptions anticipation() const { return {}; }
+  // Paging (overcommit, Note [Paging] in engine.cc): orders resident sessions that may be
+  // paged out to make room, the first to go first. By default the least recently run first.
+  virtual void OrderPageOut(std::span<SessionView> candidates) const;
 };
 
 // A policy that orders the sessions of one lane per class (admission kSingleLane) and holds
@@ -107,7 +115,9 @@ class Policy {
 class AnticipatingPolicy : public Policy {
  public:
   explicit AnticipatingPolicy(AnticipationOptions anticipation) : anticipation_(anticipation) {}
-  mem::AdmissionMode admission_mode() const override { return mem::AdmissionMode::kSingleLane; }
+  std::shared_ptr<const mem::AdmissionRule> admission_rule() const override {
+    return SingleLaneRule();
+  }
   AnticipationOptions anticipation() const override { return anticipation_; }
 
   template <typename T>
@@ -191,6 +201,14 @@ Decision PickOrHold(const LaneSnapshot& s, KeyFn key) {
   const auto [wait, wait_key] = MinBy(s.anticipated, key);
   if (wait_key < run_key) return Decision::Hold(wait->id, wait->expected_by);
   return Decision::Run(run->id);
+}
+
+// Sorts `views` so that the one `key` ranks last (largest) comes first: the order a policy
+// that picks by smallest key pages sessions out in.
+template <typename KeyFn>
+void LastPickedFirst(std::span<SessionView> views, KeyFn key) {
+  std::sort(views.begin(), views.end(),
+            [&](const SessionView& a, const SessionView& b) { return key(b) < key(a); });
 }
 
 // Reads {"max_hold_ms": number >= 0, "min_hold_ms": number in [0, max_hold_ms]}, both

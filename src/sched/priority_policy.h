@@ -24,6 +24,8 @@ class PriorityPolicy final : public AnticipatingPolicy {
   using AnticipatingPolicy::AnticipatingPolicy;
   std::string_view name() const override { return "priority"; }
   Decision Pick(const LaneSnapshot& snapshot) const override;
+  // The least important first (lowest priority, then longest remaining).
+  void OrderPageOut(std::span<SessionView> candidates) const override;
 };
 
 }  // namespace salus::sched

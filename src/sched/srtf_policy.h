@@ -9,7 +9,8 @@
 // shorter arrival therefore takes over at the next boundary, and the preempted job's state
 // stays resident. Anticipation (Note [Anticipation]): when a session that would win has just
 // finished an iteration and is expected back within its hold window, the lane waits for it
-// instead of handing a whole iteration to a longer job.
+// instead of handing a whole iteration to a longer job. Paging (overcommit) takes out the
+// session with the longest remaining time first.
 // Options: {"max_hold_ms": 2, "min_hold_ms": 0}; max_hold_ms 0 turns anticipation off.
 #pragma once
 
@@ -25,6 +26,8 @@ class SrtfPolicy final : public AnticipatingPolicy {
   using AnticipatingPolicy::AnticipatingPolicy;
   std::string_view name() const override { return "srtf"; }
   Decision Pick(const LaneSnapshot& snapshot) const override;
+  // The longest remaining first.
+  void OrderPageOut(std::span<SessionView> candidates) const override;
 };
 
 }  // namespace salus::sched

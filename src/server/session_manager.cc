@@ -398,6 +398,25 @@ std::vector<uint64_t> SessionManager::SessionsOf(uint64_t client) const {
   return ids;
 }
 
+namespace {
+
+v1::SessionState WireState(sched::SessionState s) {
+  switch (s) {
+    case sched::SessionState::kWaiting:
+      return v1::WAITING;
+    case sched::SessionState::kAdmitted:
+    case sched::SessionState::kRunning:
+      return v1::ADMITTED;
+    case sched::SessionState::kPagedOut:
+      return v1::PAGED_OUT;
+    case sched::SessionState::kClosing:
+      return v1::CLOSING;
+  }
+  return v1::SESSION_STATE_UNSPECIFIED;
+}
+
+}  // namespace
+
 v1::ListSessionsReply SessionManager::List(const ClientRef* viewer) const {
   std::vector<std::shared_ptr<Entry>> entries;
   {
@@ -408,7 +427,7 @@ v1::ListSessionsReply SessionManager::List(const ClientRef* viewer) const {
   v1::OtherSessions* others = out.mutable_others();
   for (const auto& e : entries) {
     auto s = o_.executor->engine().Session(e->id);
-    const bool admitted = s.ok() && s->state == sched::SessionState::kAdmitted;
+    const bool admitted = s.ok() && s->state != sched::SessionState::kWaiting;
     if (viewer != nullptr && e->client != viewer->id) {
       others->set_sessions(others->sessions() + 1);
       others->set_waiting(others->waiting() + (s.ok() && !admitted ? 1 : 0));
@@ -430,7 +449,9 @@ v1::ListSessionsReply SessionManager::List(const ClientRef* viewer) const {
     info.set_iterations_declared(e->iterations_declared);
     info.set_client_id(e->client_name);
     if (s.ok()) {
-      info.set_state(s->state == sched::SessionState::kAdmitted ? v1::ADMITTED : v1::WAITING);
+      info.set_state(WireState(s->state));
+      info.set_state_reason(s->reason);
+      info.set_page_outs(s->page_outs);
       info.set_lane(s->lane);
       info.set_iterations_done(s->iterations_done);
       info.set_avg_iteration_seconds(s->avg_iteration_seconds);

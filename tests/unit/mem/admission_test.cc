@@ -191,8 +191,15 @@ TEST(AdmissionTest, CreateRefusesBadOptionsAndNamesTheArenaSize) {
   device::FakeMemoryProvider fake({.device_bytes = 8 * kGiB, .fuse = std::nullopt});
   MemoryManager::Options o;
   o.capacity = kGiB;
+  o.rule = sched::PackRule();
   EXPECT_EQ(MemoryManager::Create(o).status().code(), StatusCode::kInvalidArgument);
   o.provider = &fake;
+  o.rule = nullptr;
+  EXPECT_EQ(MemoryManager::Create(o).status().code(), StatusCode::kInvalidArgument);
+  o.rule = sched::PackRule();
+  o.overcommit = 0.5;
+  EXPECT_EQ(MemoryManager::Create(o).status().code(), StatusCode::kInvalidArgument);
+  o.overcommit = 1.0;
   o.capacity = 0;
   EXPECT_EQ(MemoryManager::Create(o).status().code(), StatusCode::kInvalidArgument);
   o.capacity = kGiB + 1;
@@ -213,7 +220,7 @@ TEST(AdmissionTest, CreateRefusesBadOptionsAndNamesTheArenaSize) {
 }
 
 TEST(AdmissionModeTest, SingleLaneGrowsToTheLargestE) {
-  Harness h(100 * M, AdmissionMode::kSingleLane);
+  Harness h(100 * M, sched::SingleLaneRule());
   const LaneId lane = h.AdmitNow(1, 10 * M, 20 * M);
   // ΣP + P + max(L, E) = 20 + 30 = 50: admitted into the same lane, grown to 30.
   EXPECT_EQ(h.AdmitNow(2, 10 * M, 30 * M), lane);
@@ -230,7 +237,7 @@ TEST(AdmissionModeTest, SingleLaneGrowsToTheLargestE) {
 }
 
 TEST(AdmissionModeTest, ExclusiveAdmitsOneSessionAtATime) {
-  Harness h(100 * M, AdmissionMode::kExclusive);
+  Harness h(100 * M, sched::ExclusiveRule());
   const LaneId first = h.AdmitNow(1, 10 * M, 10 * M);
   h.AdmitWaits(2, 10 * M, 10 * M);
   h.AdmitWaits(3, M, M);
@@ -323,6 +330,7 @@ TEST(AdmissionQueueTest, CallbacksRunWithoutTheManagersLock) {
   MemoryManager::Options o;
   o.provider = &fake;
   o.capacity = 100 * M;
+  o.rule = sched::PackRule();
   // Re-entering the manager from the callback would deadlock if a lock were held.
   o.on_admitted = [&](const Grant& g) {
     seen.push_back(m->Lanes().size());

@@ -14,6 +14,7 @@
 #include "device/host_memory_provider.h"
 #include "mem/lane_allocator.h"
 #include "mem/memory_manager.h"
+#include "sched/admission_rules.h"
 
 namespace salus::mem {
 namespace {
@@ -36,6 +37,7 @@ bool AllBytesAre(const std::byte* p, uint64_t n, std::byte v) {
 TEST(HostConcurrencyTest, WorkersWriteTheirLanesAndBlocksAtOnce) {
   device::HostMemoryProvider host;
   MemoryManager::Options o;
+  o.rule = sched::PackRule();
   o.provider = &host;
   o.capacity = kCapacity;
   auto created = MemoryManager::Create(o);

@@ -56,9 +56,9 @@ TEST(MemoryManagerPropertyTest, RandomWorkloadKeepsEveryInvariant) {
   std::mt19937_64 rng(seed);
   auto pick = [&](uint64_t n) { return n == 0 ? 0 : rng() % n; };
 
-  for (const AdmissionMode mode :
-       {AdmissionMode::kPack, AdmissionMode::kSingleLane, AdmissionMode::kExclusive}) {
-    SCOPED_TRACE(::testing::Message() << "mode " << static_cast<int>(mode));
+  for (const std::shared_ptr<const AdmissionRule>& mode :
+       {sched::PackRule(), sched::SingleLaneRule(), sched::ExclusiveRule()}) {
+    SCOPED_TRACE(::testing::Message() << "rule " << mode->name());
     testing::Harness h(kCapacity, mode);
     Model model;
     std::map<LaneId, Running> running;
@@ -66,7 +66,7 @@ TEST(MemoryManagerPropertyTest, RandomWorkloadKeepsEveryInvariant) {
     uint64_t admitted_count = 0, waited_count = 0, iterations = 0, allocations = 0;
     uint64_t expected_alloc_bytes = 0, expected_freed_bytes = 0;
     // kPack runs most of the steps; the other modes share the rest.
-    const uint64_t mode_steps = mode == AdmissionMode::kPack ? steps * 6 / 10 : steps * 2 / 10;
+    const uint64_t mode_steps = mode == sched::PackRule() ? steps * 6 / 10 : steps * 2 / 10;
 
     auto on_granted = [&](const Grant& g) {
       auto w = model.waiting.find(g.session);
@@ -284,9 +284,9 @@ TEST(MemoryManagerPropertyTest, RandomWorkloadKeepsEveryInvariant) {
     EXPECT_EQ(end.ephemeral.current_bytes, 0u);
     EXPECT_EQ(end.ephemeral.allocated_bytes, end.ephemeral.freed_bytes);
     std::printf(
-        "mode %d: %llu steps, %llu admitted, %llu queued, %llu iterations, "
+        "rule %s: %llu steps, %llu admitted, %llu queued, %llu iterations, "
         "%llu dynamic allocations\n",
-        static_cast<int>(mode), static_cast<unsigned long long>(mode_steps),
+        std::string(mode->name()).c_str(), static_cast<unsigned long long>(mode_steps),
         static_cast<unsigned long long>(admitted_count),
         static_cast<unsigned long long>(waited_count), static_cast<unsigned long long>(iterations),
         static_cast<unsigned long long>(allocations));
@@ -294,7 +294,7 @@ TEST(MemoryManagerPropertyTest, RandomWorkloadKeepsEveryInvariant) {
     EXPECT_GT(admitted_count, mode_steps / 50);
     EXPECT_GT(waited_count, mode_steps / 100);
     EXPECT_GT(iterations, mode_steps / 50);
-    if (mode == AdmissionMode::kPack) {
+    if (mode == sched::PackRule()) {
       EXPECT_GT(allocations, mode_steps / 20);
     }
   }

@@ -11,15 +11,18 @@
 #include "common/units.h"
 #include "device/fake_memory_provider.h"
 #include "mem/memory_manager.h"
+#include "sched/admission_rules.h"
 
 namespace salus::mem::testing {
 
 struct Harness {
-  explicit Harness(uint64_t capacity, AdmissionMode mode = AdmissionMode::kPack) {
+  explicit Harness(uint64_t capacity, std::shared_ptr<const AdmissionRule> rule = sched::PackRule(),
+                   double overcommit = 1.0) {
     MemoryManager::Options o;
     o.provider = &provider;
     o.capacity = capacity;
-    o.mode = mode;
+    o.rule = std::move(rule);
+    o.overcommit = overcommit;
     o.clock = &clock;
     o.on_admitted = [this](const Grant& g) { admitted.push_back(g); };
     o.on_admission_failed = [this](SessionId s, const Status& st) { failed.emplace_back(s, st); };

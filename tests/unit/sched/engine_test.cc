@@ -127,7 +127,7 @@ class Harness {
   void CheckWorkConserving() {
     std::map<LaneId, bool> busy, pending;
     for (const SessionInfo& s : engine_->Sessions()) {
-      if (s.state != SessionState::kAdmitted) continue;
+      if (s.state != SessionState::kAdmitted && s.state != SessionState::kRunning) continue;
       busy[s.lane] |= s.running;
       pending[s.lane] |= s.pending > 0;
     }
@@ -293,10 +293,14 @@ TEST(EngineTest, RemovalDuringIterationWaitsForItsEnd) {
   ASSERT_TRUE(dropped.ok());
   EXPECT_EQ(*dropped, 1);                  // the queued request is dropped
   EXPECT_TRUE(h.admitted_later_.empty());  // memory still in use by the iteration
-  EXPECT_EQ(h.engine_->RequestIteration(1).code(), StatusCode::kNotFound);
+  // Closing, not gone: its state says so until the iteration ends.
+  EXPECT_EQ(h.engine_->RequestIteration(1).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(h.engine_->RemoveSession(1).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(h.engine_->Session(1)->state, SessionState::kClosing);
   h.clock_.Advance(seconds(1));
   ASSERT_TRUE(h.engine_->Complete(ds[0]).ok());
   EXPECT_EQ(h.admitted_later_, (std::vector<SessionId>{2}));
+  EXPECT_EQ(h.engine_->RequestIteration(1).code(), StatusCode::kNotFound);
 }
 
 TEST(EngineTest, UncountedWorkIsNoIteration) {

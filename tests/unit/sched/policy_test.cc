@@ -223,15 +223,14 @@ TEST(FairPolicyTest, Table) {
       });
 }
 
-TEST(PolicyRegistryTest, CreatesByNameWithAdmissionModes) {
+TEST(PolicyRegistryTest, CreatesByNameWithAdmissionRules) {
   EXPECT_EQ(PolicyNames(), (std::vector<std::string>{"fifo", "srtf", "pack", "fair", "priority"}));
-  EXPECT_EQ((*CreatePolicy("Priority"))->admission_mode(), mem::AdmissionMode::kSingleLane);
-  EXPECT_EQ((*CreatePolicy("fifo"))->admission_mode(), mem::AdmissionMode::kExclusive);
-  EXPECT_EQ((*CreatePolicy("SRTF"))->admission_mode(), mem::AdmissionMode::kSingleLane);
-  EXPECT_EQ((*CreatePolicy("pack"))->admission_mode(), mem::AdmissionMode::kPack);
-  EXPECT_EQ((*CreatePolicy("fair"))->admission_mode(), mem::AdmissionMode::kPack);
-  EXPECT_EQ((*CreatePolicy("fair", {{"single_lane", true}}))->admission_mode(),
-            mem::AdmissionMode::kSingleLane);
+  EXPECT_EQ((*CreatePolicy("Priority"))->admission_rule(), SingleLaneRule());
+  EXPECT_EQ((*CreatePolicy("fifo"))->admission_rule(), ExclusiveRule());
+  EXPECT_EQ((*CreatePolicy("SRTF"))->admission_rule(), SingleLaneRule());
+  EXPECT_EQ((*CreatePolicy("pack"))->admission_rule(), PackRule());
+  EXPECT_EQ((*CreatePolicy("fair"))->admission_rule(), PackRule());
+  EXPECT_EQ((*CreatePolicy("fair", {{"single_lane", true}}))->admission_rule(), SingleLaneRule());
 }
 
 TEST(PolicyRegistryTest, RejectsBadNamesAndOptions) {

@@ -1,0 +1,48 @@
+#include "mem/admission.h"
+
+namespace salus::mem {
+
+std::string_view StepName(AdmissionDecision::Step step) {
+  switch (step) {
+    case AdmissionDecision::Step::kNewLane:
+      return "new lane";
+    case AdmissionDecision::Step::kJoin:
+      return "join";
+    case AdmissionDecision::Step::kGrow:
+      return "grow";
+    case AdmissionDecision::Step::kWait:
+      return "wait";
+  }
+  return "?";
+}
+
+const ArenaSnapshot::Lane* ArenaSnapshot::SmallestLane(LaneClass cls, uint64_t at_least) const {
+  const Lane* best = nullptr;
+  for (const auto& [id, l] : lanes) {
+    if (l.lane_class != cls || l.size < at_least) continue;
+    if (best == nullptr || l.size < best->size) best = &l;
+  }
+  return best;
+}
+
+bool ArenaSnapshot::PageOut(SessionId session) {
+  const auto it = resident.find(session);
+  if (it == resident.end()) return false;
+  const Resident r = it->second;
+  resident.erase(it);
+  if (r.persistent_bytes > 0) region.Remove(r.block_offset);
+  resident_persistent_bytes -= r.persistent_bytes;
+  paged_persistent_bytes += r.persistent_bytes;
+  const auto lit = lanes.find(r.lane);
+  if (lit != lanes.end()) {
+    Lane& l = lit->second;
+    l.members.erase(l.members.find(r.ephemeral_bytes));
+    const uint64_t size = l.members.empty() ? 0 : *l.members.rbegin();
+    lane_bytes -= l.size - size;
+    l.size = size;
+    if (l.members.empty()) lanes.erase(lit);
+  }
+  return true;
+}
+
+}  // namespace salus::mem

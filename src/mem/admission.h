@@ -1,0 +1,93 @@
+// What an admission rule sees and answers. The memory manager applies decisions; it does not
+// make them (DESIGN.md invariant 6 extended to memory): at every admission, re-try and page-in
+// it builds an ArenaSnapshot, asks its AdmissionRule where the session goes, and applies the
+// answer. The rules themselves (Algorithm 1, one lane per class, one session at a time) live
+// with the scheduling policies, in src/sched/admission_rules.h, because who shares the device
+// is part of the policy.
+//
+// A decision may page sessions out first ("page out X, then open a lane"): the caller of a
+// page-in passes the sessions it may page out, in the order the policy prefers, and the rule
+// answers how many of them (a prefix) must go. The snapshot can be asked what the arena would
+// look like once a session is paged out (PageOut), so the rule decides over what would be,
+// never over the live arena.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "mem/memory_manager.h"
+#include "mem/persistent_region.h"
+
+namespace salus::mem {
+
+// The arena as admission sees it: resident persistent blocks, lanes and their members. A
+// plain value: a rule may copy it and change the copy (PageOut) to evaluate what-ifs.
+struct ArenaSnapshot {
+  struct Lane {
+    LaneId id = 0;
+    LaneClass lane_class = LaneClass::kBatch;
+    uint64_t size = 0;                // the largest E of its members
+    std::multiset<uint64_t> members;  // E of each resident member
+  };
+  struct Resident {
+    LaneId lane = 0;
+    uint64_t persistent_bytes = 0;  // rounded
+    uint64_t ephemeral_bytes = 0;   // rounded
+    uint64_t block_offset = 0;
+  };
+
+  uint64_t capacity = 0;                   // C
+  uint64_t lane_bytes = 0;                 // ΣL
+  uint64_t resident_persistent_bytes = 0;  // ΣP of resident sessions
+  uint64_t paged_persistent_bytes = 0;     // ΣP of paged-out (and paging) sessions
+  size_t admitted_sessions = 0;            // resident or paged out
+  PersistentRegion region{0};
+  std::map<LaneId, Lane> lanes;
+  std::map<SessionId, Resident> resident;
+
+  // The persistent footprint once a block of `p` bytes is placed (Note [Persistent
+  // footprint] in arena_memory_manager.cc).
+  uint64_t FootprintWith(uint64_t p) const { return region.ExtentWith(p); }
+  // The smallest lane of `cls` whose size is at least `at_least` (ties: the lowest id).
+  const Lane* SmallestLane(LaneClass cls, uint64_t at_least) const;
+  // This arena once resident `session` is paged out: its block leaves the region and its lane
+  // shrinks to its other members' largest E, or closes. False when it is not resident.
+  bool PageOut(SessionId session);
+};
+
+struct AdmissionDecision {
+  enum class Step { kNewLane, kJoin, kGrow, kWait };
+  Step step = Step::kWait;
+  LaneId lane = 0;  // kJoin, kGrow: the lane
+  // Sessions to page out before the step applies: a prefix of the candidates offered.
+  std::vector<SessionId> page_out;
+
+  static AdmissionDecision Wait() { return {}; }
+};
+
+std::string_view StepName(AdmissionDecision::Step step);
+
+class AdmissionRule {
+ public:
+  virtual ~AdmissionRule() = default;
+  virtual std::string_view name() const = 0;
+  // Where a session needing `req` (rounded to kArenaAlignment) goes in `arena`. `page_out`:
+  // resident sessions the rule may page out first, in the order to take them. kWait leaves
+  // the arena as it is. The answer's lane, for kJoin and kGrow, is a lane of the arena as it
+  // is once the chosen prefix is paged out.
+  virtual AdmissionDecision Decide(const ArenaSnapshot& arena, const Requirement& req,
+                                   std::span<const SessionId> page_out = {}) const = 0;
+  // INTERNAL naming what is wrong when the arena's shape breaks the rule's own promise (one
+  // lane per class, one session at a time); the memory manager checks it with its invariants.
+  virtual Status CheckShape(const ArenaSnapshot& arena) const {
+    (void)arena;
+    return OkStatus();
+  }
+};
+
+}  // namespace salus::mem

@@ -1,0 +1,156 @@
+// Algorithm 1 (DESIGN.md), with F the persistent footprint once P is placed (= ΣP + P when the
+// persistent region has no holes, Note [Persistent footprint] in src/mem) and ΣL the lanes'
+// sizes:
+//   1. F + ΣL + E ≤ C                        open a new lane of size E;
+//   2. F + ΣL ≤ C and some lane has L ≥ E    join the smallest such lane;
+//   3. the smallest lane r with F + ΣL - L_r + E ≤ C (all lanes are < E here): grow r to E,
+//                                             at its next iteration boundary, and join it;
+//   4. otherwise                              wait.
+// Every search stays within the session's lane class (a lane holds sessions of one class).
+// The single-lane rule keeps at most one lane per class and admits when
+// F + ΣL - L + max(L, E) ≤ C, L the class's lane; the exclusive rule admits when no session is
+// resident, whatever its class.
+#include "sched/admission_rules.h"
+
+#include <fmt/format.h>
+
+#include <array>
+
+namespace salus::sched {
+namespace {
+
+using mem::AdmissionDecision;
+using mem::ArenaSnapshot;
+using mem::Requirement;
+using Step = AdmissionDecision::Step;
+
+// A rule whose condition is evaluated over one arena; paging is the same for every rule.
+class Rule : public mem::AdmissionRule {
+ public:
+  AdmissionDecision Decide(const ArenaSnapshot& arena, const Requirement& req,
+                           std::span<const mem::SessionId> page_out) const final {
+    AdmissionDecision d = DecideHere(arena, req);
+    if (d.step != Step::kWait || page_out.empty()) return d;
+    ArenaSnapshot after = arena;
+    for (size_t k = 0; k < page_out.size(); ++k) {
+      if (!after.PageOut(page_out[k])) return AdmissionDecision::Wait();
+      d = DecideHere(after, req);
+      if (d.step != Step::kWait) {
+        d.page_out.assign(page_out.begin(), page_out.begin() + static_cast<std::ptrdiff_t>(k + 1));
+        return d;
+      }
+    }
+    return AdmissionDecision::Wait();
+  }
+
+ protected:
+  virtual AdmissionDecision DecideHere(const ArenaSnapshot& arena,
+                                       const Requirement& req) const = 0;
+};
+
+// F + ΣL + E ≤ C, without overflow.
+bool NewLaneFits(uint64_t f, uint64_t l, uint64_t e, uint64_t c) {
+  return f <= c && l <= c - f && e <= c - f - l;
+}
+
+class Pack final : public Rule {
+ public:
+  std::string_view name() const override { return "pack"; }
+
+ protected:
+  AdmissionDecision DecideHere(const ArenaSnapshot& a, const Requirement& req) const override {
+    const uint64_t e = req.ephemeral_bytes;
+    const uint64_t f = a.FootprintWith(req.persistent_bytes);
+    const uint64_t c = a.capacity;
+    const uint64_t l = a.lane_bytes;
+    // 1. A new lane of size E.
+    if (NewLaneFits(f, l, e, c)) return {Step::kNewLane, 0, {}};
+    // Joining adds P without adding lane bytes; nothing fits unless the lanes fit beside F.
+    if (f > c || l > c - f) return AdmissionDecision::Wait();
+    // 2. The best match: the smallest lane of the class with L >= E.
+    if (const auto* best = a.SmallestLane(req.lane_class, e)) return {Step::kJoin, best->id, {}};
+    // 3. The smallest lane with F + ΣL - L_r + E ≤ C, i.e. L_r ≥ F + ΣL + E - C. Every lane is
+    // smaller than E here (step 2 found none), so growing it to E is the step.
+    if (const auto* grow = a.SmallestLane(req.lane_class, f + l + e - c)) {
+      return {Step::kGrow, grow->id, {}};
+    }
+    // 4. Wait.
+    return AdmissionDecision::Wait();
+  }
+};
+
+class SingleLane final : public Rule {
+ public:
+  std::string_view name() const override { return "single-lane"; }
+  Status CheckShape(const ArenaSnapshot& a) const override {
+    std::array<int, mem::kLaneClasses> per_class{};
+    for (const auto& [id, l] : a.lanes) {
+      if (++per_class[static_cast<size_t>(l.lane_class)] > 1) {
+        return InternalError(
+            fmt::format("memory invariant broken: more than one {} lane under the "
+                        "single-lane rule",
+                        mem::LaneClassName(l.lane_class)));
+      }
+    }
+    return OkStatus();
+  }
+
+ protected:
+  AdmissionDecision DecideHere(const ArenaSnapshot& a, const Requirement& req) const override {
+    const uint64_t e = req.ephemeral_bytes;
+    const uint64_t f = a.FootprintWith(req.persistent_bytes);
+    const uint64_t c = a.capacity;
+    const uint64_t l = a.lane_bytes;
+    const auto* mine = a.SmallestLane(req.lane_class, 0);
+    if (mine == nullptr) {
+      if (NewLaneFits(f, l, e, c)) return {Step::kNewLane, 0, {}};
+      return AdmissionDecision::Wait();
+    }
+    // The class's lane grows to max(L, E) and the other classes' lanes stay.
+    if (f > c || l > c - f || std::max(mine->size, e) - mine->size > c - f - l) {
+      return AdmissionDecision::Wait();
+    }
+    return {mine->size >= e ? Step::kJoin : Step::kGrow, mine->id, {}};
+  }
+};
+
+class Exclusive final : public Rule {
+ public:
+  std::string_view name() const override { return "exclusive"; }
+  Status CheckShape(const ArenaSnapshot& a) const override {
+    if (a.lanes.size() > 1 || a.resident.size() > 1) {
+      return InternalError(fmt::format(
+          "memory invariant broken: {} lanes and {} resident sessions under the exclusive rule",
+          a.lanes.size(), a.resident.size()));
+    }
+    return OkStatus();
+  }
+
+ protected:
+  AdmissionDecision DecideHere(const ArenaSnapshot& a, const Requirement& req) const override {
+    const uint64_t f = a.FootprintWith(req.persistent_bytes);
+    if (a.resident.empty() && NewLaneFits(f, a.lane_bytes, req.ephemeral_bytes, a.capacity)) {
+      return {Step::kNewLane, 0, {}};
+    }
+    return AdmissionDecision::Wait();
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const mem::AdmissionRule> PackRule() {
+  static const auto rule = std::make_shared<const Pack>();
+  return rule;
+}
+
+std::shared_ptr<const mem::AdmissionRule> SingleLaneRule() {
+  static const auto rule = std::make_shared<const SingleLane>();
+  return rule;
+}
+
+std::shared_ptr<const mem::AdmissionRule> ExclusiveRule() {
+  static const auto rule = std::make_shared<const Exclusive>();
+  return rule;
+}
+
+}  // namespace salus::sched
