@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <optional>
+#include <thread>
 
+#include "common/thread_annotations.h"
 #include "exec/alignment.h"
 #include "exec/cpu_threads.h"
 #include "exec/dnnl_kernel.h"
@@ -16,6 +19,105 @@
 #include "exec/training_ops.h"
 
 namespace salus::exec {
+namespace {
+
+// The host<->device bandwidth the swap planner assumes when CompileOptions::swap_bandwidth is
+// 0: one core's memcpy between two host buffers on the CPU device (7.5-9.4 GB/s measured on
+// the 2-core development machine); PCIe 3.0 x16 from pinned memory on a GPU.
+constexpr double kCpuSwapBytesPerSecond = 8e9;
+constexpr double kCudaSwapBytesPerSecond = 12e9;
+
+}  // namespace
+
+// Note [Swapping in the executable]: the lane's buffers (DescribeLane) go to the swap planner
+// with each step's phase (forward, or after the forward pass) and time (EstimateStepTimes);
+// it returns points, each a lane plan with some buffers split in two regions. Selecting a
+// point (ApplySwapPoint) places every buffer at the point's offset, binds the steps that read
+// a swapped buffer after its copy back to its second region, and turns the swaps into copies
+// at step boundaries (ScheduleSwaps, Note [Swap schedule]). On the CPU a copy thread performs
+// the copies in issue order beside the steps, or (SwapCopies) the iteration's own thread
+// performs each at its boundary; on a GPU they go on the iteration's stream in the same order
+// (so they do not overlap compute there yet), through the context's pinned staging. The
+// planner is told which (SwapProblem::overlap). A step waits only for the copies the schedule
+// names; Run returns after every copy is over, error or not, so the lane may move (DESIGN.md,
+// invariant 3). The same kernels read the same bytes as without swapping, so results are
+// bit-identical.
+class Executable::CopyThread {
+ public:
+  explicit CopyThread(DeviceRuntime* runtime) : runtime_(runtime), thread_([this] { Loop(); }) {}
+  ~CopyThread() {
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    cv_.NotifyAll();
+    thread_.join();
+  }
+  CopyThread(const CopyThread&) = delete;
+  CopyThread& operator=(const CopyThread&) = delete;
+
+  void Push(bool to_host, void* dst, const void* src, size_t bytes) {
+    {
+      MutexLock lock(&mu_);
+      queue_.push_back({to_host, dst, src, bytes});
+      ++pushed_;
+    }
+    cv_.NotifyAll();
+  }
+  // Waits until the iteration's first `count` copies are over; the first copy error.
+  Status WaitFor(uint64_t count) {
+    MutexLock lock(&mu_);
+    while (done_ < count && error_.ok()) cv_.Wait(&mu_);
+    return error_;
+  }
+  // Waits for every queued copy and starts the next iteration's count from zero.
+  Status Finish() {
+    MutexLock lock(&mu_);
+    while (done_ != pushed_) cv_.Wait(&mu_);
+    Status st = error_;
+    done_ = pushed_ = 0;
+    error_ = OkStatus();
+    return st;
+  }
+
+ private:
+  struct Copy {
+    bool to_host;
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+
+  void Loop() {
+    StatusOr<DeviceContext*> ctx = runtime_->ThreadContext();
+    mu_.Lock();
+    while (true) {
+      while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
+      if (queue_.empty()) break;
+      const Copy c = queue_.front();
+      queue_.pop_front();
+      mu_.Unlock();
+      Status st = !ctx.ok()   ? ctx.status()
+                  : c.to_host ? runtime_->CopyToHost(*ctx, c.dst, c.src, c.bytes)
+                              : runtime_->CopyToDevice(*ctx, c.dst, c.src, c.bytes);
+      mu_.Lock();
+      if (error_.ok() && !st.ok()) error_ = st;
+      ++done_;
+      cv_.NotifyAll();
+    }
+    mu_.Unlock();
+  }
+
+  DeviceRuntime* const runtime_;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Copy> queue_ GUARDED_BY(mu_);
+  uint64_t pushed_ GUARDED_BY(mu_) = 0;
+  uint64_t done_ GUARDED_BY(mu_) = 0;
+  Status error_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
 
 Executable::~Executable() = default;
 
@@ -61,6 +163,15 @@ Status Executable::Build(const CompileOptions& options) {
   device_ = options.device;
   SALUS_ASSIGN_OR_RETURN(runtime_, DeviceRuntime::For(device_));
   profile_ = options.profile;
+  max_ephemeral_bytes_ = options.max_ephemeral_bytes;
+  lane_.bandwidth = options.swap_bandwidth > 0         ? options.swap_bandwidth
+                    : device_.type == DeviceType::kCpu ? kCpuSwapBytesPerSecond
+                                                       : kCudaSwapBytesPerSecond;
+  copy_thread_ = device_.type == DeviceType::kCpu &&
+                 (options.swap_copies == SwapCopies::kThread ||
+                  (options.swap_copies == SwapCopies::kAuto &&
+                   MaxThreads() < static_cast<int>(std::thread::hardware_concurrency())));
+  lane_.overlap = copy_thread_;
   SALUS_RETURN_IF_ERROR(ApplyTraining(options));
   SALUS_RETURN_IF_ERROR(ResolveFetches(options));
   input_ids_ = graph_.inputs();
@@ -75,11 +186,14 @@ Status Executable::Build(const CompileOptions& options) {
   }
   std::vector<bool> needed;
   const std::vector<bool> live = LiveNodes(&needed);
-  std::vector<int> step_node;
-  SALUS_RETURN_IF_ERROR(CreateKernels(live, &step_node));
+  SALUS_RETURN_IF_ERROR(CreateKernels(live, &step_node_));
   LayOutPersistent(needed);
-  PlanLane(step_node);
-  BindSteps(step_node);
+  DescribeLane();
+  EstimateStepTimes();
+  DescribeTensors();
+  swap_points_ = SwapPlanner::Plan(lane_);
+  SALUS_ASSIGN_OR_RETURN(size_t point, FastestFitting(swap_points_));
+  ApplySwapPoint(point);
   return OkStatus();
 }
 
@@ -106,6 +220,7 @@ Status Executable::ApplyTraining(const CompileOptions& options) {
     FuseGelu(&g, fusion);
   }
   SALUS_RETURN_IF_ERROR(LowerTrainingOps(&g, options.seed));
+  num_forward_nodes_ = g.nodes().size();
   return Autodiff::Apply(&g, loss, options.optimizer);
 }
 
@@ -192,62 +307,73 @@ void Executable::LayOutPersistent(const std::vector<bool>& needed) {
   }
 }
 
-// Lane buffers (inputs, intermediates, each step's scratch) with their lifetimes, placed by
-// the memory planner: E.
-void Executable::PlanLane(const std::vector<int>& step_node) {
+// Lane buffers (inputs, intermediates, each step's scratch) with their lifetimes and readers,
+// and each step's phase: what the memory planner and the swap planner plan.
+void Executable::DescribeLane() {
   const Graph& g = graph_;
   const int num_steps = static_cast<int>(steps_.size());
-  std::vector<PlannedBuffer> buffers;
-  std::vector<ValueId> buffer_value;  // kNoValue for scratch
-  std::vector<int> buffer_step;
   std::vector<int> first(g.values().size(), -2), last(g.values().size(), -2);
+  std::vector<std::vector<int>> uses(g.values().size());
   for (ValueId id : input_ids_) first[id] = last[id] = -1;
   for (int s = 0; s < num_steps; ++s) {
-    const Node& n = g.nodes()[step_node[s]];
+    const Node& n = g.nodes()[step_node_[s]];
     for (ValueId in : n.inputs) {
-      if (in != kNoValue && !g.value(in).persistent()) last[in] = s;
+      if (in == kNoValue || g.value(in).persistent()) continue;
+      last[in] = s;
+      if (uses[in].empty() || uses[in].back() != s) uses[in].push_back(s);
     }
     for (ValueId o : n.outputs) {
       if (o != kNoValue) first[o] = last[o] = s;
     }
   }
+  // Training swaps (Note [Swapping in the executable]); fetched values are read after the steps.
+  std::vector<bool> swappable(g.values().size(), num_forward_nodes_ != SIZE_MAX);
   for (ValueId id : fetch_ids_) {
     if (!g.value(id).persistent()) last[id] = num_steps;
+    swappable[id] = false;
   }
   for (ValueId id = 0; id < static_cast<ValueId>(g.values().size()); ++id) {
     if (first[id] == -2 || g.value(id).persistent()) continue;
-    buffers.push_back({g.value(id).bytes(), first[id], last[id]});
-    buffer_value.push_back(id);
-    buffer_step.push_back(-1);
+    lane_.buffers.push_back(
+        {{g.value(id).bytes(), first[id], last[id]}, std::move(uses[id]), swappable[id]});
+    buffer_value_.push_back(id);
+    buffer_step_.push_back(-1);
   }
   for (int s = 0; s < num_steps; ++s) {
     const size_t scratch = steps_[s]->kernel->scratch_bytes();
     if (scratch == 0) continue;
-    buffers.push_back({scratch, s, s});
-    buffer_value.push_back(kNoValue);
-    buffer_step.push_back(s);
+    lane_.buffers.push_back({{scratch, s, s}, {}, false});
+    buffer_value_.push_back(kNoValue);
+    buffer_step_.push_back(s);
   }
-  MemoryPlan plan = MemoryPlanner::Plan(buffers);
-  ephemeral_bytes_ = plan.peak;
-  for (size_t b = 0; b < buffers.size(); ++b) {
-    Location l{Location::Base::kLane, plan.offsets[b]};
-    if (buffer_value[b] != kNoValue) {
-      locations_[buffer_value[b]] = l;
-    } else {
-      steps_[buffer_step[b]]->scratch = l;
-    }
+  for (int s = 0; s < num_steps; ++s) {
+    lane_.backward.push_back(static_cast<size_t>(step_node_[s]) >= num_forward_nodes_);
   }
 }
 
-// Each step's argument locations, and the tensor descriptions of inputs and fetches.
-void Executable::BindSteps(const std::vector<int>& step_node) {
+// Each step's time for the swap planner: its mean measured time where the executable has
+// been profiled, a size-based estimate (the bytes it reads, writes and scratches) otherwise.
+void Executable::EstimateStepTimes() {
   const Graph& g = graph_;
+  const int64_t runs = profiled_runs_.load();
+  lane_.step_seconds.assign(steps_.size(), 0.0);
   for (size_t s = 0; s < steps_.size(); ++s) {
-    const Node& n = g.nodes()[step_node[s]];
-    Step& step = *steps_[s];
-    for (ValueId in : n.inputs) step.inputs.push_back(in == kNoValue ? Location{} : locations_[in]);
-    for (ValueId o : n.outputs) step.outputs.push_back(o == kNoValue ? Location{} : locations_[o]);
+    if (profile_ && runs > 0) {
+      lane_.step_seconds[s] =
+          static_cast<double>(steps_[s]->nanos.load()) * 1e-9 / static_cast<double>(runs);
+      continue;
+    }
+    const Node& n = g.nodes()[step_node_[s]];
+    uint64_t bytes = steps_[s]->kernel->scratch_bytes();
+    for (ValueId in : n.inputs) bytes += in == kNoValue ? 0 : g.value(in).bytes();
+    for (ValueId o : n.outputs) bytes += o == kNoValue ? 0 : g.value(o).bytes();
+    lane_.step_seconds[s] = EstimateStepSeconds(bytes);
   }
+}
+
+// The tensor descriptions of inputs and fetches, and the staging a GPU run needs for them.
+void Executable::DescribeTensors() {
+  const Graph& g = graph_;
   auto info = [&](ValueId id) {
     const Value& v = g.value(id);
     return TensorInfo{v.name, v.type, v.shape, v.bytes()};
@@ -259,6 +385,159 @@ void Executable::BindSteps(const std::vector<int>& step_node) {
   }
   for (const TensorInfo& t : input_info_) feed_staging_bytes_ += AlignUp(t.bytes);
   for (const TensorInfo& t : fetch_info_) fetch_staging_bytes_ += AlignUp(t.bytes);
+}
+
+// The fastest point whose lane fits CompileOptions::max_ephemeral_bytes (points are sorted by
+// E, highest and fastest first).
+StatusOr<size_t> Executable::FastestFitting(const std::vector<SwapPoint>& points) const {
+  if (max_ephemeral_bytes_ == 0) return size_t{0};
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (points[i].ephemeral_bytes <= max_ephemeral_bytes_) return i;
+  }
+  const SwapPoint& lowest = points.back();
+  const std::string how = lowest.swaps.empty() ? "nothing to swap"
+                                               : "swapping " + std::to_string(lowest.swaps.size()) +
+                                                     " buffers to host memory";
+  return ResourceExhaustedError("an iteration needs a lane of at least " +
+                                std::to_string(lowest.ephemeral_bytes) + " bytes (" + how +
+                                "), more than max_ephemeral_bytes " +
+                                std::to_string(max_ephemeral_bytes_));
+}
+
+// Places every lane buffer at SwapPoints()[i]'s offsets and binds the steps to them: E.
+void Executable::ApplySwapPoint(size_t i) {
+  const SwapPoint& point = swap_points_[i];
+  swap_point_ = i;
+  ephemeral_bytes_ = point.ephemeral_bytes;
+  for (size_t b = 0; b < lane_.buffers.size(); ++b) {
+    Location l{Location::Base::kLane, point.plan.offsets[b]};
+    if (buffer_value_[b] != kNoValue) {
+      locations_[buffer_value_[b]] = l;
+    } else {
+      steps_[buffer_step_[b]]->scratch = l;
+    }
+  }
+  BindSteps(point);
+  ScheduleSwaps(point);
+}
+
+// Each step's argument locations: a swapped buffer's second region from its first backward
+// use on, its first region (locations_) before.
+void Executable::BindSteps(const SwapPoint& point) {
+  const Graph& g = graph_;
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const Node& n = g.nodes()[step_node_[s]];
+    Step& step = *steps_[s];
+    step.inputs.clear();
+    step.outputs.clear();
+    for (ValueId in : n.inputs) step.inputs.push_back(in == kNoValue ? Location{} : locations_[in]);
+    for (ValueId o : n.outputs) step.outputs.push_back(o == kNoValue ? Location{} : locations_[o]);
+  }
+  for (size_t k = 0; k < point.swaps.size(); ++k) {
+    const Swap& swap = point.swaps[k];
+    const ValueId value = buffer_value_[swap.buffer];
+    const Location late{Location::Base::kLane, point.plan.offsets[lane_.buffers.size() + k]};
+    for (size_t s = swap.in; s < steps_.size(); ++s) {
+      const Node& n = g.nodes()[step_node_[s]];
+      for (size_t j = 0; j < n.inputs.size(); ++j) {
+        if (n.inputs[j] == value) steps_[s]->inputs[j] = late;
+      }
+    }
+  }
+}
+
+// The copies of the point's swaps at step boundaries, in the planner's order (Note [Swap
+// schedule]); the host swap area they need, allocated when it must grow; the CPU's copy thread.
+void Executable::ScheduleSwaps(const SwapPoint& point) {
+  swap_schedule_.clear();
+  swap_host_bytes_ = point.host_bytes;
+  if (point.swaps.empty()) return;
+  const size_t num_steps = steps_.size();
+  swap_schedule_.resize(num_steps);
+  std::vector<uint64_t> out_count(point.swaps.size()), in_count(point.swaps.size());
+  uint64_t issued = 0;
+  for (size_t s = 0; s < num_steps; ++s) {
+    SwapBoundary& boundary = swap_schedule_[s];
+    for (size_t k = 0; k < point.swaps.size(); ++k) {
+      const Swap& swap = point.swaps[k];
+      if (static_cast<size_t>(swap.out + 1) != s) continue;
+      boundary.issue.push_back({true, point.plan.offsets[swap.buffer], swap.host_offset,
+                                lane_.buffers[swap.buffer].lifetime.size});
+      out_count[k] = ++issued;
+    }
+    for (size_t k = 0; k < point.swaps.size(); ++k) {
+      const Swap& swap = point.swaps[k];
+      if (static_cast<size_t>(swap.in_issue) != s) continue;
+      boundary.issue.push_back({false, point.plan.offsets[lane_.buffers.size() + k],
+                                swap.host_offset, lane_.buffers[swap.buffer].lifetime.size});
+      in_count[k] = ++issued;
+    }
+    for (size_t k = 0; k < point.swaps.size(); ++k) {
+      const Swap& swap = point.swaps[k];
+      if (static_cast<size_t>(swap.out_done) == s) {
+        boundary.wait_for = std::max(boundary.wait_for, out_count[k]);
+      }
+      if (static_cast<size_t>(swap.in) == s) {
+        boundary.wait_for = std::max(boundary.wait_for, in_count[k]);
+      }
+    }
+  }
+  if (!runtime_->host_accessible()) return;  // a GPU run swaps through its pinned staging
+  if (swap_host_capacity_ < swap_host_bytes_) {
+    swap_host_.reset(new std::byte[swap_host_bytes_]);
+    swap_host_capacity_ = swap_host_bytes_;
+  }
+  if (copy_thread_ && !copier_) copier_ = std::make_unique<CopyThread>(runtime_);
+}
+
+Status Executable::SelectSwapPoint(size_t i) {
+  if (i >= swap_points_.size()) {
+    return InvalidArgumentError("swap point " + std::to_string(i) + " of " +
+                                std::to_string(swap_points_.size()));
+  }
+  if (running_.exchange(true)) {
+    return FailedPreconditionError("cannot select a swap point while an iteration runs");
+  }
+  ApplySwapPoint(i);
+  running_ = false;
+  return OkStatus();
+}
+
+Status Executable::ReplanSwaps() {
+  if (running_.exchange(true)) {
+    return FailedPreconditionError("cannot plan swaps while an iteration runs");
+  }
+  EstimateStepTimes();
+  std::vector<SwapPoint> points = SwapPlanner::Plan(lane_);
+  StatusOr<size_t> point = FastestFitting(points);
+  if (point.ok()) {
+    swap_points_ = std::move(points);
+    ApplySwapPoint(*point);
+  }
+  running_ = false;
+  return point.status();
+}
+
+// Issues a boundary's copies and waits for those the next step needs (Note [Swap schedule]).
+Status Executable::SwapAtBoundary(DeviceContext* ctx, const SwapBoundary& boundary, std::byte* lane,
+                                  std::byte* host) const {
+  for (const SwapCopy& c : boundary.issue) {
+    std::byte* device = lane + c.lane_offset;
+    std::byte* staged = host + c.host_offset;
+    if (copier_) {
+      if (c.to_host) {
+        copier_->Push(true, staged, device, c.bytes);
+      } else {
+        copier_->Push(false, device, staged, c.bytes);
+      }
+    } else if (c.to_host) {
+      SALUS_RETURN_IF_ERROR(runtime_->CopyToHost(ctx, staged, device, c.bytes));
+    } else {
+      SALUS_RETURN_IF_ERROR(runtime_->CopyToDevice(ctx, device, staged, c.bytes));
+    }
+  }
+  if (copier_ && boundary.wait_for > 0) return copier_->WaitFor(boundary.wait_for);
+  return OkStatus();
 }
 
 void* Executable::Resolve(const Location& l, std::byte* persistent, std::byte* lane) const {
@@ -326,10 +605,20 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
   // Feeds: on the CPU straight into the lane; on a GPU through pinned staging (Note [Staging]).
   const bool staged = !runtime_->host_accessible();
   const size_t feed_bytes = feed_staging_bytes_, fetch_bytes = fetch_staging_bytes_;
+  const bool swapping = !swap_schedule_.empty();
   std::byte* staging = nullptr;
   if (staged) {
-    SALUS_ASSIGN_OR_RETURN(staging, runtime_->Staging(ctx, feed_bytes + fetch_bytes));
+    SALUS_ASSIGN_OR_RETURN(staging, runtime_->Staging(ctx, feed_bytes + fetch_bytes +
+                                                               (swapping ? swap_host_bytes_ : 0)));
   }
+  std::byte* swap_host = staged ? staging + feed_bytes + fetch_bytes : swap_host_.get();
+  // Copies still queued must be over before Run returns, error or not (invariant 3).
+  struct FinishCopies {
+    CopyThread* copier;
+    ~FinishCopies() {
+      if (copier != nullptr) copier->Finish().IgnoreError();
+    }
+  } finish_copies{swapping ? copier_.get() : nullptr};
   size_t at = 0;
   for (size_t i = 0; i < feeds.size(); ++i) {
     void* dst = Resolve(locations_[input_ids_[i]], persistent, lane);
@@ -348,8 +637,15 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
   args.ctx = ctx;
   args.inputs.reserve(max_arity_);
   args.outputs.reserve(max_arity_);
-  for (const auto& step_ptr : steps_) {
-    const Step& step = *step_ptr;
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const Step& step = *steps_[s];
+    if (swapping) {
+      Status st = SwapAtBoundary(ctx, swap_schedule_[s], lane, swap_host);
+      if (!st.ok()) {
+        runtime_->Synchronize(ctx).IgnoreError();
+        return st.WithContext("swapping before " + step.node);
+      }
+    }
     args.inputs.clear();
     args.outputs.clear();
     for (const Location& l : step.inputs) args.inputs.push_back(Resolve(l, persistent, lane));
@@ -374,6 +670,12 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
       return st.WithContext(step.node);
     }
   }
+
+  if (swapping && copier_) {
+    finish_copies.copier = nullptr;
+    SALUS_RETURN_IF_ERROR(copier_->Finish());
+  }
+  if (profile_) ++profiled_runs_;
 
   std::byte* out = staged ? staging + feed_bytes : nullptr;
   for (size_t i = 0; i < fetches.size(); ++i) {

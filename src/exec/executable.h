@@ -14,6 +14,12 @@
 // persistent state, reads and writes of persistent values) goes through the device's runtime
 // (exec/device.h), and its kernels run with the calling thread's device context. One
 // executable runs one iteration at a time: a second concurrent Run is refused.
+//
+// A training executable may also run with a smaller lane: the swap planner (swap_planner.h)
+// offers points that trade E for time by copying activations out to host memory across the
+// gap between their forward and backward uses; SwapPoints() lists them, and
+// CompileOptions::max_ephemeral_bytes or SelectSwapPoint picks one. Results do not depend on
+// the point: the same kernels read the same bytes (Note [Swapping in the executable]).
 #pragma once
 
 #include <atomic>
@@ -30,11 +36,19 @@
 #include "exec/device.h"
 #include "exec/graph.h"
 #include "exec/kernel.h"
+#include "exec/swap_planner.h"
 #include "salus/status.h"
 
 namespace salus::exec {
 
 enum class Mode { kInference, kTraining };
+
+// Who performs a CPU executable's swap copies (Note [Swapping in the executable]): a copy
+// thread beside the steps, or the iteration's own thread at the step boundary that issues
+// them. kAuto: the copy thread when the steps leave a core free (OpenMP's thread count below
+// the machine's cores), where it can overlap them; inline otherwise, where it could only take
+// a core from them.
+enum class SwapCopies { kAuto, kThread, kInline };
 
 struct CompileOptions {
   Device device;  // the CPU unless set
@@ -60,6 +74,12 @@ struct CompileOptions {
   // Apply the graph rewrites of exec/fusion.h (off: every node runs as imported): inference
   // compiles all of them, training compiles FuseGelu (before autodiff).
   bool fuse = true;
+  // The largest lane an iteration may need. 0: no limit, and no swapping. Otherwise the
+  // fastest point of SwapPoints() whose E fits is selected; ResourceExhausted when none does.
+  uint64_t max_ephemeral_bytes = 0;
+  // Bytes/s of the host<->device copy path the swap planner assumes; 0: the device's default.
+  double swap_bandwidth = 0;
+  SwapCopies swap_copies = SwapCopies::kAuto;  // the CPU device; a GPU uses its stream
 };
 
 struct TensorInfo {
@@ -82,7 +102,7 @@ class Executable {
   ~Executable();
 
   uint64_t persistent_bytes() const { return persistent_bytes_; }  // P
-  uint64_t ephemeral_bytes() const { return ephemeral_bytes_; }    // E
+  uint64_t ephemeral_bytes() const { return ephemeral_bytes_; }    // E of the selected point
   const std::vector<TensorInfo>& inputs() const { return input_info_; }
   const std::vector<TensorInfo>& fetches() const { return fetch_info_; }
   size_t num_steps() const { return steps_.size(); }
@@ -111,6 +131,22 @@ class Executable {
   // With CompileOptions::profile: seconds spent per op type over all Runs so far.
   std::map<std::string, double> Profile() const;
 
+  // The points this executable can run at, sorted by E, highest first: the first swaps
+  // nothing; each next one needs a strictly smaller lane and is expected to take longer. An
+  // inference executable (or a model with nothing to swap) has only the first. Valid until
+  // ReplanSwaps.
+  const std::vector<SwapPoint>& SwapPoints() const { return swap_points_; }
+  size_t selected_swap_point() const { return swap_point_; }
+  // Runs later iterations at SwapPoints()[i]; ephemeral_bytes() becomes its E, so the lane
+  // handed to Run may shrink. InvalidArgument when there is no such point; FailedPrecondition
+  // while an iteration runs.
+  Status SelectSwapPoint(size_t i);
+  // Plans the points again with the step times measured so far (CompileOptions::profile and
+  // at least one Run; the size-based estimate otherwise) and selects as the compile did: the
+  // fastest point within CompileOptions::max_ephemeral_bytes. ephemeral_bytes() may change.
+  // ResourceExhausted, keeping the current points, when none fits any more.
+  Status ReplanSwaps();
+
   // A persistent value (a parameter after training, say) copied out.
   StatusOr<HostTensor> ReadPersistent(const std::byte* persistent, const std::string& name) const;
   // Overwrites a persistent value (loading weights from a checkpoint, say).
@@ -132,6 +168,19 @@ class Executable {
     int threads = 0;   // CPU: OpenMP threads (Note [Threads per step]); 0 elsewhere
     mutable std::atomic<int64_t> nanos{0};  // with profile_
   };
+  // One copy of a swap (Note [Swap schedule] in swap_planner.h), as offsets from the lane
+  // and from the host swap area.
+  struct SwapCopy {
+    bool to_host = false;
+    uint64_t lane_offset = 0, host_offset = 0, bytes = 0;
+  };
+  // What happens before a step starts: copies issued, then a wait until the first
+  // `wait_for` copies of the iteration are over (0: none).
+  struct SwapBoundary {
+    std::vector<SwapCopy> issue;
+    uint64_t wait_for = 0;
+  };
+  class CopyThread;
 
   Executable() = default;
   // Build's passes, in order.
@@ -141,8 +190,15 @@ class Executable {
   std::vector<bool> LiveNodes(std::vector<bool>* needed) const;
   Status CreateKernels(const std::vector<bool>& live, std::vector<int>* step_node);
   void LayOutPersistent(const std::vector<bool>& needed);
-  void PlanLane(const std::vector<int>& step_node);
-  void BindSteps(const std::vector<int>& step_node);
+  void DescribeLane();
+  void EstimateStepTimes();
+  void DescribeTensors();
+  StatusOr<size_t> FastestFitting(const std::vector<SwapPoint>& points) const;
+  void ApplySwapPoint(size_t i);
+  void BindSteps(const SwapPoint& point);
+  void ScheduleSwaps(const SwapPoint& point);
+  Status SwapAtBoundary(DeviceContext* ctx, const SwapBoundary& boundary, std::byte* lane,
+                        std::byte* host) const;
 
   void* Resolve(const Location& l, std::byte* persistent, std::byte* lane) const;
   Status RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte* lane,
@@ -152,6 +208,9 @@ class Executable {
   Device device_;
   DeviceRuntime* runtime_ = nullptr;
   std::vector<std::unique_ptr<Step>> steps_;
+  std::vector<int> step_node_;  // per step: its node in graph_
+  // Training: nodes before this index are the forward pass (autodiff appends the rest).
+  size_t num_forward_nodes_ = SIZE_MAX;
   std::vector<Location> locations_;  // per value
   std::vector<ValueId> input_ids_, fetch_ids_;
   std::vector<std::string> fetch_names_;  // as CompileOptions::fetches named them
@@ -161,7 +220,24 @@ class Executable {
   // Pinned staging a GPU run needs for its feeds and for its fetches (Note [Staging]).
   size_t feed_staging_bytes_ = 0, fetch_staging_bytes_ = 0;
   bool profile_ = false;
+  mutable std::atomic<int64_t> profiled_runs_{0};  // Runs that added to Step::nanos
   mutable std::atomic<bool> running_{false};
+
+  // Swapping (Note [Swapping in the executable]). The lane's buffers as the swap planner sees
+  // them (values, then kernels' scratch), with each buffer's value or scratch step.
+  SwapProblem lane_;
+  std::vector<ValueId> buffer_value_;  // kNoValue for scratch
+  std::vector<int> buffer_step_;       // the step whose scratch it is; -1 for values
+  std::vector<SwapPoint> swap_points_;
+  size_t swap_point_ = 0;
+  uint64_t max_ephemeral_bytes_ = 0;
+  std::vector<SwapBoundary> swap_schedule_;  // per step of the selected point; empty: no swaps
+  // Host memory the copies out land in (devices whose memory the host reaches; a GPU run
+  // uses its context's pinned staging instead), allocated once at its largest selected size.
+  std::unique_ptr<std::byte[]> swap_host_;
+  uint64_t swap_host_capacity_ = 0, swap_host_bytes_ = 0;
+  bool copy_thread_ = false;            // copies beside the steps (SwapCopies)
+  std::unique_ptr<CopyThread> copier_;  // with copy_thread_, once a point swaps
 };
 
 }  // namespace salus::exec
