@@ -13,6 +13,7 @@
 #include "device/fake_memory_provider.h"
 #include "mem/lane_allocator.h"
 #include "mem/memory_manager.h"
+#include "sched/admission_rules.h"
 
 namespace salus::mem {
 namespace {
@@ -44,6 +45,7 @@ struct Setup {
     MemoryManager::Options o;
     o.provider = &provider;
     o.capacity = capacity;
+    o.rule = sched::PackRule();
     manager = std::move(MemoryManager::Create(o)).value();
     for (int64_t i = 0; i < n; ++i) {
       auto g = manager->Admit(i + 1, {kP, ResidentE(i)});
@@ -81,6 +83,7 @@ struct LaneSetup {
     MemoryManager::Options o;
     o.provider = &provider;
     o.capacity = 2 * kGiB;
+    o.rule = sched::PackRule();
     manager = std::move(MemoryManager::Create(o)).value();
     auto g = manager->Admit(1, {kMiB, kGiB});
     if (!g.ok() || !g->has_value()) std::abort();

@@ -16,13 +16,26 @@ std::string_view StepName(AdmissionDecision::Step step) {
   return "?";
 }
 
-const ArenaSnapshot::Lane* ArenaSnapshot::SmallestLane(LaneClass cls, uint64_t at_least) const {
+std::optional<LaneView> ArenaSnapshot::SmallestLane(LaneClass cls, uint64_t at_least) const {
   const Lane* best = nullptr;
   for (const auto& [id, l] : lanes) {
     if (l.lane_class != cls || l.size < at_least) continue;
     if (best == nullptr || l.size < best->size) best = &l;
   }
-  return best;
+  if (best == nullptr) return std::nullopt;
+  return LaneView{best->id, best->lane_class, best->size};
+}
+
+std::optional<LaneView> ArenaSnapshot::FindLane(LaneId id) const {
+  const auto it = lanes.find(id);
+  if (it == lanes.end()) return std::nullopt;
+  return LaneView{id, it->second.lane_class, it->second.size};
+}
+
+size_t ArenaSnapshot::LaneCount(LaneClass cls) const {
+  size_t n = 0;
+  for (const auto& [id, l] : lanes) n += l.lane_class == cls;
+  return n;
 }
 
 bool ArenaSnapshot::PageOut(SessionId session) {
@@ -31,14 +44,12 @@ bool ArenaSnapshot::PageOut(SessionId session) {
   const Resident r = it->second;
   resident.erase(it);
   if (r.persistent_bytes > 0) region.Remove(r.block_offset);
-  resident_persistent_bytes -= r.persistent_bytes;
-  paged_persistent_bytes += r.persistent_bytes;
   const auto lit = lanes.find(r.lane);
   if (lit != lanes.end()) {
     Lane& l = lit->second;
     l.members.erase(l.members.find(r.ephemeral_bytes));
     const uint64_t size = l.members.empty() ? 0 : *l.members.rbegin();
-    lane_bytes -= l.size - size;
+    lane_total -= l.size - size;
     l.size = size;
     if (l.members.empty()) lanes.erase(lit);
   }

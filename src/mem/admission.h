@@ -8,8 +8,10 @@
 // A decision may page sessions out first ("page out X, then open a lane"): the caller of a
 // page-in passes the sessions it may page out, in the order the policy prefers, and the rule
 // answers how many of them (a prefix) must go. The snapshot can be asked what the arena would
-// look like once a session is paged out (PageOut), so the rule decides over what would be,
-// never over the live arena.
+// look like once a session is paged out (PageOut on a Materialize()d copy), so the rule
+// decides over what would be. The view the manager hands a rule reads its live state under
+// its lock, without copying: an admission decision costs what its searches cost, not the
+// size of the arena.
 #pragma once
 
 #include <cstdint>
@@ -25,9 +27,36 @@
 
 namespace salus::mem {
 
-// The arena as admission sees it: resident persistent blocks, lanes and their members. A
-// plain value: a rule may copy it and change the copy (PageOut) to evaluate what-ifs.
-struct ArenaSnapshot {
+struct ArenaSnapshot;
+
+// One lane as admission sees it.
+struct LaneView {
+  LaneId id = 0;
+  LaneClass lane_class = LaneClass::kBatch;
+  uint64_t size = 0;  // the largest E of its members
+};
+
+// The arena as admission sees it. Read-only; valid for the call it is handed to.
+class ArenaView {
+ public:
+  virtual ~ArenaView() = default;
+  virtual uint64_t capacity() const = 0;    // C
+  virtual uint64_t lane_bytes() const = 0;  // ΣL
+  virtual size_t resident_sessions() const = 0;
+  // The persistent footprint once a block of `p` bytes is placed (Note [Persistent
+  // footprint] in arena_memory_manager.cc).
+  virtual uint64_t FootprintWith(uint64_t p) const = 0;
+  // The smallest lane of `cls` whose size is at least `at_least` (ties: the lowest id).
+  virtual std::optional<LaneView> SmallestLane(LaneClass cls, uint64_t at_least) const = 0;
+  virtual std::optional<LaneView> FindLane(LaneId id) const = 0;
+  virtual size_t LaneCount(LaneClass cls) const = 0;
+  virtual size_t LaneCount() const = 0;
+  // A copy to change (PageOut) for what-ifs.
+  virtual ArenaSnapshot Materialize() const = 0;
+};
+
+// The arena as a plain value: resident persistent blocks, lanes and their members.
+struct ArenaSnapshot final : ArenaView {
   struct Lane {
     LaneId id = 0;
     LaneClass lane_class = LaneClass::kBatch;
@@ -41,20 +70,21 @@ struct ArenaSnapshot {
     uint64_t block_offset = 0;
   };
 
-  uint64_t capacity = 0;                   // C
-  uint64_t lane_bytes = 0;                 // ΣL
-  uint64_t resident_persistent_bytes = 0;  // ΣP of resident sessions
-  uint64_t paged_persistent_bytes = 0;     // ΣP of paged-out (and paging) sessions
-  size_t admitted_sessions = 0;            // resident or paged out
+  uint64_t capacity_bytes = 0;  // C
+  uint64_t lane_total = 0;      // ΣL
   PersistentRegion region{0};
   std::map<LaneId, Lane> lanes;
   std::map<SessionId, Resident> resident;
 
-  // The persistent footprint once a block of `p` bytes is placed (Note [Persistent
-  // footprint] in arena_memory_manager.cc).
-  uint64_t FootprintWith(uint64_t p) const { return region.ExtentWith(p); }
-  // The smallest lane of `cls` whose size is at least `at_least` (ties: the lowest id).
-  const Lane* SmallestLane(LaneClass cls, uint64_t at_least) const;
+  uint64_t capacity() const override { return capacity_bytes; }
+  uint64_t lane_bytes() const override { return lane_total; }
+  size_t resident_sessions() const override { return resident.size(); }
+  uint64_t FootprintWith(uint64_t p) const override { return region.ExtentWith(p); }
+  std::optional<LaneView> SmallestLane(LaneClass cls, uint64_t at_least) const override;
+  std::optional<LaneView> FindLane(LaneId id) const override;
+  size_t LaneCount(LaneClass cls) const override;
+  size_t LaneCount() const override { return lanes.size(); }
+  ArenaSnapshot Materialize() const override { return *this; }
   // This arena once resident `session` is paged out: its block leaves the region and its lane
   // shrinks to its other members' largest E, or closes. False when it is not resident.
   bool PageOut(SessionId session);
@@ -80,11 +110,11 @@ class AdmissionRule {
   // resident sessions the rule may page out first, in the order to take them. kWait leaves
   // the arena as it is. The answer's lane, for kJoin and kGrow, is a lane of the arena as it
   // is once the chosen prefix is paged out.
-  virtual AdmissionDecision Decide(const ArenaSnapshot& arena, const Requirement& req,
+  virtual AdmissionDecision Decide(const ArenaView& arena, const Requirement& req,
                                    std::span<const SessionId> page_out = {}) const = 0;
   // INTERNAL naming what is wrong when the arena's shape breaks the rule's own promise (one
   // lane per class, one session at a time); the memory manager checks it with its invariants.
-  virtual Status CheckShape(const ArenaSnapshot& arena) const {
+  virtual Status CheckShape(const ArenaView& arena) const {
     (void)arena;
     return OkStatus();
   }

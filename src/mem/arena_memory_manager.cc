@@ -121,13 +121,34 @@ void ArenaMemoryManager::FreeHost(std::byte* host, uint64_t bytes) {
 // ----------------------------------------------------------------------------------------
 // Decisions
 
+size_t ArenaMemoryManager::LiveView::resident_sessions() const {
+  return m_.sessions_.size() - m_.paged_sessions_;
+}
+
+std::optional<LaneView> ArenaMemoryManager::LiveView::SmallestLane(LaneClass cls,
+                                                                   uint64_t at_least) const {
+  const auto it = m_.lanes_by_size_.lower_bound({cls, at_least, 0});
+  if (it == m_.lanes_by_size_.end() || std::get<0>(*it) != cls) return std::nullopt;
+  return LaneView{std::get<2>(*it), cls, std::get<1>(*it)};
+}
+
+std::optional<LaneView> ArenaMemoryManager::LiveView::FindLane(LaneId id) const {
+  const auto it = m_.lanes_.find(id);
+  if (it == m_.lanes_.end()) return std::nullopt;
+  return LaneView{id, it->second.lane_class, it->second.size};
+}
+
+size_t ArenaMemoryManager::LiveView::LaneCount(LaneClass cls) const {
+  const auto from = m_.lanes_by_size_.lower_bound({cls, 0, 0});
+  size_t n = 0;
+  for (auto it = from; it != m_.lanes_by_size_.end() && std::get<0>(*it) == cls; ++it) ++n;
+  return n;
+}
+
 ArenaSnapshot ArenaMemoryManager::SnapshotArenaLocked() const {
   ArenaSnapshot a;
-  a.capacity = capacity_;
-  a.lane_bytes = lane_bytes_;
-  a.resident_persistent_bytes = persistent_bytes_;
-  a.paged_persistent_bytes = paged_bytes_;
-  a.admitted_sessions = sessions_.size();
+  a.capacity_bytes = capacity_;
+  a.lane_total = lane_bytes_;
   a.region = region_;
   for (const auto& [id, l] : lanes_) {
     a.lanes.emplace(id, ArenaSnapshot::Lane{id, l.lane_class, l.size, l.ephemeral});
@@ -140,34 +161,36 @@ ArenaSnapshot ArenaMemoryManager::SnapshotArenaLocked() const {
   return a;
 }
 
-Status ArenaMemoryManager::CheckDecisionLocked(const ArenaSnapshot& arena, const Requirement& req,
+Status ArenaMemoryManager::CheckDecisionLocked(const ArenaView& arena, const Requirement& req,
                                                const AdmissionDecision& d) const {
   const std::string_view rule = options_.rule->name();
-  ArenaSnapshot after = arena;
-  for (const SessionId v : d.page_out) {
-    if (!after.PageOut(v)) {
-      return InternalError(
-          fmt::format("admission rule '{}' pages out session {}, which is not "
-                      "resident",
-                      rule, v));
+  std::optional<ArenaSnapshot> paged;  // the arena once the decision's page-outs are done
+  if (!d.page_out.empty()) {
+    paged = arena.Materialize();
+    for (const SessionId v : d.page_out) {
+      if (!paged->PageOut(v)) {
+        return InternalError(fmt::format(
+            "admission rule '{}' pages out session {}, which is not resident", rule, v));
+      }
     }
   }
+  const ArenaView& after = paged ? static_cast<const ArenaView&>(*paged) : arena;
   const uint64_t f = after.FootprintWith(req.persistent_bytes);
-  uint64_t lanes = after.lane_bytes;
+  uint64_t lanes = after.lane_bytes();
   if (d.step == Step::kNewLane) {
     lanes += req.ephemeral_bytes;
   } else {
-    const auto it = after.lanes.find(d.lane);
-    if (it == after.lanes.end() || it->second.lane_class != req.lane_class) {
+    const std::optional<LaneView> lane = after.FindLane(d.lane);
+    if (!lane || lane->lane_class != req.lane_class) {
       return InternalError(
           fmt::format("admission rule '{}' chose lane {}, which is no open {} lane", rule, d.lane,
                       LaneClassName(req.lane_class)));
     }
-    if (d.step == Step::kJoin && it->second.size < req.ephemeral_bytes) {
+    if (d.step == Step::kJoin && lane->size < req.ephemeral_bytes) {
       return InternalError(fmt::format("admission rule '{}' joins lane {} of {} with E = {}", rule,
-                                       d.lane, it->second.size, req.ephemeral_bytes));
+                                       d.lane, lane->size, req.ephemeral_bytes));
     }
-    lanes += std::max(it->second.size, req.ephemeral_bytes) - it->second.size;
+    lanes += std::max(lane->size, req.ephemeral_bytes) - lane->size;
   }
   if (f > capacity_ || lanes > capacity_ - f) {
     return InternalError(fmt::format(
@@ -177,8 +200,8 @@ Status ArenaMemoryManager::CheckDecisionLocked(const ArenaSnapshot& arena, const
   return OkStatus();
 }
 
-ArenaMemoryManager::Outcome ArenaMemoryManager::DecideLocked(const ArenaSnapshot& arena,
-                                                             const Requirement& req) const {
+ArenaMemoryManager::Outcome ArenaMemoryManager::DecideLocked(const Requirement& req) const {
+  const LiveView arena(*this);
   Outcome o;
   // Overcommit bounds every admitted block, resident or not, by overcommit × C.
   const double limit = options_.overcommit * static_cast<double>(capacity_);
@@ -290,7 +313,7 @@ StatusOr<std::optional<Grant>> ArenaMemoryManager::Admit(SessionId session, Requ
   w.declared = req;
   w.req = {AlignUp(req.persistent_bytes), AlignUp(req.ephemeral_bytes), req.lane_class};
   // Earlier requests keep their turn: a newcomer is admitted paged out only behind none.
-  const Outcome o = DecideLocked(SnapshotArenaLocked(), w.req);
+  const Outcome o = DecideLocked(w.req);
   if (o.decision.step != Step::kWait) {
     const Grant g = Apply(w, o.decision);
     DcheckInvariants();
@@ -314,19 +337,16 @@ std::vector<Grant> ArenaMemoryManager::RetryQueue() {
   std::vector<Grant> granted;
   if (waiting_.empty()) return granted;
   const Nanos now = clock_->Now();
-  ArenaSnapshot arena = SnapshotArenaLocked();
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     if (it->deadline && *it->deadline <= now) {  // left for ExpireWaiting to report
       ++it;
       continue;
     }
-    const Outcome o = DecideLocked(arena, it->req);
+    const Outcome o = DecideLocked(it->req);
     if (o.decision.step != Step::kWait) {
       granted.push_back(Apply(*it, o.decision));
-      arena = SnapshotArenaLocked();
     } else if (o.paged) {
       granted.push_back(AdmitPaged(*it));
-      arena.paged_persistent_bytes = paged_bytes_;
     } else {
       ++it;
       continue;
@@ -540,7 +560,7 @@ StatusOr<PageInResult> ArenaMemoryManager::PageIn(SessionId session,
       const auto v = sessions_.find(c);
       if (c != session && v != sessions_.end() && Pageable(v->second)) pageable.push_back(c);
     }
-    const ArenaSnapshot arena = SnapshotArenaLocked();
+    const LiveView arena(*this);
     AdmissionDecision d = options_.rule->Decide(arena, s.req, pageable);
     if (d.step == Step::kWait) return result;
     if (!std::equal(d.page_out.begin(), d.page_out.end(), pageable.begin(),

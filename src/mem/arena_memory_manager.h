@@ -133,12 +133,36 @@ class ArenaMemoryManager final : public MemoryManager {
 
   ArenaMemoryManager(Options options, std::byte* base);
 
+  // The ArenaView rules decide over: this manager's state, read in place. Used only while the
+  // manager's lock is held (the analysis cannot see that through a view).
+  class LiveView final : public ArenaView {
+   public:
+    explicit LiveView(const ArenaMemoryManager& m) : m_(m) {}
+    uint64_t capacity() const override { return m_.capacity_; }
+    uint64_t lane_bytes() const override NO_THREAD_SAFETY_ANALYSIS { return m_.lane_bytes_; }
+    size_t resident_sessions() const override NO_THREAD_SAFETY_ANALYSIS;
+    uint64_t FootprintWith(uint64_t p) const override NO_THREAD_SAFETY_ANALYSIS {
+      return m_.region_.ExtentWith(p);
+    }
+    std::optional<LaneView> SmallestLane(LaneClass cls, uint64_t at_least) const override
+        NO_THREAD_SAFETY_ANALYSIS;
+    std::optional<LaneView> FindLane(LaneId id) const override NO_THREAD_SAFETY_ANALYSIS;
+    size_t LaneCount(LaneClass cls) const override NO_THREAD_SAFETY_ANALYSIS;
+    size_t LaneCount() const override NO_THREAD_SAFETY_ANALYSIS { return m_.lanes_.size(); }
+    ArenaSnapshot Materialize() const override NO_THREAD_SAFETY_ANALYSIS {
+      return m_.SnapshotArenaLocked();
+    }
+
+   private:
+    const ArenaMemoryManager& m_;
+  };
+
   ArenaSnapshot SnapshotArenaLocked() const REQUIRES(mu_);
   // The rule's answer for a waiting request, checked, or admission paged out.
-  Outcome DecideLocked(const ArenaSnapshot& arena, const Requirement& req) const REQUIRES(mu_);
+  Outcome DecideLocked(const Requirement& req) const REQUIRES(mu_);
   // INTERNAL when applying `d` to `arena` would break the safety condition or names a lane
   // that is not there: a rule that broke its contract.
-  Status CheckDecisionLocked(const ArenaSnapshot& arena, const Requirement& req,
+  Status CheckDecisionLocked(const ArenaView& arena, const Requirement& req,
                              const AdmissionDecision& d) const REQUIRES(mu_);
   Grant Apply(const Waiting& w, const AdmissionDecision& d) REQUIRES(mu_);
   Grant AdmitPaged(const Waiting& w) REQUIRES(mu_);

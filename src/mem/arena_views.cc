@@ -299,7 +299,7 @@ Status ArenaMemoryManager::CheckInvariantsLocked() const {
   if (sum_l != lane_bytes_ || lanes_by_size_.size() != lanes_.size() || members != in_lanes) {
     return broken(fmt::format("ΣL {} but the lanes hold {}", lane_bytes_, sum_l));
   }
-  SALUS_RETURN_IF_ERROR(options_.rule->CheckShape(SnapshotArenaLocked()));
+  SALUS_RETURN_IF_ERROR(options_.rule->CheckShape(LiveView(*this)));
   for (const auto& [id, l] : draining_) {
     if (!l.in_iteration || !l.closed || !in_flight_.contains(id)) {
       return broken(fmt::format("draining lane {} is not mid-iteration", id));

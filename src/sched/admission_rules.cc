@@ -14,24 +14,23 @@
 
 #include <fmt/format.h>
 
-#include <array>
-
 namespace salus::sched {
 namespace {
 
 using mem::AdmissionDecision;
 using mem::ArenaSnapshot;
+using mem::ArenaView;
 using mem::Requirement;
 using Step = AdmissionDecision::Step;
 
 // A rule whose condition is evaluated over one arena; paging is the same for every rule.
 class Rule : public mem::AdmissionRule {
  public:
-  AdmissionDecision Decide(const ArenaSnapshot& arena, const Requirement& req,
+  AdmissionDecision Decide(const ArenaView& arena, const Requirement& req,
                            std::span<const mem::SessionId> page_out) const final {
     AdmissionDecision d = DecideHere(arena, req);
     if (d.step != Step::kWait || page_out.empty()) return d;
-    ArenaSnapshot after = arena;
+    ArenaSnapshot after = arena.Materialize();
     for (size_t k = 0; k < page_out.size(); ++k) {
       if (!after.PageOut(page_out[k])) return AdmissionDecision::Wait();
       d = DecideHere(after, req);
@@ -44,8 +43,7 @@ class Rule : public mem::AdmissionRule {
   }
 
  protected:
-  virtual AdmissionDecision DecideHere(const ArenaSnapshot& arena,
-                                       const Requirement& req) const = 0;
+  virtual AdmissionDecision DecideHere(const ArenaView& arena, const Requirement& req) const = 0;
 };
 
 // F + ΣL + E ≤ C, without overflow.
@@ -58,20 +56,20 @@ class Pack final : public Rule {
   std::string_view name() const override { return "pack"; }
 
  protected:
-  AdmissionDecision DecideHere(const ArenaSnapshot& a, const Requirement& req) const override {
+  AdmissionDecision DecideHere(const ArenaView& a, const Requirement& req) const override {
     const uint64_t e = req.ephemeral_bytes;
     const uint64_t f = a.FootprintWith(req.persistent_bytes);
-    const uint64_t c = a.capacity;
-    const uint64_t l = a.lane_bytes;
+    const uint64_t c = a.capacity();
+    const uint64_t l = a.lane_bytes();
     // 1. A new lane of size E.
     if (NewLaneFits(f, l, e, c)) return {Step::kNewLane, 0, {}};
     // Joining adds P without adding lane bytes; nothing fits unless the lanes fit beside F.
     if (f > c || l > c - f) return AdmissionDecision::Wait();
     // 2. The best match: the smallest lane of the class with L >= E.
-    if (const auto* best = a.SmallestLane(req.lane_class, e)) return {Step::kJoin, best->id, {}};
+    if (const auto best = a.SmallestLane(req.lane_class, e)) return {Step::kJoin, best->id, {}};
     // 3. The smallest lane with F + ΣL - L_r + E ≤ C, i.e. L_r ≥ F + ΣL + E - C. Every lane is
     // smaller than E here (step 2 found none), so growing it to E is the step.
-    if (const auto* grow = a.SmallestLane(req.lane_class, f + l + e - c)) {
+    if (const auto grow = a.SmallestLane(req.lane_class, f + l + e - c)) {
       return {Step::kGrow, grow->id, {}};
     }
     // 4. Wait.
@@ -82,27 +80,25 @@ class Pack final : public Rule {
 class SingleLane final : public Rule {
  public:
   std::string_view name() const override { return "single-lane"; }
-  Status CheckShape(const ArenaSnapshot& a) const override {
-    std::array<int, mem::kLaneClasses> per_class{};
-    for (const auto& [id, l] : a.lanes) {
-      if (++per_class[static_cast<size_t>(l.lane_class)] > 1) {
+  Status CheckShape(const ArenaView& a) const override {
+    for (const mem::LaneClass cls : {mem::LaneClass::kBatch, mem::LaneClass::kInteractive}) {
+      if (a.LaneCount(cls) > 1) {
         return InternalError(
-            fmt::format("memory invariant broken: more than one {} lane under the "
-                        "single-lane rule",
-                        mem::LaneClassName(l.lane_class)));
+            fmt::format("memory invariant broken: more than one {} lane under the single-lane rule",
+                        mem::LaneClassName(cls)));
       }
     }
     return OkStatus();
   }
 
  protected:
-  AdmissionDecision DecideHere(const ArenaSnapshot& a, const Requirement& req) const override {
+  AdmissionDecision DecideHere(const ArenaView& a, const Requirement& req) const override {
     const uint64_t e = req.ephemeral_bytes;
     const uint64_t f = a.FootprintWith(req.persistent_bytes);
-    const uint64_t c = a.capacity;
-    const uint64_t l = a.lane_bytes;
-    const auto* mine = a.SmallestLane(req.lane_class, 0);
-    if (mine == nullptr) {
+    const uint64_t c = a.capacity();
+    const uint64_t l = a.lane_bytes();
+    const auto mine = a.SmallestLane(req.lane_class, 0);
+    if (!mine) {
       if (NewLaneFits(f, l, e, c)) return {Step::kNewLane, 0, {}};
       return AdmissionDecision::Wait();
     }
@@ -117,19 +113,20 @@ class SingleLane final : public Rule {
 class Exclusive final : public Rule {
  public:
   std::string_view name() const override { return "exclusive"; }
-  Status CheckShape(const ArenaSnapshot& a) const override {
-    if (a.lanes.size() > 1 || a.resident.size() > 1) {
+  Status CheckShape(const ArenaView& a) const override {
+    if (a.LaneCount() > 1 || a.resident_sessions() > 1) {
       return InternalError(fmt::format(
           "memory invariant broken: {} lanes and {} resident sessions under the exclusive rule",
-          a.lanes.size(), a.resident.size()));
+          a.LaneCount(), a.resident_sessions()));
     }
     return OkStatus();
   }
 
  protected:
-  AdmissionDecision DecideHere(const ArenaSnapshot& a, const Requirement& req) const override {
+  AdmissionDecision DecideHere(const ArenaView& a, const Requirement& req) const override {
     const uint64_t f = a.FootprintWith(req.persistent_bytes);
-    if (a.resident.empty() && NewLaneFits(f, a.lane_bytes, req.ephemeral_bytes, a.capacity)) {
+    if (a.resident_sessions() == 0 &&
+        NewLaneFits(f, a.lane_bytes(), req.ephemeral_bytes, a.capacity())) {
       return {Step::kNewLane, 0, {}};
     }
     return AdmissionDecision::Wait();

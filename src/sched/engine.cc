@@ -637,7 +637,9 @@ std::vector<LaneId> Engine::HeldLanes() const {
 
 std::optional<Nanos> Engine::NextHoldDeadline() const {
   MutexLock lock(&mu_);
-  return next_hold_deadline_;
+  if (!paging_deadline_) return next_hold_deadline_;
+  if (!next_hold_deadline_) return paging_deadline_;
+  return std::min(*next_hold_deadline_, *paging_deadline_);
 }
 
 HoldStats Engine::Holds() const {
@@ -678,8 +680,10 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
       want.push_back(ViewLocked(s));
     }
   }
+  paging_deadline_.reset();
   std::vector<SessionView> candidates;
   std::vector<SessionId> ids;
+  bool left_waiting = false;
   while (!want.empty()) {
     // The policy's best of them first.
     const SessionId next = policy_->Pick(LaneSnapshot{now, 0, want}).next;
@@ -702,7 +706,10 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
       logging::Get("sched")->error("session {}: page-in: {}", in.id, r.status().ToString());
       continue;
     }
-    if (!r->resident) continue;  // no room even so; a smaller one may fit
+    if (!r->resident) {  // no room even so; a smaller one may fit
+      left_waiting = true;
+      continue;
+    }
     for (const SessionId v : r->paged_out) {
       SessionRec& out = sessions_.at(v);
       const LaneId lane = out.lane;
@@ -727,6 +734,13 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
     paging_stats_.page_ins++;
     logging::Event("sched", "paged_in",
                    {{"session", in.id}, {"lane", r->lane}, {"paged_out", r->paged_out.size()}});
+  }
+  if (left_waiting) {
+    // Residents become candidates as time passes (quantum, idleness), with no event to say
+    // so: whoever drives the engine dispatches again then.
+    Nanos retry = page_out_idle_;
+    if (paging_quantum_ > Nanos(0)) retry = std::min(retry, paging_quantum_);
+    paging_deadline_ = now + std::max<Nanos>(retry, std::chrono::milliseconds(1));
   }
   DrainMemEventsLocked(notices);
 }

@@ -189,9 +189,10 @@ class Engine {
   std::vector<LaneId> BlockedLanes() const EXCLUDES(mu_);
   // Lanes the last DispatchReady() left idle for an anticipated session, with runnable work.
   std::vector<LaneId> HeldLanes() const EXCLUDES(mu_);
-  // The earliest end of a hold the last DispatchReady() made: call DispatchReady() again then
-  // (a request or close of the held session ends it sooner, and is followed by a dispatch
-  // anyway). nullopt when no lane is held.
+  // The earliest end of a hold the last DispatchReady() made, or when a paged-out session
+  // that found no room may find it (Note [Paging]): call DispatchReady() again then (a request
+  // or close of the held session ends a hold sooner, and is followed by a dispatch anyway).
+  // nullopt when no lane is held and nothing waits to page in.
   std::optional<Nanos> NextHoldDeadline() const EXCLUDES(mu_);
   HoldStats Holds() const EXCLUDES(mu_);
   const Policy& policy() const { return *policy_; }
@@ -313,6 +314,7 @@ class Engine {
   PagingStats paging_stats_ GUARDED_BY(mu_);
   std::vector<SessionView> page_scratch_ GUARDED_BY(mu_);
   std::optional<Nanos> next_hold_deadline_ GUARDED_BY(mu_);
+  std::optional<Nanos> paging_deadline_ GUARDED_BY(mu_);  // Note [Paging]: re-check then
 
   Mutex events_mu_;
   std::vector<MemEvent> mem_events_ GUARDED_BY(events_mu_);
