@@ -309,8 +309,9 @@ Status ModelRuntime::Run(const sched::Dispatch& d, const std::vector<HostTensor>
       buffers[i].resize(infos[i].bytes);
       fetch_ptrs[i] = buffers[i].data();
     }
-    SALUS_RETURN_IF_ERROR(
-        exe_->Run(ctx, d.persistent.address, d.lane_memory.address, feed_ptrs, fetch_ptrs));
+    SALUS_ASSIGN_OR_RETURN(std::byte * lane,
+                           TakePlannedLane(d.lane_memory, exe_->ephemeral_bytes()));
+    SALUS_RETURN_IF_ERROR(exe_->Run(ctx, d.persistent.address, lane, feed_ptrs, fetch_ptrs));
   }
   // Fetches in the order asked: outputs of the step, state values read after it.
   std::vector<size_t> taken(buffers.size(), SIZE_MAX);  // where an output went in `out`

@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> listen, listen_remote;
   std::string config_path, device, memory, policy, policy_options, log_level, metrics_listen,
       max_folded_bytes;
-  double lease_seconds = 0;
+  double lease_seconds = 0, overcommit = 1.0, paging_quantum_ms = 0;
   po::options_description desc("salus-server: the Salus GPU execution service");
   desc.add_options()("help,h", "show this help")("config", po::value(&config_path),
                                                  "JSON config file")(
@@ -93,6 +93,11 @@ int main(int argc, char** argv) {
       "log-level", po::value(&log_level), "trace, debug, info (default), warn, error")(
       "metrics-listen", po::value(&metrics_listen), "HOST:PORT for /metrics and /healthz")(
       "lease-seconds", po::value(&lease_seconds), "a silent client's sessions close after this")(
+      "overcommit", po::value(&overcommit),
+      "admit sessions while their persistent memory is within RATIO x the arena, paging to host "
+      "memory what does not fit (default 1: off)")(
+      "paging-quantum-ms", po::value(&paging_quantum_ms),
+      "a session paged in keeps its place at least this long (default 1000)")(
       "max-folded-bytes", po::value(&max_folded_bytes),
       "constants one model's compilation may make by folding, e.g. 1GiB (the default)");
   po::variables_map vm;
@@ -123,6 +128,10 @@ int main(int argc, char** argv) {
   if (vm.count("metrics-listen")) overrides.push_back("metrics_listen=\"" + metrics_listen + "\"");
   if (vm.count("max-folded-bytes")) {
     overrides.push_back("max_folded_bytes=\"" + max_folded_bytes + "\"");
+  }
+  if (vm.count("overcommit")) overrides.push_back("overcommit=" + std::to_string(overcommit));
+  if (vm.count("paging-quantum-ms")) {
+    overrides.push_back("paging_quantum_ms=" + std::to_string(paging_quantum_ms));
   }
   if (vm.count("lease-seconds"))
     overrides.push_back("lease_seconds=" + std::to_string(lease_seconds));
@@ -169,6 +178,15 @@ int main(int argc, char** argv) {
   if (!lease.ok()) return Fail(lease.status());
   if (!(*lease > 0)) return Fail(salus::InvalidArgumentError("lease_seconds must be positive"));
   o.lease = salus::FromSeconds(*lease);
+  auto ratio = config.GetDouble("overcommit", 1.0);
+  if (!ratio.ok()) return Fail(ratio.status());
+  o.overcommit = *ratio;
+  auto quantum = config.GetDouble("paging_quantum_ms", 1000.0);
+  if (!quantum.ok()) return Fail(quantum.status());
+  if (!(*quantum >= 0) || *quantum > 3.6e6) {
+    return Fail(salus::InvalidArgumentError("paging_quantum_ms must be in [0, 3600000]"));
+  }
+  o.paging_quantum = salus::FromSeconds(*quantum / 1000.0);
   if (vm.count("policy-options")) {
     o.policy_options = nlohmann::json::parse(policy_options, nullptr, false);
     if (o.policy_options.is_discarded()) {

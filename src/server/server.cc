@@ -169,6 +169,8 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   eo.provider = s->provider_.get();
   eo.capacity = s->o_.memory;
   eo.policy = std::move(policy);
+  eo.overcommit = s->o_.overcommit;
+  eo.paging_quantum = s->o_.paging_quantum;
   eo.on_admitted = [self](uint64_t id, uint64_t lane) { self->sessions_->OnAdmitted(id, lane); };
   eo.on_admission_failed = [self](uint64_t id, const Status& st) {
     self->sessions_->OnAdmissionFailed(id, st);
@@ -482,10 +484,10 @@ void Server::HousekeepingLoop() {
 
 std::string Server::Gauges() const {
   std::string out;
-  size_t waiting = 0, admitted = 0, interactive = 0;
+  size_t waiting = 0, admitted = 0, paged = 0, interactive = 0;
   const v1::ListSessionsReply all = sessions_->List(nullptr);
   for (const auto& s : all.sessions()) {
-    (s.state() == v1::WAITING ? waiting : admitted)++;
+    (s.state() == v1::WAITING ? waiting : s.state() == v1::PAGED_OUT ? paged : admitted)++;
     if (s.latency_class() == v1::LATENCY_INTERACTIVE) interactive++;
   }
   const auto& mem = executor_->engine().memory();
@@ -493,11 +495,12 @@ std::string Server::Gauges() const {
   out += "# HELP salus_server_sessions Sessions by state.\n# TYPE salus_server_sessions gauge\n";
   out += fmt::format("salus_server_sessions{{state=\"waiting\"}} {}\n", waiting);
   out += fmt::format("salus_server_sessions{{state=\"admitted\"}} {}\n", admitted);
+  out += fmt::format("salus_server_sessions{{state=\"paged_out\"}} {}\n", paged);
   out +=
       "# HELP salus_server_class_sessions Sessions by latency class.\n"
       "# TYPE salus_server_class_sessions gauge\n";
   out += fmt::format("salus_server_class_sessions{{class=\"batch\"}} {}\n",
-                     waiting + admitted - interactive);
+                     waiting + admitted + paged - interactive);
   out += fmt::format("salus_server_class_sessions{{class=\"interactive\"}} {}\n", interactive);
   const sched::HoldStats holds = executor_->engine().Holds();
   out += fmt::format(
@@ -549,6 +552,34 @@ std::string Server::Gauges() const {
       "# HELP salus_device_lost Whether the device was lost to a fault (1) or not (0).\n"
       "# TYPE salus_device_lost gauge\nsalus_device_lost {}\n",
       sessions_->DeviceLost().ok() ? 0 : 1);
+  const mem::MemoryStatsSnapshot snap = mem.StatsSnapshot();
+  out +=
+      "# HELP salus_mem_session_bytes Persistent bytes of each admitted session, resident in the "
+      "arena or paged out to host memory.\n# TYPE salus_mem_session_bytes gauge\n";
+  for (const mem::SessionStats& s : snap.sessions) {
+    const bool resident =
+        s.residence == mem::Residence::kResident || s.residence == mem::Residence::kPagingIn;
+    out += fmt::format("salus_mem_session_bytes{{session=\"{}\",residence=\"resident\"}} {}\n",
+                       s.session, resident ? s.requirement.persistent_bytes : 0);
+    out += fmt::format("salus_mem_session_bytes{{session=\"{}\",residence=\"paged\"}} {}\n",
+                       s.session, resident ? 0 : s.requirement.persistent_bytes);
+  }
+  const sched::PagingStats paging = executor_->engine().Paging();
+  out += fmt::format(
+      "# HELP salus_mem_paged_bytes Persistent bytes paged out to host memory.\n"
+      "# TYPE salus_mem_paged_bytes gauge\nsalus_mem_paged_bytes {}\n"
+      "# HELP salus_mem_pages_total Sessions paged, by direction.\n"
+      "# TYPE salus_mem_pages_total counter\n"
+      "salus_mem_pages_total{{direction=\"out\"}} {}\n"
+      "salus_mem_pages_total{{direction=\"in\"}} {}\n"
+      "# HELP salus_mem_paging_copied_bytes_total Bytes copied between the arena and host memory.\n"
+      "# TYPE salus_mem_paging_copied_bytes_total counter\n"
+      "salus_mem_paging_copied_bytes_total {}\n"
+      "# HELP salus_mem_paging_copy_seconds_total Time the copy path spent copying.\n"
+      "# TYPE salus_mem_paging_copy_seconds_total counter\n"
+      "salus_mem_paging_copy_seconds_total {}\n",
+      snap.paged_bytes, paging.page_outs, paging.page_ins, paging.copied_bytes,
+      ToSeconds(paging.copy_time));
   out += fmt::format(
       "# HELP salus_mem_admission_queue Sessions waiting for memory.\n"
       "# TYPE salus_mem_admission_queue gauge\nsalus_mem_admission_queue {}\n",
@@ -593,6 +624,10 @@ nlohmann::json Server::MemoryMapJson(const ClientRef* viewer) const {
   map["persistent_blocks"] =
       OwnSessionsOnly(map["persistent_blocks"], own, "session", "size", &others);
   map["other_persistent_blocks"] = others;
+  nlohmann::json other_paged;
+  map["paged_sessions"] =
+      OwnSessionsOnly(map["paged_sessions"], own, "session", "size", &other_paged);
+  map["other_paged_sessions"] = other_paged;
   for (auto& lane : map["lanes"]) {
     nlohmann::json kept = nlohmann::json::array();
     uint64_t hidden = 0;

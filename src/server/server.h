@@ -62,6 +62,10 @@ struct ServerOptions {
   nlohmann::json policy_options;
   std::string metrics_listen;  // HOST:PORT; empty: no metrics endpoint
   Nanos lease{std::chrono::seconds(30)};
+  // Admission beyond the arena, paging persistent state to host memory (1: off), and how
+  // long a session paged in keeps its place (sched::Engine::Options).
+  double overcommit = 1.0;
+  Nanos paging_quantum{std::chrono::seconds(1)};
   SessionManager::ModelFactory model_factory;  // null: model sessions are UNIMPLEMENTED
   SecurityOptions security;
   Quotas quotas;

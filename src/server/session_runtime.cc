@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "mem/lane_allocator.h"
 #include "salus/v1/data_type.h"
 
 namespace salus::server {
@@ -34,6 +35,12 @@ Status CheckFrame(const v1::TensorSpec& spec, size_t frame_bytes) {
                     frame_bytes, need));
   }
   return OkStatus();
+}
+
+StatusOr<std::byte*> TakePlannedLane(const mem::LaneIteration& lane, uint64_t bytes) {
+  if (bytes == 0 || lane.allocator == nullptr) return lane.address;
+  SALUS_RETURN_IF_ERROR(lane.allocator->ReservePlan(bytes));
+  return lane.allocator->AllocatePlanned(0, bytes);
 }
 
 }  // namespace salus::server

@@ -59,5 +59,10 @@ class SessionRuntime {
 StatusOr<uint64_t> TensorBytes(const v1::TensorSpec& spec);
 // INVALID_ARGUMENT naming the tensor when the frame's size is not what dtype × shape says.
 Status CheckFrame(const v1::TensorSpec& spec, size_t frame_bytes);
+// Takes the iteration's lane for a static plan of `bytes` (the executable's E): reserves the
+// plan in the lane's allocator and allocates it, so the lane's and the session's ephemeral
+// statistics count what the iteration uses. Returns the plan's base; RESOURCE_EXHAUSTED when
+// the lane is smaller than the plan.
+StatusOr<std::byte*> TakePlannedLane(const mem::LaneIteration& lane, uint64_t bytes);
 
 }  // namespace salus::server

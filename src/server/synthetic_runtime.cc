@@ -50,14 +50,14 @@ Status SyntheticRuntime::Validate(const std::vector<HostTensor>& feeds,
 Status SyntheticRuntime::Run(const sched::Dispatch& d, const std::vector<HostTensor>&,
                              const std::vector<std::string>&, bool, IterationOutputs*) {
   const auto deadline = std::chrono::steady_clock::now() + iteration_;
+  // Its E is the lane's plan, touched or not: the lane's statistics count it.
+  const uint64_t lane_bytes = std::min(ephemeral_, d.lane_memory.size);
+  SALUS_ASSIGN_OR_RETURN(std::byte * lane, TakePlannedLane(d.lane_memory, lane_bytes));
   if (touch_) {
     if (!initialized_ && d.persistent.address != nullptr) {
       TouchPages(d.persistent.address, std::min(persistent_, d.persistent.size), std::byte{1});
     }
-    if (d.lane_memory.address != nullptr) {
-      TouchPages(d.lane_memory.address, std::min(ephemeral_, d.lane_memory.size),
-                 static_cast<std::byte>(d.iteration & 0xff));
-    }
+    if (lane != nullptr) TouchPages(lane, lane_bytes, static_cast<std::byte>(d.iteration & 0xff));
   }
   initialized_ = true;
   std::this_thread::sleep_until(deadline);
