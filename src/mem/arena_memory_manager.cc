@@ -107,12 +107,31 @@ ArenaMemoryManager::~ArenaMemoryManager() {
   for (auto& [id, m] : moving_) {
     if (m.released && m.host != nullptr) FreeHost(m.host, m.size);
   }
+  for (const auto& [bytes, host] : host_pool_) {
+    const Status freed = options_.provider->FreeHost(host, bytes);
+    SALUS_DCHECK(freed.ok(), freed.ToString());
+    freed.IgnoreError();
+  }
   const Status st = options_.provider->Free(base_, capacity_);
   SALUS_DCHECK(st.ok(), st.ToString());
   st.IgnoreError();
 }
 
+StatusOr<std::byte*> ArenaMemoryManager::AllocateHost(uint64_t bytes) {
+  const auto it = host_pool_.find(bytes);
+  if (it == host_pool_.end()) return options_.provider->AllocateHost(bytes);
+  std::byte* host = it->second;
+  host_pool_.erase(it);
+  host_pool_bytes_ -= bytes;
+  return host;
+}
+
 void ArenaMemoryManager::FreeHost(std::byte* host, uint64_t bytes) {
+  if (host_pool_bytes_ + bytes <= options_.host_pool_bytes) {
+    host_pool_.emplace(bytes, host);
+    host_pool_bytes_ += bytes;
+    return;
+  }
   const Status st = options_.provider->FreeHost(host, bytes);
   SALUS_DCHECK(st.ok(), st.ToString());
   st.IgnoreError();
@@ -580,7 +599,7 @@ StatusOr<PageInResult> ArenaMemoryManager::PageIn(SessionId session,
         hosts.push_back(nullptr);
         continue;
       }
-      auto h = options_.provider->AllocateHost(p);
+      auto h = AllocateHost(p);
       if (!h.ok()) {
         for (size_t i = 0; i < hosts.size(); ++i) {
           if (hosts[i] != nullptr)

@@ -174,6 +174,8 @@ class ArenaMemoryManager final : public MemoryManager {
   // Takes `s`'s block out of the region; its range stays in use while `busy_until_lane` (a
   // lane mid-iteration) or a copy needs it.
   void RemoveBlock(Session& s) REQUIRES(mu_);
+  // Host memory for paged state, from the pool (Options::host_pool_bytes) or the provider.
+  StatusOr<std::byte*> AllocateHost(uint64_t bytes) REQUIRES(mu_);
   void FreeHost(std::byte* host, uint64_t bytes) REQUIRES(mu_);
   void LeaveLane(const Session& s) REQUIRES(mu_);
   void ResizeLane(Lane& lane, uint64_t size) REQUIRES(mu_);
@@ -211,6 +213,8 @@ class ArenaMemoryManager final : public MemoryManager {
   std::vector<SessionId> pending_blocks_ GUARDED_BY(mu_);
   std::map<uint64_t, Moving> moving_ GUARDED_BY(mu_);  // by transfer id
   uint64_t next_transfer_ GUARDED_BY(mu_) = 1;
+  std::multimap<uint64_t, std::byte*> host_pool_ GUARDED_BY(mu_);  // size -> free host memory
+  uint64_t host_pool_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t persistent_bytes_ GUARDED_BY(mu_) = 0;  // ΣP of sessions in the region
   uint64_t paged_bytes_ GUARDED_BY(mu_) = 0;       // ΣP of the others
   size_t paged_sessions_ GUARDED_BY(mu_) = 0;

@@ -49,6 +49,7 @@ MemoryStatsSnapshot ArenaMemoryManager::SnapshotLocked() const {
   s.page_ins = page_ins_;
   s.paged_out_bytes = paged_out_bytes_;
   s.paged_in_bytes = paged_in_bytes_;
+  s.host_pool_bytes = host_pool_bytes_;
   s.persistent = persistent_stats_;
   s.ephemeral = closed_lane_stats_;
   uint64_t offset = 0;
@@ -105,7 +106,8 @@ nlohmann::json ArenaMemoryManager::Stats() const {
             {"page_outs", s.page_outs},
             {"page_ins", s.page_ins},
             {"paged_out_bytes", s.paged_out_bytes},
-            {"paged_in_bytes", s.paged_in_bytes}}},
+            {"paged_in_bytes", s.paged_in_bytes},
+            {"host_pool_bytes", s.host_pool_bytes}}},
           {"regions", {{"persistent", ToJson(s.persistent)}, {"ephemeral", ToJson(s.ephemeral)}}},
           {"lanes", lanes},
           {"sessions", sessions}};

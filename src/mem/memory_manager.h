@@ -188,6 +188,7 @@ struct MemoryStatsSnapshot {
   size_t paged_sessions = 0;
   uint64_t page_outs = 0, page_ins = 0;  // copies finished, since creation
   uint64_t paged_out_bytes = 0, paged_in_bytes = 0;
+  uint64_t host_pool_bytes = 0;  // freed host memory kept for reuse
   // Regions: "persistent" counts blocks, "ephemeral" counts allocations in lanes (including
   // closed ones). The ephemeral peak is sampled at iteration ends and snapshots.
   MemoryStats persistent;
@@ -205,6 +206,10 @@ class MemoryManager {
     // Admission admits paged out while the ΣP of all admitted sessions ≤ overcommit × C;
     // 1 (the default): never, every admitted session is resident.
     double overcommit = 1.0;
+    // Host memory freed by paging that the manager keeps for the next page-out (a pool of
+    // exact sizes: sessions page out the same blocks again), so a page-out does not pay for
+    // fresh memory (page faults and zeroing, or pinning) each time. 0: none kept.
+    uint64_t host_pool_bytes = 0;
     const Clock* clock = nullptr;  // for admission timeouts; SteadyClock when null
     std::function<void(const Grant&)> on_admitted;
     std::function<void(SessionId, const Status&)> on_admission_failed;

@@ -88,6 +88,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(Options options) {
   mo.capacity = options.capacity;
   mo.rule = options.policy->admission_rule();
   mo.overcommit = options.overcommit;
+  mo.host_pool_bytes = options.host_pool_bytes.value_or(
+      options.overcommit > 1.0 ? static_cast<uint64_t>((options.overcommit - 1.0) *
+                                                       static_cast<double>(options.capacity))
+                               : 0);
   mo.clock = options.clock;
   std::unique_ptr<Engine> engine(new Engine(std::move(options)));
   Engine* self = engine.get();

@@ -145,6 +145,9 @@ class Engine {
     // not asked for an iteration for page_out_idle.
     Nanos paging_quantum = std::chrono::seconds(1);
     Nanos page_out_idle = std::chrono::milliseconds(50);
+    // Freed host memory kept for the next page-out (mem::MemoryManager::Options); by default
+    // what overcommit can page out at most, (overcommit - 1) × capacity.
+    std::optional<uint64_t> host_pool_bytes;
     // A session that waited was admitted, or gave up (DEADLINE_EXCEEDED). Called without the
     // engine's lock, on the thread whose call caused it.
     std::function<void(SessionId, LaneId)> on_admitted;

@@ -118,6 +118,33 @@ TEST(PagingTest, PageInPagesOutTheCandidatesItNeedsAndCopiesInOrder) {
   EXPECT_TRUE(h.manager->CheckInvariants().ok());
 }
 
+TEST(PagingTest, TheHostPoolReusesFreedHostMemory) {
+  device::FakeMemoryProvider fake;
+  MemoryManager::Options o;
+  o.provider = &fake;
+  o.capacity = 100 * M;
+  o.rule = sched::PackRule();
+  o.overcommit = 2.0;
+  o.host_pool_bytes = 60 * M;
+  auto m = std::move(MemoryManager::Create(o)).value();
+  ASSERT_TRUE(m->Admit(1, {60 * M, 10 * M}).ok());
+  ASSERT_TRUE(m->Admit(2, {60 * M, 10 * M}).ok());
+  auto finish = [&] {
+    for (const Transfer& t : m->TakeTransfers()) ASSERT_TRUE(m->FinishTransfer(t.id).ok());
+    for (const Transfer& t : m->TakeTransfers()) ASSERT_TRUE(m->FinishTransfer(t.id).ok());
+  };
+  for (int round = 0; round < 4; ++round) {
+    const SessionId in = round % 2 == 0 ? 2 : 1, out = round % 2 == 0 ? 1 : 2;
+    ASSERT_TRUE(m->PageIn(in, std::vector<SessionId>{out})->resident);
+    finish();
+    // One block's worth of host memory: the page-in's freed copy serves the next page-out.
+    EXPECT_EQ(fake.live_host_bytes(), round == 0 ? 60 * M : 120 * M) << "round " << round;
+  }
+  EXPECT_EQ(m->StatsSnapshot().host_pool_bytes, 60 * M);
+  m.reset();
+  EXPECT_EQ(fake.live_host_bytes(), 0u);
+}
+
 TEST(PagingTest, PageInWaitsWhenNoCandidateMakesRoom) {
   PagingHarness h;
   ASSERT_NE(h.AdmitNow(1, 60 * M, 10 * M), 0u);

@@ -29,6 +29,7 @@ class PagingHarness {
     o.overcommit = 2.0;
     o.paging_quantum = quantum;
     o.page_out_idle = milliseconds(10);
+    o.host_pool_bytes = 0;  // every byte of host memory goes back to the provider
     engine_ = std::move(*Engine::Create(std::move(o)));
   }
 
