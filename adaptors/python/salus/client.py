@@ -332,7 +332,8 @@ class Client:
             out.append({
                 "session_id": s.session_id, "client_id": s.client_id, "name": s.name,
                 "kind": s.kind,
-                "state": pb.SessionState.Name(s.state), "lane": s.lane, "priority": s.priority,
+                "state": pb.SessionState.Name(s.state), "state_reason": s.state_reason,
+                "page_outs": s.page_outs, "lane": s.lane, "priority": s.priority,
                 "latency_class": "interactive" if s.latency_class == pb.LATENCY_INTERACTIVE
                 else "batch",
                 "persistent_bytes": s.persistent_bytes, "ephemeral_bytes": s.ephemeral_bytes,
