@@ -227,11 +227,18 @@ ArenaMemoryManager::Outcome ArenaMemoryManager::DecideLocked(const Requirement& 
   const bool within =
       static_cast<double>(persistent_bytes_ + paged_bytes_ + req.persistent_bytes) <= limit;
   if (options_.overcommit > 1.0 && !within) return o;
-  o.decision = options_.rule->Decide(arena, req);
-  if (o.decision.step != Step::kWait) {
-    const Status ok = CheckDecisionLocked(arena, req, o.decision);
+  // E as asked, then each smaller lane the session can run in, the first that the rule admits.
+  Requirement r = req;
+  for (size_t i = 0; i <= req.smaller_ephemeral.size(); ++i) {
+    if (i > 0) r.ephemeral_bytes = req.smaller_ephemeral[i - 1];
+    o.decision = options_.rule->Decide(arena, r);
+    if (o.decision.step == Step::kWait) continue;
+    const Status ok = CheckDecisionLocked(arena, r, o.decision);
     SALUS_DCHECK(ok.ok(), ok.ToString());
-    if (ok.ok()) return o;
+    if (ok.ok()) {
+      o.ephemeral_bytes = r.ephemeral_bytes;
+      return o;
+    }
     o.decision = AdmissionDecision::Wait();
   }
   // Overcommit: admitted paged out while every admitted block fits overcommit × C.
@@ -275,27 +282,35 @@ void ArenaMemoryManager::Enter(Session& s, const AdmissionDecision& d) {
   s.lane = lane->id;
 }
 
-Grant ArenaMemoryManager::Apply(const Waiting& w, const AdmissionDecision& d) {
+Grant ArenaMemoryManager::Apply(const Waiting& w, const Outcome& o) {
   Session s;
   s.id = w.id;
   s.req = w.req;
+  s.req.ephemeral_bytes = o.ephemeral_bytes;
+  s.req.smaller_ephemeral.clear();
   s.declared = w.declared;
   Session& placed = sessions_.emplace(s.id, std::move(s)).first->second;
-  Enter(placed, d);
-  return Grant{w.id, placed.lane, true};
+  Enter(placed, o.decision);
+  return Grant{w.id, placed.lane, true, placed.req.ephemeral_bytes};
 }
 
 Grant ArenaMemoryManager::AdmitPaged(const Waiting& w) {
   Session s;
   s.id = w.id;
   s.req = w.req;
+  // The largest lane it can run in that fits beside its block when it pages in.
+  for (const uint64_t e : w.req.smaller_ephemeral) {
+    if (s.req.persistent_bytes + s.req.ephemeral_bytes <= capacity_) break;
+    s.req.ephemeral_bytes = e;
+  }
+  s.req.smaller_ephemeral.clear();
   s.declared = w.declared;
   s.residence = Residence::kPagedOut;
   s.fresh = true;
   paged_bytes_ += s.req.persistent_bytes;
   ++paged_sessions_;
   sessions_.emplace(s.id, std::move(s));
-  return Grant{w.id, 0, false};
+  return Grant{w.id, 0, false, sessions_.at(w.id).req.ephemeral_bytes};
 }
 
 void ArenaMemoryManager::ResizeLane(Lane& lane, uint64_t size) {
@@ -311,13 +326,14 @@ StatusOr<std::optional<Grant>> ArenaMemoryManager::Admit(SessionId session, Requ
     return InvalidArgumentError(fmt::format("admission of session {}: negative timeout", session));
   }
   const uint64_t c = capacity_;
-  if (req.persistent_bytes > c || req.ephemeral_bytes > c ||
-      AlignUp(req.persistent_bytes) + AlignUp(req.ephemeral_bytes) > c) {
+  uint64_t least_e = req.ephemeral_bytes;  // the smallest lane it can run in
+  for (const uint64_t e : req.smaller_ephemeral) least_e = std::min(least_e, e);
+  if (req.persistent_bytes > c || least_e > c ||
+      AlignUp(req.persistent_bytes) + AlignUp(least_e) > c) {
     return ResourceExhaustedError(fmt::format(
         "session {} can never be admitted: it needs P = {} persistent + E = {} ephemeral, more "
         "than the device's capacity C = {}",
-        session, FormatBytes(req.persistent_bytes), FormatBytes(req.ephemeral_bytes),
-        FormatBytes(c)));
+        session, FormatBytes(req.persistent_bytes), FormatBytes(least_e), FormatBytes(c)));
   }
   MutexLock lock(&mu_);
   if (sessions_.contains(session)) {
@@ -331,10 +347,13 @@ StatusOr<std::optional<Grant>> ArenaMemoryManager::Admit(SessionId session, Requ
   w.id = session;
   w.declared = req;
   w.req = {AlignUp(req.persistent_bytes), AlignUp(req.ephemeral_bytes), req.lane_class};
+  for (const uint64_t e : req.smaller_ephemeral) {
+    if (AlignUp(e) < w.req.ephemeral_bytes) w.req.smaller_ephemeral.push_back(AlignUp(e));
+  }
   // Earlier requests keep their turn: a newcomer is admitted paged out only behind none.
   const Outcome o = DecideLocked(w.req);
   if (o.decision.step != Step::kWait) {
-    const Grant g = Apply(w, o.decision);
+    const Grant g = Apply(w, o);
     DcheckInvariants();
     return std::optional<Grant>(g);
   }
@@ -363,7 +382,7 @@ std::vector<Grant> ArenaMemoryManager::RetryQueue() {
     }
     const Outcome o = DecideLocked(it->req);
     if (o.decision.step != Step::kWait) {
-      granted.push_back(Apply(*it, o.decision));
+      granted.push_back(Apply(*it, o));
     } else if (o.paged) {
       granted.push_back(AdmitPaged(*it));
     } else {

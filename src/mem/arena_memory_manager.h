@@ -128,7 +128,8 @@ class ArenaMemoryManager final : public MemoryManager {
   // What admission does for one request: apply a decision, admit it paged out, or wait.
   struct Outcome {
     AdmissionDecision decision;
-    bool paged = false;  // admitted paged out (overcommit)
+    uint64_t ephemeral_bytes = 0;  // the E granted: the asked one or a smaller alternative
+    bool paged = false;            // admitted paged out (overcommit)
   };
 
   ArenaMemoryManager(Options options, std::byte* base);
@@ -164,7 +165,7 @@ class ArenaMemoryManager final : public MemoryManager {
   // that is not there: a rule that broke its contract.
   Status CheckDecisionLocked(const ArenaView& arena, const Requirement& req,
                              const AdmissionDecision& d) const REQUIRES(mu_);
-  Grant Apply(const Waiting& w, const AdmissionDecision& d) REQUIRES(mu_);
+  Grant Apply(const Waiting& w, const Outcome& o) REQUIRES(mu_);
   Grant AdmitPaged(const Waiting& w) REQUIRES(mu_);
   // Places `s`'s block and puts it in a lane as `d` says (admission or page-in).
   void Enter(Session& s, const AdmissionDecision& d) REQUIRES(mu_);

@@ -97,14 +97,19 @@ struct Requirement {
   uint64_t persistent_bytes = 0;  // P
   uint64_t ephemeral_bytes = 0;   // E
   LaneClass lane_class = LaneClass::kBatch;
+  // Smaller lanes the session can also run in, largest first (a training executable's swap
+  // points, exec/swap_planner.h: slower, less memory). Admission grants the first of E and
+  // these that its rule admits now; the admitted session's E is the one granted.
+  std::vector<uint64_t> smaller_ephemeral = {};
 };
 
 class AdmissionRule;  // mem/admission.h
 
 struct Grant {
   SessionId session = 0;
-  LaneId lane = 0;       // 0 when admitted paged out
-  bool resident = true;  // false: admitted paged out (overcommit); PageIn makes it resident
+  LaneId lane = 0;               // 0 when admitted paged out
+  bool resident = true;          // false: admitted paged out (overcommit); PageIn makes it resident
+  uint64_t ephemeral_bytes = 0;  // the E granted (rounded): the asked one or a smaller lane
 };
 
 // Where a session's persistent state is. Paging moves it between the arena and host memory,

@@ -111,6 +111,7 @@ void Engine::OnAdmittedLocked(SessionId id, const mem::Grant& grant) {
   SessionRec& s = sessions_.at(id);
   s.admit_seq = next_admit_seq_++;
   s.hold_window = HoldWindowLocked(s);
+  s.granted_ephemeral = grant.ephemeral_bytes;
   if (!grant.resident) {
     s.state = SessionState::kPagedOut;
     s.reason = "admitted beyond the device's capacity (overcommit); paged in when it runs";
@@ -592,6 +593,7 @@ StatusOr<SessionInfo> Engine::Session(SessionId id) const {
   info.reason = s.reason;
   info.copying = s.copying;
   info.page_outs = s.page_outs;
+  info.ephemeral_bytes = s.granted_ephemeral;
   info.lane = s.lane;
   info.lane_class = s.spec.requirement.lane_class;
   info.priority = s.spec.priority;

@@ -104,6 +104,7 @@ struct SessionInfo {
   Nanos hold_window{0};              // Note [Anticipation]; 0 when the policy never holds
   size_t gaps_observed = 0;          // reply-to-request gaps seen (at most kGapHistory kept)
   bool copying = false;              // its state is being copied to or from host memory
+  uint64_t ephemeral_bytes = 0;      // the E admission granted (0 while waiting)
   uint64_t page_outs = 0;            // times paged out
 };
 
@@ -222,6 +223,7 @@ class Engine {
     Nanos last_ran{0};
     Nanos last_request{0};
     uint64_t page_outs = 0;
+    uint64_t granted_ephemeral = 0;
     Nanos service{0};
     Nanos total_service{0};
     int64_t iterations_done = 0;

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <set>
 
+#include "common/units.h"
+
 namespace salus::server {
 namespace {
 
@@ -265,6 +267,28 @@ Status ModelRuntime::Validate(const std::vector<HostTensor>& feeds,
   return OkStatus();
 }
 
+mem::Requirement ModelRuntime::requirement() const {
+  const std::vector<exec::SwapPoint>& points = exe_->SwapPoints();
+  mem::Requirement r{exe_->persistent_bytes(),
+                     points.empty() ? exe_->ephemeral_bytes() : points.front().ephemeral_bytes};
+  for (size_t i = 1; i < points.size(); ++i)
+    r.smaller_ephemeral.push_back(points[i].ephemeral_bytes);
+  return r;
+}
+
+Status ModelRuntime::FitLane(uint64_t lane_bytes) {
+  // The fastest point whose E fits the lane: points run from the largest E, fastest, down.
+  const std::vector<exec::SwapPoint>& points = exe_->SwapPoints();
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (points[i].ephemeral_bytes > lane_bytes) continue;
+    if (i == exe_->selected_swap_point()) return OkStatus();
+    return exe_->SelectSwapPoint(i);
+  }
+  return ResourceExhaustedError(fmt::format(
+      "the lane of {} is smaller than the least this model needs ({})", FormatBytes(lane_bytes),
+      FormatBytes(points.empty() ? exe_->ephemeral_bytes() : points.back().ephemeral_bytes)));
+}
+
 Status ModelRuntime::Run(const sched::Dispatch& d, const std::vector<HostTensor>& feeds,
                          const std::vector<std::string>& fetches, bool state_only,
                          IterationOutputs* out) {
@@ -309,6 +333,7 @@ Status ModelRuntime::Run(const sched::Dispatch& d, const std::vector<HostTensor>
       buffers[i].resize(infos[i].bytes);
       fetch_ptrs[i] = buffers[i].data();
     }
+    if (d.lane_memory.allocator != nullptr) SALUS_RETURN_IF_ERROR(FitLane(d.lane_memory.size));
     SALUS_ASSIGN_OR_RETURN(std::byte * lane,
                            TakePlannedLane(d.lane_memory, exe_->ephemeral_bytes()));
     SALUS_RETURN_IF_ERROR(exe_->Run(ctx, d.persistent.address, lane, feed_ptrs, fetch_ptrs));

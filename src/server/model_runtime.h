@@ -32,9 +32,9 @@ class ModelRuntime final : public SessionRuntime {
       uint64_t max_folded_bytes = exec::CompileOptions{}.max_folded_bytes);
 
   std::string_view kind() const override { return "model"; }
-  mem::Requirement requirement() const override {
-    return {exe_->persistent_bytes(), exe_->ephemeral_bytes()};
-  }
+  // P, and E without swapping; the executable's swap points are the smaller lanes it can run
+  // in (admission grants one when E does not fit, and Run follows the lane it is given).
+  mem::Requirement requirement() const override;
   std::vector<v1::TensorSpec> input_specs() const override { return inputs_; }
   std::vector<v1::TensorSpec> output_specs() const override { return outputs_; }
   std::vector<v1::TensorSpec> state_specs() const override { return state_; }
@@ -46,6 +46,8 @@ class ModelRuntime final : public SessionRuntime {
 
  private:
   explicit ModelRuntime(std::unique_ptr<exec::Executable> exe);
+  // Selects the fastest swap point whose E fits a lane of `lane_bytes`.
+  Status FitLane(uint64_t lane_bytes);
 
   // The spec of `name` in `specs`, or null.
   static const v1::TensorSpec* Find(const std::vector<v1::TensorSpec>& specs,

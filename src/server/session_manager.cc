@@ -450,6 +450,7 @@ v1::ListSessionsReply SessionManager::List(const ClientRef* viewer) const {
     info.set_client_id(e->client_name);
     if (s.ok()) {
       info.set_state(WireState(s->state));
+      if (s->ephemeral_bytes > 0) info.set_ephemeral_bytes(s->ephemeral_bytes);
       info.set_state_reason(s->reason);
       info.set_page_outs(s->page_outs);
       info.set_lane(s->lane);

@@ -130,3 +130,27 @@ def test_a_killed_clients_paged_out_state_is_freed(daemon_factory) -> None:  # n
             s.run(feeds=feeds(1, 1), fetches=["loss"])  # the survivor trains on
     finally:
         doomed.kill()
+
+
+def test_a_model_too_large_for_the_arena_runs_in_a_smaller_lane(daemon_factory) -> None:  # noqa: ANN001
+    """Its executable's swap planner offers smaller lanes; admission grants one that fits and
+    training gives the same losses as in a lane of its full E."""
+    alone = daemon_factory()
+    expected: dict[int, list[float]] = {}
+    with salus.connect(alone.endpoint) as c:
+        probe = create(c, "probe")
+        info = next(s for s in c.sessions() if s["session_id"] == probe.id)
+        p, e = info["persistent_bytes"], info["ephemeral_bytes"]
+        probe.close()
+    train(alone.endpoint, 0, expected)
+    capacity = ((p + e * 3 // 4) // 256) * 256  # P fits, the full E does not
+    small = daemon_factory(memory=f"{capacity}B", policy="fair")
+    got: dict[int, list[float]] = {}
+    with salus.connect(small.endpoint) as c:
+        s = create(c, "small")
+        info = next(x for x in c.sessions() if x["session_id"] == s.id)
+        assert info["state"] == "ADMITTED"
+        assert info["ephemeral_bytes"] < e
+        assert info["persistent_bytes"] + info["ephemeral_bytes"] <= capacity
+        got[0] = [float(s.run(feeds=feeds(0, i), fetches=["loss"])["loss"]) for i in range(STEPS)]
+    assert got[0] == expected[0]

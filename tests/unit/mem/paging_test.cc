@@ -145,6 +145,25 @@ TEST(PagingTest, TheHostPoolReusesFreedHostMemory) {
   EXPECT_EQ(fake.live_host_bytes(), 0u);
 }
 
+TEST(SmallerLaneTest, AdmissionGrantsTheFirstLaneThatFits) {
+  testing::Harness h(100 * M);
+  ASSERT_NE(h.AdmitNow(1, 60 * M, 30 * M), 0u);
+  // 10 MiB free beside a lane of 30: E = 40 and 38 would need the lane grown past what is
+  // free; 15 joins it.
+  auto g = h.manager->Admit(2, {5 * M, 40 * M, LaneClass::kBatch, {38 * M, 15 * M, 10 * M}});
+  ASSERT_TRUE(g.ok() && g->has_value()) << g.status();
+  EXPECT_EQ((*g)->ephemeral_bytes, 15 * M);
+  EXPECT_EQ(h.manager->CommittedBytes(), 95 * M);
+  ASSERT_TRUE(h.manager->Release(2).ok());
+  ASSERT_TRUE(h.manager->Release(1).ok());
+  // Never fits only when even the smallest lane does not.
+  EXPECT_EQ(h.manager->Admit(3, {95 * M, 10 * M, LaneClass::kBatch, {5 * M}}).status().code(),
+            StatusCode::kOk);
+  EXPECT_EQ(h.manager->Admit(4, {96 * M, 10 * M, LaneClass::kBatch, {5 * M}}).status().code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_TRUE(h.manager->CheckInvariants().ok());
+}
+
 TEST(PagingTest, PageInWaitsWhenNoCandidateMakesRoom) {
   PagingHarness h;
   ASSERT_NE(h.AdmitNow(1, 60 * M, 10 * M), 0u);
