@@ -3,6 +3,7 @@
 //
 //   salus-sim --trace FILE --policy fifo|srtf|pack|fair|priority --capacity 16GiB --out DIR
 //             [--seed N] [--turnaround S] [--policy-options JSON]
+//             [--overcommit X] [--host-bandwidth-gbps G] [--paging-quantum-ms MS]
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <iostream>
@@ -14,9 +15,13 @@
 
 namespace po = boost::program_options;
 
+// Link bandwidths are quoted in decimal gigabytes per second.
+constexpr double kBytesPerGB = 1e9;
+
 int main(int argc, char** argv) {
   std::string trace, policy, capacity_text, out, profiles, policy_options;
   salus::tools::SimOptions opts;
+  double host_gbps = salus::tools::kDefaultHostBandwidthBytesPerS / kBytesPerGB;
   po::options_description desc(
       "salus-sim: replay a trace through Salus's scheduler and memory manager");
   desc.add_options()("help,h", "show this help")(
@@ -36,6 +41,14 @@ int main(int argc, char** argv) {
       "turnaround_s (0: back to back)")(
       "policy-options", po::value(&policy_options)->default_value(""),
       "the policy's options as a JSON object, e.g. {\"single_lane\":true}")(
+      "overcommit", po::value(&opts.overcommit)->default_value(1.0),
+      "admit sessions while the persistent memory of all of them is at most this times the "
+      "capacity, paging to host memory what does not fit (1: no paging)")(
+      "host-bandwidth-gbps", po::value(&host_gbps)->default_value(host_gbps),
+      "copy bandwidth between device and host memory in GB/s (gigabytes, 1e9 bytes, per "
+      "second), one copy at a time; the default is a PCIe 4.0 x16 link's practical rate")(
+      "paging-quantum-ms", po::value(&opts.paging_quantum_ms)->default_value(1000.0),
+      "a session made resident is not paged out before this many ms and one iteration")(
       "profiles", po::value(&profiles)->default_value(SALUS_DEFAULT_PROFILES),
       "workload profiles CSV");
   po::variables_map vm;
@@ -60,6 +73,7 @@ int main(int argc, char** argv) {
   if (!capacity.ok()) return fail(capacity.status().WithContext("--capacity"));
   opts.capacity = *capacity;
   opts.policy = policy;
+  opts.host_bandwidth = host_gbps * kBytesPerGB;
   if (!policy_options.empty()) {
     opts.policy_options = nlohmann::json::parse(policy_options, nullptr, false);
     if (opts.policy_options.is_discarded()) {
@@ -85,6 +99,13 @@ int main(int argc, char** argv) {
             << " s, avg JCT " << sum["avg_jct_s"].get<double>() << " s, p95 JCT "
             << sum["p95_jct_s"].get<double>() << " s, avg queuing "
             << sum["avg_queuing_s"].get<double>() << " s, max lanes " << sum["max_lanes"]
-            << ", safety violations " << sum["safety_violations"] << " (" << wall << " s wall)\n";
+            << ", safety violations " << sum["safety_violations"];
+  if (sum.contains("paging")) {
+    const auto& pg = sum["paging"];
+    std::cout << "; paging: " << pg["page_ins"] << " page-ins, " << pg["page_outs"]
+              << " page-outs, " << pg["copied_bytes"].get<double>() / kBytesPerGB
+              << " GB copied, copy path busy " << pg["copy_busy_s"].get<double>() << " s";
+  }
+  std::cout << " (" << wall << " s wall)\n";
   return result->safety_violations == 0 ? 0 : 3;
 }

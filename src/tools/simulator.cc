@@ -1,14 +1,30 @@
 // The simulator's event loop. Time is a double in seconds; the engine's ManualClock follows
-// it in nanoseconds. Each step moves to the earlier of the next arrival and the next
-// iteration completion, advances every running iteration by the elapsed time × its speed,
-// and applies the events at that time in a fixed order (completions by lane id, then
+// it in nanoseconds. Each step moves to the earliest next event (an arrival, an iteration's
+// completion, a client's request, a hold or paging deadline, the end of a copy), advances
+// every running iteration by the elapsed time × its speed, and applies the events at that
+// time in a fixed order (requests, completions by lane id, copies in the order they ran, then
 // arrivals in trace order), so a trace and seed always give the same result.
+//
+// Note [Simulated paging]
+// With overcommit > 1 the engine admits sessions beyond what fits resident and pages their
+// persistent blocks between the arena and host memory (Note [Paging] in sched/engine.cc): it
+// decides what to page and when, as in the daemon. The simulator models only the copies'
+// time. After every dispatch it takes the engine's ready transfers and queues them, in the
+// order handed out, on one copy path (a FIFO bus): a copy starts when the previous one ends,
+// or at once when the path is idle, and takes bytes / host_bandwidth. When it ends the
+// simulator reports it (FinishTransfer, `took` = that duration) and dispatches again. Copies
+// overlap iterations and do not slow them (copy engines run beside the compute units); a
+// session paging in becomes runnable only when its copy ends, and a session admitted paged
+// out has nothing to copy in. The fake provider's host memory and copies are no-ops, so only
+// the modelled time matters. With overcommit 1 there is nothing to copy and the replay is the
+// one without paging, step for step.
 #include "tools/simulator.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -26,6 +42,16 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 // Work below this many seconds counts as done (absorbs rounding of repeated subtraction).
 constexpr double kWorkEpsilonS = 1e-9;
+// Consecutive steps at which only a hold or paging deadline passed, with nothing running,
+// copying or due, before the replay counts as stalled (a retry every 50 ms for over an hour).
+constexpr uint64_t kMaxIdleSteps = 100000;
+
+// A transfer on the copy path (Note [Simulated paging]).
+struct QueuedCopy {
+  mem::Transfer transfer;
+  double took_s = 0;
+  double end_s = 0;
+};
 
 struct Running {
   sched::Dispatch dispatch;
@@ -66,6 +92,7 @@ nlohmann::json JobResultJson(const SimJobResult& r) {
   j["jct_s"] = r.finish_s - r.job->submit_s;
   j["queuing_s"] = r.first_start_s - r.job->submit_s;
   j["lane"] = r.lane;
+  if (r.page_outs) j["page_outs"] = *r.page_outs;
   return j;
 }
 
@@ -81,6 +108,19 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     return InvalidArgumentError(
         fmt::format("turnaround must be >= 0, got {}", options.turnaround_s));
   }
+  if (!(options.overcommit >= 1) || std::isinf(options.overcommit)) {
+    return InvalidArgumentError(
+        fmt::format("overcommit must be a finite number >= 1, got {}", options.overcommit));
+  }
+  if (!(options.host_bandwidth > 0) || std::isinf(options.host_bandwidth)) {
+    return InvalidArgumentError(
+        fmt::format("host bandwidth must be > 0 bytes/s, got {}", options.host_bandwidth));
+  }
+  if (!(options.paging_quantum_ms >= 0) || std::isinf(options.paging_quantum_ms)) {
+    return InvalidArgumentError(
+        fmt::format("paging quantum must be >= 0 ms, got {}", options.paging_quantum_ms));
+  }
+  const bool paging = options.overcommit > 1;
   SALUS_ASSIGN_OR_RETURN(auto policy, sched::CreatePolicy(options.policy, options.policy_options));
 
   ManualClock clock;
@@ -100,6 +140,8 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
   eo.provider = provider;
   eo.capacity = options.capacity;
   eo.policy = std::move(policy);
+  eo.overcommit = options.overcommit;
+  eo.paging_quantum = FromSeconds(options.paging_quantum_ms / 1000);
   eo.on_admitted = [&](mem::SessionId id, mem::LaneId lane) {
     const size_t j = job_of(id);
     result.jobs[j].admitted_s = now;
@@ -131,6 +173,11 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
       requests;
   nlohmann::json t_series = nlohmann::json::array(), lanes_series = nlohmann::json::array(),
                  mem_series = nlohmann::json::array();
+  // The copy path (Note [Simulated paging]): copies queued in order, the first one running.
+  std::deque<QueuedCopy> bus;
+  double bus_free_s = 0;       // when the last queued copy ends
+  uint64_t paging_events = 0;  // page-ins + page-outs at the last look
+  uint64_t idle_steps = 0;
   size_t max_lanes = 0;
   size_t last_lanes = SIZE_MAX;
   uint64_t last_mem = UINT64_MAX;
@@ -151,6 +198,20 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     }
   };
 
+  // Queues the engine's ready copies on the copy path; notes paging for the memory series.
+  auto take_transfers = [&] {
+    for (mem::Transfer& t : engine->TakeTransfers()) {
+      const double took = static_cast<double>(t.bytes) / options.host_bandwidth;
+      bus_free_s = std::max(bus_free_s, now) + took;
+      bus.push_back(QueuedCopy{std::move(t), took, bus_free_s});
+    }
+    const sched::PagingStats ps = engine->Paging();
+    if (ps.page_ins + ps.page_outs != paging_events) {
+      paging_events = ps.page_ins + ps.page_outs;
+      memory_changed = true;
+    }
+  };
+
   auto request_all_ready = [&]() -> Status {
     for (size_t j : ready_to_request) {
       if (state[j].units > 0) SALUS_RETURN_IF_ERROR(engine->RequestIteration(j + 1));
@@ -168,10 +229,12 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     for (const sched::Dispatch& d : dispatched) {
       const size_t j = job_of(d.session);
       if (result.jobs[j].first_start_s < 0) result.jobs[j].first_start_s = now;
+      if (result.jobs[j].lane == 0) result.jobs[j].lane = d.lane;  // admitted paged out
       double work = state[j].unit_s;
       if (options.jitter > 0) work *= jitter(rng);
       running.emplace(d.lane, Running{d, j, work});
     }
+    if (paging) take_transfers();
     sample();
 
     double util = 0;
@@ -185,9 +248,22 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     // A held lane is decided again when its hold ends (Note [Anticipation]).
     const std::optional<Nanos> hold = engine->NextHoldDeadline();
     const double t_hold = hold ? ToSeconds(*hold) : kInf;
-    if (t_done == kInf && t_arrival == kInf && t_request == kInf && t_hold == kInf) break;
+    const double t_copy = bus.empty() ? kInf : bus.front().end_s;
+    if (t_done == kInf && t_arrival == kInf && t_request == kInf && t_hold == kInf &&
+        t_copy == kInf) {
+      break;
+    }
 
-    const double t = std::min({t_done, t_arrival, t_request, t_hold});
+    const double t = std::min({t_done, t_arrival, t_request, t_hold, t_copy});
+    if (running.empty() && t_copy == kInf && t_arrival == kInf && t_request == kInf) {
+      if (++idle_steps > kMaxIdleSteps) {
+        return InternalError(
+            fmt::format("simulation stalled at {} s: only hold or paging deadlines for {} steps",
+                        now, kMaxIdleSteps));
+      }
+    } else {
+      idle_steps = 0;
+    }
     for (auto& [lane, r] : running) r.work_left_s -= (t - now) * speed;
     now = t;
     clock.Set(FromSeconds(now));
@@ -214,6 +290,11 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
       SimJobResult& jr = result.jobs[r.job];
       if (++jr.units_done >= state[r.job].units) {
         jr.finish_s = now;
+        if (paging) {
+          SALUS_ASSIGN_OR_RETURN(const sched::SessionInfo info,
+                                 engine->Session(r.dispatch.session));
+          jr.page_outs = info.page_outs;
+        }
         SALUS_RETURN_IF_ERROR(engine->RemoveSession(r.dispatch.session).status());
         memory_changed = true;
       } else if (const double turnaround = jobs[r.job].turnaround_s.value_or(options.turnaround_s);
@@ -222,6 +303,15 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
       } else {
         SALUS_RETURN_IF_ERROR(engine->RequestIteration(r.dispatch.session));
       }
+    }
+
+    // Copies that end by t, in the order they ran.
+    while (!bus.empty() && bus.front().end_s <= now) {
+      const QueuedCopy c = std::move(bus.front());
+      bus.pop_front();
+      result.paging.busy_s += c.took_s;
+      SALUS_RETURN_IF_ERROR(engine->FinishTransfer(c.transfer, OkStatus(), FromSeconds(c.took_s)));
+      memory_changed = true;
     }
 
     // Arrivals at t.
@@ -306,6 +396,21 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
                 {"expired", holds.expired},
                 {"idle_s", ToSeconds(holds.idle)}};
   s["series"] = {{"t_s", t_series}, {"lanes", lanes_series}, {"memory_bytes", mem_series}};
+  const sched::PagingStats ps = engine->Paging();
+  result.paging.page_ins = ps.page_ins;
+  result.paging.page_outs = ps.page_outs;
+  result.paging.copies = ps.copies;
+  result.paging.copied_bytes = ps.copied_bytes;
+  if (paging) {  // absent without paging, so such a replay's output is what it always was
+    s["paging"] = {{"overcommit", options.overcommit},
+                   {"host_bandwidth_bytes_per_s", options.host_bandwidth},
+                   {"paging_quantum_ms", options.paging_quantum_ms},
+                   {"page_ins", result.paging.page_ins},
+                   {"page_outs", result.paging.page_outs},
+                   {"copies", result.paging.copies},
+                   {"copied_bytes", result.paging.copied_bytes},
+                   {"copy_busy_s", result.paging.busy_s}};
+  }
   return result;
 }
 

@@ -16,10 +16,14 @@
 //    [1 - jitter, 1 + jitter] with the seeded RNG; `quantum_s` groups a job's consecutive
 //    iterations into scheduling units of about that many seconds (0: every iteration is a
 //    scheduling point, exact).
+//  - Optional: `overcommit` > 1 pages persistent state to host memory (Note [Simulated
+//    paging] in simulator.cc): the engine decides what to page, and each copy takes
+//    bytes / host_bandwidth on one serialized copy path.
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +37,10 @@ class MemoryProvider;
 
 namespace salus::tools {
 
+// A PCIe 4.0 x16 link moves about 25 GB/s between device and pinned host memory in practice
+// (32 GB/s raw); the default copy path between them in the simulator.
+inline constexpr double kDefaultHostBandwidthBytesPerS = 25e9;
+
 struct SimOptions {
   std::string policy = "fair";
   nlohmann::json policy_options;
@@ -41,6 +49,11 @@ struct SimOptions {
   double jitter = 0;
   double quantum_s = 0;
   double turnaround_s = 0;  // client turnaround of jobs whose trace row gives none
+  // Paging (Note [Simulated paging]): sched::Engine::Options::overcommit (1: off), the copy
+  // path's bandwidth in bytes per second, and Engine::Options::paging_quantum.
+  double overcommit = 1.0;
+  double host_bandwidth = kDefaultHostBandwidthBytesPerS;
+  double paging_quantum_ms = 1000;
 };
 
 struct SimJobResult {
@@ -51,7 +64,17 @@ struct SimJobResult {
   double first_start_s = -1;
   double finish_s = -1;
   mem::LaneId lane = 0;
-  int64_t units_done = 0;  // scheduling units (iterations, or groups with a quantum)
+  int64_t units_done = 0;             // scheduling units (iterations, or groups with a quantum)
+  std::optional<uint64_t> page_outs;  // times paged out; set only when paging is modelled
+};
+
+// The copy path's work over a replay (Note [Simulated paging]).
+struct SimPagingResult {
+  uint64_t page_ins = 0;   // sessions made resident by paging in (Engine::Paging())
+  uint64_t page_outs = 0;  // sessions paged out to make room
+  uint64_t copies = 0;     // transfers run on the copy path
+  uint64_t copied_bytes = 0;
+  double busy_s = 0;  // time the copy path was copying: Σ bytes / host_bandwidth
 };
 
 struct SimResult {
@@ -59,6 +82,7 @@ struct SimResult {
   nlohmann::json summary;
   uint64_t iterations = 0;  // scheduling units the engine ran
   uint64_t safety_violations = 0;
+  SimPagingResult paging;
 };
 
 StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions& options,

@@ -170,6 +170,150 @@ TEST(SimulatorTest, SameTraceAndSeedGiveByteIdenticalOutput) {
   std::filesystem::remove_all(base);
 }
 
+// Paging (Note [Simulated paging]): three jobs of P 1.5 GiB and E 0.5 GiB on a 4 GiB device.
+// Two fit resident (ΣP + ΣL <= 4 GiB); the third would make ΣP 4.5 GiB, so without
+// overcommit it waits for admission until one of the others leaves. With overcommit 1.5 (ΣP
+// up to 6 GiB) it is admitted paged out at once, and paged in by paging another out.
+constexpr uint64_t kPagingCap = 4 * kGiB;
+constexpr uint64_t kPagingP = 3 * kGiB / 2;
+// A copy of one P takes kCopyS on the copy path.
+constexpr double kCopyS = 0.25;
+constexpr double kPagingBandwidth = static_cast<double>(kPagingP) / kCopyS;
+
+std::vector<TraceJob> PagingTrace() {
+  return {Job("a", 0, 10, 1.5, 0.5, 1.0), Job("b", 0, 10, 1.5, 0.5, 1.0),
+          Job("c", 0.5, 4, 1.5, 0.5, 1.0)};
+}
+
+SimOptions Overcommit(double overcommit, double bandwidth = kPagingBandwidth) {
+  SimOptions o;
+  o.overcommit = overcommit;
+  o.host_bandwidth = bandwidth;
+  return o;
+}
+
+TEST(SimulatorTest, OvercommitRunsJobsWhosePersistentMemoryExceedsTheDevice) {
+  const std::vector<TraceJob> jobs = PagingTrace();
+  for (const char* policy : {"srtf", "fair"}) {
+    SCOPED_TRACE(policy);
+    const SimResult off = Simulated(jobs, policy, kPagingCap, Overcommit(1.0));
+    ASSERT_EQ(off.jobs.size(), 3u);
+    // c waits for admission until a job leaves (at 10 s under SRTF, 20 s under FAIR).
+    EXPECT_GE(off.jobs[2].admitted_s, 10.0);
+    EXPECT_EQ(off.paging.copies, 0u);
+
+    const SimResult on = Simulated(jobs, policy, kPagingCap, Overcommit(1.5));
+    ASSERT_EQ(on.jobs.size(), 3u);
+    EXPECT_EQ(on.summary["finished"], 3);
+    EXPECT_EQ(on.summary["refused"], 0);
+    EXPECT_EQ(on.summary["safety_violations"], 0);
+    EXPECT_NEAR(on.jobs[2].admitted_s, 0.5, 1e-9);  // admitted paged out on arrival
+    EXPECT_LT(on.jobs[2].finish_s - 0.5, off.jobs[2].finish_s - 0.5);
+    const SimPagingResult& pg = on.paging;
+    EXPECT_GT(pg.page_outs, 0u);
+    // Every page-out is copied out and, for the job to finish, back in; c was admitted paged
+    // out, so its first page-in copies nothing.
+    EXPECT_EQ(pg.page_ins, pg.page_outs + 1);
+    EXPECT_EQ(pg.copies, 2 * pg.page_outs);
+    EXPECT_EQ(pg.copied_bytes, pg.copies * kPagingP);
+    // The copy path was busy for exactly bytes / bandwidth.
+    EXPECT_NEAR(pg.busy_s, static_cast<double>(pg.copied_bytes) / kPagingBandwidth, 1e-9);
+    EXPECT_NEAR(pg.busy_s, static_cast<double>(pg.copies) * kCopyS, 1e-9);
+    uint64_t job_page_outs = 0;
+    for (const SimJobResult& r : on.jobs) {
+      ASSERT_TRUE(r.page_outs.has_value());
+      job_page_outs += *r.page_outs;
+    }
+    EXPECT_EQ(job_page_outs, pg.page_outs);
+    const nlohmann::json& s = on.summary["paging"];
+    EXPECT_EQ(s["page_ins"], pg.page_ins);
+    EXPECT_EQ(s["page_outs"], pg.page_outs);
+    EXPECT_EQ(s["copied_bytes"], pg.copied_bytes);
+    EXPECT_DOUBLE_EQ(s["copy_busy_s"].get<double>(), pg.busy_s);
+    EXPECT_DOUBLE_EQ(s["host_bandwidth_bytes_per_s"].get<double>(), kPagingBandwidth);
+  }
+}
+
+// SRTF, one lane: a runs first. c (4 iterations, the shortest) arrives at 0.5 s paged out; at
+// a's first boundary (1 s: a has been resident for the 1 s paging quantum and has run) a is
+// paged out for it. c's block is placed when a's copy out ends, at 1.25 s, and c runs to
+// 5.25 s. Its departure makes room: a is paged back in (5.25-5.5 s) while b, resident and
+// runnable, takes the lane for one iteration; then a (shorter remaining) runs its 9 left, and
+// b its 9.
+TEST(SimulatorTest, PagingUnderSrtfExactly) {
+  const std::vector<TraceJob> jobs = PagingTrace();
+  const SimResult r = Simulated(jobs, "srtf", kPagingCap, Overcommit(1.5));
+  ASSERT_EQ(r.jobs.size(), 3u);
+  EXPECT_NEAR(r.jobs[2].first_start_s, 1 + kCopyS, 1e-9);
+  EXPECT_NEAR(r.jobs[2].finish_s, 5 + kCopyS, 1e-9);
+  EXPECT_NEAR(r.jobs[0].finish_s, 15 + kCopyS, 1e-9);
+  EXPECT_NEAR(r.jobs[1].first_start_s, 5 + kCopyS, 1e-9);
+  EXPECT_NEAR(r.jobs[1].finish_s, 24 + kCopyS, 1e-9);
+  EXPECT_EQ(r.paging.page_outs, 1u);
+  EXPECT_EQ(r.jobs[0].page_outs, 1u);
+  // At a tenth of the bandwidth the copy takes ten times as long, and c starts that much later.
+  const SimResult slow =
+      Simulated(jobs, "srtf", kPagingCap, Overcommit(1.5, kPagingBandwidth / 10));
+  ASSERT_EQ(slow.jobs.size(), 3u);
+  EXPECT_NEAR(slow.jobs[2].first_start_s, 1 + 10 * kCopyS, 1e-9);
+  EXPECT_NEAR(slow.paging.busy_s, 2 * 10 * kCopyS, 1e-9);
+}
+
+// FAIR, two lanes: a and b (P 1 GiB each) run side by side at half speed, so their first
+// iterations end together at 2 s. c (P 3 GiB, no service yet) needs both paged out. Their two
+// copies queue on the one copy path, a's then b's, and c's block is placed when the second
+// ends: at 2 s + 2 copies, not 2 s + 1 as two parallel copies would give.
+TEST(SimulatorTest, CopiesRunOneAtATimeOnOneCopyPath) {
+  const std::vector<TraceJob> jobs = {Job("a", 0, 6, 1, 0.5, 1.0), Job("b", 0, 6, 1, 0.5, 1.0),
+                                      Job("c", 0.5, 2, 3, 0.5, 1.0)};
+  const double bandwidth = static_cast<double>(kGiB) / kCopyS;  // one P of a or b: kCopyS
+  const SimResult r = Simulated(jobs, "fair", kPagingCap, Overcommit(1.5, bandwidth));
+  ASSERT_EQ(r.jobs.size(), 3u);
+  EXPECT_EQ(r.summary["finished"], 3);
+  EXPECT_EQ(r.jobs[2].page_outs, 0u);
+  EXPECT_NEAR(r.jobs[2].first_start_s, 2 + 2 * kCopyS, 1e-9);
+  EXPECT_GE(r.paging.page_outs, 2u);
+  EXPECT_NEAR(r.paging.busy_s, static_cast<double>(r.paging.copied_bytes) / bandwidth, 1e-9);
+}
+
+// Overcommit 1 is the replay without paging: whatever the paging options say, the output is
+// byte for byte the default's, with no paging in it. On the paging trace that is today's
+// admission wait (SRTF: a runs 0-10 s, c is admitted when a leaves and runs 10-14 s, b 14-24 s).
+TEST(SimulatorTest, OvercommitOneIsTheReplayWithoutPaging) {
+  std::vector<TraceJob> mixed;
+  for (int i = 0; i < 30; ++i) {
+    mixed.push_back(Job("j" + std::to_string(i), i * 0.7, 20 + i, 0.5 + (i % 3), 1 + (i % 5),
+                        0.05 * (1 + i % 4), 0.3 + 0.1 * (i % 7)));
+  }
+  const std::vector<TraceJob> paging = PagingTrace();
+  const std::vector<TraceJob>* traces[] = {&paging, &mixed};
+  for (const std::vector<TraceJob>* jobs : traces) {
+    for (const char* policy : {"fifo", "srtf", "pack", "fair", "priority"}) {
+      SCOPED_TRACE(policy);
+      const uint64_t cap = jobs == &paging ? kPagingCap : 8 * kGiB;
+      const SimResult base = Simulated(*jobs, policy, cap);
+      SimOptions o = Overcommit(1.0, 1.0);
+      o.paging_quantum_ms = 1;
+      const SimResult one = Simulated(*jobs, policy, cap, o);
+      EXPECT_EQ(one.summary.dump(), base.summary.dump());
+      EXPECT_FALSE(one.summary.contains("paging"));
+      ASSERT_EQ(one.jobs.size(), base.jobs.size());
+      for (size_t i = 0; i < one.jobs.size(); ++i) {
+        EXPECT_EQ(JobResultJson(one.jobs[i]).dump(), JobResultJson(base.jobs[i]).dump());
+        EXPECT_FALSE(one.jobs[i].page_outs.has_value());
+      }
+      EXPECT_EQ(one.paging.page_ins + one.paging.page_outs + one.paging.copies, 0u);
+      EXPECT_EQ(one.paging.busy_s, 0.0);
+    }
+  }
+  const SimResult r = Simulated(paging, "srtf", kPagingCap, Overcommit(1.0));
+  ASSERT_EQ(r.jobs.size(), 3u);
+  EXPECT_NEAR(r.jobs[0].finish_s, 10, 1e-9);
+  EXPECT_NEAR(r.jobs[2].admitted_s, 10, 1e-9);
+  EXPECT_NEAR(r.jobs[2].finish_s, 14, 1e-9);
+  EXPECT_NEAR(r.jobs[1].finish_s, 24, 1e-9);
+}
+
 TEST(SimulatorTest, RejectsBadOptions) {
   auto provider = device::CreateMemoryProvider("fake");
   ASSERT_TRUE(provider.ok());
@@ -180,6 +324,17 @@ TEST(SimulatorTest, RejectsBadOptions) {
   o.policy = "fair";
   o.jitter = 1.5;
   EXPECT_EQ(Simulate({}, o, provider->get()).status().code(), StatusCode::kInvalidArgument);
+  o.jitter = 0;
+  o.overcommit = 0.5;
+  EXPECT_EQ(Simulate({}, o, provider->get()).status().code(), StatusCode::kInvalidArgument);
+  o.overcommit = 1.5;
+  o.host_bandwidth = 0;
+  EXPECT_EQ(Simulate({}, o, provider->get()).status().code(), StatusCode::kInvalidArgument);
+  o.host_bandwidth = kDefaultHostBandwidthBytesPerS;
+  o.paging_quantum_ms = -1;
+  EXPECT_EQ(Simulate({}, o, provider->get()).status().code(), StatusCode::kInvalidArgument);
+  o.paging_quantum_ms = 1000;
+  EXPECT_TRUE(Simulate({}, o, provider->get()).ok());
 }
 
 }  // namespace
