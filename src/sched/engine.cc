@@ -114,6 +114,7 @@ void Engine::OnAdmittedLocked(SessionId id, const mem::Grant& grant) {
   s.granted_ephemeral = grant.ephemeral_bytes;
   if (!grant.resident) {
     s.state = SessionState::kPagedOut;
+    paged_out_.insert(id);
     s.reason = "admitted beyond the device's capacity (overcommit); paged in when it runs";
     return;
   }
@@ -262,6 +263,7 @@ void Engine::DrainMemEventsLocked(Notices* notices) {
       const LaneId lane = s.lane;
       if (s.state != SessionState::kWaiting) DetachLocked(s);
       sessions_.erase(it);
+      paged_out_.erase(e.session);
       if (lane != 0) LeaveLaneLocked(e.session, lane);
       notices->failed.emplace_back(e.session, e.failure);
     }
@@ -315,6 +317,7 @@ Status Engine::ReleaseLocked(SessionId id, Notices* notices) {
   const LaneId lane = s.lane;
   DetachLocked(s);
   sessions_.erase(id);
+  paged_out_.erase(id);
   if (lane != 0) LeaveLaneLocked(id, lane);
   Status st = memory_->Release(id);
   DrainMemEventsLocked(notices);
@@ -673,20 +676,46 @@ bool Engine::MayPageOutLocked(const SessionRec& v, const SessionView& in, Nanos 
   if (PendingLocked(v) == 0 && now - std::max(v.last_ran, v.last_request) >= page_out_idle_) {
     return true;  // idle
   }
-  const std::array<SessionView, 2> pair{in, ViewLocked(v)};
+  const std::array<SessionView, 2> pair{in, PagingViewLocked(v)};
   return policy_->Pick(LaneSnapshot{now, 0, pair}).next == in.id;
+}
+
+SessionView Engine::PagingViewLocked(const SessionRec& s) const {
+  // Sessions of different lanes, or of none, compared: FAIR's service since a lane's
+  // membership changed means nothing across lanes, the service since admission does.
+  SessionView v = ViewLocked(s);
+  v.service = s.total_service;
+  return v;
+}
+
+std::optional<Nanos> Engine::NextCandidacyLocked(Nanos now) const {
+  // The earliest moment a resident's standing changes by time alone: its quantum ends, or it
+  // has been idle long enough. Events (requests, completions, copies) dispatch anyway.
+  std::optional<Nanos> next;
+  auto consider = [&](Nanos t) {
+    if (t > now && (!next || t < *next)) next = t;
+  };
+  for (const auto& [id, s] : sessions_) {
+    if (s.state != SessionState::kAdmitted || s.copying) continue;
+    consider(s.resident_since + paging_quantum_);
+    if (PendingLocked(s) == 0) {
+      consider(std::max(s.last_ran, s.last_request) + page_out_idle_);
+      consider(s.last_request + page_out_idle_);
+    }
+  }
+  return next;
 }
 
 void Engine::PageInLocked(Nanos now, Notices* notices) {
   // Paged-out sessions with work, fully copied out.
   std::vector<SessionView>& want = page_scratch_;
   want.clear();
-  for (const auto& [id, s] : sessions_) {
-    if (s.state == SessionState::kPagedOut && !s.copying && PendingLocked(s) > 0) {
-      want.push_back(ViewLocked(s));
-    }
+  for (const SessionId id : paged_out_) {
+    const SessionRec& s = sessions_.at(id);
+    if (!s.copying && PendingLocked(s) > 0) want.push_back(PagingViewLocked(s));
   }
   paging_deadline_.reset();
+  if (want.empty()) return;
   std::vector<SessionView> candidates;
   std::vector<SessionId> ids;
   bool left_waiting = false;
@@ -702,7 +731,7 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
 
     candidates.clear();
     for (const auto& [id, s] : sessions_) {
-      if (MayPageOutLocked(s, in, now)) candidates.push_back(ViewLocked(s));
+      if (MayPageOutLocked(s, in, now)) candidates.push_back(PagingViewLocked(s));
     }
     policy_->OrderPageOut(candidates);
     ids.clear();
@@ -723,6 +752,7 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
       out.lane = 0;
       LeaveLaneLocked(v, lane);
       out.state = SessionState::kPagedOut;
+      paged_out_.insert(v);
       out.reason = fmt::format("paged out to make room for session {}", in.id);
       out.copying = out.spec.requirement.persistent_bytes > 0;
       out.page_outs++;
@@ -732,6 +762,7 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
     SessionRec& s = sessions_.at(in.id);
     auto residence = memory_->ResidenceOf(in.id);
     s.state = SessionState::kAdmitted;
+    paged_out_.erase(in.id);
     s.copying = residence.ok() && *residence == mem::Residence::kPagingIn;
     s.reason = s.copying ? "paging in: its state is being copied back" : "";
     s.resident_since = now;
@@ -741,13 +772,9 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
     logging::Event("sched", "paged_in",
                    {{"session", in.id}, {"lane", r->lane}, {"paged_out", r->paged_out.size()}});
   }
-  if (left_waiting) {
-    // Residents become candidates as time passes (quantum, idleness), with no event to say
-    // so: whoever drives the engine dispatches again then.
-    Nanos retry = page_out_idle_;
-    if (paging_quantum_ > Nanos(0)) retry = std::min(retry, paging_quantum_);
-    paging_deadline_ = now + std::max<Nanos>(retry, std::chrono::milliseconds(1));
-  }
+  // Residents become candidates as time passes (quantum, idleness), with no event to say so:
+  // whoever drives the engine dispatches again then.
+  if (left_waiting) paging_deadline_ = NextCandidacyLocked(now);
   DrainMemEventsLocked(notices);
 }
 

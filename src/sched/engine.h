@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -276,6 +277,9 @@ class Engine {
   // Note [Paging]: pages in paged-out sessions with work, in the policy's order.
   void PageInLocked(Nanos now, Notices* notices) REQUIRES(mu_);
   void DispatchLanesLocked(Nanos now, std::vector<Dispatch>* out) REQUIRES(mu_);
+  // What a paging decision sees of a session (Note [Paging]).
+  SessionView PagingViewLocked(const SessionRec& s) const REQUIRES(mu_);
+  std::optional<Nanos> NextCandidacyLocked(Nanos now) const REQUIRES(mu_);
   bool MayPageOutLocked(const SessionRec& v, const SessionView& in, Nanos now) const REQUIRES(mu_);
   void LeaveLaneLocked(SessionId id, LaneId lane) REQUIRES(mu_);
   Status ReleaseLocked(SessionId id, Notices* notices) REQUIRES(mu_);
@@ -318,6 +322,7 @@ class Engine {
   const Nanos paging_quantum_, page_out_idle_;
   PagingStats paging_stats_ GUARDED_BY(mu_);
   std::vector<SessionView> page_scratch_ GUARDED_BY(mu_);
+  std::set<SessionId> paged_out_ GUARDED_BY(mu_);  // sessions in kPagedOut
   std::optional<Nanos> next_hold_deadline_ GUARDED_BY(mu_);
   std::optional<Nanos> paging_deadline_ GUARDED_BY(mu_);  // Note [Paging]: re-check then
 
