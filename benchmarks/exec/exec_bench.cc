@@ -18,6 +18,7 @@
 #include <random>
 #include <sstream>
 
+#include "bench_io.h"
 #include "exec/executable.h"
 
 namespace po = boost::program_options;
@@ -94,25 +95,9 @@ int main(int argc, char** argv) {
     std::cerr << st << "\n";
     return 1;
   }
-  std::mt19937 rng(1);
-  std::vector<HostTensor> feeds;
-  std::vector<const void*> feed_ptrs;
-  for (const TensorInfo& info : x.inputs()) {
-    HostTensor t(info.type, info.shape);
-    for (int64_t i = 0; i < t.num_elements(); ++i) {
-      if (info.type == DataType::kInt64) {
-        t.int64s()[i] = static_cast<int64_t>(rng() % 10);
-      } else {
-        t.floats()[i] = std::uniform_real_distribution<float>(-1.f, 1.f)(rng);
-      }
-    }
-    feeds.push_back(std::move(t));
-  }
-  for (const HostTensor& t : feeds) feed_ptrs.push_back(t.bytes.data());
-  std::vector<HostTensor> outs;
-  std::vector<void*> out_ptrs;
-  for (const TensorInfo& info : x.fetches()) outs.emplace_back(info.type, info.shape);
-  for (HostTensor& t : outs) out_ptrs.push_back(t.bytes.data());
+  bench::Io io = bench::MakeIo(x);
+  std::vector<const void*>& feed_ptrs = io.feed_ptrs;
+  std::vector<void*>& out_ptrs = io.out_ptrs;
   std::vector<double> times;
   for (int i = 0; i < warmup + iters; ++i) {
     const auto start = std::chrono::steady_clock::now();

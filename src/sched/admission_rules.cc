@@ -47,9 +47,19 @@ class Rule : public mem::AdmissionRule {
 };
 
 // F + ΣL + E ≤ C, without overflow.
-bool NewLaneFits(uint64_t f, uint64_t l, uint64_t e, uint64_t c) {
-  return f <= c && l <= c - f && e <= c - f - l;
-}
+// The quantities every rule weighs: E, the footprint F once P is placed, C and ΣL.
+struct Sizes {
+  uint64_t e, f, c, l;
+  Sizes(const ArenaView& a, const Requirement& req)
+      : e(req.ephemeral_bytes),
+        f(a.FootprintWith(req.persistent_bytes)),
+        c(a.capacity()),
+        l(a.lane_bytes()) {}
+  // F + ΣL + E ≤ C, without overflow.
+  bool NewLaneFits() const { return f <= c && l <= c - f && e <= c - f - l; }
+  // F + ΣL ≤ C.
+  bool LanesFit() const { return f <= c && l <= c - f; }
+};
 
 class Pack final : public Rule {
  public:
@@ -57,14 +67,12 @@ class Pack final : public Rule {
 
  protected:
   AdmissionDecision DecideHere(const ArenaView& a, const Requirement& req) const override {
-    const uint64_t e = req.ephemeral_bytes;
-    const uint64_t f = a.FootprintWith(req.persistent_bytes);
-    const uint64_t c = a.capacity();
-    const uint64_t l = a.lane_bytes();
+    const Sizes z(a, req);
+    const uint64_t e = z.e, f = z.f, c = z.c, l = z.l;
     // 1. A new lane of size E.
-    if (NewLaneFits(f, l, e, c)) return {Step::kNewLane, 0, {}};
+    if (z.NewLaneFits()) return {Step::kNewLane, 0, {}};
     // Joining adds P without adding lane bytes; nothing fits unless the lanes fit beside F.
-    if (f > c || l > c - f) return AdmissionDecision::Wait();
+    if (!z.LanesFit()) return AdmissionDecision::Wait();
     // 2. The best match: the smallest lane of the class with L >= E.
     if (const auto best = a.SmallestLane(req.lane_class, e)) return {Step::kJoin, best->id, {}};
     // 3. The smallest lane with F + ΣL - L_r + E ≤ C, i.e. L_r ≥ F + ΣL + E - C. Every lane is
@@ -93,20 +101,17 @@ class SingleLane final : public Rule {
 
  protected:
   AdmissionDecision DecideHere(const ArenaView& a, const Requirement& req) const override {
-    const uint64_t e = req.ephemeral_bytes;
-    const uint64_t f = a.FootprintWith(req.persistent_bytes);
-    const uint64_t c = a.capacity();
-    const uint64_t l = a.lane_bytes();
+    const Sizes z(a, req);
     const auto mine = a.SmallestLane(req.lane_class, 0);
     if (!mine) {
-      if (NewLaneFits(f, l, e, c)) return {Step::kNewLane, 0, {}};
+      if (z.NewLaneFits()) return {Step::kNewLane, 0, {}};
       return AdmissionDecision::Wait();
     }
     // The class's lane grows to max(L, E) and the other classes' lanes stay.
-    if (f > c || l > c - f || std::max(mine->size, e) - mine->size > c - f - l) {
+    if (!z.LanesFit() || std::max(mine->size, z.e) - mine->size > z.c - z.f - z.l) {
       return AdmissionDecision::Wait();
     }
-    return {mine->size >= e ? Step::kJoin : Step::kGrow, mine->id, {}};
+    return {mine->size >= z.e ? Step::kJoin : Step::kGrow, mine->id, {}};
   }
 };
 
@@ -124,9 +129,7 @@ class Exclusive final : public Rule {
 
  protected:
   AdmissionDecision DecideHere(const ArenaView& a, const Requirement& req) const override {
-    const uint64_t f = a.FootprintWith(req.persistent_bytes);
-    if (a.resident_sessions() == 0 &&
-        NewLaneFits(f, a.lane_bytes(), req.ephemeral_bytes, a.capacity())) {
+    if (a.resident_sessions() == 0 && Sizes(a, req).NewLaneFits()) {
       return {Step::kNewLane, 0, {}};
     }
     return AdmissionDecision::Wait();
