@@ -12,6 +12,7 @@
 // median is compared with the unswapped point's. Prints one JSON line per model and a
 // Markdown table. Inputs are seeded: floats in [-1, 1), int64 inputs in [0, 10).
 #include <algorithm>
+#include <atomic>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstring>
@@ -20,8 +21,10 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "bench_io.h"
 #include "exec/executable.h"
@@ -186,11 +189,91 @@ bool Bench(const ModelSpec& spec, int warmup, int iters, double bandwidth, bool 
   return true;
 }
 
+// N sessions of one model training at once, as the daemon's lanes would run them: all at
+// point 0, then all at their lowest point (their copies sharing the device's copy path, Note
+// [Shared copy path]), alternating for `rounds`; the median wall time of `iters` iterations
+// each, side by side.
+bool BenchJobs(const ModelSpec& spec, int jobs, int iters, int rounds, SwapCopies copies,
+               nlohmann::json* out) {
+  std::ifstream f(std::string(SALUS_MODELS_DIR) + "/" + spec.name + ".onnx", std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  CompileOptions o;
+  o.mode = Mode::kTraining;
+  o.loss = "loss";
+  o.optimizer.learning_rate = 0.01f;
+  o.optimizer.momentum = 0.9f;
+  o.input_shapes = spec.shapes;
+  o.swap_copies = copies;
+  struct Job {
+    std::unique_ptr<Executable> x;
+    std::optional<DeviceBuffer> persistent, lane;
+    bench::Io io;
+  };
+  std::vector<Job> js(jobs);
+  for (Job& j : js) {
+    auto x = Executable::Compile(ss.str(), o);
+    if (!x.ok()) {
+      std::cerr << spec.name << ": " << x.status() << "\n";
+      return false;
+    }
+    j.x = std::move(*x);
+    auto p = DeviceBuffer::Allocate(j.x->runtime(), j.x->persistent_bytes());
+    auto l = DeviceBuffer::Allocate(j.x->runtime(), j.x->SwapPoints().front().ephemeral_bytes);
+    if (!p.ok() || !l.ok() || !j.x->InitializePersistent(p->get()).ok()) return false;
+    j.persistent.emplace(std::move(*p));
+    j.lane.emplace(std::move(*l));
+    j.io = bench::MakeIo(*j.x);
+  }
+  const size_t lowest = js[0].x->SwapPoints().size() - 1;
+  auto run_all = [&](size_t point) -> double {
+    for (Job& j : js) {
+      if (!j.x->SelectSwapPoint(point).ok()) return -1;
+    }
+    std::atomic<bool> failed{false};
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (Job& j : js) {
+      threads.emplace_back([&] {
+        for (int i = 0; i < iters; ++i) {
+          if (!j.x->Run(j.persistent->get(), j.lane->get(), j.io.feed_ptrs, j.io.out_ptrs).ok()) {
+            failed = true;
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    if (failed) return -1;
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+        .count();
+  };
+  run_all(0);  // warm-up
+  run_all(lowest);
+  std::vector<double> plain, swapped;
+  for (int r = 0; r < rounds; ++r) {
+    plain.push_back(run_all(0));
+    swapped.push_back(run_all(lowest));
+    if (plain.back() < 0 || swapped.back() < 0) return false;
+  }
+  const uint64_t e0 = js[0].x->SwapPoints().front().ephemeral_bytes;
+  const uint64_t elow = js[0].x->SwapPoints()[lowest].ephemeral_bytes;
+  *out = {{"model", spec.name},
+          {"jobs", jobs},
+          {"ephemeral_bytes", e0},
+          {"lowest_ephemeral_bytes", elow},
+          {"saved_bytes", static_cast<uint64_t>(jobs) * (e0 - elow)},
+          {"saved_pct", 100.0 * (1.0 - static_cast<double>(elow) / static_cast<double>(e0))},
+          {"unswapped_ms", Median(plain)},
+          {"swapped_ms", Median(swapped)},
+          {"time_ratio", Median(swapped) / Median(plain)}};
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string models, copies = "auto";
-  int warmup = 5, iters = 20;
+  int warmup = 5, iters = 20, jobs = 0, rounds = 5;
   double bandwidth = 0;
   po::options_description desc("salus-swap-bench");
   desc.add_options()("models", po::value(&models), "comma-separated; default: all")(
@@ -198,7 +281,10 @@ int main(int argc, char** argv) {
       "iters", po::value(&iters), "timed iterations per point")(
       "bandwidth", po::value(&bandwidth), "copy bytes/s the planner assumes (0: the default)")(
       "estimated", "keep the size-based plan (no re-planning from measured times)")(
-      "copies", po::value(&copies), "auto, thread or inline (CompileOptions::swap_copies)");
+      "copies", po::value(&copies), "auto, thread or inline (CompileOptions::swap_copies)")(
+      "jobs", po::value(&jobs),
+      "N > 0: N sessions of each model train at once, all unswapped vs all at the lowest point")(
+      "rounds", po::value(&rounds), "with --jobs: alternating rounds of each (median)");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -224,6 +310,13 @@ int main(int argc, char** argv) {
       continue;
     }
     nlohmann::json j;
+    if (jobs > 0) {
+      if (!BenchJobs(spec, jobs, std::max(iters, 1), std::max(rounds, 1), modes.at(copies), &j)) {
+        return 1;
+      }
+      std::cout << j.dump() << "\n" << std::flush;
+      continue;
+    }
     if (!Bench(spec, warmup, std::max(iters, 1), bandwidth, vm.count("estimated") > 0,
                modes.at(copies), &j)) {
       return 1;
@@ -231,6 +324,7 @@ int main(int argc, char** argv) {
     std::cout << j.dump() << "\n" << std::flush;
     rows.push_back(j);
   }
+  if (rows.empty()) return 0;
   std::cout << "\n| model | point | swaps | E (MiB) | saved | host (MiB) | expected ms | median ms "
                "| time ratio |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   std::cout << std::fixed;

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <map>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -42,10 +44,36 @@ constexpr double kCudaSwapBytesPerSecond = 12e9;
 // names; Run returns after every copy is over, error or not, so the lane may move (DESIGN.md,
 // invariant 3). The same kernels read the same bytes as without swapping, so results are
 // bit-identical.
-class Executable::CopyThread {
+namespace {
+
+// Note [Shared copy path]
+// The copy path between a device's memory and host memory is one resource (one PCIe link, one
+// memory bus): two copies at once only split it. So every executable of a device that copies
+// beside its steps hands its copies to the device's one CopyPath, a thread shared by all the
+// sessions' executables. It runs one copy at a time and serves the executables round-robin,
+// one copy each in turn: concurrent sessions' swap traffic never contends for the path, and a
+// session with a long burst of copies out delays another's copy back (which a step of that
+// session waits for) by at most one copy per session. This is the cross-job scheduling of
+// swap traffic; an executable's own copies keep their issue order.
+class CopyPath {
  public:
-  explicit CopyThread(DeviceRuntime* runtime) : runtime_(runtime), thread_([this] { Loop(); }) {}
-  ~CopyThread() {
+  // The path of `runtime`'s device, made at its first user and gone with its last.
+  static std::shared_ptr<CopyPath> For(DeviceRuntime* runtime) {
+    static Mutex registry_mu;
+    static std::map<DeviceRuntime*, std::weak_ptr<CopyPath>>* registry =
+        new std::map<DeviceRuntime*, std::weak_ptr<CopyPath>>();
+    MutexLock lock(&registry_mu);
+    std::weak_ptr<CopyPath>& slot = (*registry)[runtime];
+    std::shared_ptr<CopyPath> path = slot.lock();
+    if (!path) {
+      path = std::make_shared<CopyPath>(runtime);
+      slot = path;
+    }
+    return path;
+  }
+
+  explicit CopyPath(DeviceRuntime* runtime) : runtime_(runtime), thread_([this] { Loop(); }) {}
+  ~CopyPath() {
     {
       MutexLock lock(&mu_);
       stop_ = true;
@@ -53,56 +81,81 @@ class Executable::CopyThread {
     cv_.NotifyAll();
     thread_.join();
   }
-  CopyThread(const CopyThread&) = delete;
-  CopyThread& operator=(const CopyThread&) = delete;
+  CopyPath(const CopyPath&) = delete;
+  CopyPath& operator=(const CopyPath&) = delete;
 
-  void Push(bool to_host, void* dst, const void* src, size_t bytes) {
+  // One executable's queue and counters on the path.
+  struct Channel {
+    struct Copy {
+      bool to_host;
+      void* dst;
+      const void* src;
+      size_t bytes;
+    };
+    std::deque<Copy> queue;
+    uint64_t pushed = 0, done = 0;
+    Status error;
+  };
+
+  void Attach(Channel* c) {
+    MutexLock lock(&mu_);
+    channels_.push_back(c);
+  }
+  void Detach(Channel* c) {
+    MutexLock lock(&mu_);
+    while (c->done != c->pushed) cv_.Wait(&mu_);
+    channels_.erase(std::find(channels_.begin(), channels_.end(), c));
+  }
+  void Push(Channel* c, bool to_host, void* dst, const void* src, size_t bytes) {
     {
       MutexLock lock(&mu_);
-      queue_.push_back({to_host, dst, src, bytes});
-      ++pushed_;
+      c->queue.push_back({to_host, dst, src, bytes});
+      ++c->pushed;
     }
     cv_.NotifyAll();
   }
-  // Waits until the iteration's first `count` copies are over; the first copy error.
-  Status WaitFor(uint64_t count) {
+  // Waits until the channel's first `count` copies of the iteration are over; its first error.
+  Status WaitFor(Channel* c, uint64_t count) {
     MutexLock lock(&mu_);
-    while (done_ < count && error_.ok()) cv_.Wait(&mu_);
-    return error_;
+    while (c->done < count && c->error.ok()) cv_.Wait(&mu_);
+    return c->error;
   }
-  // Waits for every queued copy and starts the next iteration's count from zero.
-  Status Finish() {
+  // Waits for every copy the channel queued, and starts its next iteration's count from zero.
+  Status Finish(Channel* c) {
     MutexLock lock(&mu_);
-    while (done_ != pushed_) cv_.Wait(&mu_);
-    Status st = error_;
-    done_ = pushed_ = 0;
-    error_ = OkStatus();
+    while (c->done != c->pushed) cv_.Wait(&mu_);
+    Status st = c->error;
+    c->done = c->pushed = 0;
+    c->error = OkStatus();
     return st;
   }
 
  private:
-  struct Copy {
-    bool to_host;
-    void* dst;
-    const void* src;
-    size_t bytes;
-  };
+  // The next channel with a queued copy after the one served last (round-robin).
+  Channel* NextLocked() REQUIRES(mu_) {
+    for (size_t i = 0; i < channels_.size(); ++i) {
+      next_ = (next_ + 1) % channels_.size();
+      if (!channels_[next_]->queue.empty()) return channels_[next_];
+    }
+    return nullptr;
+  }
 
   void Loop() {
     StatusOr<DeviceContext*> ctx = runtime_->ThreadContext();
     mu_.Lock();
     while (true) {
-      while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
-      if (queue_.empty()) break;
-      const Copy c = queue_.front();
-      queue_.pop_front();
+      Channel* c = nullptr;
+      while (!stop_ && (c = NextLocked()) == nullptr) cv_.Wait(&mu_);
+      if (c == nullptr) break;
+      const Channel::Copy copy = c->queue.front();
+      c->queue.pop_front();
       mu_.Unlock();
-      Status st = !ctx.ok()   ? ctx.status()
-                  : c.to_host ? runtime_->CopyToHost(*ctx, c.dst, c.src, c.bytes)
-                              : runtime_->CopyToDevice(*ctx, c.dst, c.src, c.bytes);
+      Status st = !ctx.ok()      ? ctx.status()
+                  : copy.to_host ? runtime_->CopyToHost(*ctx, copy.dst, copy.src, copy.bytes)
+                                 : runtime_->CopyToDevice(*ctx, copy.dst, copy.src, copy.bytes);
       mu_.Lock();
-      if (error_.ok() && !st.ok()) error_ = st;
-      ++done_;
+      if (c->error.ok() && !st.ok()) c->error = st;
+      ++c->done;
       cv_.NotifyAll();
     }
     mu_.Unlock();
@@ -111,12 +164,33 @@ class Executable::CopyThread {
   DeviceRuntime* const runtime_;
   Mutex mu_;
   CondVar cv_;
-  std::deque<Copy> queue_ GUARDED_BY(mu_);
-  uint64_t pushed_ GUARDED_BY(mu_) = 0;
-  uint64_t done_ GUARDED_BY(mu_) = 0;
-  Status error_ GUARDED_BY(mu_);
+  std::vector<Channel*> channels_ GUARDED_BY(mu_);
+  size_t next_ GUARDED_BY(mu_) = 0;
   bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: starts once the members above exist
+};
+
+}  // namespace
+
+// An executable's place on its device's copy path (Note [Shared copy path]).
+class Executable::CopyThread {
+ public:
+  explicit CopyThread(DeviceRuntime* runtime) : path_(CopyPath::For(runtime)) {
+    path_->Attach(&channel_);
+  }
+  ~CopyThread() { path_->Detach(&channel_); }
+  CopyThread(const CopyThread&) = delete;
+  CopyThread& operator=(const CopyThread&) = delete;
+
+  void Push(bool to_host, void* dst, const void* src, size_t bytes) {
+    path_->Push(&channel_, to_host, dst, src, bytes);
+  }
+  Status WaitFor(uint64_t count) { return path_->WaitFor(&channel_, count); }
+  Status Finish() { return path_->Finish(&channel_); }
+
+ private:
+  std::shared_ptr<CopyPath> path_;
+  CopyPath::Channel channel_;
 };
 
 Executable::~Executable() = default;

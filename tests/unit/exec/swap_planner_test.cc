@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "model_builder.h"
 
@@ -397,6 +398,53 @@ INSTANTIATE_TEST_SUITE_P(
       return std::get<0>(info.param).name +
              (std::get<1>(info.param) == SwapCopies::kThread ? "_thread" : "_inline");
     });
+
+// Four sessions train at once, each at its lowest point, their copies all on the device's one
+// copy path (Note [Shared copy path]): each gets the losses it gets training alone, unswapped.
+TEST(SwapExecutableTest, ConcurrentJobsShareTheCopyPath) {
+  constexpr int kJobs = 4, kSteps = 3;
+  const ModelCase m{"mlp", {{"x", {8, 784}}, {"labels", {8}}}};
+  auto plain = CompileTraining(m);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  std::vector<float> expected;
+  {
+    GuardedMemory mem(**plain);
+    for (int step = 0; step < kSteps; ++step) {
+      const std::vector<HostTensor> feeds = Feeds(**plain, step);
+      std::vector<const void*> in;
+      for (const HostTensor& f : feeds) in.push_back(f.bytes.data());
+      float loss = 0;
+      std::vector<void*> out{&loss};
+      ASSERT_TRUE((*plain)->Run(mem.p(), mem.l(), in, out).ok());
+      expected.push_back(loss);
+    }
+  }
+  std::vector<std::unique_ptr<Executable>> jobs;
+  for (int j = 0; j < kJobs; ++j) {
+    auto x = CompileTraining(m, 0, SwapCopies::kThread);
+    ASSERT_TRUE(x.ok()) << x.status();
+    ASSERT_TRUE((*x)->SelectSwapPoint((*x)->SwapPoints().size() - 1).ok());
+    jobs.push_back(std::move(*x));
+  }
+  std::vector<std::vector<float>> got(kJobs);
+  std::vector<std::thread> threads;
+  for (int j = 0; j < kJobs; ++j) {
+    threads.emplace_back([&, j] {
+      GuardedMemory mem(*jobs[j]);
+      for (int step = 0; step < kSteps; ++step) {
+        const std::vector<HostTensor> feeds = Feeds(*jobs[j], step);
+        std::vector<const void*> in;
+        for (const HostTensor& f : feeds) in.push_back(f.bytes.data());
+        float loss = 0;
+        std::vector<void*> out{&loss};
+        if (!jobs[j]->Run(mem.p(), mem.l(), in, out).ok()) return;
+        got[j].push_back(loss);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int j = 0; j < kJobs; ++j) EXPECT_EQ(got[j], expected) << "job " << j;
+}
 
 TEST(SwapExecutableTest, EveryPointOfOneModelMatches) {
   const ModelCase m{"lenet5", {{"x", {8, 1, 28, 28}}, {"labels", {8}}}};
