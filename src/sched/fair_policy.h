@@ -1,7 +1,7 @@
 // FAIR: weighted fair sharing of each lane's device time.
 //
-// Assumptions: admission is Algorithm 1 (mode kPack), or one shared lane with the option
-// {"single_lane": true} (mode kSingleLane). Algorithm: within a lane, pick the runnable session
+// Assumptions: admission is Algorithm 1 (the pack rule), or one shared lane with the option
+// {"single_lane": true} (the single-lane rule). Algorithm: within a lane, pick the runnable session
 // with the least service (device time attained since the lane's membership last changed)
 // divided by its priority weight (PriorityWeight); ties go to the earlier admitted. Paging
 // (overcommit) takes out the session with the most weighted device time attained first. Resetting

@@ -1,6 +1,6 @@
 // PACK: as many lanes as memory allows, no fairness across them.
 //
-// Assumptions: admission is Algorithm 1 (mode kPack), so lanes run in parallel and the
+// Assumptions: admission is Algorithm 1 (the pack rule), so lanes run in parallel and the
 // sessions of one lane time-share it. Algorithm: within a lane, iterations run in the order
 // they were requested (the oldest pending request first); ties go to the higher priority,
 // then the earlier admitted.

@@ -109,8 +109,8 @@ class Policy {
   virtual void OrderPageOut(std::span<SessionView> candidates) const;
 };
 
-// A policy that orders the sessions of one lane per class (admission kSingleLane) and holds
-// a lane for a session expected back (Note [Anticipation]): what SRTF and PRIORITY share.
+// A policy that orders the sessions of one lane per class (the single-lane admission rule) and
+// holds a lane for a session expected back (Note [Anticipation]): what SRTF and PRIORITY share.
 // Create<T>(name, options) reads {"max_hold_ms", "min_hold_ms"} and nothing else.
 class AnticipatingPolicy : public Policy {
  public:

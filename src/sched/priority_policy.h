@@ -1,8 +1,8 @@
 // PRIORITY: strict priority between levels, shortest remaining time first within a level.
 //
 // Assumptions: as SRTF, all sessions of a latency class share one lane (admission mode
-// kSingleLane), so a higher-priority session's iteration always runs before a lower one's of
-// the same class; interactive sessions get a lane of their own and never wait behind a batch
+// the single-lane rule), so a higher-priority session's iteration always runs before a lower one's
+// of the same class; interactive sessions get a lane of their own and never wait behind a batch
 // session's iteration. Algorithm: at each boundary pick the runnable session with the highest
 // priority; within a level, the least estimated remaining time (Note [Remaining time]); then
 // the least device time attained (jobs of undeclared length share the lane instead of the

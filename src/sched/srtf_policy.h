@@ -1,7 +1,7 @@
 // SRTF: shortest remaining time first, preemptive at iteration boundaries.
 //
 // Assumptions: all sessions of a latency class share one lane grown to their largest E
-// (admission mode kSingleLane: admitted if ΣP + P + max(L, E) ≤ C), so one iteration of a
+// (the single-lane admission rule: admitted if ΣP + P + max(L, E) ≤ C), so one iteration of a
 // class runs at a time. Algorithm: at each boundary pick the runnable session with the least
 // estimated remaining time (remaining iterations × moving-average iteration time, or the
 // declared remaining duration); ties go to the higher priority, then the least device time

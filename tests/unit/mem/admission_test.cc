@@ -219,7 +219,7 @@ TEST(AdmissionTest, CreateRefusesBadOptionsAndNamesTheArenaSize) {
   EXPECT_EQ(fake.live_bytes(), 0u);
 }
 
-TEST(AdmissionModeTest, SingleLaneGrowsToTheLargestE) {
+TEST(AdmissionRuleTest, SingleLaneGrowsToTheLargestE) {
   Harness h(100 * M, sched::SingleLaneRule());
   const LaneId lane = h.AdmitNow(1, 10 * M, 20 * M);
   // ΣP + P + max(L, E) = 20 + 30 = 50: admitted into the same lane, grown to 30.
@@ -236,7 +236,7 @@ TEST(AdmissionModeTest, SingleLaneGrowsToTheLargestE) {
   EXPECT_TRUE(h.manager->CheckInvariants().ok());
 }
 
-TEST(AdmissionModeTest, ExclusiveAdmitsOneSessionAtATime) {
+TEST(AdmissionRuleTest, ExclusiveAdmitsOneSessionAtATime) {
   Harness h(100 * M, sched::ExclusiveRule());
   const LaneId first = h.AdmitNow(1, 10 * M, 10 * M);
   h.AdmitWaits(2, 10 * M, 10 * M);

@@ -65,7 +65,7 @@ TEST(MemoryManagerPropertyTest, RandomWorkloadKeepsEveryInvariant) {
     SessionId next_session = 1;
     uint64_t admitted_count = 0, waited_count = 0, iterations = 0, allocations = 0;
     uint64_t expected_alloc_bytes = 0, expected_freed_bytes = 0;
-    // kPack runs most of the steps; the other modes share the rest.
+    // The pack rule runs most of the steps; the other rules share the rest.
     const uint64_t mode_steps = mode == sched::PackRule() ? steps * 6 / 10 : steps * 2 / 10;
 
     auto on_granted = [&](const Grant& g) {
