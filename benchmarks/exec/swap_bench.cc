@@ -81,23 +81,34 @@ struct PointResult {
   std::vector<double> times_ms;
 };
 
-// Benchmarks one model; false (with a message) when it cannot run.
-bool Bench(const ModelSpec& spec, int warmup, int iters, double bandwidth, bool estimated,
-           SwapCopies copies, nlohmann::json* out) {
+std::string ReadModel(const ModelSpec& spec) {
   std::ifstream f(std::string(SALUS_MODELS_DIR) + "/" + spec.name + ".onnx", std::ios::binary);
   std::stringstream ss;
   ss << f.rdbuf();
+  return ss.str();
+}
+
+// Training with SGD and momentum at the spec's shapes, copies as asked.
+CompileOptions TrainingOptions(const ModelSpec& spec, SwapCopies copies) {
   CompileOptions o;
   o.mode = Mode::kTraining;
   o.loss = "loss";
   o.optimizer.learning_rate = 0.01f;
   o.optimizer.momentum = 0.9f;
   o.input_shapes = spec.shapes;
+  o.swap_copies = copies;
+  return o;
+}
+
+// Benchmarks one model; false (with a message) when it cannot run.
+bool Bench(const ModelSpec& spec, int warmup, int iters, double bandwidth, bool estimated,
+           SwapCopies copies, nlohmann::json* out) {
+  const std::string model = ReadModel(spec);
+  CompileOptions o = TrainingOptions(spec, copies);
   o.profile = true;
   o.swap_bandwidth = bandwidth;
-  o.swap_copies = copies;
   const auto compile_start = std::chrono::steady_clock::now();
-  auto exe = Executable::Compile(ss.str(), o);
+  auto exe = Executable::Compile(model, o);
   const double compile_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - compile_start)
           .count();
@@ -195,16 +206,8 @@ bool Bench(const ModelSpec& spec, int warmup, int iters, double bandwidth, bool 
 // each, side by side.
 bool BenchJobs(const ModelSpec& spec, int jobs, int iters, int rounds, SwapCopies copies,
                nlohmann::json* out) {
-  std::ifstream f(std::string(SALUS_MODELS_DIR) + "/" + spec.name + ".onnx", std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  CompileOptions o;
-  o.mode = Mode::kTraining;
-  o.loss = "loss";
-  o.optimizer.learning_rate = 0.01f;
-  o.optimizer.momentum = 0.9f;
-  o.input_shapes = spec.shapes;
-  o.swap_copies = copies;
+  const std::string model = ReadModel(spec);
+  const CompileOptions o = TrainingOptions(spec, copies);
   struct Job {
     std::unique_ptr<Executable> x;
     std::optional<DeviceBuffer> persistent, lane;
@@ -212,7 +215,7 @@ bool BenchJobs(const ModelSpec& spec, int jobs, int iters, int rounds, SwapCopie
   };
   std::vector<Job> js(jobs);
   for (Job& j : js) {
-    auto x = Executable::Compile(ss.str(), o);
+    auto x = Executable::Compile(model, o);
     if (!x.ok()) {
       std::cerr << spec.name << ": " << x.status() << "\n";
       return false;
