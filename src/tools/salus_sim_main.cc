@@ -4,6 +4,7 @@
 //   salus-sim --trace FILE --policy fifo|srtf|pack|fair|priority --capacity 16GiB --out DIR
 //             [--seed N] [--turnaround S] [--policy-options JSON]
 //             [--overcommit X] [--host-bandwidth-gbps G] [--paging-quantum-ms MS]
+//             [--swap-fraction F] [--swap-points N] [--swap-overlap H]
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <iostream>
@@ -27,8 +28,8 @@ int main(int argc, char** argv) {
   desc.add_options()("help,h", "show this help")(
       "trace", po::value(&trace)->required(),
       "trace CSV: job_id,workload,submit_time_s,iterations[,persistent_mb,ephemeral_mb,"
-      "iteration_s,utilization,turnaround_s,priority]")("policy", po::value(&policy)->required(),
-                                                        "fifo, srtf, pack, fair or priority")(
+      "iteration_s,utilization,turnaround_s,priority,swap_fraction]")(
+      "policy", po::value(&policy)->required(), "fifo, srtf, pack, fair or priority")(
       "capacity", po::value(&capacity_text)->default_value("16GiB"), "device memory, e.g. 16GiB")(
       "out", po::value(&out)->required(), "output folder for jobs.jsonl and summary.json")(
       "seed", po::value(&opts.seed)->default_value(1), "seed of the iteration-time jitter")(
@@ -49,6 +50,14 @@ int main(int argc, char** argv) {
       "second), one copy at a time; the default is a PCIe 4.0 x16 link's practical rate")(
       "paging-quantum-ms", po::value(&opts.paging_quantum_ms)->default_value(1000.0),
       "a session made resident is not paged out before this many ms and one iteration")(
+      "swap-fraction", po::value(&opts.swap_fraction)->default_value(0.0),
+      "training jobs may swap up to this fraction of their ephemeral memory to host memory "
+      "within an iteration, for a smaller lane at a cost in time (0: no swapping; a trace's "
+      "swap_fraction column overrides it per job)")(
+      "swap-points", po::value(&opts.swap_points)->default_value(4),
+      "swap points a job offers, the first swapping nothing")(
+      "swap-overlap", po::value(&opts.swap_overlap)->default_value(0.5),
+      "the fraction of an iteration that swap copies hide behind; longer copies stall it")(
       "profiles", po::value(&profiles)->default_value(SALUS_DEFAULT_PROFILES),
       "workload profiles CSV");
   po::variables_map vm;
@@ -105,6 +114,11 @@ int main(int argc, char** argv) {
     std::cout << "; paging: " << pg["page_ins"] << " page-ins, " << pg["page_outs"]
               << " page-outs, " << pg["copied_bytes"].get<double>() / kBytesPerGB
               << " GB copied, copy path busy " << pg["copy_busy_s"].get<double>() << " s";
+  }
+  if (sum.contains("swapping")) {
+    const auto& sw = sum["swapping"];
+    std::cout << "; swapping: " << sw["jobs_swapped"] << " jobs, " << sw["swapped_units"]
+              << " units, " << sw["copied_bytes"].get<double>() / kBytesPerGB << " GB copied";
   }
   std::cout << " (" << wall << " s wall)\n";
   return result->safety_violations == 0 ? 0 : 3;

@@ -18,6 +18,27 @@
 // out has nothing to copy in. The fake provider's host memory and copies are no-ops, so only
 // the modelled time matters. With overcommit 1 there is nothing to copy and the replay is the
 // one without paging, step for step.
+//
+// Note [Simulated swapping]
+// The daemon's swap planner (exec/swap_planner.h) needs a compiled model; a trace row has only
+// P, E and an iteration time T. So the simulator offers each training job a family of points
+// from one assumption: up to `swap_fraction` of E consists of activations that wait between
+// their forward and backward uses and can sit in host memory meanwhile. Point k of n swaps
+// X = E * swap_fraction * k / (n - 1) bytes: its lane is E - X, its copies move 2X bytes, out
+// and back, taking c = 2X / host_bandwidth on the path, and hide behind compute for up to
+// swap_overlap * T (the window between an activation's last forward and first backward use);
+// what does not hide stalls compute, so the point takes T + max(0, c - swap_overlap * T) alone.
+// Points that do not lower E are dropped. The job asks for E with the others as smaller lanes
+// (mem::Requirement::smaller_ephemeral), admission grants the first that fits, and each unit
+// runs at the fastest point whose E fits the lane it was dispatched into, as the daemon's
+// ModelRuntime picks one.
+//
+// The jobs share one copy path: a swapping unit keeps the path busy for the share c / (its
+// time alone) of its run. While the shares of the running units, plus one while a paging copy
+// runs, sum to L > 1, every swapping unit progresses at 1 / L (and never faster than compute
+// contention allows): the path is the bottleneck. Paging copies keep their full bandwidth (the
+// engine pages between iterations, and a session waits for its copy in). With swap_fraction 0
+// and no row asking for swapping, the replay is the one without swapping, step for step.
 #include "tools/simulator.h"
 
 #include <fmt/format.h>
@@ -57,13 +78,23 @@ struct Running {
   sched::Dispatch dispatch;
   size_t job = 0;
   double work_left_s = 0;  // at speed 1
+  double path_share = 0;   // its swap point's (Note [Simulated swapping]); 0: not swapping
 };
 
 struct JobState {
   int64_t units = 0;     // scheduling units in the job
   int64_t per_unit = 1;  // iterations per unit
-  double unit_s = 0;     // seconds per unit at speed 1
+  double unit_s = 0;     // seconds per unit at speed 1, unswapped
+  std::vector<SimSwapPoint> points;
 };
+
+// The fastest of `points` whose lane fits in `lane_bytes`; the last when none does.
+const SimSwapPoint& PointFor(const std::vector<SimSwapPoint>& points, uint64_t lane_bytes) {
+  for (const SimSwapPoint& p : points) {
+    if (p.ephemeral_bytes <= lane_bytes) return p;
+  }
+  return points.back();
+}
 
 double Percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
@@ -74,6 +105,26 @@ double Percentile(std::vector<double> v, double q) {
 }
 
 }  // namespace
+
+std::vector<SimSwapPoint> SwapPoints(const TraceJob& job, const SimOptions& options) {
+  std::vector<SimSwapPoint> points = {SimSwapPoint{job.ephemeral_bytes, 0, 1, 0}};
+  const double fraction = job.training ? job.swap_fraction.value_or(options.swap_fraction) : 0;
+  if (fraction <= 0 || options.swap_points < 2) return points;
+  const double e = static_cast<double>(job.ephemeral_bytes);
+  for (int k = 1; k < options.swap_points; ++k) {
+    const double x = std::floor(e * fraction * k / (options.swap_points - 1));
+    if (x < 1 || job.ephemeral_bytes - static_cast<uint64_t>(x) >= points.back().ephemeral_bytes) {
+      continue;
+    }
+    const double copy_s = 2 * x / options.host_bandwidth;
+    const double alone_s =
+        job.iteration_s + std::max(0.0, copy_s - options.swap_overlap * job.iteration_s);
+    points.push_back(SimSwapPoint{job.ephemeral_bytes - static_cast<uint64_t>(x),
+                                  2 * static_cast<uint64_t>(x), alone_s / job.iteration_s,
+                                  copy_s / alone_s});
+  }
+  return points;
+}
 
 nlohmann::json JobResultJson(const SimJobResult& r) {
   nlohmann::json j;
@@ -93,6 +144,7 @@ nlohmann::json JobResultJson(const SimJobResult& r) {
   j["queuing_s"] = r.first_start_s - r.job->submit_s;
   j["lane"] = r.lane;
   if (r.page_outs) j["page_outs"] = *r.page_outs;
+  if (r.swapped_units) j["swapped_units"] = *r.swapped_units;
   return j;
 }
 
@@ -120,7 +172,23 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     return InvalidArgumentError(
         fmt::format("paging quantum must be >= 0 ms, got {}", options.paging_quantum_ms));
   }
+  if (!(options.swap_fraction >= 0 && options.swap_fraction < 1)) {
+    return InvalidArgumentError(
+        fmt::format("swap fraction must be in [0, 1), got {}", options.swap_fraction));
+  }
+  if (options.swap_points < 2) {
+    return InvalidArgumentError(
+        fmt::format("swap points must be at least 2, got {}", options.swap_points));
+  }
+  if (!(options.swap_overlap >= 0 && options.swap_overlap <= 1)) {
+    return InvalidArgumentError(
+        fmt::format("swap overlap must be in [0, 1], got {}", options.swap_overlap));
+  }
   const bool paging = options.overcommit > 1;
+  // Swapping is modelled when any job offers a swap point (Note [Simulated swapping]).
+  const bool swapping = std::any_of(jobs.begin(), jobs.end(), [&](const TraceJob& j) {
+    return SwapPoints(j, options).size() > 1;
+  });
   SALUS_ASSIGN_OR_RETURN(auto policy, sched::CreatePolicy(options.policy, options.policy_options));
 
   ManualClock clock;
@@ -230,18 +298,33 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
       const size_t j = job_of(d.session);
       if (result.jobs[j].first_start_s < 0) result.jobs[j].first_start_s = now;
       if (result.jobs[j].lane == 0) result.jobs[j].lane = d.lane;  // admitted paged out
-      double work = state[j].unit_s;
+      const SimSwapPoint& point = PointFor(state[j].points, d.lane_memory.size);
+      double work = state[j].unit_s * point.time_factor;
       if (options.jitter > 0) work *= jitter(rng);
-      running.emplace(d.lane, Running{d, j, work});
+      if (point.copied_bytes > 0) {
+        SimJobResult& jr = result.jobs[j];
+        jr.swapped_units = jr.swapped_units.value_or(0) + 1;
+        ++result.swapping.units;
+        result.swapping.copied_bytes += point.copied_bytes * state[j].per_unit;
+      }
+      running.emplace(d.lane, Running{d, j, work, point.path_share});
     }
     if (paging) take_transfers();
     sample();
 
-    double util = 0;
-    for (const auto& [lane, r] : running) util += jobs[r.job].utilization;
+    // Compute contention slows every unit; copy path contention the swapping ones.
+    double util = 0, path_load = bus.empty() ? 0 : 1;
+    for (const auto& [lane, r] : running) {
+      util += jobs[r.job].utilization;
+      path_load += r.path_share;
+    }
     const double speed = util > 1 ? 1.0 / util : 1.0;
+    const double swap_speed = std::min(speed, path_load > 1 ? 1.0 / path_load : 1.0);
+    auto speed_of = [&](const Running& r) { return r.path_share > 0 ? swap_speed : speed; };
     double t_done = kInf;
-    for (const auto& [lane, r] : running) t_done = std::min(t_done, now + r.work_left_s / speed);
+    for (const auto& [lane, r] : running) {
+      t_done = std::min(t_done, now + r.work_left_s / speed_of(r));
+    }
     const double t_arrival =
         next_arrival < order.size() ? jobs[order[next_arrival]].submit_s : kInf;
     const double t_request = requests.empty() ? kInf : requests.top().first;
@@ -264,7 +347,7 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     } else {
       idle_steps = 0;
     }
-    for (auto& [lane, r] : running) r.work_left_s -= (t - now) * speed;
+    for (auto& [lane, r] : running) r.work_left_s -= (t - now) * speed_of(r);
     now = t;
     clock.Set(FromSeconds(now));
     // Seconds round-trip to nanoseconds inexactly: never stop short of the hold's end.
@@ -329,9 +412,14 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
       js.units = (job.iterations + js.per_unit - 1) / js.per_unit;
       js.unit_s =
           job.iteration_s * static_cast<double>(job.iterations) / static_cast<double>(js.units);
+      js.points = SwapPoints(job, options);
+      if (swapping) jr.swapped_units = 0;
       const mem::SessionId id = j + 1;
       sched::SessionSpec spec;
       spec.requirement = {job.persistent_bytes, job.ephemeral_bytes};
+      for (size_t k = 1; k < js.points.size(); ++k) {
+        spec.requirement.smaller_ephemeral.push_back(js.points[k].ephemeral_bytes);
+      }
       spec.priority = job.priority;
       spec.declared_iterations = js.units;
       spec.iteration_time_hint = FromSeconds(js.unit_s);
@@ -401,6 +489,15 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
   result.paging.page_outs = ps.page_outs;
   result.paging.copies = ps.copies;
   result.paging.copied_bytes = ps.copied_bytes;
+  for (const SimJobResult& r : result.jobs) {
+    if (r.swapped_units.value_or(0) > 0) ++result.swapping.jobs;
+  }
+  if (swapping) {  // absent without swapping, as paging's below
+    s["swapping"] = {
+        {"swap_fraction", options.swap_fraction}, {"swap_points", options.swap_points},
+        {"swap_overlap", options.swap_overlap},   {"jobs_swapped", result.swapping.jobs},
+        {"swapped_units", result.swapping.units}, {"copied_bytes", result.swapping.copied_bytes}};
+  }
   if (paging) {  // absent without paging, so such a replay's output is what it always was
     s["paging"] = {{"overcommit", options.overcommit},
                    {"host_bandwidth_bytes_per_s", options.host_bandwidth},

@@ -19,6 +19,9 @@
 //  - Optional: `overcommit` > 1 pages persistent state to host memory (Note [Simulated
 //    paging] in simulator.cc): the engine decides what to page, and each copy takes
 //    bytes / host_bandwidth on one serialized copy path.
+//  - Optional: `swap_fraction` > 0 lets training jobs swap activations to host memory within
+//    an iteration (Note [Simulated swapping] in simulator.cc): a job offers smaller lanes at a
+//    cost in time, admission grants the first that fits, and the jobs' copies share the path.
 #pragma once
 
 #include <cstdint>
@@ -54,7 +57,25 @@ struct SimOptions {
   double overcommit = 1.0;
   double host_bandwidth = kDefaultHostBandwidthBytesPerS;
   double paging_quantum_ms = 1000;
+  // Swapping (Note [Simulated swapping]): the most of E a training job may swap (0: none; a
+  // trace row's swap_fraction overrides it), how many points a job offers (the first swaps
+  // nothing), and the fraction of an iteration its copies can hide behind.
+  double swap_fraction = 0;
+  int swap_points = 4;
+  double swap_overlap = 0.5;
 };
+
+// One of a job's swap points (Note [Simulated swapping]).
+struct SimSwapPoint {
+  uint64_t ephemeral_bytes = 0;  // the lane this point needs
+  uint64_t copied_bytes = 0;     // per iteration, out and back
+  double time_factor = 1;        // its iteration time alone over the unswapped one
+  double path_share = 0;         // the fraction of its iteration the copy path is busy for it
+};
+
+// The points `job` offers, the first swapping nothing, each next one with a smaller E and a
+// longer time; only the first when the job swaps nothing.
+std::vector<SimSwapPoint> SwapPoints(const TraceJob& job, const SimOptions& options);
 
 struct SimJobResult {
   const TraceJob* job = nullptr;
@@ -64,8 +85,9 @@ struct SimJobResult {
   double first_start_s = -1;
   double finish_s = -1;
   mem::LaneId lane = 0;
-  int64_t units_done = 0;             // scheduling units (iterations, or groups with a quantum)
-  std::optional<uint64_t> page_outs;  // times paged out; set only when paging is modelled
+  int64_t units_done = 0;                // scheduling units (iterations, or groups with a quantum)
+  std::optional<uint64_t> page_outs;     // times paged out; set only when paging is modelled
+  std::optional<int64_t> swapped_units;  // units run at a swap point; set only with swapping
 };
 
 // The copy path's work over a replay (Note [Simulated paging]).
@@ -77,12 +99,20 @@ struct SimPagingResult {
   double busy_s = 0;  // time the copy path was copying: Σ bytes / host_bandwidth
 };
 
+// Swapping over a replay (Note [Simulated swapping]).
+struct SimSwapResult {
+  uint64_t jobs = 0;          // jobs that ran at least one unit at a swap point
+  uint64_t units = 0;         // scheduling units run at a swap point
+  uint64_t copied_bytes = 0;  // swap copies, out and back
+};
+
 struct SimResult {
   std::vector<SimJobResult> jobs;  // in trace order
   nlohmann::json summary;
   uint64_t iterations = 0;  // scheduling units the engine ran
   uint64_t safety_violations = 0;
   SimPagingResult paging;
+  SimSwapResult swapping;
 };
 
 StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions& options,

@@ -132,7 +132,8 @@ StatusOr<std::vector<TraceJob>> ParseTrace(const std::string& text, const std::s
   }
   const int cp = Column(t, "persistent_mb"), ce = Column(t, "ephemeral_mb"),
             ci = Column(t, "iteration_s"), cu = Column(t, "utilization"),
-            ct = Column(t, "turnaround_s"), cr = Column(t, "priority");
+            ct = Column(t, "turnaround_s"), cr = Column(t, "priority"),
+            cf = Column(t, "swap_fraction");
   std::vector<TraceJob> jobs;
   std::set<std::string> ids;
   for (const auto& row : t.rows) {
@@ -201,6 +202,15 @@ StatusOr<std::vector<TraceJob>> ParseTrace(const std::string& text, const std::s
       }
       j.priority = priority;
     }
+    if (given(cf)) {
+      SALUS_ASSIGN_OR_RETURN(double fraction, ParseNumber(f[cf], origin, line, "swap_fraction"));
+      if (fraction >= 1) {
+        return InvalidArgumentError(
+            fmt::format("{}:{}: column 'swap_fraction': {} is not in [0, 1)", origin, line, f[cf]));
+      }
+      j.swap_fraction = fraction;
+    }
+    j.training = !has_profile || pit->second.kind != "inference";
     j.persistent_bytes = static_cast<uint64_t>(std::llround(p_mb * kProfileMegabyte));
     j.ephemeral_bytes = static_cast<uint64_t>(std::llround(e_mb * kProfileMegabyte));
     j.iteration_s = it_s;

@@ -6,8 +6,9 @@
 // and the optional persistent_mb,ephemeral_mb,iteration_s,utilization, which override the
 // profile (or replace it, when the workload names no profile row), and the optional
 // turnaround_s (the job's client: seconds from a reply to its next request; the simulator's
-// default when absent) and priority (an integer, 0 when absent). Every error names the file
-// and line.
+// default when absent), priority (an integer, 0 when absent) and swap_fraction (the most of E
+// the job may swap to host memory, in [0, 1); the simulator's default when absent, and 0 for a
+// workload whose profile is inference). Every error names the file and line.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,8 @@ struct TraceJob {
   double utilization = 1.0;
   std::optional<double> turnaround_s;
   int priority = 0;
+  bool training = true;                 // false: an inference profile, nothing to swap
+  std::optional<double> swap_fraction;  // the trace's own; the simulator's default when absent
   int line = 0;
 };
 

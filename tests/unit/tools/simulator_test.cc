@@ -314,6 +314,125 @@ TEST(SimulatorTest, OvercommitOneIsTheReplayWithoutPaging) {
   EXPECT_NEAR(r.jobs[1].finish_s, 24, 1e-9);
 }
 
+// Swapping (Note [Simulated swapping]). E 4 GiB, T 1 s, a quarter of E per point at 4 GiB/s:
+// X = 1, 2, 3 GiB copy out and back in c = 0.5, 1, 1.5 s, of which 0.5 s hides behind compute.
+TEST(SimulatorTest, SwapPointsFollowTheModel) {
+  SimOptions o;
+  o.swap_fraction = 0.75;
+  o.host_bandwidth = 4.0 * kGiB;
+  TraceJob job = Job("a", 0, 10, 1, 4, 1.0);
+  std::vector<SimSwapPoint> p = SwapPoints(job, o);
+  ASSERT_EQ(p.size(), 4u);
+  const double factors[] = {1, 1, 1.5, 2};
+  for (size_t k = 0; k < p.size(); ++k) {
+    SCOPED_TRACE(k);
+    EXPECT_EQ(p[k].ephemeral_bytes, (4 - k) * kGiB);
+    EXPECT_EQ(p[k].copied_bytes, 2 * k * kGiB);
+    EXPECT_DOUBLE_EQ(p[k].time_factor, factors[k]);
+    EXPECT_DOUBLE_EQ(p[k].path_share, 0.5 * static_cast<double>(k) / factors[k]);
+  }
+  // A row's own fraction overrides the default; an inference job and fraction 0 swap nothing.
+  job.swap_fraction = 0.5;
+  p = SwapPoints(job, o);
+  ASSERT_EQ(p.size(), 4u);
+  EXPECT_EQ(p.back().ephemeral_bytes, 2 * kGiB);
+  job.swap_fraction = 0;
+  EXPECT_EQ(SwapPoints(job, o).size(), 1u);
+  job.swap_fraction.reset();
+  job.training = false;
+  EXPECT_EQ(SwapPoints(job, o).size(), 1u);
+  // Points that would not lower E (a tiny E) are dropped.
+  TraceJob tiny = Job("t", 0, 1, 1, 0, 1.0);
+  tiny.ephemeral_bytes = 2;
+  p = SwapPoints(tiny, o);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[1].ephemeral_bytes, 1u);
+}
+
+// Two jobs of P 0.5 GiB and E 5 GiB on a 5 GiB device: neither fits unswapped, so without
+// swapping both are refused. Swapping 3/4 of E (one point: E' 1.25 GiB, 7.5 GiB copied per
+// iteration at 7.5 GiB/s: 1 s, half of it hidden) a job alone takes 1.5 s an iteration and
+// keeps the copy path busy 2/3 of the time. Together (two lanes: 1 + 2.5 <= 5 GiB) the path
+// is the bottleneck at 4/3 load: each iteration takes 2 s, and 10 of each end at 20 s, the
+// path busy all along.
+TEST(SimulatorTest, SwappingRunsJobsWhoseLaneDoesNotFitAndTheyShareTheCopyPath) {
+  constexpr uint64_t cap = 5 * kGiB;
+  const TraceJob a = Job("a", 0, 10, 0.5, 5, 1.0, 0.25), b = Job("b", 0, 10, 0.5, 5, 1.0, 0.25);
+  SimOptions o;
+  o.swap_fraction = 0.75;
+  o.swap_points = 2;
+  o.host_bandwidth = 7.5 * kGiB;
+
+  const SimResult off = Simulated({a, b}, "pack", cap);
+  EXPECT_EQ(off.summary["refused"], 2);
+
+  const SimResult alone = Simulated({a}, "pack", cap, o);
+  ASSERT_EQ(alone.jobs.size(), 1u);
+  EXPECT_NEAR(alone.jobs[0].finish_s, 15, 1e-9);
+  EXPECT_EQ(alone.jobs[0].swapped_units, 10);
+
+  const std::vector<TraceJob> jobs = {a, b};  // results point into their trace
+  const SimResult both = Simulated(jobs, "pack", cap, o);
+  ASSERT_EQ(both.jobs.size(), 2u);
+  EXPECT_EQ(both.summary["max_lanes"], 2);
+  EXPECT_EQ(both.summary["safety_violations"], 0);
+  for (const SimJobResult& r : both.jobs) {
+    EXPECT_NEAR(r.finish_s, 20, 1e-9);
+    EXPECT_EQ(r.swapped_units, 10);
+  }
+  EXPECT_EQ(both.swapping.jobs, 2u);
+  EXPECT_EQ(both.swapping.units, 20u);
+  EXPECT_EQ(both.swapping.copied_bytes, 20 * 15 * kGiB / 2);
+  const nlohmann::json& s = both.summary["swapping"];
+  EXPECT_EQ(s["swapped_units"], 20);
+  EXPECT_EQ(s["copied_bytes"], both.swapping.copied_bytes);
+  EXPECT_EQ(JobResultJson(both.jobs[0])["swapped_units"], 10);
+}
+
+// Admission grants a swap point only when the unswapped lane cannot be admitted. On 6 GiB, a
+// (P 1, E 2) runs unswapped. b (P 1, E 4.5) cannot join it (1 + 1 + 4.5 > 6 GiB), so without
+// swapping it waits for a to leave; swapping 60% of E (E' 1.8 GiB, its copies hidden) it opens
+// a lane beside a at once and both end at 10 s.
+TEST(SimulatorTest, SwappingGrantsTheFirstLaneThatFits) {
+  const TraceJob a = Job("a", 0, 10, 1, 2, 1.0, 0.5), b = Job("b", 0, 10, 1, 4.5, 1.0, 0.5);
+  SimOptions o;
+  o.swap_fraction = 0.6;
+  o.swap_points = 2;
+  o.host_bandwidth = 10.8 * kGiB;  // 2.7 GiB out and back: 0.5 s, all of it hidden
+  const SimResult base = Simulated({a, b}, "pack", 6 * kGiB);
+  EXPECT_NEAR(base.jobs[1].admitted_s, 10, 1e-9);
+  EXPECT_NEAR(base.jobs[1].finish_s, 20, 1e-9);
+  const SimResult r = Simulated({a, b}, "pack", 6 * kGiB, o);
+  ASSERT_EQ(r.jobs.size(), 2u);
+  EXPECT_EQ(r.jobs[0].swapped_units, 0);
+  EXPECT_EQ(r.jobs[1].swapped_units, 10);
+  EXPECT_NEAR(r.jobs[1].admitted_s, 0, 1e-9);
+  EXPECT_NEAR(r.jobs[0].finish_s, 10, 1e-9);
+  EXPECT_NEAR(r.jobs[1].finish_s, 10, 1e-9);
+  EXPECT_EQ(r.summary["max_lanes"], 2);
+  EXPECT_EQ(r.swapping.jobs, 1u);
+}
+
+// Swap fraction 0 is the replay without swapping, whatever the other swap options say.
+TEST(SimulatorTest, SwapFractionZeroIsTheReplayWithoutSwapping) {
+  std::vector<TraceJob> jobs;
+  for (int i = 0; i < 20; ++i) {
+    jobs.push_back(Job("j" + std::to_string(i), i * 0.5, 10 + i, 0.5 + (i % 3), 1 + (i % 5),
+                       0.05 * (1 + i % 4), 0.3 + 0.1 * (i % 7)));
+  }
+  for (const char* policy : {"fifo", "srtf", "pack", "fair"}) {
+    SCOPED_TRACE(policy);
+    const SimResult base = Simulated(jobs, policy, 8 * kGiB);
+    SimOptions o;
+    o.swap_points = 5;
+    o.swap_overlap = 0.1;
+    const SimResult zero = Simulated(jobs, policy, 8 * kGiB, o);
+    EXPECT_EQ(zero.summary.dump(), base.summary.dump());
+    EXPECT_FALSE(zero.summary.contains("swapping"));
+    for (const SimJobResult& j : zero.jobs) EXPECT_FALSE(j.swapped_units.has_value());
+  }
+}
+
 TEST(SimulatorTest, RejectsBadOptions) {
   auto provider = device::CreateMemoryProvider("fake");
   ASSERT_TRUE(provider.ok());
@@ -334,6 +453,15 @@ TEST(SimulatorTest, RejectsBadOptions) {
   o.paging_quantum_ms = -1;
   EXPECT_EQ(Simulate({}, o, provider->get()).status().code(), StatusCode::kInvalidArgument);
   o.paging_quantum_ms = 1000;
+  o.swap_fraction = 1;
+  EXPECT_EQ(Simulate({}, o, provider->get()).status().code(), StatusCode::kInvalidArgument);
+  o.swap_fraction = 0.5;
+  o.swap_points = 1;
+  EXPECT_EQ(Simulate({}, o, provider->get()).status().code(), StatusCode::kInvalidArgument);
+  o.swap_points = 3;
+  o.swap_overlap = 1.5;
+  EXPECT_EQ(Simulate({}, o, provider->get()).status().code(), StatusCode::kInvalidArgument);
+  o.swap_overlap = 0.5;
   EXPECT_TRUE(Simulate({}, o, provider->get()).ok());
 }
 

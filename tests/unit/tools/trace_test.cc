@@ -98,6 +98,29 @@ TEST(TraceTest, ParsesTurnaroundAndPriority) {
   }
 }
 
+TEST(TraceTest, ParsesSwapFractionAndKind) {
+  auto jobs = ParseTrace(
+      "job_id,workload,submit_time_s,iterations,iteration_s,swap_fraction\n"
+      "a,resnet50_25,0,10,,0.4\n"
+      "b,resnet50_25,1,10,,\n"
+      "c,vgg16eval_1,1,10,0.01,\n",
+      "t.csv", Profiles());
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 3u);
+  EXPECT_FALSE((*jobs)[2].training);  // an inference profile
+  EXPECT_EQ((*jobs)[0].swap_fraction, 0.4);
+  EXPECT_FALSE((*jobs)[1].swap_fraction.has_value());
+  EXPECT_TRUE((*jobs)[0].training);
+  for (const char* bad : {"a,resnet50_25,0,1,1\n", "a,resnet50_25,0,1,-0.5\n"}) {
+    auto r =
+        ParseTrace(std::string("job_id,workload,submit_time_s,iterations,swap_fraction\n") + bad,
+                   "t.csv", Profiles());
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("t.csv:2: column 'swap_fraction'"), std::string::npos)
+        << r.status();
+  }
+}
+
 TEST(TraceTest, LoadsTheShippedProfiles) {
   auto p = LoadProfiles(SALUS_SOURCE_DIR "/benchmarks/workloads/salus-p100-profiles.csv");
   ASSERT_TRUE(p.ok()) << p.status();
