@@ -438,107 +438,87 @@ void ArenaMemoryManager::RemoveBlock(Session& s) {
   persistent_stats_.OnFree(p);
 }
 
-Status ArenaMemoryManager::Release(SessionId session) {
-  std::vector<Grant> granted;
-  bool cancelled = false;
-  {
-    MutexLock lock(&mu_);
-    auto it = sessions_.find(session);
-    if (it == sessions_.end()) {
-      const auto w = std::find_if(waiting_.begin(), waiting_.end(),
-                                  [&](const Waiting& x) { return x.id == session; });
-      if (w == waiting_.end()) {
-        return NotFoundError(fmt::format("release: session {} is not admitted", session));
-      }
-      waiting_.erase(w);
-      cancelled = true;
-    } else {
-      Session& s = it->second;
-      const uint64_t p = s.req.persistent_bytes;
-      // A copy in flight keeps its device range and host memory until it ends.
-      for (auto& [id, m] : moving_) {
-        if (m.session != session) continue;
-        if (m.issued) {
-          m.released = true;
-        } else {
-          const uint64_t not_started = id;  // a page-in whose block is pending: no copy at all
-          moving_.erase(not_started);
-        }
-        break;
-      }
-      const bool in_flight = std::any_of(moving_.begin(), moving_.end(), [&](const auto& m) {
-        return m.second.session == session && m.second.released;
-      });
-      switch (s.residence) {
-        case Residence::kResident:
-        case Residence::kPagingIn:
-          RemoveBlock(s);
-          LeaveLane(s);
-          break;
-        case Residence::kPagingOut:
-        case Residence::kPagedOut:
-          paged_bytes_ -= p;
-          --paged_sessions_;
-          break;
-      }
-      if (s.host != nullptr && !in_flight) FreeHost(s.host, p);
-      sessions_.erase(it);
-      granted = RetryQueue();
-      DcheckInvariants();
-    }
-  }
-  if (cancelled) {
-    if (options_.on_admission_failed) {
-      options_.on_admission_failed(
-          session,
-          CancelledError(fmt::format("session {} released while waiting for admission", session)));
-    }
-    return OkStatus();
-  }
-  if (options_.on_admitted) {
-    for (const Grant& g : granted) options_.on_admitted(g);
-  }
-  return OkStatus();
-}
-
-void ArenaMemoryManager::CancelWaiting(SessionId session) {
-  bool found = false;
-  {
-    MutexLock lock(&mu_);
+StatusOr<AdmissionEvents> ArenaMemoryManager::Release(SessionId session) {
+  AdmissionEvents events;
+  MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) {
     const auto w = std::find_if(waiting_.begin(), waiting_.end(),
                                 [&](const Waiting& x) { return x.id == session; });
-    if (w != waiting_.end()) {
-      waiting_.erase(w);
-      found = true;
+    if (w == waiting_.end()) {
+      return NotFoundError(fmt::format("release: session {} is not admitted", session));
     }
+    waiting_.erase(w);
+    events.failed.emplace_back(
+        session,
+        CancelledError(fmt::format("session {} released while waiting for admission", session)));
+    return events;
   }
-  if (found && options_.on_admission_failed) {
-    options_.on_admission_failed(
-        session, CancelledError(fmt::format("session {}: admission cancelled", session)));
+  Session& s = it->second;
+  const uint64_t p = s.req.persistent_bytes;
+  // A copy in flight keeps its device range and host memory until it ends.
+  for (auto& [id, m] : moving_) {
+    if (m.session != session) continue;
+    if (m.issued) {
+      m.released = true;
+    } else {
+      const uint64_t not_started = id;  // a page-in whose block is pending: no copy at all
+      moving_.erase(not_started);
+    }
+    break;
   }
+  const bool in_flight = std::any_of(moving_.begin(), moving_.end(), [&](const auto& m) {
+    return m.second.session == session && m.second.released;
+  });
+  switch (s.residence) {
+    case Residence::kResident:
+    case Residence::kPagingIn:
+      RemoveBlock(s);
+      LeaveLane(s);
+      break;
+    case Residence::kPagingOut:
+    case Residence::kPagedOut:
+      paged_bytes_ -= p;
+      --paged_sessions_;
+      break;
+  }
+  if (s.host != nullptr && !in_flight) FreeHost(s.host, p);
+  sessions_.erase(it);
+  events.admitted = RetryQueue();
+  DcheckInvariants();
+  return events;
 }
 
-void ArenaMemoryManager::ExpireWaiting() {
-  std::vector<std::pair<SessionId, Nanos>> expired;
-  {
-    MutexLock lock(&mu_);
-    const Nanos now = clock_->Now();
-    for (auto it = waiting_.begin(); it != waiting_.end();) {
-      if (it->deadline && *it->deadline <= now) {
-        expired.emplace_back(it->id, now - *it->deadline);
-        it = waiting_.erase(it);
-      } else {
-        ++it;
-      }
+AdmissionEvents ArenaMemoryManager::CancelWaiting(SessionId session) {
+  AdmissionEvents events;
+  MutexLock lock(&mu_);
+  const auto w = std::find_if(waiting_.begin(), waiting_.end(),
+                              [&](const Waiting& x) { return x.id == session; });
+  if (w != waiting_.end()) {
+    waiting_.erase(w);
+    events.failed.emplace_back(
+        session, CancelledError(fmt::format("session {}: admission cancelled", session)));
+  }
+  return events;
+}
+
+AdmissionEvents ArenaMemoryManager::ExpireWaiting() {
+  AdmissionEvents events;
+  MutexLock lock(&mu_);
+  const Nanos now = clock_->Now();
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (it->deadline && *it->deadline <= now) {
+      events.failed.emplace_back(
+          it->id, DeadlineExceededError(fmt::format(
+                      "session {}: no room for it before its admission timeout (expired {:.3f}s "
+                      "ago)",
+                      it->id, ToSeconds(now - *it->deadline))));
+      it = waiting_.erase(it);
+    } else {
+      ++it;
     }
   }
-  if (!options_.on_admission_failed) return;
-  for (const auto& [id, late] : expired) {
-    options_.on_admission_failed(
-        id, DeadlineExceededError(fmt::format(
-                "session {}: no room for it before its admission timeout (expired {:.3f}s ago)", id,
-                ToSeconds(late))));
-  }
+  return events;
 }
 
 // ----------------------------------------------------------------------------------------
@@ -581,7 +561,6 @@ void ArenaMemoryManager::BeginPageOut(Session& s, std::byte* host) {
 StatusOr<PageInResult> ArenaMemoryManager::PageIn(SessionId session,
                                                   std::span<const SessionId> candidates) {
   PageInResult result;
-  std::vector<Grant> granted;
   {
     MutexLock lock(&mu_);
     const auto it = sessions_.find(session);
@@ -655,11 +634,8 @@ StatusOr<PageInResult> ArenaMemoryManager::PageIn(SessionId session,
     result.resident = true;
     result.lane = s.lane;
     result.paged_out = d.page_out;
-    granted = RetryQueue();
+    result.events.admitted = RetryQueue();
     DcheckInvariants();
-  }
-  if (options_.on_admitted) {
-    for (const Grant& g : granted) options_.on_admitted(g);
   }
   return result;
 }
@@ -675,7 +651,8 @@ std::vector<Transfer> ArenaMemoryManager::TakeTransfers() {
   return out;
 }
 
-Status ArenaMemoryManager::FinishTransfer(uint64_t transfer, const Status& copy) {
+StatusOr<AdmissionEvents> ArenaMemoryManager::FinishTransfer(uint64_t transfer,
+                                                             const Status& copy) {
   std::optional<std::pair<SessionId, Status>> lost;
   {
     MutexLock lock(&mu_);
@@ -709,11 +686,20 @@ Status ArenaMemoryManager::FinishTransfer(uint64_t transfer, const Status& copy)
     PlacePendingBlocks();
     DcheckInvariants();
   }
+  AdmissionEvents events;
   if (lost) {
-    Release(lost->first).IgnoreError();
-    if (options_.on_admission_failed) options_.on_admission_failed(lost->first, lost->second);
+    // Its release makes room: what that admits is this call's too.
+    if (auto released = Release(lost->first); released.ok()) events = std::move(*released);
+    events.failed.push_back(std::move(*lost));
   }
-  return OkStatus();
+  return events;
+}
+
+void AdmissionEvents::Append(AdmissionEvents&& other) {
+  admitted.insert(admitted.end(), std::make_move_iterator(other.admitted.begin()),
+                  std::make_move_iterator(other.admitted.end()));
+  failed.insert(failed.end(), std::make_move_iterator(other.failed.begin()),
+                std::make_move_iterator(other.failed.end()));
 }
 
 StatusOr<Residence> ArenaMemoryManager::ResidenceOf(SessionId session) const {

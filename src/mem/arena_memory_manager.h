@@ -39,9 +39,9 @@ class ArenaMemoryManager final : public MemoryManager {
   StatusOr<std::optional<Grant>> Admit(SessionId session, Requirement req,
                                        std::optional<Nanos> timeout = std::nullopt) override
       EXCLUDES(mu_);
-  Status Release(SessionId session) override EXCLUDES(mu_);
-  void CancelWaiting(SessionId session) override EXCLUDES(mu_);
-  void ExpireWaiting() override EXCLUDES(mu_);
+  StatusOr<AdmissionEvents> Release(SessionId session) override EXCLUDES(mu_);
+  AdmissionEvents CancelWaiting(SessionId session) override EXCLUDES(mu_);
+  AdmissionEvents ExpireWaiting() override EXCLUDES(mu_);
 
   StatusOr<PersistentBlock> Persistent(SessionId session) const override EXCLUDES(mu_);
   StatusOr<LaneIteration> BeginIteration(LaneId lane) override EXCLUDES(mu_);
@@ -60,7 +60,8 @@ class ArenaMemoryManager final : public MemoryManager {
   StatusOr<PageInResult> PageIn(SessionId session, std::span<const SessionId> candidates) override
       EXCLUDES(mu_);
   std::vector<Transfer> TakeTransfers() override EXCLUDES(mu_);
-  Status FinishTransfer(uint64_t transfer, const Status& copy = OkStatus()) override EXCLUDES(mu_);
+  StatusOr<AdmissionEvents> FinishTransfer(uint64_t transfer,
+                                           const Status& copy = OkStatus()) override EXCLUDES(mu_);
   StatusOr<Residence> ResidenceOf(SessionId session) const override EXCLUDES(mu_);
   ArenaSnapshot Snapshot() const override EXCLUDES(mu_);
 

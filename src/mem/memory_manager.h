@@ -9,7 +9,7 @@
 //   the policies', src/sched/admission_rules.h) where the session goes and applies the answer:
 //   a new lane, joining or growing a lane of the session's LaneClass, or waiting in the
 //   admission queue. It returns the Grant when admitted now, std::nullopt when the session
-//   waits (it is admitted later and reported through Options::on_admitted), or
+//   waits (it is admitted later, by the call that makes room, which returns its Grant), or
 //   RESOURCE_EXHAUSTED at once when it can never fit (P + E > C), with P, E and C in human
 //   units in the message. Invariant 1 (resident ΣP + ΣL ≤ C) holds after every call.
 // - Overcommit (Options::overcommit > 1): when the rule says wait, a session is still admitted
@@ -23,11 +23,11 @@
 //   is in a lane; only a resident session's iterations may begin.
 // - Release(session) frees its persistent block (or its paged state) and its lane membership
 //   (the lane shrinks to the largest remaining E, or closes), then re-tries the admission
-//   queue in order; each session admitted by that is reported through on_admitted (called
-//   without internal locks held, on the caller's thread).
+//   queue in order. Every call that can admit or fail waiting sessions (Release, PageIn,
+//   FinishTransfer, CancelWaiting, ExpireWaiting) returns what it did as AdmissionEvents;
+//   the manager calls nobody back.
 // - CancelWaiting / ExpireWaiting remove queued sessions (the latter those whose timeout has
-//   passed on the injected clock); each is reported through on_admission_failed with
-//   CANCELLED or DEADLINE_EXCEEDED.
+//   passed on the injected clock), each failed with CANCELLED or DEADLINE_EXCEEDED.
 // - BeginIteration(lane) resolves the lane's current base address (applying a pending grow,
 //   shrink or relocation, which is legal only now because lanes are empty between
 //   iterations) and returns a LaneIteration whose allocator serves this iteration.
@@ -47,7 +47,7 @@
 // - The queue is re-tried in order, and every waiting request that fits is admitted (a large
 //   request does not block smaller ones behind it). A request whose timeout has passed is not
 //   admitted by a re-try; ExpireWaiting reports it.
-// - Release of a session that is still waiting cancels it (on_admission_failed, CANCELLED).
+// - Release of a session that is still waiting cancels it (a CANCELLED failure in its events).
 // - Persistent(session) returns UNAVAILABLE, for a session admitted into space that a lane
 //   mid-iteration still occupies at its old place (or a released or paging block still in
 //   use), until that iteration or copy ends: the block is placed at the first EndIteration or
@@ -133,11 +133,22 @@ struct Transfer {
   uint64_t bytes = 0;
 };
 
+// What one call did to sessions waiting for admission: those it admitted, in queue order,
+// and those it ended with an error (CANCELLED, DEADLINE_EXCEEDED, or INTERNAL for a session
+// whose state a failed copy lost). The caller reports them.
+struct AdmissionEvents {
+  std::vector<Grant> admitted;
+  std::vector<std::pair<SessionId, Status>> failed;
+  bool empty() const { return admitted.empty() && failed.empty(); }
+  void Append(AdmissionEvents&& other);
+};
+
 // The result of a PageIn.
 struct PageInResult {
   bool resident = false;             // false: it does not fit even with the candidates gone
   LaneId lane = 0;                   // its lane when resident
   std::vector<SessionId> paged_out;  // candidates paged out to make room, in order
+  AdmissionEvents events;            // waiting sessions admitted after the page-in
 };
 
 // One iteration's view of its lane. Valid between BeginIteration and EndIteration.
@@ -216,8 +227,6 @@ class MemoryManager {
     // fresh memory (page faults and zeroing, or pinning) each time. 0: none kept.
     uint64_t host_pool_bytes = 0;
     const Clock* clock = nullptr;  // for admission timeouts; SteadyClock when null
-    std::function<void(const Grant&)> on_admitted;
-    std::function<void(SessionId, const Status&)> on_admission_failed;
   };
 
   static StatusOr<std::unique_ptr<MemoryManager>> Create(Options options);
@@ -225,9 +234,9 @@ class MemoryManager {
 
   virtual StatusOr<std::optional<Grant>> Admit(SessionId session, Requirement req,
                                                std::optional<Nanos> timeout = std::nullopt) = 0;
-  virtual Status Release(SessionId session) = 0;
-  virtual void CancelWaiting(SessionId session) = 0;
-  virtual void ExpireWaiting() = 0;
+  virtual StatusOr<AdmissionEvents> Release(SessionId session) = 0;
+  virtual AdmissionEvents CancelWaiting(SessionId session) = 0;
+  virtual AdmissionEvents ExpireWaiting() = 0;
 
   virtual StatusOr<PersistentBlock> Persistent(SessionId session) const = 0;
   virtual StatusOr<LaneIteration> BeginIteration(LaneId lane) = 0;
@@ -263,9 +272,10 @@ class MemoryManager {
   virtual std::vector<Transfer> TakeTransfers() = 0;
   // The transfer's copy ended with `copy` (OK or the copy's error). Frees the range or host
   // memory it held and places blocks waiting for it. A failed copy loses the session's state:
-  // the session is released and reported through on_admission_failed with INTERNAL.
-  // NOT_FOUND for an unknown transfer.
-  virtual Status FinishTransfer(uint64_t transfer, const Status& copy = OkStatus()) = 0;
+  // the session is released and failed with INTERNAL in the events. NOT_FOUND for an unknown
+  // transfer.
+  virtual StatusOr<AdmissionEvents> FinishTransfer(uint64_t transfer,
+                                                   const Status& copy = OkStatus()) = 0;
   virtual StatusOr<Residence> ResidenceOf(SessionId session) const = 0;
   // A snapshot of the arena for admission rules.
   virtual ArenaSnapshot Snapshot() const = 0;

@@ -94,15 +94,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(Options options) {
                                : 0);
   mo.clock = options.clock;
   std::unique_ptr<Engine> engine(new Engine(std::move(options)));
-  Engine* self = engine.get();
-  mo.on_admitted = [self](const mem::Grant& g) {
-    MutexLock lock(&self->events_mu_);
-    self->mem_events_.push_back(MemEvent{g.session, g, OkStatus()});
-  };
-  mo.on_admission_failed = [self](SessionId id, const Status& s) {
-    MutexLock lock(&self->events_mu_);
-    self->mem_events_.push_back(MemEvent{id, std::nullopt, s});
-  };
   SALUS_ASSIGN_OR_RETURN(engine->memory_, mem::MemoryManager::Create(std::move(mo)));
   return engine;
 }
@@ -245,28 +236,23 @@ void Engine::EndHoldLocked(LaneRec& lane, SessionId next, Nanos now) {
   lane.hold.reset();
 }
 
-void Engine::DrainMemEventsLocked(Notices* notices) {
-  std::vector<MemEvent> events;
-  {
-    MutexLock lock(&events_mu_);
-    events.swap(mem_events_);
+void Engine::ApplyEventsLocked(mem::AdmissionEvents events, Notices* notices) {
+  for (const mem::Grant& g : events.admitted) {
+    if (!sessions_.contains(g.session)) continue;  // removed by its owner meanwhile
+    OnAdmittedLocked(g.session, g);
+    notices->admitted.emplace_back(g.session, g.lane);
   }
-  for (MemEvent& e : events) {
-    auto it = sessions_.find(e.session);
-    if (it == sessions_.end()) continue;  // removed by its owner meanwhile
-    if (e.grant) {
-      OnAdmittedLocked(e.session, *e.grant);
-      notices->admitted.emplace_back(e.session, e.grant->lane);
-    } else {
-      // Its admission failed, or (paging) its state was lost and the memory released it.
-      SessionRec& s = it->second;
-      const LaneId lane = s.lane;
-      if (s.state != SessionState::kWaiting) DetachLocked(s);
-      sessions_.erase(it);
-      paged_out_.erase(e.session);
-      if (lane != 0) LeaveLaneLocked(e.session, lane);
-      notices->failed.emplace_back(e.session, e.failure);
-    }
+  for (auto& [id, failure] : events.failed) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) continue;
+    // Its admission failed, or (paging) its state was lost and the memory released it.
+    SessionRec& s = it->second;
+    const LaneId lane = s.lane;
+    if (s.state != SessionState::kWaiting) DetachLocked(s);
+    sessions_.erase(it);
+    paged_out_.erase(id);
+    if (lane != 0) LeaveLaneLocked(id, lane);
+    notices->failed.emplace_back(id, std::move(failure));
   }
 }
 
@@ -287,7 +273,6 @@ StatusOr<bool> Engine::AddSession(SessionId id, const SessionSpec& spec) {
   if (spec.declared_duration && spec.declared_duration->count() < 0) {
     return InvalidArgumentError(fmt::format("session {}: declared duration must be >= 0", id));
   }
-  Notices notices;
   bool admitted = false;
   {
     MutexLock lock(&mu_);
@@ -306,9 +291,7 @@ StatusOr<bool> Engine::AddSession(SessionId id, const SessionSpec& spec) {
       OnAdmittedLocked(id, **grant);
       admitted = true;
     }
-    DrainMemEventsLocked(&notices);
   }
-  Notify(notices);
   return admitted;
 }
 
@@ -319,9 +302,10 @@ Status Engine::ReleaseLocked(SessionId id, Notices* notices) {
   sessions_.erase(id);
   paged_out_.erase(id);
   if (lane != 0) LeaveLaneLocked(id, lane);
-  Status st = memory_->Release(id);
-  DrainMemEventsLocked(notices);
-  return st;
+  auto events = memory_->Release(id);
+  if (!events.ok()) return events.status();
+  ApplyEventsLocked(std::move(*events), notices);
+  return OkStatus();
 }
 
 StatusOr<int> Engine::RemoveSession(SessionId id) {
@@ -345,8 +329,8 @@ StatusOr<int> Engine::RemoveSession(SessionId id) {
     switch (s.state) {
       case SessionState::kWaiting:
         sessions_.erase(it);
+        // Its own cancellation is no news to the caller; it may have unblocked no one else.
         memory_->CancelWaiting(id);
-        DrainMemEventsLocked(&notices);
         break;
       case SessionState::kRunning:
         DetachLocked(s);
@@ -579,8 +563,7 @@ void Engine::ExpireWaiting() {
   Notices notices;
   {
     MutexLock lock(&mu_);
-    memory_->ExpireWaiting();
-    DrainMemEventsLocked(&notices);
+    ApplyEventsLocked(memory_->ExpireWaiting(), &notices);
   }
   Notify(notices);
 }
@@ -719,6 +702,7 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
   std::vector<SessionView> candidates;
   std::vector<SessionId> ids;
   bool left_waiting = false;
+  mem::AdmissionEvents pending_events;
   while (!want.empty()) {
     // The policy's best of them first.
     const SessionId next = policy_->Pick(LaneSnapshot{now, 0, want}).next;
@@ -745,6 +729,7 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
       left_waiting = true;
       continue;
     }
+    pending_events.Append(std::move(r->events));
     for (const SessionId v : r->paged_out) {
       SessionRec& out = sessions_.at(v);
       const LaneId lane = out.lane;
@@ -775,7 +760,7 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
   // Residents become candidates as time passes (quantum, idleness), with no event to say so:
   // whoever drives the engine dispatches again then.
   if (left_waiting) paging_deadline_ = NextCandidacyLocked(now);
-  DrainMemEventsLocked(notices);
+  ApplyEventsLocked(std::move(pending_events), notices);
 }
 
 std::vector<mem::Transfer> Engine::TakeTransfers() {
@@ -788,7 +773,8 @@ Status Engine::FinishTransfer(const mem::Transfer& t, const Status& copy, Nanos 
   Status st;
   {
     MutexLock lock(&mu_);
-    st = memory_->FinishTransfer(t.id, copy);
+    auto events = memory_->FinishTransfer(t.id, copy);
+    st = events.status();
     if (st.ok()) {
       paging_stats_.copies++;
       paging_stats_.copied_bytes += t.bytes;
@@ -805,7 +791,7 @@ Status Engine::FinishTransfer(const mem::Transfer& t, const Status& copy, Nanos 
         RefreshViewLocked(s);  // runnable now, if it has work
       }
     }
-    DrainMemEventsLocked(&notices);
+    if (events.ok()) ApplyEventsLocked(std::move(*events), &notices);
   }
   Notify(notices);
   return st;

@@ -258,12 +258,6 @@ class Engine {
     bool has_run = false;
     Nanos last_end{0};
   };
-  // Admission events the memory manager reports while the engine's lock is held.
-  struct MemEvent {
-    SessionId session = 0;
-    std::optional<mem::Grant> grant;
-    Status failure;
-  };
   struct Notices {
     std::vector<std::pair<SessionId, LaneId>> admitted;
     std::vector<std::pair<SessionId, Status>> failed;
@@ -283,7 +277,8 @@ class Engine {
   bool MayPageOutLocked(const SessionRec& v, const SessionView& in, Nanos now) const REQUIRES(mu_);
   void LeaveLaneLocked(SessionId id, LaneId lane) REQUIRES(mu_);
   Status ReleaseLocked(SessionId id, Notices* notices) REQUIRES(mu_);
-  void DrainMemEventsLocked(Notices* notices) REQUIRES(mu_);
+  // Takes in what a memory manager call admitted or failed, to be reported by Notify.
+  void ApplyEventsLocked(mem::AdmissionEvents events, Notices* notices) REQUIRES(mu_);
   void Notify(const Notices& notices);
   double RemainingSecondsLocked(const SessionRec& s) const REQUIRES(mu_);
   // What a policy sees of the session now (requested_at: its oldest pending request).
@@ -325,9 +320,6 @@ class Engine {
   std::set<SessionId> paged_out_ GUARDED_BY(mu_);  // sessions in kPagedOut
   std::optional<Nanos> next_hold_deadline_ GUARDED_BY(mu_);
   std::optional<Nanos> paging_deadline_ GUARDED_BY(mu_);  // Note [Paging]: re-check then
-
-  Mutex events_mu_;
-  std::vector<MemEvent> mem_events_ GUARDED_BY(events_mu_);
 };
 
 }  // namespace salus::sched

@@ -41,7 +41,7 @@ TEST_P(Algorithm1Test, Decides) {
     if (op.kind == Op::kAdmit) {
       lane_of[op.id] = h.AdmitNow(op.id, op.p * M, op.e * M);
     } else {
-      ASSERT_TRUE(h.manager->Release(op.id).ok());
+      ASSERT_TRUE(h.Release(op.id).ok());
     }
   }
   const size_t lanes_before = h.manager->Lanes().size();
@@ -181,7 +181,7 @@ TEST(AdmissionTest, DuplicatesAndUnknownSessions) {
   h.AdmitWaits(2, 60 * M, 10 * M);
   EXPECT_EQ(h.manager->Admit(1, {M, M}).status().code(), StatusCode::kAlreadyExists);
   EXPECT_EQ(h.manager->Admit(2, {M, M}).status().code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(h.manager->Release(7).code(), StatusCode::kNotFound);
+  EXPECT_EQ(h.Release(7).code(), StatusCode::kNotFound);
   EXPECT_EQ(h.manager->Persistent(7).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(h.manager->Persistent(2).status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(h.manager->Admit(3, {M, M}, Nanos(-1)).status().code(), StatusCode::kInvalidArgument);
@@ -241,7 +241,7 @@ TEST(AdmissionRuleTest, ExclusiveAdmitsOneSessionAtATime) {
   const LaneId first = h.AdmitNow(1, 10 * M, 10 * M);
   h.AdmitWaits(2, 10 * M, 10 * M);
   h.AdmitWaits(3, M, M);
-  ASSERT_TRUE(h.manager->Release(1).ok());
+  ASSERT_TRUE(h.Release(1).ok());
   // The queue is tried in order: 2 gets the device, 3 still waits.
   ASSERT_EQ(h.admitted.size(), 1u);
   EXPECT_EQ(h.admitted[0].session, 2u);
@@ -256,15 +256,15 @@ TEST(AdmissionQueueTest, RetriedInOrderOnEveryRelease) {
   h.AdmitWaits(2, 20 * M, 20 * M);
   h.AdmitWaits(3, 15 * M, 30 * M);
   h.AdmitWaits(4, 95 * M, 5 * M);  // can only run alone
-  ASSERT_TRUE(h.manager->Release(1).ok());
+  ASSERT_TRUE(h.Release(1).ok());
   // In order: 2 (40) and then 3 (45) fit; 4 does not, and does not block 3.
   ASSERT_EQ(h.admitted.size(), 2u);
   EXPECT_EQ(h.admitted[0].session, 2u);
   EXPECT_EQ(h.admitted[1].session, 3u);
   EXPECT_EQ(h.manager->WaitingCount(), 1u);
-  ASSERT_TRUE(h.manager->Release(2).ok());
+  ASSERT_TRUE(h.Release(2).ok());
   EXPECT_EQ(h.admitted.size(), 2u);
-  ASSERT_TRUE(h.manager->Release(3).ok());
+  ASSERT_TRUE(h.Release(3).ok());
   ASSERT_EQ(h.admitted.size(), 3u);
   EXPECT_EQ(h.admitted[2].session, 4u);
   EXPECT_TRUE(h.manager->Persistent(4).ok());
@@ -275,19 +275,19 @@ TEST(AdmissionQueueTest, CancelReportsCancelled) {
   Harness h(100 * M);
   h.AdmitNow(1, 90 * M, 10 * M);
   h.AdmitWaits(2, 10 * M, 10 * M);
-  h.manager->CancelWaiting(2);
-  h.manager->CancelWaiting(2);  // no longer waiting: nothing to report
-  h.manager->CancelWaiting(1);  // admitted, not waiting: nothing
+  h.CancelWaiting(2);
+  h.CancelWaiting(2);  // no longer waiting: nothing to report
+  h.CancelWaiting(1);  // admitted, not waiting: nothing
   ASSERT_EQ(h.failed.size(), 1u);
   EXPECT_EQ(h.failed[0].first, 2u);
   EXPECT_EQ(h.failed[0].second.code(), StatusCode::kCancelled);
   EXPECT_EQ(h.manager->WaitingCount(), 0u);
-  ASSERT_TRUE(h.manager->Release(1).ok());
+  ASSERT_TRUE(h.Release(1).ok());
   EXPECT_TRUE(h.admitted.empty());
   // Release of a waiting session cancels it too.
   h.AdmitNow(3, 90 * M, 10 * M);
   h.AdmitWaits(4, 10 * M, 10 * M);
-  EXPECT_TRUE(h.manager->Release(4).ok());
+  EXPECT_TRUE(h.Release(4).ok());
   ASSERT_EQ(h.failed.size(), 2u);
   EXPECT_EQ(h.failed[1].second.code(), StatusCode::kCancelled);
 }
@@ -298,15 +298,15 @@ TEST(AdmissionQueueTest, TimeoutOnTheInjectedClock) {
   h.AdmitWaits(2, 10 * M, 10 * M, std::chrono::seconds(5));
   h.AdmitWaits(3, 10 * M, 10 * M);  // no timeout
   h.clock.Advance(std::chrono::seconds(4));
-  h.manager->ExpireWaiting();
+  h.ExpireWaiting();
   EXPECT_TRUE(h.failed.empty());
   h.clock.Advance(std::chrono::seconds(1));
-  h.manager->ExpireWaiting();
+  h.ExpireWaiting();
   ASSERT_EQ(h.failed.size(), 1u);
   EXPECT_EQ(h.failed[0].first, 2u);
   EXPECT_EQ(h.failed[0].second.code(), StatusCode::kDeadlineExceeded);
   EXPECT_EQ(h.manager->WaitingCount(), 1u);
-  ASSERT_TRUE(h.manager->Release(1).ok());
+  ASSERT_TRUE(h.Release(1).ok());
   ASSERT_EQ(h.admitted.size(), 1u);
   EXPECT_EQ(h.admitted[0].session, 3u);
 }
@@ -316,34 +316,45 @@ TEST(AdmissionQueueTest, ARequestPastItsDeadlineIsNotAdmittedByARetry) {
   h.AdmitNow(1, 90 * M, 10 * M);
   h.AdmitWaits(2, 10 * M, 10 * M, std::chrono::seconds(1));
   h.clock.Advance(std::chrono::seconds(2));
-  ASSERT_TRUE(h.manager->Release(1).ok());
+  ASSERT_TRUE(h.Release(1).ok());
   EXPECT_TRUE(h.admitted.empty());
-  h.manager->ExpireWaiting();
+  h.ExpireWaiting();
   ASSERT_EQ(h.failed.size(), 1u);
   EXPECT_EQ(h.failed[0].second.code(), StatusCode::kDeadlineExceeded);
 }
 
-TEST(AdmissionQueueTest, CallbacksRunWithoutTheManagersLock) {
+// Each call returns what it did to the queue, and only that: a cancel its one failure, a
+// release the sessions it admitted, in queue order, with their grants.
+TEST(AdmissionQueueTest, CallsReturnTheEventsTheyCause) {
   device::FakeMemoryProvider fake;
-  std::unique_ptr<MemoryManager> m;
-  std::vector<size_t> seen;
   MemoryManager::Options o;
   o.provider = &fake;
   o.capacity = 100 * M;
   o.rule = sched::PackRule();
-  // Re-entering the manager from the callback would deadlock if a lock were held.
-  o.on_admitted = [&](const Grant& g) {
-    seen.push_back(m->Lanes().size());
-    EXPECT_TRUE(m->Persistent(g.session).ok());
-  };
-  o.on_admission_failed = [&](SessionId, const Status&) { seen.push_back(m->WaitingCount()); };
-  m = std::move(MemoryManager::Create(o)).value();
+  auto m = std::move(MemoryManager::Create(o)).value();
   ASSERT_TRUE(m->Admit(1, {90 * M, 10 * M}).ok());
   ASSERT_TRUE(m->Admit(2, {10 * M, 10 * M}).ok());
-  ASSERT_TRUE(m->Admit(3, {95 * M, 5 * M}).ok());
-  m->CancelWaiting(3);
-  ASSERT_TRUE(m->Release(1).ok());
-  EXPECT_EQ(seen, (std::vector<size_t>{1, 1}));
+  ASSERT_TRUE(m->Admit(3, {80 * M, 5 * M}).ok());
+  ASSERT_TRUE(m->Admit(4, {95 * M, 5 * M}).ok());
+  EXPECT_EQ(m->WaitingCount(), 3u);
+  AdmissionEvents cancelled = m->CancelWaiting(4);
+  EXPECT_TRUE(cancelled.admitted.empty());
+  ASSERT_EQ(cancelled.failed.size(), 1u);
+  EXPECT_EQ(cancelled.failed[0].first, 4u);
+  EXPECT_EQ(cancelled.failed[0].second.code(), StatusCode::kCancelled);
+  EXPECT_TRUE(m->CancelWaiting(4).empty());  // no longer waiting: nothing
+  auto released = m->Release(1);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_TRUE(released->failed.empty());
+  ASSERT_EQ(released->admitted.size(), 2u);
+  EXPECT_EQ(released->admitted[0].session, 2u);
+  EXPECT_EQ(released->admitted[1].session, 3u);
+  for (const Grant& g : released->admitted) {
+    EXPECT_NE(g.lane, 0u);
+    EXPECT_TRUE(m->Persistent(g.session).ok());
+  }
+  EXPECT_EQ(m->WaitingCount(), 0u);
+  EXPECT_TRUE(m->ExpireWaiting().empty());
 }
 
 }  // namespace

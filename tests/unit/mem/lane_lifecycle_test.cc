@@ -38,14 +38,14 @@ TEST(LaneLifecycleTest, ShrinksToTheLargestRemainingEAndClosesWhenEmpty) {
   Harness h(100 * M);
   const LaneId a = h.AdmitNow(1, 40 * M, 30 * M);
   ASSERT_EQ(h.AdmitNow(2, 25 * M, 10 * M), a);  // 65 + 30 + 10 > 100: joins
-  ASSERT_TRUE(h.manager->Release(1).ok());
+  ASSERT_TRUE(h.Release(1).ok());
   EXPECT_EQ(h.LaneSize(a), 10 * M);
   EXPECT_EQ(h.manager->CommittedBytes(), 35 * M);
   auto it = h.manager->BeginIteration(a);
   ASSERT_TRUE(it.ok());
   EXPECT_EQ(it->size, 10 * M);
   ASSERT_TRUE(h.manager->EndIteration(a).ok());
-  ASSERT_TRUE(h.manager->Release(2).ok());
+  ASSERT_TRUE(h.Release(2).ok());
   EXPECT_TRUE(h.manager->Lanes().empty());
   EXPECT_EQ(h.manager->CommittedBytes(), 0u);
   EXPECT_EQ(h.manager->BeginIteration(a).status().code(), StatusCode::kNotFound);
@@ -63,7 +63,7 @@ TEST(LaneLifecycleTest, LanesAboveAClosedLaneSlideDownAtTheirNextBoundary) {
   ASSERT_TRUE(ib.ok() && ic.ok());
   EXPECT_EQ(ib->base, 10 * M);
   EXPECT_EQ(ic->base, 30 * M);
-  ASSERT_TRUE(h.manager->Release(1).ok());  // lane a closes
+  ASSERT_TRUE(h.Release(1).ok());  // lane a closes
   (void)a;
   EXPECT_EQ(h.LaneOffset(b), 0u);
   EXPECT_EQ(h.LaneOffset(c), 20 * M);
@@ -90,7 +90,7 @@ TEST(LaneLifecycleTest, BeginIsUnavailableWhileALaneMidIterationHoldsTheRange) {
   h.AdmitNow(1, 0, 10 * M);                   // lane a [0, 10)
   const LaneId b = h.AdmitNow(2, 0, 20 * M);  // lane b [10, 30)
   ASSERT_TRUE(h.manager->BeginIteration(b).ok());
-  ASSERT_TRUE(h.manager->Release(1).ok());    // b's layout place is now [0, 20)
+  ASSERT_TRUE(h.Release(1).ok());             // b's layout place is now [0, 20)
   const LaneId c = h.AdmitNow(3, 0, 15 * M);  // c's layout place [20, 35) overlaps b's run
   const auto ic = h.manager->BeginIteration(c);
   ASSERT_FALSE(ic.ok());
@@ -113,7 +113,7 @@ TEST(LaneLifecycleTest, BlockInSpaceALaneStillRunsInWaitsForItsIterationToEnd) {
   h.AdmitNow(1, 0, 50 * M);                   // lane a [0, 50)
   const LaneId b = h.AdmitNow(2, 0, 40 * M);  // lane b [50, 90)
   ASSERT_TRUE(h.manager->BeginIteration(b).ok());
-  ASSERT_TRUE(h.manager->Release(1).ok());  // 50 free, but at [0, 50) until b slides down
+  ASSERT_TRUE(h.Release(1).ok());  // 50 free, but at [0, 50) until b slides down
   // 50 + 40 + 10 = 100: admitted; its block [50, 100) is where b runs now.
   const LaneId c = h.AdmitNow(3, 50 * M, 10 * M);
   const auto block = h.manager->Persistent(3);
@@ -138,7 +138,7 @@ TEST(LaneLifecycleTest, ReleaseMidIterationKeepsTheBlockAndLaneUntilTheIteration
   auto it = h.manager->BeginIteration(a, 1);
   ASSERT_TRUE(it.ok());
   ASSERT_TRUE(it->allocator->Allocate(M).ok());
-  ASSERT_TRUE(h.manager->Release(1).ok());
+  ASSERT_TRUE(h.Release(1).ok());
   EXPECT_TRUE(h.manager->Lanes().empty());
   EXPECT_EQ(h.manager->CommittedBytes(), 0u);
   // The same sizes are admitted at once, into the places still in use.

@@ -107,16 +107,16 @@ TEST(MemoryManagerPropertyTest, RandomWorkloadKeepsEveryInvariant) {
         model.admitted.erase(it);
         model.lane_of.erase(s);
         h.admitted.clear();
-        ASSERT_TRUE(h.manager->Release(s).ok());
+        ASSERT_TRUE(h.Release(s).ok());
         for (const Grant& g : h.admitted) on_granted(g);
       } else if (r < 26 && !model.waiting.empty()) {
         auto it = std::next(model.waiting.begin(), pick(model.waiting.size()));
         const SessionId s = it->first;
         h.failed.clear();
         if (pick(2) == 0) {
-          h.manager->CancelWaiting(s);
+          h.CancelWaiting(s);
         } else {
-          ASSERT_TRUE(h.manager->Release(s).ok());
+          ASSERT_TRUE(h.Release(s).ok());
         }
         ASSERT_EQ(h.failed.size(), 1u);
         EXPECT_EQ(h.failed[0].second.code(), StatusCode::kCancelled);
@@ -125,7 +125,7 @@ TEST(MemoryManagerPropertyTest, RandomWorkloadKeepsEveryInvariant) {
       } else if (r < 28) {
         h.clock.Advance(std::chrono::milliseconds(pick(30)));
         h.failed.clear();
-        h.manager->ExpireWaiting();
+        h.ExpireWaiting();
         for (const auto& [s, st] : h.failed) {
           EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded);
           ASSERT_TRUE(model.expirable.erase(s)) << "expired a session without a timeout";
@@ -274,7 +274,7 @@ TEST(MemoryManagerPropertyTest, RandomWorkloadKeepsEveryInvariant) {
       const SessionId s = model.admitted.begin()->first;
       model.admitted.erase(model.admitted.begin());
       h.admitted.clear();
-      ASSERT_TRUE(h.manager->Release(s).ok());
+      ASSERT_TRUE(h.Release(s).ok());
       for (const Grant& g : h.admitted) on_granted(g);
     }
     EXPECT_TRUE(h.manager->CheckInvariants().ok());

@@ -25,7 +25,7 @@ struct PagingHarness : testing::Harness {
     int n = 0;
     for (auto ts = manager->TakeTransfers(); !ts.empty(); ts = manager->TakeTransfers()) {
       for (const Transfer& t : ts) {
-        EXPECT_TRUE(manager->FinishTransfer(t.id).ok());
+        EXPECT_TRUE(FinishTransfer(t.id).ok());
         EXPECT_TRUE(manager->CheckInvariants().ok()) << manager->CheckInvariants();
         ++n;
       }
@@ -51,7 +51,7 @@ TEST(PagingTest, OvercommitAdmitsPagedOutWithinTheRatio) {
   EXPECT_EQ(h.manager->Persistent(2).status().code(), StatusCode::kFailedPrecondition);
   // Releasing the resident one admits the waiting one paged out (nothing is resident to make
   // room for it by itself... it fits resident now).
-  ASSERT_TRUE(h.manager->Release(1).ok());
+  ASSERT_TRUE(h.Release(1).ok());
   ASSERT_EQ(h.admitted.size(), 1u);
   EXPECT_TRUE(h.admitted[0].resident);
   EXPECT_TRUE(h.manager->CheckInvariants().ok());
@@ -68,7 +68,7 @@ TEST(PagingTest, PageInPagesOutTheCandidatesItNeedsAndCopiesInOrder) {
   const LaneId lane1 = h.AdmitNow(1, 60 * M, 10 * M);
   ASSERT_TRUE(h.manager->Admit(2, {60 * M, 10 * M}).ok());
   // A fresh session pages in with nothing to copy; session 1 goes out first.
-  auto r = h.manager->PageIn(2, std::vector<SessionId>{1});
+  auto r = h.PageIn(2, std::vector<SessionId>{1});
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_TRUE(r->resident);
   EXPECT_EQ(r->paged_out, (std::vector<SessionId>{1}));
@@ -85,26 +85,26 @@ TEST(PagingTest, PageInPagesOutTheCandidatesItNeedsAndCopiesInOrder) {
   EXPECT_EQ(ts[0].session, 1u);
   EXPECT_EQ(ts[0].bytes, 60 * M);
   EXPECT_TRUE(h.manager->TakeTransfers().empty());  // each handed out once
-  ASSERT_TRUE(h.manager->FinishTransfer(ts[0].id).ok());
+  ASSERT_TRUE(h.FinishTransfer(ts[0].id).ok());
   EXPECT_EQ(h.Of(1), Residence::kPagedOut);
   EXPECT_TRUE(h.manager->Persistent(2).ok());
   EXPECT_EQ(h.provider.live_host_bytes(), 60 * M);
 
   // And back: 1 pages in for 2. Its copy in waits for 2's copy out.
-  r = h.manager->PageIn(1, std::vector<SessionId>{2});
+  r = h.PageIn(1, std::vector<SessionId>{2});
   ASSERT_TRUE(r.ok() && r->resident);
   EXPECT_EQ(h.Of(1), Residence::kPagingIn);
   EXPECT_EQ(h.manager->Persistent(1).status().code(), StatusCode::kUnavailable);
   ts = h.manager->TakeTransfers();
   ASSERT_EQ(ts.size(), 1u);  // 2's copy out only
   EXPECT_EQ(ts[0].session, 2u);
-  ASSERT_TRUE(h.manager->FinishTransfer(ts[0].id).ok());
+  ASSERT_TRUE(h.FinishTransfer(ts[0].id).ok());
   ts = h.manager->TakeTransfers();
   ASSERT_EQ(ts.size(), 1u);  // now 1's copy in
   EXPECT_FALSE(ts[0].to_host);
   EXPECT_EQ(ts[0].session, 1u);
   EXPECT_EQ(h.manager->Persistent(1).status().code(), StatusCode::kUnavailable);
-  ASSERT_TRUE(h.manager->FinishTransfer(ts[0].id).ok());
+  ASSERT_TRUE(h.FinishTransfer(ts[0].id).ok());
   EXPECT_EQ(h.Of(1), Residence::kResident);
   EXPECT_TRUE(h.manager->Persistent(1).ok());
   const MemoryStatsSnapshot s = h.manager->StatsSnapshot();
@@ -112,8 +112,8 @@ TEST(PagingTest, PageInPagesOutTheCandidatesItNeedsAndCopiesInOrder) {
   EXPECT_EQ(s.page_ins, 1u);
   EXPECT_EQ(s.paged_in_bytes, 60 * M);
   EXPECT_EQ(h.provider.live_host_bytes(), 60 * M);  // 2's state
-  ASSERT_TRUE(h.manager->Release(2).ok());
-  ASSERT_TRUE(h.manager->Release(1).ok());
+  ASSERT_TRUE(h.Release(2).ok());
+  ASSERT_TRUE(h.Release(1).ok());
   EXPECT_EQ(h.provider.live_host_bytes(), 0u);
   EXPECT_TRUE(h.manager->CheckInvariants().ok());
 }
@@ -154,8 +154,8 @@ TEST(SmallerLaneTest, AdmissionGrantsTheFirstLaneThatFits) {
   ASSERT_TRUE(g.ok() && g->has_value()) << g.status();
   EXPECT_EQ((*g)->ephemeral_bytes, 15 * M);
   EXPECT_EQ(h.manager->CommittedBytes(), 95 * M);
-  ASSERT_TRUE(h.manager->Release(2).ok());
-  ASSERT_TRUE(h.manager->Release(1).ok());
+  ASSERT_TRUE(h.Release(2).ok());
+  ASSERT_TRUE(h.Release(1).ok());
   // Never fits only when even the smallest lane does not.
   EXPECT_EQ(h.manager->Admit(3, {95 * M, 10 * M, LaneClass::kBatch, {5 * M}}).status().code(),
             StatusCode::kOk);
@@ -168,12 +168,12 @@ TEST(PagingTest, PageInWaitsWhenNoCandidateMakesRoom) {
   PagingHarness h;
   ASSERT_NE(h.AdmitNow(1, 60 * M, 10 * M), 0u);
   ASSERT_TRUE(h.manager->Admit(2, {60 * M, 10 * M}).ok());
-  auto r = h.manager->PageIn(2, {});
+  auto r = h.PageIn(2, {});
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->resident);
   EXPECT_EQ(h.Of(1), Residence::kResident);
-  EXPECT_EQ(h.manager->PageIn(1, {}).status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(h.manager->PageIn(9, {}).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(h.PageIn(1, {}).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(h.PageIn(9, {}).status().code(), StatusCode::kNotFound);
 }
 
 TEST(PagingTest, ASessionMidIterationIsNeverPagedOut) {
@@ -181,12 +181,12 @@ TEST(PagingTest, ASessionMidIterationIsNeverPagedOut) {
   const LaneId lane1 = h.AdmitNow(1, 60 * M, 10 * M);
   ASSERT_TRUE(h.manager->Admit(2, {60 * M, 10 * M}).ok());
   ASSERT_TRUE(h.manager->BeginIteration(lane1, 1).ok());
-  auto r = h.manager->PageIn(2, std::vector<SessionId>{1});
+  auto r = h.PageIn(2, std::vector<SessionId>{1});
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->resident);
   EXPECT_EQ(h.Of(1), Residence::kResident);
   ASSERT_TRUE(h.manager->EndIteration(lane1).ok());
-  r = h.manager->PageIn(2, std::vector<SessionId>{1});
+  r = h.PageIn(2, std::vector<SessionId>{1});
   ASSERT_TRUE(r.ok() && r->resident);
 }
 
@@ -194,16 +194,16 @@ TEST(PagingTest, ReleaseDuringACopyFreesItsHostMemoryWhenTheCopyEnds) {
   PagingHarness h;
   ASSERT_NE(h.AdmitNow(1, 60 * M, 10 * M), 0u);
   ASSERT_TRUE(h.manager->Admit(2, {60 * M, 10 * M}).ok());
-  ASSERT_TRUE(h.manager->PageIn(2, std::vector<SessionId>{1})->resident);
+  ASSERT_TRUE(h.PageIn(2, std::vector<SessionId>{1})->resident);
   auto ts = h.manager->TakeTransfers();
   ASSERT_EQ(ts.size(), 1u);
-  ASSERT_TRUE(h.manager->Release(1).ok());  // mid-copy out
+  ASSERT_TRUE(h.Release(1).ok());  // mid-copy out
   EXPECT_EQ(h.provider.live_host_bytes(), 60 * M);
   EXPECT_EQ(h.manager->Persistent(2).status().code(), StatusCode::kUnavailable);
-  ASSERT_TRUE(h.manager->FinishTransfer(ts[0].id).ok());
+  ASSERT_TRUE(h.FinishTransfer(ts[0].id).ok());
   EXPECT_EQ(h.provider.live_host_bytes(), 0u);
   EXPECT_TRUE(h.manager->Persistent(2).ok());
-  EXPECT_EQ(h.manager->FinishTransfer(ts[0].id).code(), StatusCode::kNotFound);
+  EXPECT_EQ(h.FinishTransfer(ts[0].id).code(), StatusCode::kNotFound);
   EXPECT_TRUE(h.manager->CheckInvariants().ok());
 }
 
@@ -211,10 +211,10 @@ TEST(PagingTest, AFailedCopyLosesOnlyItsSession) {
   PagingHarness h;
   ASSERT_NE(h.AdmitNow(1, 60 * M, 10 * M), 0u);
   ASSERT_TRUE(h.manager->Admit(2, {60 * M, 10 * M}).ok());
-  ASSERT_TRUE(h.manager->PageIn(2, std::vector<SessionId>{1})->resident);
+  ASSERT_TRUE(h.PageIn(2, std::vector<SessionId>{1})->resident);
   auto ts = h.manager->TakeTransfers();
   ASSERT_EQ(ts.size(), 1u);
-  ASSERT_TRUE(h.manager->FinishTransfer(ts[0].id, InternalError("bus error")).ok());
+  ASSERT_TRUE(h.FinishTransfer(ts[0].id, InternalError("bus error")).ok());
   ASSERT_EQ(h.failed.size(), 1u);
   EXPECT_EQ(h.failed[0].first, 1u);
   EXPECT_EQ(h.failed[0].second.code(), StatusCode::kInternal);
@@ -230,8 +230,8 @@ TEST(PagingTest, SingleLaneAndExclusiveRulesPageOutWhatTheyMust) {
     ASSERT_NE(h.AdmitNow(1, 10 * M, 10 * M), 0u);
     ASSERT_TRUE(h.manager->Admit(2, {10 * M, 10 * M}).ok());
     EXPECT_EQ(h.Of(2), Residence::kPagedOut);  // one resident at a time, however small
-    EXPECT_FALSE(h.manager->PageIn(2, {})->resident);
-    auto r = h.manager->PageIn(2, std::vector<SessionId>{1});
+    EXPECT_FALSE(h.PageIn(2, {})->resident);
+    auto r = h.PageIn(2, std::vector<SessionId>{1});
     ASSERT_TRUE(r.ok() && r->resident);
     EXPECT_EQ(r->paged_out, (std::vector<SessionId>{1}));
     h.FinishAll();
@@ -242,7 +242,7 @@ TEST(PagingTest, SingleLaneAndExclusiveRulesPageOutWhatTheyMust) {
     ASSERT_NE(h.AdmitNow(2, 30 * M, 10 * M), 0u);
     ASSERT_TRUE(h.manager->Admit(3, {40 * M, 10 * M}).ok());
     // Candidates in the policy's order: the rule takes the shortest prefix that makes room.
-    auto r = h.manager->PageIn(3, std::vector<SessionId>{2, 1});
+    auto r = h.PageIn(3, std::vector<SessionId>{2, 1});
     ASSERT_TRUE(r.ok() && r->resident);
     EXPECT_EQ(r->paged_out, (std::vector<SessionId>{2}));
     h.FinishAll();
@@ -276,7 +276,7 @@ TEST(PagingPropertyTest, ResidentSafetyAtEveryStep) {
         bool running = false;
         for (const auto& [lane, who] : in_iteration) running |= who == s;
         if (running) continue;
-        ASSERT_TRUE(h.manager->Release(s).ok());
+        ASSERT_TRUE(h.Release(s).ok());
         live.erase(s);
       } else if (r < 45 && !live.empty()) {
         const SessionId s = *std::next(live.begin(), static_cast<long>(pick(live.size())));
@@ -284,7 +284,7 @@ TEST(PagingPropertyTest, ResidentSafetyAtEveryStep) {
         if (!res.ok() || *res != Residence::kPagedOut) continue;
         std::vector<SessionId> candidates(live.begin(), live.end());
         std::shuffle(candidates.begin(), candidates.end(), rng);
-        auto pr = h.manager->PageIn(s, candidates);
+        auto pr = h.PageIn(s, candidates);
         ASSERT_TRUE(pr.ok()) << pr.status();
         page_ins += pr->resident;
       } else if (r < 65) {
@@ -308,7 +308,7 @@ TEST(PagingPropertyTest, ResidentSafetyAtEveryStep) {
         for (const Transfer& t : h.manager->TakeTransfers()) copies.push_back(t);
         if (copies.empty()) continue;
         const size_t i = pick(copies.size());
-        ASSERT_TRUE(h.manager->FinishTransfer(copies[i].id).ok());
+        ASSERT_TRUE(h.FinishTransfer(copies[i].id).ok());
         copies.erase(copies.begin() + static_cast<long>(i));
       }
       ASSERT_TRUE(h.manager->CheckInvariants().ok()) << h.manager->CheckInvariants();

@@ -1,9 +1,11 @@
-// A memory manager over the fake provider and a manual clock, recording its callbacks.
+// A memory manager over the fake provider and a manual clock, recording the admission events
+// its calls return.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -24,8 +26,6 @@ struct Harness {
     o.rule = std::move(rule);
     o.overcommit = overcommit;
     o.clock = &clock;
-    o.on_admitted = [this](const Grant& g) { admitted.push_back(g); };
-    o.on_admission_failed = [this](SessionId s, const Status& st) { failed.emplace_back(s, st); };
     auto m = MemoryManager::Create(std::move(o));
     EXPECT_TRUE(m.ok()) << m.status();
     if (m.ok()) manager = std::move(m).value();
@@ -45,6 +45,29 @@ struct Harness {
     auto g = manager->Admit(s, {p, e}, timeout);
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_FALSE(g->has_value()) << "session " << s << " was admitted";
+  }
+
+  // The manager's calls that return admission events, recording them in `admitted` and
+  // `failed`.
+  Status Release(SessionId s) { return Recorded(manager->Release(s)); }
+  void CancelWaiting(SessionId s) { Record(manager->CancelWaiting(s)); }
+  void ExpireWaiting() { Record(manager->ExpireWaiting()); }
+  Status FinishTransfer(uint64_t transfer, const Status& copy = OkStatus()) {
+    return Recorded(manager->FinishTransfer(transfer, copy));
+  }
+  StatusOr<PageInResult> PageIn(SessionId s, std::span<const SessionId> candidates) {
+    auto r = manager->PageIn(s, candidates);
+    if (r.ok()) Record(std::move(r->events));
+    return r;
+  }
+  void Record(AdmissionEvents events) {
+    admitted.insert(admitted.end(), events.admitted.begin(), events.admitted.end());
+    failed.insert(failed.end(), events.failed.begin(), events.failed.end());
+  }
+  Status Recorded(StatusOr<AdmissionEvents> events) {
+    if (!events.ok()) return events.status();
+    Record(std::move(*events));
+    return OkStatus();
   }
 
   uint64_t LaneSize(LaneId id) const {
