@@ -42,9 +42,9 @@ void BM_EngineBoundary(benchmark::State& state) {
   auto provider = std::move(*salus::device::CreateMemoryProvider("fake"));
   salus::sched::Engine::Options o;
   o.clock = &clock;
-  o.provider = provider.get();
-  o.capacity = 1024 * salus::kGiB;
   o.policy = std::move(*salus::sched::CreatePolicy("fair", {{"single_lane", true}}));
+  o.devices = std::move(*salus::sched::MakeDevices(
+      *o.policy, &clock, {{"fake:0", provider.get(), 1024 * salus::kGiB}}));
   auto engine = std::move(*salus::sched::Engine::Create(std::move(o)));
   for (int i = 1; i <= n; ++i) {
     salus::sched::SessionSpec spec;

@@ -120,4 +120,14 @@ class AdmissionRule {
   }
 };
 
+// What Admit would do for a requirement now, without doing it (placement across devices).
+struct AdmissionPreview {
+  bool never = false;  // it can never fit this device (P + E > C)
+  bool now = false;    // it would be admitted now (resident, or paged out with overcommit)
+  bool resident = false;
+  AdmissionDecision::Step step = AdmissionDecision::Step::kWait;  // when resident
+  uint64_t ephemeral_bytes = 0;  // the E it would be granted (rounded)
+  uint64_t free_after = 0;       // C - (F + ΣL) once admitted resident: what is left unused
+};
+
 }  // namespace salus::mem

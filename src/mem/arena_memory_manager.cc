@@ -82,6 +82,9 @@ StatusOr<std::unique_ptr<ArenaMemoryManager>> ArenaMemoryManager::Create(Options
         fmt::format("memory manager: capacity {} bytes must be a positive multiple of {} bytes",
                     options.capacity, kArenaAlignment));
   }
+  if (options.first_lane == 0 || options.lane_stride == 0) {
+    return InvalidArgumentError("memory manager: lane ids start at 1 and step by at least 1");
+  }
   if (!(options.overcommit >= 1.0) || !std::isfinite(options.overcommit)) {
     return InvalidArgumentError(fmt::format(
         "memory manager: overcommit ratio must be a number >= 1, got {}", options.overcommit));
@@ -96,7 +99,8 @@ ArenaMemoryManager::ArenaMemoryManager(Options options, std::byte* base)
       capacity_(options_.capacity),
       base_(base),
       clock_(options_.clock != nullptr ? options_.clock : SteadyClock::Get()),
-      region_(options_.capacity) {}
+      region_(options_.capacity),
+      next_lane_(options_.first_lane) {}
 
 ArenaMemoryManager::~ArenaMemoryManager() {
   // Nothing to report to: a provider that refuses its own memory back is a broken invariant.
@@ -266,7 +270,8 @@ void ArenaMemoryManager::Enter(Session& s, const AdmissionDecision& d) {
 
   Lane* lane = nullptr;
   if (d.step == Step::kNewLane) {
-    const LaneId id = next_lane_++;
+    const LaneId id = next_lane_;
+    next_lane_ += options_.lane_stride;
     Lane& l = lanes_[id];
     l.id = id;
     l.lane_class = s.req.lane_class;
@@ -325,16 +330,7 @@ StatusOr<std::optional<Grant>> ArenaMemoryManager::Admit(SessionId session, Requ
   if (timeout && timeout->count() < 0) {
     return InvalidArgumentError(fmt::format("admission of session {}: negative timeout", session));
   }
-  const uint64_t c = capacity_;
-  uint64_t least_e = req.ephemeral_bytes;  // the smallest lane it can run in
-  for (const uint64_t e : req.smaller_ephemeral) least_e = std::min(least_e, e);
-  if (req.persistent_bytes > c || least_e > c ||
-      AlignUp(req.persistent_bytes) + AlignUp(least_e) > c) {
-    return ResourceExhaustedError(fmt::format(
-        "session {} can never be admitted: it needs P = {} persistent + E = {} ephemeral, more "
-        "than the device's capacity C = {}",
-        session, FormatBytes(req.persistent_bytes), FormatBytes(least_e), FormatBytes(c)));
-  }
+  SALUS_ASSIGN_OR_RETURN(const Requirement aligned, Aligned(session, req));
   MutexLock lock(&mu_);
   if (sessions_.contains(session)) {
     return AlreadyExistsError(fmt::format("session {} is already admitted", session));
@@ -346,10 +342,7 @@ StatusOr<std::optional<Grant>> ArenaMemoryManager::Admit(SessionId session, Requ
   Waiting w;
   w.id = session;
   w.declared = req;
-  w.req = {AlignUp(req.persistent_bytes), AlignUp(req.ephemeral_bytes), req.lane_class};
-  for (const uint64_t e : req.smaller_ephemeral) {
-    if (AlignUp(e) < w.req.ephemeral_bytes) w.req.smaller_ephemeral.push_back(AlignUp(e));
-  }
+  w.req = aligned;
   // Earlier requests keep their turn: a newcomer is admitted paged out only behind none.
   const Outcome o = DecideLocked(w.req);
   if (o.decision.step != Step::kWait) {
@@ -369,6 +362,50 @@ StatusOr<std::optional<Grant>> ArenaMemoryManager::Admit(SessionId session, Requ
   }
   waiting_.push_back(w);
   return std::optional<Grant>();
+}
+
+StatusOr<Requirement> ArenaMemoryManager::Aligned(SessionId session, const Requirement& req) const {
+  const uint64_t c = capacity_;
+  uint64_t least_e = req.ephemeral_bytes;  // the smallest lane it can run in
+  for (const uint64_t e : req.smaller_ephemeral) least_e = std::min(least_e, e);
+  if (req.persistent_bytes > c || least_e > c ||
+      AlignUp(req.persistent_bytes) + AlignUp(least_e) > c) {
+    return ResourceExhaustedError(fmt::format(
+        "session {} can never be admitted: it needs P = {} persistent + E = {} ephemeral, more "
+        "than the device's capacity C = {}",
+        session, FormatBytes(req.persistent_bytes), FormatBytes(least_e), FormatBytes(c)));
+  }
+  Requirement r{AlignUp(req.persistent_bytes), AlignUp(req.ephemeral_bytes), req.lane_class};
+  for (const uint64_t e : req.smaller_ephemeral) {
+    if (AlignUp(e) < r.ephemeral_bytes) r.smaller_ephemeral.push_back(AlignUp(e));
+  }
+  return r;
+}
+
+AdmissionPreview ArenaMemoryManager::Preview(const Requirement& req) const {
+  AdmissionPreview p;
+  const auto aligned = Aligned(0, req);
+  if (!aligned.ok()) {
+    p.never = true;
+    return p;
+  }
+  MutexLock lock(&mu_);
+  const Outcome o = DecideLocked(*aligned);
+  if (o.decision.step == Step::kWait) {
+    p.now = o.paged && waiting_.empty();  // as Admit: paged out only behind no one
+    p.ephemeral_bytes = aligned->ephemeral_bytes;
+    return p;
+  }
+  p.now = p.resident = true;
+  p.step = o.decision.step;
+  p.ephemeral_bytes = o.ephemeral_bytes;
+  const LiveView arena(*this);
+  uint64_t lanes = lane_bytes_;
+  if (o.decision.step == Step::kNewLane) lanes += o.ephemeral_bytes;
+  if (o.decision.step == Step::kGrow) lanes += o.ephemeral_bytes - lanes_.at(o.decision.lane).size;
+  const uint64_t used = arena.FootprintWith(aligned->persistent_bytes) + lanes;
+  p.free_after = used < capacity_ ? capacity_ - used : 0;
+  return p;
 }
 
 std::vector<Grant> ArenaMemoryManager::RetryQueue() {

@@ -64,6 +64,9 @@ class ArenaMemoryManager final : public MemoryManager {
                                            const Status& copy = OkStatus()) override EXCLUDES(mu_);
   StatusOr<Residence> ResidenceOf(SessionId session) const override EXCLUDES(mu_);
   ArenaSnapshot Snapshot() const override EXCLUDES(mu_);
+  AdmissionPreview Preview(const Requirement& req) const override EXCLUDES(mu_);
+  device::MemoryProvider& provider() const override { return *options_.provider; }
+  double overcommit() const override { return options_.overcommit; }
 
  private:
   struct Session {
@@ -162,6 +165,9 @@ class ArenaMemoryManager final : public MemoryManager {
   ArenaSnapshot SnapshotArenaLocked() const REQUIRES(mu_);
   // The rule's answer for a waiting request, checked, or admission paged out.
   Outcome DecideLocked(const Requirement& req) const REQUIRES(mu_);
+  // P, E and the smaller lanes rounded to kArenaAlignment (smaller lanes kept only below E);
+  // OK, or RESOURCE_EXHAUSTED when even the smallest lane never fits beside P.
+  StatusOr<Requirement> Aligned(SessionId session, const Requirement& req) const;
   // INTERNAL when applying `d` to `arena` would break the safety condition or names a lane
   // that is not there: a rule that broke its contract.
   Status CheckDecisionLocked(const ArenaView& arena, const Requirement& req,
@@ -223,7 +229,7 @@ class ArenaMemoryManager final : public MemoryManager {
   uint64_t page_outs_ GUARDED_BY(mu_) = 0, page_ins_ GUARDED_BY(mu_) = 0;
   uint64_t paged_out_bytes_ GUARDED_BY(mu_) = 0, paged_in_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t lane_bytes_ GUARDED_BY(mu_) = 0;  // ΣL
-  LaneId next_lane_ GUARDED_BY(mu_) = 1;
+  LaneId next_lane_ GUARDED_BY(mu_);
   MemoryStats persistent_stats_ GUARDED_BY(mu_);
   MemoryStats closed_lane_stats_ GUARDED_BY(mu_);  // lanes that have closed
   mutable uint64_t ephemeral_peak_ GUARDED_BY(mu_) = 0;

@@ -103,7 +103,8 @@ struct Requirement {
   std::vector<uint64_t> smaller_ephemeral = {};
 };
 
-class AdmissionRule;  // mem/admission.h
+class AdmissionRule;      // mem/admission.h
+struct AdmissionPreview;  // mem/admission.h
 
 struct Grant {
   SessionId session = 0;
@@ -125,12 +126,13 @@ std::string_view ResidenceName(Residence r);  // "resident", "paging out", ...
 // One copy of a persistent block between the arena and host memory, for the caller to run
 // (device::MemoryProvider::CopyToHost / CopyToDevice) and report with FinishTransfer.
 struct Transfer {
-  uint64_t id = 0;
+  uint64_t id = 0;  // unique within its manager
   SessionId session = 0;
   bool to_host = true;  // page-out; false: page-in
   std::byte* device = nullptr;
   std::byte* host = nullptr;
   uint64_t bytes = 0;
+  size_t device_index = 0;  // its manager's index among an engine's devices (set by the engine)
 };
 
 // What one call did to sessions waiting for admission: those it admitted, in queue order,
@@ -227,6 +229,10 @@ class MemoryManager {
     // fresh memory (page faults and zeroing, or pinning) each time. 0: none kept.
     uint64_t host_pool_bytes = 0;
     const Clock* clock = nullptr;  // for admission timeouts; SteadyClock when null
+    // Lane ids are first_lane, first_lane + lane_stride, ...: managers of one engine take
+    // first lanes 1..n and stride n, so that their lane ids never collide.
+    LaneId first_lane = 1;
+    LaneId lane_stride = 1;
   };
 
   static StatusOr<std::unique_ptr<MemoryManager>> Create(Options options);
@@ -279,6 +285,11 @@ class MemoryManager {
   virtual StatusOr<Residence> ResidenceOf(SessionId session) const = 0;
   // A snapshot of the arena for admission rules.
   virtual ArenaSnapshot Snapshot() const = 0;
+  // What Admit(req) would do now, changing nothing. A requirement that can never fit, or
+  // that would queue behind earlier requests, is not admitted now.
+  virtual AdmissionPreview Preview(const Requirement& req) const = 0;
+  virtual device::MemoryProvider& provider() const = 0;
+  virtual double overcommit() const = 0;
 };
 
 }  // namespace salus::mem

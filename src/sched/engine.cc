@@ -43,6 +43,21 @@ namespace salus::sched {
 // runnable only when its copy ends; the copies are Transfers the driver runs (the daemon's
 // copy thread, the simulator's modelled bus) and reports with FinishTransfer.
 
+// Note [Devices]
+// The engine schedules one or more devices, each with its own memory manager (its arena,
+// lanes and admission queue); lane ids are unique across them (MakeDevices), so lanes are
+// keyed by id alone and a lane belongs to one device. A session lives on one device: the one
+// its spec pins, or the one placement picks. Placement asks every device's manager what
+// Admit would do now (MemoryManager::Preview: the policy's rule over that arena) and takes
+// the best: joining an existing lane (no new lane memory), then opening or growing one, each
+// by the least memory left unused after it (best fit, which keeps large holes for large
+// jobs), then the lowest index. With overcommit, a device that would admit it paged out
+// comes after every device that admits it resident. When no device admits it now, a pinned
+// session queues in its device's manager, and an unpinned one in the engine's own queue for
+// any device (unplaced_), re-tried in arrival order whenever memory is freed on any device
+// (a release, a finished copy). Its admission timeout is the engine's to enforce then. With
+// one device every session goes to its manager exactly as before placement existed.
+
 std::string_view SessionStateName(SessionState s) {
   switch (s) {
     case SessionState::kWaiting:
@@ -61,45 +76,79 @@ std::string_view SessionStateName(SessionState s) {
 
 Engine::Engine(Options options)
     : clock_(options.clock),
-      provider_(options.provider),
       policy_(std::move(options.policy)),
+      devices_(std::move(options.devices)),
       ewma_alpha_(options.ewma_alpha),
       on_admitted_(std::move(options.on_admitted)),
       on_admission_failed_(std::move(options.on_admission_failed)),
       anticipation_(policy_->anticipation()),
-      paging_(options.overcommit > 1.0),
+      paging_(std::any_of(devices_.begin(), devices_.end(),
+                          [](const EngineDevice& d) { return d.memory->overcommit() > 1.0; })),
       paging_quantum_(options.paging_quantum),
       page_out_idle_(options.page_out_idle) {}
 
 Engine::~Engine() = default;
 
+StatusOr<std::vector<EngineDevice>> MakeDevices(const Policy& policy, const Clock* clock,
+                                                const std::vector<DeviceSpec>& specs) {
+  if (specs.empty()) return InvalidArgumentError("engine: no device given");
+  std::vector<EngineDevice> out;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const DeviceSpec& d = specs[i];
+    if (d.name.empty())
+      return InvalidArgumentError(fmt::format("engine: device {} has no name", i));
+    for (size_t j = 0; j < i; ++j) {
+      if (specs[j].name == d.name) {
+        return InvalidArgumentError(fmt::format("engine: device '{}' given twice", d.name));
+      }
+    }
+    mem::MemoryManager::Options mo;
+    mo.provider = d.provider;
+    mo.capacity = d.capacity;
+    mo.rule = policy.admission_rule();
+    mo.overcommit = d.overcommit;
+    mo.host_pool_bytes = d.host_pool_bytes.value_or(
+        d.overcommit > 1.0
+            ? static_cast<uint64_t>((d.overcommit - 1.0) * static_cast<double>(d.capacity))
+            : 0);
+    mo.clock = clock;
+    mo.first_lane = i + 1;
+    mo.lane_stride = specs.size();
+    auto memory = mem::MemoryManager::Create(std::move(mo));
+    if (!memory.ok()) return memory.status().WithContext(fmt::format("device '{}'", d.name));
+    out.push_back(EngineDevice{d.name, std::move(*memory)});
+  }
+  return out;
+}
+
 StatusOr<std::unique_ptr<Engine>> Engine::Create(Options options) {
   if (options.clock == nullptr) return InvalidArgumentError("engine: a clock is required");
   if (options.policy == nullptr) return InvalidArgumentError("engine: a policy is required");
-  if (options.provider == nullptr) {
-    return InvalidArgumentError("engine: a memory provider is required");
+  if (options.devices.empty())
+    return InvalidArgumentError("engine: at least one device is required");
+  for (const EngineDevice& d : options.devices) {
+    if (d.memory == nullptr) {
+      return InvalidArgumentError(fmt::format("engine: device '{}' has no memory manager", d.name));
+    }
   }
   if (!(options.ewma_alpha > 0 && options.ewma_alpha <= 1)) {
     return InvalidArgumentError(
         fmt::format("engine: ewma_alpha must be in (0, 1], got {}", options.ewma_alpha));
   }
-  mem::MemoryManager::Options mo;
-  mo.provider = options.provider;
-  mo.capacity = options.capacity;
-  mo.rule = options.policy->admission_rule();
-  mo.overcommit = options.overcommit;
-  mo.host_pool_bytes = options.host_pool_bytes.value_or(
-      options.overcommit > 1.0 ? static_cast<uint64_t>((options.overcommit - 1.0) *
-                                                       static_cast<double>(options.capacity))
-                               : 0);
-  mo.clock = options.clock;
-  std::unique_ptr<Engine> engine(new Engine(std::move(options)));
-  SALUS_ASSIGN_OR_RETURN(engine->memory_, mem::MemoryManager::Create(std::move(mo)));
-  return engine;
+  return std::unique_ptr<Engine>(new Engine(std::move(options)));
 }
 
-void Engine::OnAdmittedLocked(SessionId id, const mem::Grant& grant) {
+std::optional<size_t> Engine::DeviceIndex(std::string_view name) const {
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    if (devices_[i].name == name) return i;
+  }
+  return std::nullopt;
+}
+
+void Engine::OnAdmittedLocked(SessionId id, size_t device, const mem::Grant& grant) {
   SessionRec& s = sessions_.at(id);
+  s.device = device;
+  s.admission_deadline.reset();
   s.admit_seq = next_admit_seq_++;
   s.hold_window = HoldWindowLocked(s);
   s.granted_ephemeral = grant.ephemeral_bytes;
@@ -118,6 +167,7 @@ void Engine::JoinLaneLocked(SessionRec& s, LaneId lane) {
   const SessionId id = s.id;
   s.lane = lane;
   LaneRec& l = lanes_[lane];
+  l.device = s.device;
   l.lane_class = s.spec.requirement.lane_class;
   l.members.push_back(id);
   // The lane's membership changed: FAIR's service counts from here.
@@ -236,10 +286,10 @@ void Engine::EndHoldLocked(LaneRec& lane, SessionId next, Nanos now) {
   lane.hold.reset();
 }
 
-void Engine::ApplyEventsLocked(mem::AdmissionEvents events, Notices* notices) {
+void Engine::ApplyEventsLocked(size_t device, mem::AdmissionEvents events, Notices* notices) {
   for (const mem::Grant& g : events.admitted) {
     if (!sessions_.contains(g.session)) continue;  // removed by its owner meanwhile
-    OnAdmittedLocked(g.session, g);
+    OnAdmittedLocked(g.session, device, g);
     notices->admitted.emplace_back(g.session, g.lane);
   }
   for (auto& [id, failure] : events.failed) {
@@ -279,32 +329,108 @@ StatusOr<bool> Engine::AddSession(SessionId id, const SessionSpec& spec) {
     if (sessions_.count(id) != 0) {
       return AlreadyExistsError(fmt::format("session {} already exists", id));
     }
+    if (spec.device && *spec.device >= devices_.size()) {
+      return InvalidArgumentError(fmt::format("session {}: no device {} (the daemon has {})", id,
+                                              *spec.device, devices_.size()));
+    }
+    // Note [Devices]: its pinned device, the only one, or where it fits best now.
+    std::optional<size_t> device = spec.device;
+    if (!device && devices_.size() == 1) device = 0;
+    if (!device) {
+      device = PlaceLocked(spec.requirement);
+      const bool fits_somewhere =
+          device || std::any_of(devices_.begin(), devices_.end(), [&](const EngineDevice& d) {
+            return !d.memory->Preview(spec.requirement).never;
+          });
+      if (!fits_somewhere) {
+        uint64_t least_e = spec.requirement.ephemeral_bytes;
+        for (const uint64_t e : spec.requirement.smaller_ephemeral) least_e = std::min(least_e, e);
+        uint64_t largest = 0;
+        for (const EngineDevice& d : devices_) largest = std::max(largest, d.memory->capacity());
+        return ResourceExhaustedError(fmt::format(
+            "session {} can never be admitted: it needs P = {} persistent + E = {} ephemeral, "
+            "more than any device's capacity (the largest is C = {})",
+            id, FormatBytes(spec.requirement.persistent_bytes), FormatBytes(least_e),
+            FormatBytes(largest)));
+      }
+    }
     SessionRec& rec = sessions_[id];
     rec.id = id;
     rec.spec = spec;
-    auto grant = memory_->Admit(id, spec.requirement, spec.admission_timeout);
+    if (!device) {
+      rec.reason = "waiting for room on any device";
+      if (spec.admission_timeout && *spec.admission_timeout <= Nanos::max() - clock_->Now()) {
+        rec.admission_deadline = clock_->Now() + *spec.admission_timeout;
+      }
+      unplaced_.push_back(id);
+      return false;
+    }
+    rec.device = *device;
+    auto grant = MemoryOf(rec).Admit(id, spec.requirement, spec.admission_timeout);
     if (!grant.ok()) {
       sessions_.erase(id);
       return grant.status();
     }
     if (grant->has_value()) {
-      OnAdmittedLocked(id, **grant);
+      OnAdmittedLocked(id, *device, **grant);
       admitted = true;
     }
   }
   return admitted;
 }
 
+std::optional<size_t> Engine::PlaceLocked(const mem::Requirement& req) const {
+  // Rank: join an existing lane, then open or grow one, then admit paged out; within a rank
+  // the least memory left unused, then the lowest index.
+  auto rank = [](const mem::AdmissionPreview& p) {
+    if (!p.resident) return 3;
+    return p.step == mem::AdmissionDecision::Step::kJoin ? 0 : 1;
+  };
+  std::optional<size_t> best;
+  mem::AdmissionPreview best_p;
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    const mem::AdmissionPreview p = devices_[i].memory->Preview(req);
+    if (!p.now) continue;
+    if (!best || rank(p) < rank(best_p) ||
+        (rank(p) == rank(best_p) && p.free_after < best_p.free_after)) {
+      best = i;
+      best_p = p;
+    }
+  }
+  return best;
+}
+
+void Engine::RetryUnplacedLocked(Notices* notices) {
+  for (auto it = unplaced_.begin(); it != unplaced_.end();) {
+    SessionRec& s = sessions_.at(*it);
+    const std::optional<size_t> device = PlaceLocked(s.spec.requirement);
+    if (!device) {
+      ++it;
+      continue;
+    }
+    auto grant = devices_[*device].memory->Admit(s.id, s.spec.requirement);
+    if (!grant.ok() || !grant->has_value()) {  // Preview said now: never, but be safe
+      ++it;
+      continue;
+    }
+    it = unplaced_.erase(it);
+    OnAdmittedLocked(s.id, *device, **grant);
+    notices->admitted.emplace_back(s.id, (*grant)->lane);
+  }
+}
+
 Status Engine::ReleaseLocked(SessionId id, Notices* notices) {
   SessionRec& s = sessions_.at(id);
   const LaneId lane = s.lane;
+  const size_t device = s.device;
   DetachLocked(s);
   sessions_.erase(id);
   paged_out_.erase(id);
   if (lane != 0) LeaveLaneLocked(id, lane);
-  auto events = memory_->Release(id);
+  auto events = devices_[device].memory->Release(id);
   if (!events.ok()) return events.status();
-  ApplyEventsLocked(std::move(*events), notices);
+  ApplyEventsLocked(device, std::move(*events), notices);
+  RetryUnplacedLocked(notices);
   return OkStatus();
 }
 
@@ -328,9 +454,13 @@ StatusOr<int> Engine::RemoveSession(SessionId id) {
     s.requests_head = 0;
     switch (s.state) {
       case SessionState::kWaiting:
+        // Its own cancellation is no news to the caller; it unblocks no one else.
+        if (s.device == kUnplaced) {
+          std::erase(unplaced_, id);
+        } else {
+          MemoryOf(s).CancelWaiting(id);
+        }
         sessions_.erase(it);
-        // Its own cancellation is no news to the caller; it may have unblocked no one else.
-        memory_->CancelWaiting(id);
         break;
       case SessionState::kRunning:
         DetachLocked(s);
@@ -451,7 +581,8 @@ void Engine::DispatchLanesLocked(Nanos now, std::vector<Dispatch>* out) {
       continue;  // policy broke its contract
     }
 
-    auto lane_memory = memory_->BeginIteration(lane_id, decision.next);
+    mem::MemoryManager& memory = *devices_[lane.device].memory;
+    auto lane_memory = memory.BeginIteration(lane_id, decision.next);
     if (!lane_memory.ok()) {
       if (lane_memory.status().code() != StatusCode::kUnavailable) {
         logging::Get("sched")->error("lane {}: cannot begin an iteration: {}", lane_id,
@@ -460,9 +591,9 @@ void Engine::DispatchLanesLocked(Nanos now, std::vector<Dispatch>* out) {
       lane.blocked = true;
       continue;  // blocked by lanes mid-iteration; retried after the next Complete()
     }
-    auto persistent = memory_->Persistent(decision.next);
+    auto persistent = memory.Persistent(decision.next);
     if (!persistent.ok()) {
-      memory_->EndIteration(lane_id).IgnoreError();  // nothing was allocated in it
+      memory.EndIteration(lane_id).IgnoreError();  // nothing was allocated in it
       if (persistent.status().code() != StatusCode::kUnavailable) {
         logging::Get("sched")->error("session {}: no persistent block: {}", decision.next,
                                      persistent.status().ToString());
@@ -475,6 +606,7 @@ void Engine::DispatchLanesLocked(Nanos now, std::vector<Dispatch>* out) {
     Dispatch d;
     d.session = decision.next;
     d.lane = lane_id;
+    d.device = lane.device;
     d.lane_class = lane.lane_class;
     d.iteration = static_cast<uint64_t>(s.iterations_done);
     d.lane_memory = *lane_memory;
@@ -544,7 +676,7 @@ StatusOr<IterationRecord> Engine::Complete(const Dispatch& d, bool counted) {
     lane.has_run = true;
     lane.last_end = now;
     --running_;
-    Status end = memory_->EndIteration(d.lane);
+    Status end = devices_[lane.device].memory->EndIteration(d.lane);
     if (!end.ok()) {
       logging::Get("sched")->error("lane {}: end of iteration: {}", d.lane, end.ToString());
     }
@@ -563,7 +695,25 @@ void Engine::ExpireWaiting() {
   Notices notices;
   {
     MutexLock lock(&mu_);
-    ApplyEventsLocked(memory_->ExpireWaiting(), &notices);
+    for (size_t d = 0; d < devices_.size(); ++d) {
+      ApplyEventsLocked(d, devices_[d].memory->ExpireWaiting(), &notices);
+    }
+    // Sessions waiting for any device (Note [Devices]) are the engine's to expire.
+    const Nanos now = clock_->Now();
+    for (auto it = unplaced_.begin(); it != unplaced_.end();) {
+      const SessionRec& s = sessions_.at(*it);
+      if (!s.admission_deadline || *s.admission_deadline > now) {
+        ++it;
+        continue;
+      }
+      notices.failed.emplace_back(
+          s.id, DeadlineExceededError(fmt::format(
+                    "session {}: no room for it on any device before its admission timeout "
+                    "(expired {:.3f}s ago)",
+                    s.id, ToSeconds(now - *s.admission_deadline))));
+      sessions_.erase(*it);
+      it = unplaced_.erase(it);
+    }
   }
   Notify(notices);
 }
@@ -575,6 +725,7 @@ StatusOr<SessionInfo> Engine::Session(SessionId id) const {
   const SessionRec& s = it->second;
   SessionInfo info;
   info.id = id;
+  if (s.device != kUnplaced) info.device = s.device;
   info.state = s.state;
   info.reason = s.reason;
   info.copying = s.copying;
@@ -702,7 +853,6 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
   std::vector<SessionView> candidates;
   std::vector<SessionId> ids;
   bool left_waiting = false;
-  mem::AdmissionEvents pending_events;
   while (!want.empty()) {
     // The policy's best of them first.
     const SessionId next = policy_->Pick(LaneSnapshot{now, 0, want}).next;
@@ -713,14 +863,18 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
     *w = want.back();
     want.pop_back();
 
+    const size_t device = sessions_.at(in.id).device;
     candidates.clear();
     for (const auto& [id, s] : sessions_) {
-      if (MayPageOutLocked(s, in, now)) candidates.push_back(PagingViewLocked(s));
+      if (s.device == device && MayPageOutLocked(s, in, now)) {
+        candidates.push_back(PagingViewLocked(s));
+      }
     }
     policy_->OrderPageOut(candidates);
     ids.clear();
     for (const SessionView& v : candidates) ids.push_back(v.id);
-    auto r = memory_->PageIn(in.id, ids);
+    mem::MemoryManager& memory = *devices_[device].memory;
+    auto r = memory.PageIn(in.id, ids);
     if (!r.ok()) {
       logging::Get("sched")->error("session {}: page-in: {}", in.id, r.status().ToString());
       continue;
@@ -729,7 +883,7 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
       left_waiting = true;
       continue;
     }
-    pending_events.Append(std::move(r->events));
+    ApplyEventsLocked(device, std::move(r->events), notices);
     for (const SessionId v : r->paged_out) {
       SessionRec& out = sessions_.at(v);
       const LaneId lane = out.lane;
@@ -745,7 +899,7 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
       logging::Event("sched", "paged_out", {{"session", v}, {"for", in.id}});
     }
     SessionRec& s = sessions_.at(in.id);
-    auto residence = memory_->ResidenceOf(in.id);
+    auto residence = memory.ResidenceOf(in.id);
     s.state = SessionState::kAdmitted;
     paged_out_.erase(in.id);
     s.copying = residence.ok() && *residence == mem::Residence::kPagingIn;
@@ -760,12 +914,18 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
   // Residents become candidates as time passes (quantum, idleness), with no event to say so:
   // whoever drives the engine dispatches again then.
   if (left_waiting) paging_deadline_ = NextCandidacyLocked(now);
-  ApplyEventsLocked(std::move(pending_events), notices);
 }
 
 std::vector<mem::Transfer> Engine::TakeTransfers() {
   MutexLock lock(&mu_);
-  return memory_->TakeTransfers();
+  std::vector<mem::Transfer> out;
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    for (mem::Transfer& t : devices_[d].memory->TakeTransfers()) {
+      t.device_index = d;
+      out.push_back(t);
+    }
+  }
+  return out;
 }
 
 Status Engine::FinishTransfer(const mem::Transfer& t, const Status& copy, Nanos took) {
@@ -773,7 +933,10 @@ Status Engine::FinishTransfer(const mem::Transfer& t, const Status& copy, Nanos 
   Status st;
   {
     MutexLock lock(&mu_);
-    auto events = memory_->FinishTransfer(t.id, copy);
+    if (t.device_index >= devices_.size()) {
+      return InvalidArgumentError(fmt::format("transfer {}: no device {}", t.id, t.device_index));
+    }
+    auto events = devices_[t.device_index].memory->FinishTransfer(t.id, copy);
     st = events.status();
     if (st.ok()) {
       paging_stats_.copies++;
@@ -791,7 +954,10 @@ Status Engine::FinishTransfer(const mem::Transfer& t, const Status& copy, Nanos 
         RefreshViewLocked(s);  // runnable now, if it has work
       }
     }
-    if (events.ok()) ApplyEventsLocked(std::move(*events), &notices);
+    if (events.ok()) {
+      ApplyEventsLocked(t.device_index, std::move(*events), &notices);
+      RetryUnplacedLocked(&notices);  // a page-out's copy freed its range
+    }
   }
   Notify(notices);
   return st;

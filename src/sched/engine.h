@@ -1,7 +1,8 @@
 // Engine: the iteration scheduler's mechanism.
 //
-// The engine owns the memory manager (created with the admission mode the policy needs) and
-// the per-lane queues of sessions with pending iterations. It is a synchronous state machine
+// The engine is handed one memory manager per device (Note [Devices] in engine.cc; built
+// with the policy's admission rule by MakeDevices) and owns them, with the per-lane queues
+// of sessions with pending iterations. It is a synchronous state machine
 // driven by events — AddSession, RemoveSession, RequestIteration, Complete — and Dispatch(),
 // which starts every iteration that can start now: for each idle lane with runnable
 // sessions, it asks the policy for a decision over a read-only snapshot, resolves the lane's
@@ -51,12 +52,40 @@ struct SessionSpec {
   std::optional<Nanos> iteration_time_hint;
   // How long the session may wait for admission; forever when absent.
   std::optional<Nanos> admission_timeout;
+  // The device it must run on (an index into the engine's devices); placed by the engine
+  // (Note [Devices]) when absent.
+  std::optional<size_t> device;
 };
+
+// One device the engine schedules: the name clients pin and the memory map shows ("cpu:0",
+// "cuda:1"), and its memory manager.
+struct EngineDevice {
+  std::string name;
+  std::unique_ptr<mem::MemoryManager> memory;
+};
+
+// What one device's memory manager is built from (see MakeDevices).
+struct DeviceSpec {
+  std::string name;
+  device::MemoryProvider* provider = nullptr;  // not owned; outlives the engine
+  uint64_t capacity = 0;                       // the arena's size C
+  // Admission beyond capacity (mem::MemoryManager::Options::overcommit); 1: off.
+  double overcommit = 1.0;
+  // Freed host memory kept for the next page-out (mem::MemoryManager::Options); by default
+  // what overcommit can page out at most, (overcommit - 1) × capacity.
+  std::optional<uint64_t> host_pool_bytes = std::nullopt;
+};
+
+// The devices of an engine under `policy`: one memory manager each, with the policy's
+// admission rule, `clock` for admission timeouts, and lane ids that no two devices share.
+StatusOr<std::vector<EngineDevice>> MakeDevices(const Policy& policy, const Clock* clock,
+                                                const std::vector<DeviceSpec>& specs);
 
 // One started iteration, handed to whoever runs it, and given back to Complete().
 struct Dispatch {
   SessionId session = 0;
   LaneId lane = 0;
+  size_t device = 0;  // the index of the lane's device
   mem::LaneClass lane_class = mem::LaneClass::kBatch;
   uint64_t iteration = 0;  // the session's iteration index, from 0
   mem::LaneIteration lane_memory;
@@ -91,6 +120,7 @@ std::string_view SessionStateName(SessionState s);  // "waiting", "admitted", ..
 
 struct SessionInfo {
   SessionId id = 0;
+  std::optional<size_t> device;  // its device; none while it waits for any device
   SessionState state = SessionState::kWaiting;
   std::string reason;  // why it is in its state, where that says more (paged out for whom)
   LaneId lane = 0;
@@ -134,22 +164,16 @@ inline constexpr int kHoldMarginDivisor = 4;
 class Engine {
  public:
   struct Options {
-    const Clock* clock = nullptr;                // required
-    device::MemoryProvider* provider = nullptr;  // required; outlives the engine
-    uint64_t capacity = 0;                       // the arena's size C
-    std::unique_ptr<Policy> policy;              // required
+    const Clock* clock = nullptr;       // required
+    std::vector<EngineDevice> devices;  // at least one (MakeDevices)
+    std::unique_ptr<Policy> policy;     // required
     // Weight of the newest measurement in the moving average of iteration time.
     double ewma_alpha = 0.25;
-    // Admission beyond capacity (mem::MemoryManager::Options::overcommit); 1: off.
-    double overcommit = 1.0;
     // Note [Paging]: a session made resident is not paged out for another before this much
     // time has passed and it has run an iteration; an idle one is paged out only when it has
     // not asked for an iteration for page_out_idle.
     Nanos paging_quantum = std::chrono::seconds(1);
     Nanos page_out_idle = std::chrono::milliseconds(50);
-    // Freed host memory kept for the next page-out (mem::MemoryManager::Options); by default
-    // what overcommit can page out at most, (overcommit - 1) × capacity.
-    std::optional<uint64_t> host_pool_bytes;
     // A session that waited was admitted, or gave up (DEADLINE_EXCEEDED). Called without the
     // engine's lock, on the thread whose call caused it.
     std::function<void(SessionId, LaneId)> on_admitted;
@@ -159,8 +183,9 @@ class Engine {
   static StatusOr<std::unique_ptr<Engine>> Create(Options options);
   ~Engine();
 
-  // true: admitted now; false: waiting for memory. RESOURCE_EXHAUSTED when it can never fit,
-  // ALREADY_EXISTS for a live id, INVALID_ARGUMENT for a bad spec.
+  // true: admitted now; false: waiting for memory. RESOURCE_EXHAUSTED when it can never fit
+  // (on its pinned device, or on any), ALREADY_EXISTS for a live id, INVALID_ARGUMENT for a
+  // bad spec or an unknown device.
   StatusOr<bool> AddSession(SessionId id, const SessionSpec& spec) EXCLUDES(mu_);
   // Removes a session. A waiting session leaves the queue; an admitted one frees its memory
   // now, or — with an iteration in flight — when Complete() sees that iteration end.
@@ -201,15 +226,24 @@ class Engine {
   std::optional<Nanos> NextHoldDeadline() const EXCLUDES(mu_);
   HoldStats Holds() const EXCLUDES(mu_);
   const Policy& policy() const { return *policy_; }
-  mem::MemoryManager& memory() { return *memory_; }
-  const mem::MemoryManager& memory() const { return *memory_; }
+  size_t device_count() const { return devices_.size(); }
+  const std::string& device_name(size_t device) const { return devices_.at(device).name; }
+  // The index of the device named `name`, or nullopt.
+  std::optional<size_t> DeviceIndex(std::string_view name) const;
+  mem::MemoryManager& memory(size_t device = 0) { return *devices_.at(device).memory; }
+  const mem::MemoryManager& memory(size_t device = 0) const { return *devices_.at(device).memory; }
   const Clock& clock() const { return *clock_; }
-  device::MemoryProvider& provider() const { return *provider_; }
+  device::MemoryProvider& provider(size_t device = 0) const {
+    return devices_.at(device).memory->provider();
+  }
 
  private:
+  static constexpr size_t kUnplaced = static_cast<size_t>(-1);
   struct SessionRec {
     SessionId id = 0;
     SessionSpec spec;
+    size_t device = kUnplaced;                // kUnplaced only while it waits for any device
+    std::optional<Nanos> admission_deadline;  // while it waits for any device
     SessionState state = SessionState::kWaiting;
     std::string reason;
     LaneId lane = 0;  // 0 unless admitted, running or closing
@@ -248,6 +282,7 @@ class Engine {
     Nanos since{0};
   };
   struct LaneRec {
+    size_t device = 0;
     mem::LaneClass lane_class = mem::LaneClass::kBatch;
     std::vector<SessionId> members;
     std::vector<SessionView> runnable;  // members with a pending iteration, any order
@@ -266,7 +301,12 @@ class Engine {
   bool Live(const SessionRec& s) const {
     return s.state == SessionState::kAdmitted || s.state == SessionState::kRunning;
   }
-  void OnAdmittedLocked(SessionId id, const mem::Grant& grant) REQUIRES(mu_);
+  void OnAdmittedLocked(SessionId id, size_t device, const mem::Grant& grant) REQUIRES(mu_);
+  mem::MemoryManager& MemoryOf(const SessionRec& s) const { return *devices_[s.device].memory; }
+  // Note [Devices]: the device where Algorithm 1 places `req` best now, or nullopt.
+  std::optional<size_t> PlaceLocked(const mem::Requirement& req) const REQUIRES(mu_);
+  // Admits sessions waiting for any device that some device can take now, in arrival order.
+  void RetryUnplacedLocked(Notices* notices) REQUIRES(mu_);
   void JoinLaneLocked(SessionRec& s, LaneId lane) REQUIRES(mu_);
   // Note [Paging]: pages in paged-out sessions with work, in the policy's order.
   void PageInLocked(Nanos now, Notices* notices) REQUIRES(mu_);
@@ -278,7 +318,8 @@ class Engine {
   void LeaveLaneLocked(SessionId id, LaneId lane) REQUIRES(mu_);
   Status ReleaseLocked(SessionId id, Notices* notices) REQUIRES(mu_);
   // Takes in what a memory manager call admitted or failed, to be reported by Notify.
-  void ApplyEventsLocked(mem::AdmissionEvents events, Notices* notices) REQUIRES(mu_);
+  void ApplyEventsLocked(size_t device, mem::AdmissionEvents events, Notices* notices)
+      REQUIRES(mu_);
   void Notify(const Notices& notices);
   double RemainingSecondsLocked(const SessionRec& s) const REQUIRES(mu_);
   // What a policy sees of the session now (requested_at: its oldest pending request).
@@ -298,9 +339,8 @@ class Engine {
   }
 
   const Clock* clock_;
-  device::MemoryProvider* provider_;
   std::unique_ptr<Policy> policy_;
-  std::unique_ptr<mem::MemoryManager> memory_;
+  const std::vector<EngineDevice> devices_;
   double ewma_alpha_;
   std::function<void(SessionId, LaneId)> on_admitted_;
   std::function<void(SessionId, const Status&)> on_admission_failed_;
@@ -308,6 +348,7 @@ class Engine {
   mutable Mutex mu_;
   std::unordered_map<SessionId, SessionRec> sessions_ GUARDED_BY(mu_);
   std::map<LaneId, LaneRec> lanes_ GUARDED_BY(mu_);
+  std::vector<SessionId> unplaced_ GUARDED_BY(mu_);  // waiting for any device, in order
   uint64_t next_admit_seq_ GUARDED_BY(mu_) = 0;
   size_t running_ GUARDED_BY(mu_) = 0;
   std::vector<SessionView> anticipated_ GUARDED_BY(mu_);  // scratch of DispatchReady

@@ -98,7 +98,6 @@ void Executor::QueueTransfers() {
 }
 
 void Executor::CopyLoop() {
-  device::MemoryProvider& provider = engine_->provider();
   while (true) {
     mem::Transfer t;
     {
@@ -108,6 +107,7 @@ void Executor::CopyLoop() {
       t = copies_.front();
       copies_.pop_front();
     }
+    device::MemoryProvider& provider = engine_->provider(t.device_index);
     const Nanos start = engine_->clock().Now();
     const Status copy = t.to_host ? provider.CopyToHost(t.host, t.device, t.bytes)
                                   : provider.CopyToDevice(t.device, t.host, t.bytes);

@@ -166,10 +166,11 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   Server* self = s.get();
   sched::Engine::Options eo;
   eo.clock = SteadyClock::Get();
-  eo.provider = s->provider_.get();
-  eo.capacity = s->o_.memory;
+  SALUS_ASSIGN_OR_RETURN(eo.devices,
+                         sched::MakeDevices(*policy, eo.clock,
+                                            {{s->o_.device, s->provider_.get(), s->o_.memory,
+                                              s->o_.overcommit, std::nullopt}}));
   eo.policy = std::move(policy);
-  eo.overcommit = s->o_.overcommit;
   eo.paging_quantum = s->o_.paging_quantum;
   eo.on_admitted = [self](uint64_t id, uint64_t lane) { self->sessions_->OnAdmitted(id, lane); };
   eo.on_admission_failed = [self](uint64_t id, const Status& st) {

@@ -205,10 +205,10 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
 
   sched::Engine::Options eo;
   eo.clock = &clock;
-  eo.provider = provider;
-  eo.capacity = options.capacity;
+  SALUS_ASSIGN_OR_RETURN(eo.devices, sched::MakeDevices(*policy, &clock,
+                                                        {{"sim:0", provider, options.capacity,
+                                                          options.overcommit, std::nullopt}}));
   eo.policy = std::move(policy);
-  eo.overcommit = options.overcommit;
   eo.paging_quantum = FromSeconds(options.paging_quantum_ms / 1000);
   eo.on_admitted = [&](mem::SessionId id, mem::LaneId lane) {
     const size_t j = job_of(id);

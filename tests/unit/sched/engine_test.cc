@@ -32,9 +32,9 @@ class Harness {
     provider_ = std::move(*device::CreateMemoryProvider("fake"));
     Engine::Options o;
     o.clock = &clock_;
-    o.provider = provider_.get();
-    o.capacity = capacity;
     o.policy = std::move(*CreatePolicy(policy, options));
+    o.devices =
+        std::move(*MakeDevices(*o.policy, &clock_, {{"fake:0", provider_.get(), capacity}}));
     o.on_admitted = [this](SessionId id, LaneId) {
       admitted_later_.push_back(id);
       Request(id);

@@ -24,9 +24,8 @@ class ExecutorTest : public ::testing::Test {
     provider_ = std::move(*device::CreateMemoryProvider("fake"));
     Engine::Options o;
     o.clock = SteadyClock::Get();
-    o.provider = provider_.get();
-    o.capacity = cap;
     o.policy = std::move(*CreatePolicy(policy, options));
+    o.devices = std::move(*MakeDevices(*o.policy, o.clock, {{"fake:0", provider_.get(), cap}}));
     auto ex = Executor::Create(std::move(o));
     ASSERT_TRUE(ex.ok()) << ex.status();
     ex_ = std::move(*ex);
@@ -313,10 +312,9 @@ TEST_F(ExecutorTest, PagedStateComesBackByteForByte) {
   provider_ = std::move(*device::CreateMemoryProvider("host"));
   Engine::Options o;
   o.clock = SteadyClock::Get();
-  o.provider = provider_.get();
-  o.capacity = 8 * kMiB;
   o.policy = std::move(*CreatePolicy("fair"));
-  o.overcommit = 2.5;
+  o.devices =
+      std::move(*MakeDevices(*o.policy, o.clock, {{"cpu:0", provider_.get(), 8 * kMiB, 2.5}}));
   o.paging_quantum = Nanos(0);
   auto ex = Executor::Create(std::move(o));
   ASSERT_TRUE(ex.ok()) << ex.status();

@@ -23,13 +23,12 @@ class PagingHarness {
     provider_ = std::move(*device::CreateMemoryProvider("fake"));
     Engine::Options o;
     o.clock = &clock_;
-    o.provider = provider_.get();
-    o.capacity = 10 * G;
     o.policy = std::move(*CreatePolicy(policy));
-    o.overcommit = 2.0;
+    // Every byte of host memory goes back to the provider (no host pool).
+    o.devices =
+        std::move(*MakeDevices(*o.policy, &clock_, {{"fake:0", provider_.get(), 10 * G, 2.0, 0}}));
     o.paging_quantum = quantum;
     o.page_out_idle = milliseconds(10);
-    o.host_pool_bytes = 0;  // every byte of host memory goes back to the provider
     engine_ = std::move(*Engine::Create(std::move(o)));
   }
 

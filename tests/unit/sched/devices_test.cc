@@ -1,0 +1,299 @@
+// Several devices in one engine (Note [Devices] in engine.cc), on a manual clock and the fake
+// provider: where sessions are placed, pinning, waiting for any device, and the safety
+// condition of every device under random load.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+#include "common/units.h"
+#include "device/memory_provider.h"
+#include "mem/admission.h"
+#include "sched/engine.h"
+
+namespace salus::sched {
+namespace {
+
+using std::chrono::seconds;
+
+constexpr uint64_t G = kGiB;
+
+class DevicesHarness {
+ public:
+  DevicesHarness(std::string_view policy, std::vector<uint64_t> capacities,
+                 double overcommit = 1.0) {
+    Engine::Options o;
+    o.clock = &clock_;
+    o.policy = std::move(*CreatePolicy(policy));
+    std::vector<DeviceSpec> specs;
+    for (size_t i = 0; i < capacities.size(); ++i) {
+      providers_.push_back(std::move(*device::CreateMemoryProvider("fake")));
+      specs.push_back(
+          {"fake:" + std::to_string(i), providers_.back().get(), capacities[i], overcommit});
+    }
+    auto devices = MakeDevices(*o.policy, &clock_, specs);
+    EXPECT_TRUE(devices.ok()) << devices.status();
+    o.devices = std::move(*devices);
+    o.on_admitted = [this](SessionId id, LaneId) { admitted_later_.push_back(id); };
+    o.on_admission_failed = [this](SessionId id, const Status& s) { failed_[id] = s; };
+    engine_ = std::move(*Engine::Create(std::move(o)));
+  }
+
+  StatusOr<bool> Add(SessionId id, uint64_t p, uint64_t e, std::optional<size_t> pin = {},
+                     std::optional<Nanos> timeout = {}) {
+    SessionSpec spec;
+    spec.requirement = {p, e, mem::LaneClass::kBatch};
+    spec.device = pin;
+    spec.admission_timeout = timeout;
+    return engine_->AddSession(id, spec);
+  }
+  std::optional<size_t> DeviceOf(SessionId id) const { return engine_->Session(id)->device; }
+  // Every device keeps resident ΣP + ΣL ≤ C and its invariants.
+  void CheckSafety() const {
+    for (size_t d = 0; d < engine_->device_count(); ++d) {
+      const mem::MemoryManager& m = engine_->memory(d);
+      EXPECT_LE(m.CommittedBytes(), m.capacity()) << "device " << d;
+      const Status inv = m.CheckInvariants();
+      EXPECT_TRUE(inv.ok()) << "device " << d << ": " << inv;
+    }
+  }
+
+  ManualClock clock_;
+  std::vector<std::unique_ptr<device::MemoryProvider>> providers_;
+  std::unique_ptr<Engine> engine_;
+  std::vector<SessionId> admitted_later_;
+  std::map<SessionId, Status> failed_;
+};
+
+TEST(EngineDevicesTest, MakeDevicesNamesEachAndKeepsLaneIdsApart) {
+  DevicesHarness h("pack", {10 * G, 10 * G});
+  ASSERT_EQ(h.engine_->device_count(), 2u);
+  EXPECT_EQ(h.engine_->device_name(1), "fake:1");
+  EXPECT_EQ(h.engine_->DeviceIndex("fake:1"), 1u);
+  EXPECT_FALSE(h.engine_->DeviceIndex("fake:2").has_value());
+  std::set<LaneId> lanes;
+  for (SessionId s = 1; s <= 4; ++s) {
+    ASSERT_TRUE(*h.Add(s, 1 * G, 1 * G, s % 2));
+    lanes.insert(h.engine_->Session(s)->lane);
+    EXPECT_EQ(h.DeviceOf(s), s % 2);
+  }
+  EXPECT_EQ(lanes.size(), 4u);  // every session opened a lane of its own, each id unique
+  // A name given twice, or no device, is an error.
+  auto policy = CreatePolicy("pack");
+  ASSERT_TRUE(policy.ok());
+  EXPECT_EQ(MakeDevices(**policy, &h.clock_,
+                        {{"a", h.providers_[0].get(), G}, {"a", h.providers_[1].get(), G}})
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeDevices(**policy, &h.clock_, {}).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Algorithm 1 across devices: where the device's rule joins an existing lane (no new lane
+// memory) first, then the device that leaves the least memory unused (best fit), then the
+// lowest index.
+TEST(EngineDevicesTest, PlacementPrefersJoiningALane) {
+  DevicesHarness h("pack", {10 * G, 6 * G});
+  ASSERT_TRUE(*h.Add(1, 1 * G, 2 * G));  // both empty, device 0 leaves 7 GiB, device 1 3 GiB
+  EXPECT_EQ(h.DeviceOf(1), 1u);
+  ASSERT_TRUE(*h.Add(2, 3 * G, 4 * G, 0));  // pinned: device 0 has 3 GiB left
+  // P 1, E 3 GiB: device 0 has no room for a new lane but joins 2's lane (1 GiB left); device
+  // 1 would open one and leave nothing unused. Joining wins.
+  ASSERT_TRUE(*h.Add(3, 1 * G, 3 * G));
+  EXPECT_EQ(h.DeviceOf(3), 0u);
+  EXPECT_EQ(h.engine_->Session(3)->lane, h.engine_->Session(2)->lane);
+  // Two new lanes of equal fit: the lowest index.
+  DevicesHarness even("pack", {8 * G, 8 * G});
+  ASSERT_TRUE(*even.Add(1, 1 * G, 1 * G));
+  EXPECT_EQ(even.DeviceOf(1), 0u);
+  h.CheckSafety();
+}
+
+TEST(EngineDevicesTest, BestFitKeepsTheLargerHoleForALargerJob) {
+  DevicesHarness h("pack", {10 * G, 10 * G});
+  ASSERT_TRUE(*h.Add(1, 5 * G, 1 * G, 0));  // device 0: 4 GiB left
+  ASSERT_TRUE(*h.Add(2, 1 * G, 1 * G, 1));  // device 1: 8 GiB left
+  // P 1 GiB, E 2 GiB: a new lane on either; device 0 leaves 1 GiB, device 1 would leave 5.
+  ASSERT_TRUE(*h.Add(3, 1 * G, 2 * G));
+  EXPECT_EQ(h.DeviceOf(3), 0u);
+  // So a job needing 7 GiB still fits device 1.
+  ASSERT_TRUE(*h.Add(4, 2 * G, 5 * G));
+  EXPECT_EQ(h.DeviceOf(4), 1u);
+  h.CheckSafety();
+}
+
+TEST(EngineDevicesTest, BadPinsAndJobsThatFitNowhereAreRefused) {
+  DevicesHarness h("pack", {4 * G, 8 * G});
+  auto bad = h.Add(1, G, G, 2);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("no device 2"), std::string::npos) << bad.status();
+  // Fits the larger device only: placed there, and refused when pinned to the smaller one.
+  auto small = h.Add(2, 3 * G, 3 * G, 0);
+  EXPECT_EQ(small.status().code(), StatusCode::kResourceExhausted);
+  ASSERT_TRUE(*h.Add(2, 3 * G, 3 * G));
+  EXPECT_EQ(h.DeviceOf(2), 1u);
+  auto never = h.Add(3, 6 * G, 3 * G);
+  EXPECT_EQ(never.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(never.status().message().find("any device"), std::string::npos) << never.status();
+  EXPECT_FALSE(h.engine_->Session(3).ok());
+}
+
+// A session that fits no device now waits for any device and is admitted by the first that
+// frees room; one pinned to a device waits for that device only.
+TEST(EngineDevicesTest, AWaitingSessionTakesTheFirstDeviceThatFreesRoom) {
+  DevicesHarness h("pack", {4 * G, 4 * G});
+  ASSERT_TRUE(*h.Add(1, 2 * G, 2 * G));
+  ASSERT_TRUE(*h.Add(2, 2 * G, 2 * G));
+  EXPECT_EQ(h.DeviceOf(1), 0u);
+  EXPECT_EQ(h.DeviceOf(2), 1u);
+  ASSERT_FALSE(*h.Add(3, 2 * G, 2 * G, 0));  // pinned to device 0
+  ASSERT_FALSE(*h.Add(4, 2 * G, 2 * G));     // any device
+  EXPECT_FALSE(h.DeviceOf(4).has_value());
+  EXPECT_EQ(h.engine_->Session(4)->state, SessionState::kWaiting);
+  EXPECT_EQ(h.engine_->Session(3)->device, 0u);
+  // Device 1 frees first: 4 goes there; 3 keeps waiting for device 0.
+  ASSERT_TRUE(h.engine_->RemoveSession(2).ok());
+  EXPECT_EQ(h.admitted_later_, (std::vector<SessionId>{4}));
+  EXPECT_EQ(h.DeviceOf(4), 1u);
+  EXPECT_EQ(h.engine_->Session(3)->state, SessionState::kWaiting);
+  ASSERT_TRUE(h.engine_->RemoveSession(1).ok());
+  EXPECT_EQ(h.admitted_later_, (std::vector<SessionId>{4, 3}));
+  EXPECT_EQ(h.DeviceOf(3), 0u);
+  h.CheckSafety();
+}
+
+TEST(EngineDevicesTest, WaitingForAnyDeviceTimesOutAndCancels) {
+  DevicesHarness h("pack", {4 * G, 4 * G});
+  ASSERT_TRUE(*h.Add(1, 3 * G, 1 * G));
+  ASSERT_TRUE(*h.Add(2, 3 * G, 1 * G));
+  ASSERT_FALSE(*h.Add(3, 2 * G, 1 * G, std::nullopt, seconds(5)));
+  ASSERT_FALSE(*h.Add(4, 2 * G, 1 * G));
+  h.clock_.Advance(seconds(4));
+  h.engine_->ExpireWaiting();
+  EXPECT_TRUE(h.failed_.empty());
+  h.clock_.Advance(seconds(1));
+  h.engine_->ExpireWaiting();
+  ASSERT_EQ(h.failed_.count(3), 1u);
+  EXPECT_EQ(h.failed_[3].code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(h.failed_[3].message().find("any device"), std::string::npos);
+  EXPECT_FALSE(h.engine_->Session(3).ok());
+  // Removing a session that waits for any device cancels it quietly; nothing is admitted.
+  EXPECT_EQ(*h.engine_->RemoveSession(4), 0);
+  ASSERT_TRUE(h.engine_->RemoveSession(1).ok());
+  EXPECT_TRUE(h.admitted_later_.empty());
+}
+
+// Lanes on different devices run at once, and each dispatch names its lane's device.
+TEST(EngineDevicesTest, DispatchesNameTheirDevice) {
+  DevicesHarness h("fifo", {4 * G, 4 * G});
+  ASSERT_TRUE(*h.Add(1, 1 * G, 2 * G, 0));
+  ASSERT_TRUE(*h.Add(2, 1 * G, 2 * G, 1));
+  ASSERT_TRUE(h.engine_->RequestIteration(1).ok());
+  ASSERT_TRUE(h.engine_->RequestIteration(2).ok());
+  std::vector<Dispatch> ds = h.engine_->DispatchReady();
+  ASSERT_EQ(ds.size(), 2u);
+  for (const Dispatch& d : ds) {
+    EXPECT_EQ(d.device, d.session - 1);
+    const std::vector<mem::LaneInfo> lanes = h.engine_->memory(d.device).Lanes();
+    ASSERT_EQ(lanes.size(), 1u);
+    EXPECT_EQ(lanes[0].id, d.lane);
+  }
+  for (const Dispatch& d : ds) ASSERT_TRUE(h.engine_->Complete(d).ok());
+}
+
+// Property: random arrivals, sizes, pins and departures on three devices under every policy,
+// with and without overcommit. At every step each device keeps its safety condition; no
+// session runs on a device other than its own or while paged out; every session is admitted
+// once its way is clear and finishes.
+TEST(EngineDevicesTest, RandomLoadKeepsEveryDeviceSafe) {
+  for (const char* policy : {"fifo", "srtf", "pack", "fair"}) {
+    for (const double overcommit : {1.0, 1.5}) {
+      SCOPED_TRACE(std::string(policy) + " overcommit " + std::to_string(overcommit));
+      DevicesHarness h(policy, {4 * G, 6 * G, 8 * G}, overcommit);
+      std::mt19937_64 rng(7);
+      std::map<SessionId, int> left;  // iterations left, for admitted sessions
+      std::set<SessionId> live;
+      SessionId next = 1;
+      std::vector<Dispatch> running;
+      std::set<size_t> devices_used;
+      size_t waited_for_any = 0;
+      for (int step = 0; step < 400; ++step) {
+        if (rng() % 2 == 0 && next < 80) {
+          const uint64_t p = (1 + rng() % 8) * G / 4, e = (1 + rng() % 8) * G / 4;
+          std::optional<size_t> pin;
+          if (rng() % 4 == 0) pin = rng() % 3;
+          auto r = h.Add(next, p, e, pin);
+          if (r.ok() && !*r && !pin) ++waited_for_any;
+          if (r.ok()) {
+            live.insert(next);
+            left[next] = 2 + static_cast<int>(rng() % 10);
+          }
+          ++next;
+        }
+        for (const SessionId s : live) {
+          auto info = h.engine_->Session(s);
+          if (info.ok() && info->pending == 0 && !info->running &&
+              info->state != SessionState::kWaiting) {
+            ASSERT_TRUE(h.engine_->RequestIteration(s).ok());
+          }
+        }
+        for (const Dispatch& d : h.engine_->DispatchReady()) {
+          devices_used.insert(d.device);
+          EXPECT_EQ(h.engine_->Session(d.session)->device, d.device);
+          EXPECT_EQ(*h.engine_->memory(d.device).ResidenceOf(d.session), mem::Residence::kResident);
+          running.push_back(d);
+        }
+        for (const mem::Transfer& t : h.engine_->TakeTransfers()) {
+          ASSERT_TRUE(h.engine_->FinishTransfer(t, OkStatus(), seconds(0)).ok());
+        }
+        h.CheckSafety();
+        h.clock_.Advance(seconds(1));
+        if (!running.empty()) {
+          const size_t k = rng() % running.size();
+          const Dispatch d = running[k];
+          running.erase(running.begin() + static_cast<std::ptrdiff_t>(k));
+          ASSERT_TRUE(h.engine_->Complete(d).ok());
+          if (--left[d.session] == 0) {
+            ASSERT_TRUE(h.engine_->RemoveSession(d.session).ok());
+            live.erase(d.session);
+          }
+        }
+        h.CheckSafety();
+      }
+      // Drain: no arrivals; everything admitted runs to its end.
+      for (int step = 0; step < 5000 && !live.empty(); ++step) {
+        for (const SessionId s : live) {
+          auto info = h.engine_->Session(s);
+          if (info.ok() && info->pending == 0 && !info->running &&
+              info->state != SessionState::kWaiting) {
+            ASSERT_TRUE(h.engine_->RequestIteration(s).ok());
+          }
+        }
+        for (const Dispatch& d : h.engine_->DispatchReady()) running.push_back(d);
+        for (const mem::Transfer& t : h.engine_->TakeTransfers()) {
+          ASSERT_TRUE(h.engine_->FinishTransfer(t, OkStatus(), seconds(0)).ok());
+        }
+        h.clock_.Advance(seconds(1));
+        if (running.empty()) continue;
+        const Dispatch d = running.front();
+        running.erase(running.begin());
+        ASSERT_TRUE(h.engine_->Complete(d).ok());
+        if (--left[d.session] == 0) {
+          ASSERT_TRUE(h.engine_->RemoveSession(d.session).ok());
+          live.erase(d.session);
+        }
+        h.CheckSafety();
+      }
+      EXPECT_TRUE(live.empty()) << live.size() << " sessions never finished";
+      EXPECT_EQ(devices_used.size(), 3u);
+      if (overcommit == 1.0) {
+        EXPECT_GT(waited_for_any, 0u);  // the load did contend
+      }
+      EXPECT_TRUE(h.failed_.empty());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace salus::sched
