@@ -126,6 +126,7 @@ struct ServerInfo {
 struct SessionInfo {
   uint64_t id = 0;
   std::string name, kind, state, client_id;
+  std::string device;  // the device it runs on; empty while it waits for any device
   uint64_t lane = 0;
   int32_t priority = 0;
   bool interactive = false;

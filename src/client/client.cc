@@ -381,6 +381,7 @@ StatusOr<std::vector<SessionInfo>> Client::ListSessions(OtherSessions* others) {
     i.state = v1::SessionState_Name(s.state());
     i.client_id = s.client_id();
     i.lane = s.lane();
+    i.device = s.device();
     i.priority = s.priority();
     i.interactive = s.latency_class() == v1::LATENCY_INTERACTIVE;
     i.persistent_bytes = s.persistent_bytes();

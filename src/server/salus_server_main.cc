@@ -86,8 +86,9 @@ int main(int argc, char** argv) {
       "a tcp endpoint that is not loopback speaks CURVE")(
       "listen-remote", po::value(&listen_remote)->composing(),
       "endpoint to serve on with CURVE even on a loopback address (repeatable)")(
-      "device", po::value(&device), "cpu (default) or cuda:N")("memory", po::value(&memory),
-                                                               "the arena's capacity, e.g. 16GiB")(
+      "device", po::value(&device),
+      "cpu (default), cpu:N (N CPU devices), cuda:N, cuda:all, or a comma list of devices")(
+      "memory", po::value(&memory), "the arena's capacity, e.g. 16GiB")(
       "policy", po::value(&policy), "fifo, srtf, pack, fair (default) or priority")(
       "policy-options", po::value(&policy_options), "the policy's options as a JSON object")(
       "log-level", po::value(&log_level), "trace, debug, info (default), warn, error")(
@@ -197,7 +198,9 @@ int main(int argc, char** argv) {
   }
   auto folded = config.GetBytes("max_folded_bytes", salus::server::DefaultMaxFoldedBytes());
   if (!folded.ok()) return Fail(folded.status());
-  o.model_factory = salus::server::MakeModelFactory(o.device, *folded);
+  auto devices = salus::server::DeviceNames(o.device);
+  if (!devices.ok()) return Fail(devices.status().WithContext("--device"));
+  o.model_factory = salus::server::MakeModelFactory(salus::server::KernelDevice(*devices), *folded);
 
   // Block the drain signals in every thread; one thread waits for them.
   sigset_t signals;

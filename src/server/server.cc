@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -19,6 +20,7 @@ namespace {
 
 constexpr uint64_t kDefaultCpuArenaBytes = 8 * kGiB;
 constexpr uint64_t kCudaReserveBytes = 512 * kMiB;
+constexpr int kMaxCpuDevices = 64;
 constexpr auto kHousekeepingPeriod = std::chrono::milliseconds(100);
 
 // The memory-map or stats JSON of the whole arena, cut down to what one client may see:
@@ -94,8 +96,69 @@ void RouteProtobufLogs() {
       });
 }
 
+StatusOr<std::vector<std::string>> DeviceNames(const std::string& device) {
+  std::vector<std::string> names;
+  auto add = [&](std::string name) -> Status {
+    if (std::find(names.begin(), names.end(), name) != names.end()) {
+      return InvalidArgumentError(fmt::format("device '{}' is named twice in '{}'", name, device));
+    }
+    names.push_back(std::move(name));
+    return OkStatus();
+  };
+  size_t start = 0;
+  while (true) {
+    const size_t comma = device.find(',', start);
+    const std::string item = device.substr(start, comma - start);
+    if (item == "cpu" || item == "cuda") {
+      SALUS_RETURN_IF_ERROR(add(item));
+    } else if (item.rfind("cpu:", 0) == 0) {
+      const char* first = item.data() + 4;
+      const char* last = item.data() + item.size();
+      int n = 0;
+      const auto [ptr, ec] = std::from_chars(first, last, n);
+      if (ec != std::errc() || ptr != last || n < 1 || n > kMaxCpuDevices) {
+        return InvalidArgumentError(
+            fmt::format("device '{}': expected cpu:N with N the number of CPU devices, 1 to {}",
+                        item, kMaxCpuDevices));
+      }
+      for (int i = 0; i < n; ++i) SALUS_RETURN_IF_ERROR(add(fmt::format("cpu:{}", i)));
+    } else if (item == "cuda:all") {
+      const device::CudaAvailability cuda = device::QueryCuda();
+      if (cuda.devices.empty()) {
+        return FailedPreconditionError(
+            fmt::format("device 'cuda:all': no GPU is available: {}",
+                        cuda.reason.empty() ? "none found" : cuda.reason));
+      }
+      for (const auto& d : cuda.devices)
+        SALUS_RETURN_IF_ERROR(add(fmt::format("cuda:{}", d.ordinal)));
+    } else if (exec::ParseDevice(item).ok()) {
+      SALUS_RETURN_IF_ERROR(add(item));
+    } else {
+      return InvalidArgumentError(fmt::format(
+          "unknown device '{}' (expected cpu, cpu:N, cuda, cuda:N, cuda:all, or a comma list)",
+          item));
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  const bool any_cpu = std::any_of(names.begin(), names.end(),
+                                   [](const std::string& n) { return n.rfind("cpu", 0) == 0; });
+  if (any_cpu && names.size() > 1 &&
+      std::any_of(names.begin(), names.end(),
+                  [](const std::string& n) { return n.rfind("cuda", 0) == 0; })) {
+    return InvalidArgumentError(
+        fmt::format("device '{}': a daemon runs CPU devices or GPUs, not both", device));
+  }
+  return names;
+}
+
+std::string KernelDevice(const std::vector<std::string>& devices) {
+  if (devices.empty() || devices.front().rfind("cpu", 0) == 0) return "cpu";
+  return devices.front();
+}
+
 StatusOr<uint64_t> DefaultMemory(const std::string& device) {
-  if (device == "cpu") return kDefaultCpuArenaBytes;
+  if (device.rfind("cpu", 0) == 0) return kDefaultCpuArenaBytes;
   if (device.rfind("cuda", 0) == 0) {
     const device::CudaAvailability cuda = device::QueryCuda();
     int ordinal = 0;
@@ -117,20 +180,25 @@ StatusOr<uint64_t> DefaultMemory(const std::string& device) {
 }
 
 StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
-  if (options.device != "cpu" && options.device.rfind("cuda", 0) != 0) {
-    return InvalidArgumentError(
-        fmt::format("unknown device '{}' (expected cpu or cuda:N)", options.device));
+  SALUS_ASSIGN_OR_RETURN(std::vector<std::string> devices, DeviceNames(options.device));
+  if (devices.size() > 1 && devices.front().rfind("cuda", 0) == 0) {
+    // A model session's executable, streams and handles belong to one GPU; one daemon per GPU
+    // until sessions are compiled for the GPU they are placed on.
+    return UnimplementedError(fmt::format(
+        "device '{}': several GPUs in one daemon are not supported yet; run one salus-server "
+        "per GPU",
+        options.device));
   }
   // A GPU daemon brings up the engine's device runtime first: the CUDA context and the first
   // lane context (stream, cuDNN and cuBLAS handles) take device memory outside the arena, so
   // the default arena is sized from what is free after them (Note [Device contexts]).
   exec::DeviceRuntime* runtime = nullptr;
-  if (auto d = exec::ParseDevice(options.device); d.ok() && d->type == exec::DeviceType::kCuda) {
+  if (auto d = exec::ParseDevice(devices.front()); d.ok() && d->type == exec::DeviceType::kCuda) {
     SALUS_ASSIGN_OR_RETURN(runtime, exec::DeviceRuntime::For(*d));
     SALUS_RETURN_IF_ERROR(runtime->ThreadContext().status());
   }
   if (options.memory == 0) {
-    SALUS_ASSIGN_OR_RETURN(options.memory, DefaultMemory(options.device));
+    SALUS_ASSIGN_OR_RETURN(options.memory, DefaultMemory(devices.front()));
   }
   if (options.listen.empty()) options.listen = DefaultEndpoints();
   if (options.lease <= Nanos(0)) return InvalidArgumentError("the client lease must be positive");
@@ -160,16 +228,20 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   curve.allowed.insert(curve.allowed.end(), sec.admin_keys.begin(), sec.admin_keys.end());
   std::unique_ptr<Server> s(new Server(std::move(options)));
   s->runtime_ = runtime;
-  SALUS_ASSIGN_OR_RETURN(s->provider_, device::CreateMemoryProvider(s->o_.device));
   SALUS_ASSIGN_OR_RETURN(auto policy, sched::CreatePolicy(s->o_.policy, s->o_.policy_options));
+  std::vector<sched::DeviceSpec> specs;
+  for (const std::string& name : devices) {
+    SALUS_ASSIGN_OR_RETURN(auto provider, device::CreateMemoryProvider(KernelDevice({name})));
+    specs.push_back({name, provider.get(), s->o_.memory, s->o_.overcommit});
+    s->providers_.push_back(std::move(provider));
+  }
+  s->device_names_ = devices;
 
   Server* self = s.get();
   sched::Engine::Options eo;
   eo.clock = SteadyClock::Get();
-  SALUS_ASSIGN_OR_RETURN(eo.devices,
-                         sched::MakeDevices(*policy, eo.clock,
-                                            {{s->o_.device, s->provider_.get(), s->o_.memory,
-                                              s->o_.overcommit, std::nullopt}}));
+  SALUS_ASSIGN_OR_RETURN(eo.devices, sched::MakeDevices(*policy, eo.clock, specs));
+  for (const sched::EngineDevice& d : eo.devices) s->memory_.push_back(d.memory.get());
   eo.policy = std::move(policy);
   eo.paging_quantum = s->o_.paging_quantum;
   eo.on_admitted = [self](uint64_t id, uint64_t lane) { self->sessions_->OnAdmitted(id, lane); };
@@ -184,7 +256,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   SessionManager::Options so;
   so.executor = s->executor_.get();
   so.quotas = s->o_.quotas;
-  so.host_accessible = s->provider_->host_accessible();
+  so.host_accessible = s->providers_.front()->host_accessible();
   so.model_factory = s->o_.model_factory;
   so.metrics = &s->metrics_;
   if (runtime != nullptr) so.device_health = [runtime] { return runtime->CheckHealth(); };
@@ -491,8 +563,6 @@ std::string Server::Gauges() const {
     (s.state() == v1::WAITING ? waiting : s.state() == v1::PAGED_OUT ? paged : admitted)++;
     if (s.latency_class() == v1::LATENCY_INTERACTIVE) interactive++;
   }
-  const auto& mem = executor_->engine().memory();
-  const auto lanes = mem.Lanes();
   out += "# HELP salus_server_sessions Sessions by state.\n# TYPE salus_server_sessions gauge\n";
   out += fmt::format("salus_server_sessions{{state=\"waiting\"}} {}\n", waiting);
   out += fmt::format("salus_server_sessions{{state=\"admitted\"}} {}\n", admitted);
@@ -523,27 +593,52 @@ std::string Server::Gauges() const {
       "# HELP salus_server_shared_buffers Shared buffers registered by clients.\n"
       "# TYPE salus_server_shared_buffers gauge\nsalus_server_shared_buffers {}\n",
       sessions_->BufferCount());
-  out += fmt::format(
-      "# HELP salus_mem_lanes Open lanes.\n# TYPE salus_mem_lanes gauge\nsalus_mem_lanes {}\n",
-      lanes.size());
-  out += "# HELP salus_mem_lane_bytes Size of each lane.\n# TYPE salus_mem_lane_bytes gauge\n";
-  uint64_t lane_total = 0;
-  for (const auto& l : lanes) {
-    out += fmt::format("salus_mem_lane_bytes{{lane=\"{}\",class=\"{}\"}} {}\n", l.id,
-                       mem::LaneClassName(l.lane_class), l.size);
-    lane_total += l.size;
+  // Memory, per device (Note [Devices] in src/sched/engine.cc): each series has a device label.
+  std::string lanes_out, lane_bytes_out, region_out, capacity_out, session_out, paged_out,
+      queue_out;
+  for (size_t d = 0; d < memory_.size(); ++d) {
+    const mem::MemoryManager& mem = *memory_[d];
+    const std::string& dev = device_names_[d];
+    const auto lanes = mem.Lanes();
+    lanes_out += fmt::format("salus_mem_lanes{{device=\"{}\"}} {}\n", dev, lanes.size());
+    uint64_t lane_total = 0;
+    for (const auto& l : lanes) {
+      lane_bytes_out +=
+          fmt::format("salus_mem_lane_bytes{{device=\"{}\",lane=\"{}\",class=\"{}\"}} {}\n", dev,
+                      l.id, mem::LaneClassName(l.lane_class), l.size);
+      lane_total += l.size;
+    }
+    const uint64_t committed = mem.CommittedBytes();
+    region_out += fmt::format("salus_mem_region_bytes{{device=\"{}\",region=\"ephemeral\"}} {}\n",
+                              dev, lane_total);
+    region_out += fmt::format("salus_mem_region_bytes{{device=\"{}\",region=\"persistent\"}} {}\n",
+                              dev, committed >= lane_total ? committed - lane_total : 0);
+    capacity_out +=
+        fmt::format("salus_mem_capacity_bytes{{device=\"{}\"}} {}\n", dev, mem.capacity());
+    const mem::MemoryStatsSnapshot snap = mem.StatsSnapshot();
+    for (const mem::SessionStats& s : snap.sessions) {
+      const bool resident =
+          s.residence == mem::Residence::kResident || s.residence == mem::Residence::kPagingIn;
+      session_out += fmt::format(
+          "salus_mem_session_bytes{{device=\"{}\",session=\"{}\",residence=\"resident\"}} {}\n",
+          dev, s.session, resident ? s.requirement.persistent_bytes : 0);
+      session_out += fmt::format(
+          "salus_mem_session_bytes{{device=\"{}\",session=\"{}\",residence=\"paged\"}} {}\n", dev,
+          s.session, resident ? 0 : s.requirement.persistent_bytes);
+    }
+    paged_out += fmt::format("salus_mem_paged_bytes{{device=\"{}\"}} {}\n", dev, snap.paged_bytes);
+    queue_out +=
+        fmt::format("salus_mem_admission_queue{{device=\"{}\"}} {}\n", dev, mem.WaitingCount());
   }
-  const uint64_t committed = mem.CommittedBytes();
+  out += "# HELP salus_mem_lanes Open lanes.\n# TYPE salus_mem_lanes gauge\n" + lanes_out;
+  out += "# HELP salus_mem_lane_bytes Size of each lane.\n# TYPE salus_mem_lane_bytes gauge\n" +
+         lane_bytes_out;
   out +=
       "# HELP salus_mem_region_bytes Bytes committed per region of the arena.\n"
-      "# TYPE salus_mem_region_bytes gauge\n";
-  out += fmt::format("salus_mem_region_bytes{{region=\"ephemeral\"}} {}\n", lane_total);
-  out += fmt::format("salus_mem_region_bytes{{region=\"persistent\"}} {}\n",
-                     committed >= lane_total ? committed - lane_total : 0);
-  out += fmt::format(
-      "# HELP salus_mem_capacity_bytes The arena.\n# TYPE salus_mem_capacity_bytes gauge\n"
-      "salus_mem_capacity_bytes {}\n",
-      mem.capacity());
+      "# TYPE salus_mem_region_bytes gauge\n" +
+      region_out;
+  out += "# HELP salus_mem_capacity_bytes The arena.\n# TYPE salus_mem_capacity_bytes gauge\n" +
+         capacity_out;
   out += fmt::format(
       "# HELP salus_device_reserved_bytes Device memory outside the arena held by the engine's "
       "contexts (streams, cuDNN and cuBLAS handles), as measured when each was created.\n"
@@ -553,22 +648,16 @@ std::string Server::Gauges() const {
       "# HELP salus_device_lost Whether the device was lost to a fault (1) or not (0).\n"
       "# TYPE salus_device_lost gauge\nsalus_device_lost {}\n",
       sessions_->DeviceLost().ok() ? 0 : 1);
-  const mem::MemoryStatsSnapshot snap = mem.StatsSnapshot();
   out +=
       "# HELP salus_mem_session_bytes Persistent bytes of each admitted session, resident in the "
-      "arena or paged out to host memory.\n# TYPE salus_mem_session_bytes gauge\n";
-  for (const mem::SessionStats& s : snap.sessions) {
-    const bool resident =
-        s.residence == mem::Residence::kResident || s.residence == mem::Residence::kPagingIn;
-    out += fmt::format("salus_mem_session_bytes{{session=\"{}\",residence=\"resident\"}} {}\n",
-                       s.session, resident ? s.requirement.persistent_bytes : 0);
-    out += fmt::format("salus_mem_session_bytes{{session=\"{}\",residence=\"paged\"}} {}\n",
-                       s.session, resident ? 0 : s.requirement.persistent_bytes);
-  }
+      "arena or paged out to host memory.\n# TYPE salus_mem_session_bytes gauge\n" +
+      session_out;
+  out +=
+      "# HELP salus_mem_paged_bytes Persistent bytes paged out to host memory.\n"
+      "# TYPE salus_mem_paged_bytes gauge\n" +
+      paged_out;
   const sched::PagingStats paging = executor_->engine().Paging();
   out += fmt::format(
-      "# HELP salus_mem_paged_bytes Persistent bytes paged out to host memory.\n"
-      "# TYPE salus_mem_paged_bytes gauge\nsalus_mem_paged_bytes {}\n"
       "# HELP salus_mem_pages_total Sessions paged, by direction.\n"
       "# TYPE salus_mem_pages_total counter\n"
       "salus_mem_pages_total{{direction=\"out\"}} {}\n"
@@ -579,45 +668,81 @@ std::string Server::Gauges() const {
       "# HELP salus_mem_paging_copy_seconds_total Time the copy path spent copying.\n"
       "# TYPE salus_mem_paging_copy_seconds_total counter\n"
       "salus_mem_paging_copy_seconds_total {}\n",
-      snap.paged_bytes, paging.page_outs, paging.page_ins, paging.copied_bytes,
-      ToSeconds(paging.copy_time));
-  out += fmt::format(
-      "# HELP salus_mem_admission_queue Sessions waiting for memory.\n"
-      "# TYPE salus_mem_admission_queue gauge\nsalus_mem_admission_queue {}\n",
-      mem.WaitingCount());
+      paging.page_outs, paging.page_ins, paging.copied_bytes, ToSeconds(paging.copy_time));
+  out +=
+      "# HELP salus_mem_admission_queue Sessions waiting for memory on each device.\n"
+      "# TYPE salus_mem_admission_queue gauge\n" +
+      queue_out;
   return out;
 }
 
 nlohmann::json Server::StatsJson(const ClientRef* viewer) const {
-  const auto& mem = executor_->engine().memory();
-  nlohmann::json memory = mem.Stats();
-  if (viewer != nullptr) {
-    const std::vector<uint64_t> own = sessions_->SessionsOf(viewer->id);
-    nlohmann::json others;
-    memory["sessions"] = OwnSessionsOnly(memory["sessions"], {own.begin(), own.end()}, "id",
-                                         "persistent_bytes", &others);
-    memory["other_sessions"] = others;
+  std::vector<uint64_t> own;
+  if (viewer != nullptr) own = sessions_->SessionsOf(viewer->id);
+  uint64_t capacity = 0, committed = 0;
+  size_t waiting = 0, lanes = 0;
+  nlohmann::json devices = nlohmann::json::array();
+  for (size_t d = 0; d < memory_.size(); ++d) {
+    const mem::MemoryManager& mem = *memory_[d];
+    nlohmann::json memory = mem.Stats();
+    if (viewer != nullptr) {
+      nlohmann::json others;
+      memory["sessions"] = OwnSessionsOnly(memory["sessions"], {own.begin(), own.end()}, "id",
+                                           "persistent_bytes", &others);
+      memory["other_sessions"] = others;
+    }
+    const size_t device_lanes = mem.Lanes().size();
+    devices.push_back({{"device", device_names_[d]},
+                       {"capacity_bytes", mem.capacity()},
+                       {"committed_bytes", mem.CommittedBytes()},
+                       {"waiting", mem.WaitingCount()},
+                       {"lanes", device_lanes},
+                       {"memory", std::move(memory)}});
+    capacity += mem.capacity();
+    committed += mem.CommittedBytes();
+    waiting += mem.WaitingCount();
+    lanes += device_lanes;
   }
-  return {{"device", o_.device},
-          {"device_reserved_bytes", runtime_ ? runtime_->reserved_bytes() : 0},
-          {"device_lost", sessions_->DeviceLost().ToString()},
-          {"policy", o_.policy},
-          {"capacity_bytes", mem.capacity()},
-          {"committed_bytes", mem.CommittedBytes()},
-          {"sessions", sessions_->Count()},
-          {"shared_buffers", sessions_->BufferCount()},
-          {"waiting", mem.WaitingCount()},
-          {"lanes", mem.Lanes().size()},
-          {"running_iterations", executor_->engine().RunningIterations()},
-          {"requests", frontend_->requests_received()},
-          {"bad_envelopes", frontend_->bad_envelopes()},
-          {"draining", draining()},
-          {"clients", clients_->Count()},
-          {"memory", memory}};
+  nlohmann::json out = {{"device", o_.device},
+                        {"device_reserved_bytes", runtime_ ? runtime_->reserved_bytes() : 0},
+                        {"device_lost", sessions_->DeviceLost().ToString()},
+                        {"policy", o_.policy},
+                        {"capacity_bytes", capacity},
+                        {"committed_bytes", committed},
+                        {"sessions", sessions_->Count()},
+                        {"shared_buffers", sessions_->BufferCount()},
+                        {"waiting", waiting},
+                        {"lanes", lanes},
+                        {"running_iterations", executor_->engine().RunningIterations()},
+                        {"requests", frontend_->requests_received()},
+                        {"bad_envelopes", frontend_->bad_envelopes()},
+                        {"draining", draining()},
+                        {"clients", clients_->Count()}};
+  // One device: its memory statistics at the top, as before devices were several.
+  if (devices.size() == 1) {
+    out["memory"] = devices[0]["memory"];
+  } else {
+    out["devices"] = std::move(devices);
+  }
+  return out;
 }
 
 nlohmann::json Server::MemoryMapJson(const ClientRef* viewer) const {
-  nlohmann::json map = executor_->engine().memory().MemoryMap();
+  // One device: its map; several: {"devices": [map with its "device" name, ...]}.
+  if (memory_.size() > 1) {
+    nlohmann::json devices = nlohmann::json::array();
+    for (size_t d = 0; d < memory_.size(); ++d) {
+      nlohmann::json map = DeviceMemoryMapJson(d, viewer);
+      map["device"] = device_names_[d];
+      devices.push_back(std::move(map));
+    }
+    return {{"devices", std::move(devices)}};
+  }
+  return DeviceMemoryMapJson(0, viewer);
+}
+
+nlohmann::json Server::DeviceMemoryMapJson(size_t device, const ClientRef* viewer) const {
+  nlohmann::json map = memory_[device]->MemoryMap();
   if (viewer == nullptr) return map;
   const std::vector<uint64_t> own_ids = sessions_->SessionsOf(viewer->id);
   const std::set<uint64_t> own(own_ids.begin(), own_ids.end());

@@ -56,8 +56,10 @@ struct SecurityOptions {
 
 struct ServerOptions {
   std::vector<std::string> listen;  // empty: DefaultEndpoints()
-  std::string device = "cpu";       // "cpu" or "cuda:N"
-  uint64_t memory = 0;              // the arena; 0: the device's default
+  // "cpu", "cpu:N" (N CPU devices, each with its own arena), "cuda:N", "cuda:all" or a comma
+  // list of devices (DeviceNames).
+  std::string device = "cpu";
+  uint64_t memory = 0;  // each device's arena; 0: the device's default
   std::string policy = "fair";
   nlohmann::json policy_options;
   std::string metrics_listen;  // HOST:PORT; empty: no metrics endpoint
@@ -73,6 +75,14 @@ struct ServerOptions {
 
 // DefaultIpcEndpoint() (common/endpoints.h) and tcp://127.0.0.1:5501.
 std::vector<std::string> DefaultEndpoints();
+
+// The devices `--device` names, each as the engine and clients name it: "cpu" is one device
+// "cpu"; "cpu:N" N devices "cpu:0".."cpu:N-1"; "cuda" or "cuda:N" one GPU; "cuda:all" every
+// GPU the machine has; a comma list, each of its items one device. INVALID_ARGUMENT naming the
+// offending item; a list may not mix CPU and GPU devices, nor name one twice.
+StatusOr<std::vector<std::string>> DeviceNames(const std::string& device);
+// The device model sessions compile for: "cpu" for CPU devices, else the (only) GPU.
+std::string KernelDevice(const std::vector<std::string>& devices);
 
 // The arena a device gets without --memory: on the CPU 8 GiB of address space (pages are
 // committed only when touched); on a GPU its free memory less a reserve for the runtime.
@@ -124,10 +134,15 @@ class Server {
   // others' totals.
   nlohmann::json StatsJson(const ClientRef* viewer) const;
   nlohmann::json MemoryMapJson(const ClientRef* viewer) const;
+  nlohmann::json DeviceMemoryMapJson(size_t device, const ClientRef* viewer) const;
 
   ServerOptions o_;
   const std::string own_principal_ = "uid:" + std::to_string(geteuid());  // the daemon's user
-  std::unique_ptr<device::MemoryProvider> provider_;
+  // One per device, in the engine's device order; the memory managers are the engine's, and
+  // the server reads them through these handles (they live as long as the executor).
+  std::vector<std::string> device_names_;
+  std::vector<std::unique_ptr<device::MemoryProvider>> providers_;
+  std::vector<const mem::MemoryManager*> memory_;
   exec::DeviceRuntime* runtime_ = nullptr;  // the engine's GPU runtime; null on the CPU
   Metrics metrics_;
   std::unique_ptr<ClientRegistry> clients_;  // outlives every Call (their OnAnswered hooks)

@@ -124,6 +124,18 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
   if (req.admission_timeout_seconds() > 0) {
     spec.admission_timeout = FromSeconds(req.admission_timeout_seconds());
   }
+  if (!req.device().empty()) {
+    const sched::Engine& engine = o_.executor->engine();
+    spec.device = engine.DeviceIndex(req.device());
+    if (!spec.device) {
+      std::string names;
+      for (size_t d = 0; d < engine.device_count(); ++d) {
+        names += (d == 0 ? "" : ", ") + engine.device_name(d);
+      }
+      return InvalidArgumentError(
+          fmt::format("no device '{}' in this daemon (it has {})", req.device(), names));
+    }
+  }
   entry->runtime = std::move(runtime);
 
   uint64_t id = 0;
@@ -147,6 +159,9 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
   if (*admitted) {
     auto info = o_.executor->engine().Session(id);
     if (info.ok()) reply.set_lane(info->lane);
+    if (info.ok() && info->device) {
+      reply.set_device(o_.executor->engine().device_name(*info->device));
+    }
   }
   for (const auto& s : entry->runtime->input_specs()) *reply.add_inputs() = s;
   for (const auto& s : entry->runtime->output_specs()) *reply.add_outputs() = s;
@@ -454,6 +469,7 @@ v1::ListSessionsReply SessionManager::List(const ClientRef* viewer) const {
       info.set_state_reason(s->reason);
       info.set_page_outs(s->page_outs);
       info.set_lane(s->lane);
+      if (s->device) info.set_device(o_.executor->engine().device_name(*s->device));
       info.set_iterations_done(s->iterations_done);
       info.set_avg_iteration_seconds(s->avg_iteration_seconds);
     } else {

@@ -93,6 +93,13 @@ int Status(salus::client::Client& c) {
               salus::FormatBytes(j.value("committed_bytes", 0ull)).c_str(),
               salus::FormatBytes(j.value("capacity_bytes", 0ull)).c_str(),
               j.value("lanes", size_t{0}));
+  for (const auto& d : j.value("devices", nlohmann::json::array())) {
+    std::printf("  %-8s %s committed of %s (%zu lanes, %zu waiting)\n",
+                d.value("device", std::string()).c_str(),
+                salus::FormatBytes(d.value("committed_bytes", 0ull)).c_str(),
+                salus::FormatBytes(d.value("capacity_bytes", 0ull)).c_str(),
+                d.value("lanes", size_t{0}), d.value("waiting", size_t{0}));
+  }
   std::printf("sessions   %zu (%zu waiting for memory), %zu iterations running\n",
               j.value("sessions", size_t{0}), j.value("waiting", size_t{0}),
               j.value("running_iterations", size_t{0}));
@@ -112,6 +119,7 @@ int Sessions(salus::client::Client& c, bool json) {
                      {"name", s.name},
                      {"kind", s.kind},
                      {"state", s.state},
+                     {"device", s.device},
                      {"lane", s.lane},
                      {"priority", s.priority},
                      {"latency_class", s.interactive ? "interactive" : "batch"},
@@ -125,15 +133,16 @@ int Sessions(salus::client::Client& c, bool json) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::printf("%-6s %-16s %-9s %-9s %5s %4s %-11s %10s %10s %12s %9s\n", "ID", "NAME", "KIND",
-              "STATE", "LANE", "PRIO", "CLASS", "P", "E", "ITERATIONS", "ITER ms");
+  std::printf("%-6s %-16s %-9s %-9s %-8s %5s %4s %-11s %10s %10s %12s %9s\n", "ID", "NAME", "KIND",
+              "STATE", "DEVICE", "LANE", "PRIO", "CLASS", "P", "E", "ITERATIONS", "ITER ms");
   for (const auto& s : *list) {
     const std::string iters = s.iterations_declared > 0 ? std::to_string(s.iterations_done) + "/" +
                                                               std::to_string(s.iterations_declared)
                                                         : std::to_string(s.iterations_done);
-    std::printf("%-6llu %-16s %-9s %-9s %5llu %4d %-11s %10s %10s %12s %9.2f\n",
+    std::printf("%-6llu %-16s %-9s %-9s %-8s %5llu %4d %-11s %10s %10s %12s %9.2f\n",
                 static_cast<unsigned long long>(s.id), s.name.substr(0, 16).c_str(), s.kind.c_str(),
-                s.state.c_str(), static_cast<unsigned long long>(s.lane), s.priority,
+                s.state.c_str(), s.device.empty() ? "-" : s.device.c_str(),
+                static_cast<unsigned long long>(s.lane), s.priority,
                 s.interactive ? "interactive" : "batch",
                 salus::FormatBytes(s.persistent_bytes).c_str(),
                 salus::FormatBytes(s.ephemeral_bytes).c_str(), iters.c_str(),
@@ -149,6 +158,8 @@ int Sessions(salus::client::Client& c, bool json) {
   return 0;
 }
 
+void PrintMap(const nlohmann::json& j);
+
 int Memory(salus::client::Client& c, bool json) {
   auto map = c.MemoryMapJson();
   if (!map.ok()) return Fail(map.status());
@@ -157,6 +168,20 @@ int Memory(salus::client::Client& c, bool json) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
+  // Several devices: one map each.
+  if (j.contains("devices")) {
+    for (const auto& d : j["devices"]) {
+      std::printf("device %s, ", d.value("device", std::string()).c_str());
+      PrintMap(d);
+      std::printf("\n");
+    }
+    return 0;
+  }
+  PrintMap(j);
+  return 0;
+}
+
+void PrintMap(const nlohmann::json& j) {
   std::printf("capacity %s\n\n", salus::FormatBytes(j.value("capacity", 0ull)).c_str());
   std::printf("%-12s %-8s %14s %12s  %s\n", "KIND", "ID", "OFFSET", "SIZE", "SESSIONS");
   for (const auto& l : j.value("lanes", nlohmann::json::array())) {
@@ -181,7 +206,6 @@ int Memory(salus::client::Client& c, bool json) {
                 static_cast<unsigned long long>(f.value("offset", 0ull)),
                 salus::FormatBytes(f.value("size", 0ull)).c_str());
   }
-  return 0;
 }
 
 }  // namespace

@@ -276,11 +276,13 @@ class Client:
         seed: int = 0,
         tf_graph: bytes | os.PathLike[str] | None = None,
         outputs: list[str] | None = None,
+        device: str = "",
     ) -> Session:
         """A session of an ONNX `model` (bytes or a path), of a TensorFlow graph (`tf_graph`:
         a serialized GraphDef, bytes or a path, run as written: `inputs` gives every
         Placeholder's shape, `outputs` the tensors "node:k" it may fetch; mode, loss and
-        optimizer are not used), or of a `synthetic` profile."""
+        optimizer are not used), or of a `synthetic` profile. `device` pins it to one of the
+        daemon's devices by name ("cpu:1"); empty: the daemon places it."""
         if (model is None and tf_graph is None) == (synthetic is None):
             raise ValueError("give exactly one of model= (or tf_graph=) and synthetic=")
         req = pb.Request()
@@ -320,6 +322,7 @@ class Client:
         cs.latency_class = classes[latency_class]
         cs.name = name
         cs.admission_timeout_seconds = admission_timeout
+        cs.device = device
         r = self._call(req)[0].create_session
         return Session(self, r)
 
@@ -333,7 +336,8 @@ class Client:
                 "session_id": s.session_id, "client_id": s.client_id, "name": s.name,
                 "kind": s.kind,
                 "state": pb.SessionState.Name(s.state), "state_reason": s.state_reason,
-                "page_outs": s.page_outs, "lane": s.lane, "priority": s.priority,
+                "page_outs": s.page_outs, "lane": s.lane, "device": s.device,
+                "priority": s.priority,
                 "latency_class": "interactive" if s.latency_class == pb.LATENCY_INTERACTIVE
                 else "batch",
                 "persistent_bytes": s.persistent_bytes, "ephemeral_bytes": s.ephemeral_bytes,
@@ -489,6 +493,7 @@ class Session:
         self.persistent_bytes = reply.persistent_bytes
         self.ephemeral_bytes = reply.ephemeral_bytes
         self.lane = reply.lane
+        self.device = reply.device  # empty while it waits for any device
         self.inputs = {t.name: (tuple(t.shape), _NP_DTYPES.get(t.dtype)) for t in reply.inputs}
         self.outputs = {t.name: (tuple(t.shape), _NP_DTYPES.get(t.dtype)) for t in reply.outputs}
         # The persistent values (parameters, optimizer state, variables) that read_state and

@@ -1,0 +1,125 @@
+"""Several devices in one daemon (`--device cpu:2`): placement, pinning, waiting for any device,
+and per-device views, against a real daemon process."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import urllib.request
+
+import numpy as np
+import pytest
+from salus_daemon import MODELS, SERVER, Daemon
+
+import salus
+
+STEPS = 4
+
+
+def create(client: salus.Client, name: str, device: str = "",
+           admission_timeout: float = 0.0) -> salus.Session:
+    return client.create_session(model=MODELS / "mlp.onnx", mode="train",
+                                 inputs={"x": (16, 784), "labels": (16,)}, loss="loss",
+                                 optimizer={"type": "sgd", "lr": 0.05, "momentum": 0.9},
+                                 name=name, device=device,
+                                 admission_timeout=admission_timeout)
+
+
+def feeds(job: int, step: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(500 * job + step)
+    return {"x": rng.standard_normal((16, 784), dtype=np.float32),
+            "labels": rng.integers(0, 10, 16).astype(np.int64)}
+
+
+def losses(s: salus.Session, job: int) -> list[float]:
+    return [float(s.run(feeds=feeds(job, i), fetches=["loss"])["loss"]) for i in range(STEPS)]
+
+
+def one_session_per_device(daemon_factory) -> tuple[Daemon, int]:  # noqa: ANN001
+    """A cpu:2 daemon whose arenas each hold one training session, and that session's P + E."""
+    probe_daemon = daemon_factory()
+    with salus.connect(probe_daemon.endpoint) as c:
+        probe = create(c, "probe")
+        info = next(s for s in c.sessions() if s["session_id"] == probe.id)
+        need = info["persistent_bytes"] + info["ephemeral_bytes"]
+    probe_daemon.stop()
+    capacity = (need * 3 // 2 // 256) * 256  # one fits, two do not
+    return daemon_factory("--device", "cpu:2", memory=f"{capacity}B", policy="pack"), need
+
+
+def metric_lines(daemon: Daemon, name: str) -> list[str]:
+    text = urllib.request.urlopen(
+        f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
+    return [ln for ln in text.splitlines() if re.match(rf"^{re.escape(name)}[{{ ]", ln)]
+
+
+def test_sessions_spread_over_devices_and_train_as_alone(daemon_factory) -> None:  # noqa: ANN001
+    alone = daemon_factory()
+    expected = []
+    with salus.connect(alone.endpoint) as c:
+        for job in range(2):
+            s = create(c, f"ref{job}")
+            expected.append(losses(s, job))
+            s.close()
+
+    d, _ = one_session_per_device(daemon_factory)
+    with salus.connect(d.endpoint) as c:
+        a, b = create(c, "a"), create(c, "b")
+        assert a.state == "ADMITTED" and b.state == "ADMITTED"
+        assert {a.device, b.device} == {"cpu:0", "cpu:1"}
+        listed = {s["session_id"]: s["device"] for s in c.sessions()}
+        assert listed == {a.id: a.device, b.id: b.device}
+        assert [losses(a, 0), losses(b, 1)] == expected
+        stats = c.stats()
+        assert stats["device"] == "cpu:2"
+        assert [x["device"] for x in stats["devices"]] == ["cpu:0", "cpu:1"]
+        assert stats["capacity_bytes"] == sum(x["capacity_bytes"] for x in stats["devices"])
+        memmap = c.memory_map()
+        assert [m["device"] for m in memmap["devices"]] == ["cpu:0", "cpu:1"]
+        assert all(len(m["lanes"]) == 1 for m in memmap["devices"])
+    capacity = metric_lines(d, "salus_mem_capacity_bytes")
+    assert [ln.split("{")[1].split("}")[0] for ln in capacity] == ['device="cpu:0"',
+                                                                  'device="cpu:1"']
+
+
+def test_pinning_and_waiting_for_any_device(daemon_factory) -> None:  # noqa: ANN001
+    d, _ = one_session_per_device(daemon_factory)
+    with salus.connect(d.endpoint) as c:
+        with pytest.raises(salus.SalusError) as err:
+            create(c, "nowhere", device="cpu:7")
+        assert err.value.code == "INVALID_ARGUMENT"
+        assert "cpu:7" in err.value.message and "cpu:0, cpu:1" in err.value.message
+        one = create(c, "one", device="cpu:1")
+        assert one.device == "cpu:1"
+        zero = create(c, "zero")
+        assert zero.device == "cpu:0"
+        # Both devices are full: an unpinned session waits for any device, a pinned one for
+        # its own.
+        waiting = create(c, "waiting")
+        pinned = create(c, "pinned", device="cpu:1")
+        states = {s["name"]: (s["state"], s["device"]) for s in c.sessions()}
+        assert states["waiting"] == ("WAITING", "")
+        assert states["pinned"] == ("WAITING", "cpu:1")
+        # cpu:0 frees first: the unpinned one takes it; the pinned one keeps waiting.
+        zero.close()
+        states = {s["name"]: (s["state"], s["device"]) for s in c.sessions()}
+        assert states["waiting"] == ("ADMITTED", "cpu:0")
+        assert states["pinned"] == ("WAITING", "cpu:1")
+        losses(waiting, 3)
+        one.close()
+        losses(pinned, 4)
+        states = {s["name"]: (s["state"], s["device"]) for s in c.sessions()}
+        assert states["pinned"][1] == "cpu:1"
+        # A session that waits for any device gives up at its admission timeout.
+        late = create(c, "late", admission_timeout=0.2)
+        with pytest.raises(salus.SalusError) as err:
+            late.run(feeds=feeds(5, 0), fetches=["loss"], timeout=30)
+        assert err.value.code == "DEADLINE_EXCEEDED"
+
+
+@pytest.mark.parametrize("device", ["cpu:0", "cpu:x", "cpu:2,cpu:2", "gpu", "cpu,cuda:0"])
+def test_bad_device_lists_are_refused_at_startup(device: str) -> None:
+    r = subprocess.run([str(SERVER), "--device", device, "--listen", "tcp://127.0.0.1:0"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert "device" in r.stderr and device.split(",")[-1].split(":")[0] in r.stderr
