@@ -126,8 +126,9 @@ struct AdmissionPreview {
   bool now = false;    // it would be admitted now (resident, or paged out with overcommit)
   bool resident = false;
   AdmissionDecision::Step step = AdmissionDecision::Step::kWait;  // when resident
-  uint64_t ephemeral_bytes = 0;  // the E it would be granted (rounded)
-  uint64_t free_after = 0;       // C - (F + ΣL) once admitted resident: what is left unused
+  uint64_t ephemeral_bytes = 0;     // the E it would be granted (rounded)
+  uint64_t free_after = 0;          // C - (F + ΣL) once admitted resident: what is left unused
+  std::vector<SessionId> page_out;  // the prefix of the candidates it pages out first
 };
 
 }  // namespace salus::mem

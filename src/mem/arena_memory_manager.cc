@@ -382,7 +382,8 @@ StatusOr<Requirement> ArenaMemoryManager::Aligned(SessionId session, const Requi
   return r;
 }
 
-AdmissionPreview ArenaMemoryManager::Preview(const Requirement& req) const {
+AdmissionPreview ArenaMemoryManager::Preview(const Requirement& req,
+                                             std::span<const SessionId> page_out) const {
   AdmissionPreview p;
   const auto aligned = Aligned(0, req);
   if (!aligned.ok()) {
@@ -390,6 +391,27 @@ AdmissionPreview ArenaMemoryManager::Preview(const Requirement& req) const {
     return p;
   }
   MutexLock lock(&mu_);
+  if (!page_out.empty()) {
+    // What the rule would page out of the candidates for it, and where it would go then.
+    std::vector<SessionId> pageable;
+    for (const SessionId c : page_out) {
+      const auto v = sessions_.find(c);
+      if (v != sessions_.end() && Pageable(v->second)) pageable.push_back(c);
+    }
+    const LiveView arena(*this);
+    Requirement r = *aligned;
+    for (size_t i = 0; i <= aligned->smaller_ephemeral.size(); ++i) {
+      if (i > 0) r.ephemeral_bytes = aligned->smaller_ephemeral[i - 1];
+      const AdmissionDecision d = options_.rule->Decide(arena, r, pageable);
+      if (d.step == Step::kWait) continue;
+      p.now = p.resident = true;
+      p.step = d.step;
+      p.ephemeral_bytes = r.ephemeral_bytes;
+      p.page_out = d.page_out;
+      return p;
+    }
+    return p;
+  }
   const Outcome o = DecideLocked(*aligned);
   if (o.decision.step == Step::kWait) {
     p.now = o.paged && waiting_.empty();  // as Admit: paged out only behind no one
@@ -595,6 +617,100 @@ void ArenaMemoryManager::BeginPageOut(Session& s, std::byte* host) {
   moving_.emplace(m.id, m);
 }
 
+void ArenaMemoryManager::BeginPageIn(Session& s) {
+  if (s.fresh || s.req.persistent_bytes == 0 || s.host == nullptr) {
+    s.residence = Residence::kResident;
+    s.fresh = false;
+    if (s.host != nullptr) FreeHost(s.host, s.req.persistent_bytes);
+    s.host = nullptr;
+    return;
+  }
+  s.residence = Residence::kPagingIn;
+  Moving m;
+  m.id = next_transfer_++;
+  m.session = s.id;
+  m.to_host = false;
+  m.offset = s.block_offset;
+  m.size = s.req.persistent_bytes;
+  m.host = s.host;
+  m.ready = !s.block_pending;
+  moving_.emplace(m.id, m);
+}
+
+StatusOr<AdmissionEvents> ArenaMemoryManager::PageOut(SessionId session) {
+  AdmissionEvents events;
+  MutexLock lock(&mu_);
+  const auto it = sessions_.find(session);
+  if (it == sessions_.end()) {
+    return NotFoundError(fmt::format("page-out: session {} is not admitted", session));
+  }
+  Session& s = it->second;
+  if (!Pageable(s)) {
+    return FailedPreconditionError(fmt::format(
+        "page-out: session {} is {}{}", session, ResidenceName(s.residence),
+        s.residence == Residence::kResident ? " but mid-iteration or not yet placed" : ""));
+  }
+  std::byte* host = nullptr;
+  if (s.req.persistent_bytes > 0) {
+    auto h = AllocateHost(s.req.persistent_bytes);
+    if (!h.ok()) return h.status().WithContext(fmt::format("paging session {} out", session));
+    host = *h;
+  }
+  BeginPageOut(s, host);
+  events.admitted = RetryQueue();
+  DcheckInvariants();
+  return events;
+}
+
+StatusOr<Emigrant> ArenaMemoryManager::Emigrate(SessionId session) {
+  MutexLock lock(&mu_);
+  const auto it = sessions_.find(session);
+  if (it == sessions_.end()) {
+    return NotFoundError(fmt::format("emigrate: session {} is not admitted", session));
+  }
+  Session& s = it->second;
+  if (s.residence != Residence::kPagedOut) {
+    return FailedPreconditionError(fmt::format("emigrate: session {} is {}, not paged out", session,
+                                               ResidenceName(s.residence)));
+  }
+  Emigrant e;
+  e.session = session;
+  e.req = s.req;
+  e.declared = s.declared;
+  e.host = s.fresh ? nullptr : s.host;
+  if (s.fresh && s.host != nullptr) FreeHost(s.host, s.req.persistent_bytes);
+  paged_bytes_ -= s.req.persistent_bytes;
+  --paged_sessions_;
+  sessions_.erase(it);
+  e.events.admitted = RetryQueue();
+  DcheckInvariants();
+  return e;
+}
+
+StatusOr<std::optional<Grant>> ArenaMemoryManager::Immigrate(const Emigrant& emigrant) {
+  MutexLock lock(&mu_);
+  if (sessions_.contains(emigrant.session) ||
+      std::any_of(waiting_.begin(), waiting_.end(),
+                  [&](const Waiting& w) { return w.id == emigrant.session; })) {
+    return AlreadyExistsError(fmt::format("session {} is already here", emigrant.session));
+  }
+  if (emigrant.req.persistent_bytes + emigrant.req.ephemeral_bytes > capacity_) {
+    return std::optional<Grant>();
+  }
+  const Outcome o = DecideLocked(emigrant.req);
+  if (o.decision.step == Step::kWait) return std::optional<Grant>();
+  Waiting w;
+  w.id = emigrant.session;
+  w.req = emigrant.req;
+  w.declared = emigrant.declared;
+  const Grant g = Apply(w, o);
+  Session& s = sessions_.at(emigrant.session);
+  s.host = emigrant.host;
+  BeginPageIn(s);
+  DcheckInvariants();
+  return std::optional<Grant>(g);
+}
+
 StatusOr<PageInResult> ArenaMemoryManager::PageIn(SessionId session,
                                                   std::span<const SessionId> candidates) {
   PageInResult result;
@@ -651,23 +767,7 @@ StatusOr<PageInResult> ArenaMemoryManager::PageIn(SessionId session,
     paged_bytes_ -= s.req.persistent_bytes;
     --paged_sessions_;
     Enter(s, d);
-    if (s.fresh || s.req.persistent_bytes == 0) {
-      s.residence = Residence::kResident;
-      s.fresh = false;
-      if (s.host != nullptr) FreeHost(s.host, s.req.persistent_bytes);
-      s.host = nullptr;
-    } else {
-      s.residence = Residence::kPagingIn;
-      Moving m;
-      m.id = next_transfer_++;
-      m.session = s.id;
-      m.to_host = false;
-      m.offset = s.block_offset;
-      m.size = s.req.persistent_bytes;
-      m.host = s.host;
-      m.ready = !s.block_pending;
-      moving_.emplace(m.id, m);
-    }
+    BeginPageIn(s);
     result.resident = true;
     result.lane = s.lane;
     result.paged_out = d.page_out;

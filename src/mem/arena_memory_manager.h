@@ -64,7 +64,11 @@ class ArenaMemoryManager final : public MemoryManager {
                                            const Status& copy = OkStatus()) override EXCLUDES(mu_);
   StatusOr<Residence> ResidenceOf(SessionId session) const override EXCLUDES(mu_);
   ArenaSnapshot Snapshot() const override EXCLUDES(mu_);
-  AdmissionPreview Preview(const Requirement& req) const override EXCLUDES(mu_);
+  AdmissionPreview Preview(const Requirement& req,
+                           std::span<const SessionId> page_out = {}) const override EXCLUDES(mu_);
+  StatusOr<AdmissionEvents> PageOut(SessionId session) override EXCLUDES(mu_);
+  StatusOr<Emigrant> Emigrate(SessionId session) override EXCLUDES(mu_);
+  StatusOr<std::optional<Grant>> Immigrate(const Emigrant& emigrant) override EXCLUDES(mu_);
   device::MemoryProvider& provider() const override { return *options_.provider; }
   double overcommit() const override { return options_.overcommit; }
 
@@ -178,6 +182,9 @@ class ArenaMemoryManager final : public MemoryManager {
   void Enter(Session& s, const AdmissionDecision& d) REQUIRES(mu_);
   // Begins paging resident `s` out (its lane left, its block copied to `host`).
   void BeginPageOut(Session& s, std::byte* host) REQUIRES(mu_);
+  // Makes `s`, just placed in the region and a lane, resident: at once when it has nothing to
+  // copy in, else paging in from s.host.
+  void BeginPageIn(Session& s) REQUIRES(mu_);
   bool Pageable(const Session& s) const REQUIRES(mu_);
   // Takes `s`'s block out of the region; its range stays in use while `busy_until_lane` (a
   // lane mid-iteration) or a copy needs it.

@@ -145,6 +145,16 @@ struct AdmissionEvents {
   void Append(AdmissionEvents&& other);
 };
 
+// A session's state leaving one manager for another (Emigrate, then Immigrate): its host copy
+// (allocated by the leaving manager's provider; the receiving one frees it) and requirement.
+struct Emigrant {
+  SessionId session = 0;
+  Requirement req;            // rounded, with the E it was granted
+  Requirement declared;       // as asked
+  std::byte* host = nullptr;  // null when P is 0 or it never ran (nothing to copy in)
+  AdmissionEvents events;     // waiting sessions admitted once it left
+};
+
 // The result of a PageIn.
 struct PageInResult {
   bool resident = false;             // false: it does not fit even with the candidates gone
@@ -287,7 +297,22 @@ class MemoryManager {
   virtual ArenaSnapshot Snapshot() const = 0;
   // What Admit(req) would do now, changing nothing. A requirement that can never fit, or
   // that would queue behind earlier requests, is not admitted now.
-  virtual AdmissionPreview Preview(const Requirement& req) const = 0;
+  // `page_out`: resident sessions (in the caller's order) that may be paged out first; the
+  // preview then names the prefix it would take (AdmissionPreview::page_out).
+  virtual AdmissionPreview Preview(const Requirement& req,
+                                   std::span<const SessionId> page_out = {}) const = 0;
+
+  // Migration between managers (Note [Migration] in src/sched/engine.cc).
+  // Starts paging a resident session out with no session paged in (between its iterations;
+  // FAILED_PRECONDITION otherwise, NOT_FOUND for a session not admitted); its copy is a
+  // Transfer. Waiting sessions admitted into the room it leaves are in the events.
+  virtual StatusOr<AdmissionEvents> PageOut(SessionId session) = 0;
+  // A paged-out session (its copy out finished) leaves this manager with its host memory.
+  virtual StatusOr<Emigrant> Emigrate(SessionId session) = 0;
+  // Admits a session that left another manager, resident now, and queues the copy of its
+  // state in (a Transfer; until it ends the session is kPagingIn). nullopt, and nothing
+  // changes, when the rule does not admit it now; ALREADY_EXISTS for a live id.
+  virtual StatusOr<std::optional<Grant>> Immigrate(const Emigrant& emigrant) = 0;
   virtual device::MemoryProvider& provider() const = 0;
   virtual double overcommit() const = 0;
 };

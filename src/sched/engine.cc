@@ -8,6 +8,7 @@
 
 #include "common/logging.h"
 #include "common/units.h"
+#include "device/memory_provider.h"
 
 namespace salus::sched {
 
@@ -57,6 +58,28 @@ namespace salus::sched {
 // any device (unplaced_), re-tried in arrival order whenever memory is freed on any device
 // (a release, a finished copy). Its admission timeout is the engine's to enforce then. With
 // one device every session goes to its manager exactly as before placement existed.
+
+// Note [Migration]
+// Between its iterations a session can move to another device: the engine pages it out of
+// its device's arena to host memory (MemoryManager::PageOut, a Transfer on the copy path),
+// and when that copy ends it leaves that manager (Emigrate) and enters the target's, resident
+// (Immigrate), its state copied in by a second Transfer; it runs there once that copy ends.
+// Through host memory, two copies of P: the CPU devices' memory is host memory anyway, and
+// peer copies between GPUs wait for GPU daemons with several devices. Meanwhile it is paged
+// out, with a reason naming its target. If the target has lost its room by the time the copy
+// out ends, the move is undone: the session stays paged out on its own device and pages back
+// in there when it runs (so paged-out sessions are paged in even without overcommit). Only
+// devices whose memory is of one kind (their providers share a name) exchange sessions:
+// host memory one provider allocated, the other frees.
+//
+// Defragmentation is the one reason the engine moves sessions by itself: when a session
+// waits (for its device, or for any) and some device would admit it once one resident
+// session between its iterations were gone, and another device admits that session now,
+// the engine moves it. Which session is the policy's choice: the candidates go in the
+// policy's OrderPageOut order (its least valuable resident first) and the admission rule
+// takes the first whose departure makes room. Sessions their clients pinned are never moved
+// by the engine. A session moved, paged in or admitted within
+// the paging quantum is not moved again (no ping-pong), and one move is in flight at a time.
 
 std::string_view SessionStateName(SessionState s) {
   switch (s) {
@@ -298,6 +321,7 @@ void Engine::ApplyEventsLocked(size_t device, mem::AdmissionEvents events, Notic
     // Its admission failed, or (paging) its state was lost and the memory released it.
     SessionRec& s = it->second;
     const LaneId lane = s.lane;
+    if (s.migrate_to) --migrations_in_flight_;
     if (s.state != SessionState::kWaiting) DetachLocked(s);
     sessions_.erase(it);
     paged_out_.erase(id);
@@ -419,8 +443,202 @@ void Engine::RetryUnplacedLocked(Notices* notices) {
   }
 }
 
+mem::Requirement Engine::HeldLocked(const SessionRec& s) {
+  mem::Requirement r = s.spec.requirement;
+  r.ephemeral_bytes = s.granted_ephemeral > 0 ? s.granted_ephemeral : r.ephemeral_bytes;
+  r.smaller_ephemeral.clear();
+  return r;
+}
+
+std::optional<size_t> Engine::TargetLocked(const mem::Requirement& req, size_t except) const {
+  const std::string kind = devices_[except].memory->provider().name();
+  std::optional<size_t> best;
+  mem::AdmissionPreview best_p;
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    if (i == except || devices_[i].memory->provider().name() != kind) continue;
+    const mem::AdmissionPreview p = devices_[i].memory->Preview(req);
+    if (!p.resident) continue;
+    const bool join = p.step == mem::AdmissionDecision::Step::kJoin;
+    const bool best_join = best && best_p.step == mem::AdmissionDecision::Step::kJoin;
+    if (!best || (join && !best_join) || (join == best_join && p.free_after < best_p.free_after)) {
+      best = i;
+      best_p = p;
+    }
+  }
+  return best;
+}
+
+Status Engine::MigrateLocked(SessionRec& s, size_t to, const std::string& why, Notices* notices) {
+  const size_t from = s.device;
+  SALUS_ASSIGN_OR_RETURN(mem::AdmissionEvents events, MemoryOf(s).PageOut(s.id));
+  const LaneId lane = s.lane;
+  DetachLocked(s);
+  s.lane = 0;
+  LeaveLaneLocked(s.id, lane);
+  s.state = SessionState::kPagedOut;
+  paged_out_.insert(s.id);
+  s.migrate_to = to;
+  s.copying = s.spec.requirement.persistent_bytes > 0;
+  s.reason = fmt::format("moving to {}{}", devices_[to].name, why);
+  migration_stats_.started++;
+  ++migrations_in_flight_;
+  logging::Event(
+      "sched", "migrating",
+      {{"session", s.id}, {"from", devices_[from].name}, {"to", devices_[to].name}, {"why", why}});
+  const SessionId id = s.id;
+  ApplyEventsLocked(from, std::move(events), notices);
+  RetryUnplacedLocked(notices);
+  SessionRec& moved = sessions_.at(id);
+  if (!moved.copying) FinishMigrationLocked(moved, clock_->Now(), notices);
+  return OkStatus();
+}
+
+void Engine::FinishMigrationLocked(SessionRec& s, Nanos now, Notices* notices) {
+  const size_t from = s.device, to = *s.migrate_to;
+  s.migrate_to.reset();
+  --migrations_in_flight_;
+  const mem::Requirement held = HeldLocked(s);
+  if (!devices_[to].memory->Preview(held).resident) {
+    migration_stats_.undone++;
+    s.reason = fmt::format("paged out: {} had no room left for it; paged in on {} when it runs",
+                           devices_[to].name, devices_[from].name);
+    logging::Event("sched", "migration_undone", {{"session", s.id}, {"to", devices_[to].name}});
+    return;
+  }
+  auto leaving = MemoryOf(s).Emigrate(s.id);
+  if (!leaving.ok()) {
+    migration_stats_.undone++;
+    logging::Get("sched")->error("session {}: move to {}: {}", s.id, devices_[to].name,
+                                 leaving.status().ToString());
+    return;
+  }
+  const SessionId id = s.id;
+  mem::AdmissionEvents freed = std::move(leaving->events);
+  auto grant = devices_[to].memory->Immigrate(*leaving);
+  if (!grant.ok() || !grant->has_value()) {
+    // The preview said it fits and nothing ran since: a broken contract. Its state is lost.
+    if (leaving->host != nullptr) {
+      devices_[from]
+          .memory->provider()
+          .FreeHost(leaving->host, held.persistent_bytes)
+          .IgnoreError();
+    }
+    const Status lost = InternalError(
+        fmt::format("session {}: its state was lost moving it to {}: {}", id, devices_[to].name,
+                    grant.ok() ? "the device refused it" : grant.status().ToString()));
+    logging::Get("sched")->error("{}", lost.ToString());
+    freed.failed.emplace_back(id, lost);
+    ApplyEventsLocked(from, std::move(freed), notices);
+    return;
+  }
+  s.device = to;
+  paged_out_.erase(id);
+  s.state = SessionState::kAdmitted;
+  auto residence = devices_[to].memory->ResidenceOf(id);
+  s.copying = residence.ok() && *residence == mem::Residence::kPagingIn;
+  s.reason = s.copying
+                 ? fmt::format("moved from {}: its state is being copied in", devices_[from].name)
+                 : "";
+  s.resident_since = now;
+  s.iterations_at_resident = s.iterations_done;
+  s.migrations++;
+  JoinLaneLocked(s, (*grant)->lane);
+  migration_stats_.finished++;
+  logging::Event("sched", "migrated",
+                 {{"session", id}, {"from", devices_[from].name}, {"to", devices_[to].name}});
+  ApplyEventsLocked(from, std::move(freed), notices);
+  RetryUnplacedLocked(notices);
+}
+
+void Engine::DefragmentLocked(Nanos now, Notices* notices) {
+  if (migrations_in_flight_ > 0) return;
+  bool any_waiting = !unplaced_.empty();
+  for (const EngineDevice& d : devices_) any_waiting = any_waiting || d.memory->WaitingCount() > 0;
+  if (!any_waiting) return;
+  std::vector<SessionId> waiting;
+  for (const auto& [id, s] : sessions_) {
+    if (s.state == SessionState::kWaiting) waiting.push_back(id);
+  }
+  std::sort(waiting.begin(), waiting.end());  // ids grow with arrival
+  std::vector<SessionView> candidates;
+  std::vector<SessionId> ids;
+  for (const SessionId w : waiting) {
+    const SessionRec& in = sessions_.at(w);
+    for (size_t a = 0; a < devices_.size(); ++a) {
+      if (in.device != kUnplaced && in.device != a) continue;
+      candidates.clear();
+      for (const auto& [id, s] : sessions_) {
+        // A session its client pinned stays where it was put.
+        if (s.device == a && !s.spec.device && s.state == SessionState::kAdmitted &&
+            !s.copying && now - s.resident_since >= paging_quantum_) {
+          candidates.push_back(PagingViewLocked(s));
+        }
+      }
+      if (candidates.empty()) continue;
+      policy_->OrderPageOut(candidates);
+      ids.clear();
+      for (const SessionView& v : candidates) ids.push_back(v.id);
+      const mem::AdmissionPreview p = devices_[a].memory->Preview(in.spec.requirement, ids);
+      if (!p.resident || p.page_out.size() != 1) continue;
+      SessionRec& move = sessions_.at(p.page_out[0]);
+      const std::optional<size_t> to = TargetLocked(HeldLocked(move), a);
+      if (!to) continue;
+      const Status st = MigrateLocked(
+          move, *to, fmt::format(" to make room for session {} on {}", w, devices_[a].name),
+          notices);
+      if (!st.ok()) {
+        logging::Get("sched")->error("session {}: move to {}: {}", move.id, devices_[*to].name,
+                                     st.ToString());
+        continue;
+      }
+      return;
+    }
+  }
+}
+
+Status Engine::Migrate(SessionId id, size_t device) {
+  Notices notices;
+  Status st;
+  {
+    MutexLock lock(&mu_);
+    if (device >= devices_.size()) {
+      return InvalidArgumentError(
+          fmt::format("session {}: no device {} (the daemon has {})", id, device, devices_.size()));
+    }
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return NotFoundError(fmt::format("session {} does not exist", id));
+    SessionRec& s = it->second;
+    if (s.state != SessionState::kAdmitted || s.copying) {
+      return FailedPreconditionError(fmt::format(
+          "session {} can move only between its iterations, resident and not copying; it is {}", id,
+          SessionStateName(s.state)));
+    }
+    if (s.device == device) {
+      return FailedPreconditionError(
+          fmt::format("session {} is on {} already", id, devices_[device].name));
+    }
+    if (devices_[device].memory->provider().name() != MemoryOf(s).provider().name()) {
+      return FailedPreconditionError(fmt::format("{} and {} do not share a kind of memory",
+                                                 devices_[s.device].name, devices_[device].name));
+    }
+    if (!devices_[device].memory->Preview(HeldLocked(s)).resident) {
+      return FailedPreconditionError(
+          fmt::format("{} has no room for session {} now", devices_[device].name, id));
+    }
+    st = MigrateLocked(s, device, "", &notices);
+  }
+  Notify(notices);
+  return st;
+}
+
+MigrationStats Engine::Migrations() const {
+  MutexLock lock(&mu_);
+  return migration_stats_;
+}
+
 Status Engine::ReleaseLocked(SessionId id, Notices* notices) {
   SessionRec& s = sessions_.at(id);
+  if (s.migrate_to) --migrations_in_flight_;
   const LaneId lane = s.lane;
   const size_t device = s.device;
   DetachLocked(s);
@@ -532,7 +750,9 @@ void Engine::DispatchReady(std::vector<Dispatch>* out) {
   {
     MutexLock lock(&mu_);
     const Nanos now = clock_->Now();
-    if (paging_) PageInLocked(now, &notices);
+    if (devices_.size() > 1) DefragmentLocked(now, &notices);
+    // Paged-out sessions: overcommit's, and moves undone (Note [Migration]).
+    if (paging_ || !paged_out_.empty()) PageInLocked(now, &notices);
     DispatchLanesLocked(now, out);
   }
   if (!notices.admitted.empty() || !notices.failed.empty()) Notify(notices);
@@ -730,6 +950,8 @@ StatusOr<SessionInfo> Engine::Session(SessionId id) const {
   info.reason = s.reason;
   info.copying = s.copying;
   info.page_outs = s.page_outs;
+  info.migrations = s.migrations;
+  info.migrating_to = s.migrate_to;
   info.ephemeral_bytes = s.granted_ephemeral;
   info.lane = s.lane;
   info.lane_class = s.spec.requirement.lane_class;
@@ -846,7 +1068,7 @@ void Engine::PageInLocked(Nanos now, Notices* notices) {
   want.clear();
   for (const SessionId id : paged_out_) {
     const SessionRec& s = sessions_.at(id);
-    if (!s.copying && PendingLocked(s) > 0) want.push_back(PagingViewLocked(s));
+    if (!s.copying && !s.migrate_to && PendingLocked(s) > 0) want.push_back(PagingViewLocked(s));
   }
   paging_deadline_.reset();
   if (want.empty()) return;
@@ -947,7 +1169,9 @@ Status Engine::FinishTransfer(const mem::Transfer& t, const Status& copy, Nanos 
     if (st.ok() && it != sessions_.end()) {
       SessionRec& s = it->second;
       s.copying = false;
-      if (s.state == SessionState::kPagedOut) {
+      if (s.migrate_to && t.to_host) {
+        FinishMigrationLocked(s, clock_->Now(), &notices);
+      } else if (s.state == SessionState::kPagedOut) {
         s.reason = "paged out; paged in when the policy runs it";
       } else {
         s.reason.clear();

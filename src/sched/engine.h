@@ -131,12 +131,21 @@ struct SessionInfo {
   bool running = false;
   Nanos total_service{0};
   double remaining_seconds = 0;
-  double avg_iteration_seconds = 0;  // 0 until measured
-  Nanos hold_window{0};              // Note [Anticipation]; 0 when the policy never holds
-  size_t gaps_observed = 0;          // reply-to-request gaps seen (at most kGapHistory kept)
-  bool copying = false;              // its state is being copied to or from host memory
-  uint64_t ephemeral_bytes = 0;      // the E admission granted (0 while waiting)
-  uint64_t page_outs = 0;            // times paged out
+  double avg_iteration_seconds = 0;    // 0 until measured
+  Nanos hold_window{0};                // Note [Anticipation]; 0 when the policy never holds
+  size_t gaps_observed = 0;            // reply-to-request gaps seen (at most kGapHistory kept)
+  bool copying = false;                // its state is being copied to or from host memory
+  uint64_t ephemeral_bytes = 0;        // the E admission granted (0 while waiting)
+  uint64_t page_outs = 0;              // times paged out
+  uint64_t migrations = 0;             // times moved to another device
+  std::optional<size_t> migrating_to;  // the device it is being moved to
+};
+
+// Moves between devices since the engine was created (Note [Migration] in engine.cc).
+struct MigrationStats {
+  uint64_t started = 0;
+  uint64_t finished = 0;
+  uint64_t undone = 0;  // the target had no room any more when the copy out ended
 };
 
 // Paging since the engine was created (Note [Paging] in engine.cc).
@@ -210,6 +219,12 @@ class Engine {
   Status FinishTransfer(const mem::Transfer& transfer, const Status& copy, Nanos took)
       EXCLUDES(mu_);
   PagingStats Paging() const EXCLUDES(mu_);
+  // Moves a session, between its iterations, to `device` (Note [Migration]): its state goes
+  // out to host memory and into the target's arena, and it runs there. FAILED_PRECONDITION
+  // while it waits, runs, copies or moves already, when the target cannot take it now, or
+  // when the two devices' memory is not of one kind; INVALID_ARGUMENT for an unknown device.
+  Status Migrate(SessionId id, size_t device) EXCLUDES(mu_);
+  MigrationStats Migrations() const EXCLUDES(mu_);
 
   StatusOr<SessionInfo> Session(SessionId id) const EXCLUDES(mu_);
   std::vector<SessionInfo> Sessions() const EXCLUDES(mu_);
@@ -259,6 +274,8 @@ class Engine {
     Nanos last_request{0};
     uint64_t page_outs = 0;
     uint64_t granted_ephemeral = 0;
+    std::optional<size_t> migrate_to;  // Note [Migration]: its copy out is moving it there
+    uint64_t migrations = 0;
     Nanos service{0};
     Nanos total_service{0};
     int64_t iterations_done = 0;
@@ -307,6 +324,16 @@ class Engine {
   std::optional<size_t> PlaceLocked(const mem::Requirement& req) const REQUIRES(mu_);
   // Admits sessions waiting for any device that some device can take now, in arrival order.
   void RetryUnplacedLocked(Notices* notices) REQUIRES(mu_);
+  // Note [Migration]: the best device other than `except` that admits `req` resident now.
+  std::optional<size_t> TargetLocked(const mem::Requirement& req, size_t except) const
+      REQUIRES(mu_);
+  // What the session holds: P and the E it was granted.
+  static mem::Requirement HeldLocked(const SessionRec& s);
+  Status MigrateLocked(SessionRec& s, size_t to, const std::string& why, Notices* notices)
+      REQUIRES(mu_);
+  void FinishMigrationLocked(SessionRec& s, Nanos now, Notices* notices) REQUIRES(mu_);
+  // Note [Migration]: moves one session when that lets a waiting session in.
+  void DefragmentLocked(Nanos now, Notices* notices) REQUIRES(mu_);
   void JoinLaneLocked(SessionRec& s, LaneId lane) REQUIRES(mu_);
   // Note [Paging]: pages in paged-out sessions with work, in the policy's order.
   void PageInLocked(Nanos now, Notices* notices) REQUIRES(mu_);
@@ -357,6 +384,8 @@ class Engine {
   const bool paging_;
   const Nanos paging_quantum_, page_out_idle_;
   PagingStats paging_stats_ GUARDED_BY(mu_);
+  MigrationStats migration_stats_ GUARDED_BY(mu_);
+  size_t migrations_in_flight_ GUARDED_BY(mu_) = 0;
   std::vector<SessionView> page_scratch_ GUARDED_BY(mu_);
   std::set<SessionId> paged_out_ GUARDED_BY(mu_);  // sessions in kPagedOut
   std::optional<Nanos> next_hold_deadline_ GUARDED_BY(mu_);

@@ -656,6 +656,15 @@ std::string Server::Gauges() const {
       "# HELP salus_mem_paged_bytes Persistent bytes paged out to host memory.\n"
       "# TYPE salus_mem_paged_bytes gauge\n" +
       paged_out;
+  const sched::MigrationStats moves = executor_->engine().Migrations();
+  out += fmt::format(
+      "# HELP salus_sched_migrations_total Sessions moved between devices, by outcome "
+      "(started, finished, or undone when the target had filled up).\n"
+      "# TYPE salus_sched_migrations_total counter\n"
+      "salus_sched_migrations_total{{outcome=\"started\"}} {}\n"
+      "salus_sched_migrations_total{{outcome=\"finished\"}} {}\n"
+      "salus_sched_migrations_total{{outcome=\"undone\"}} {}\n",
+      moves.started, moves.finished, moves.undone);
   const sched::PagingStats paging = executor_->engine().Paging();
   out += fmt::format(
       "# HELP salus_mem_pages_total Sessions paged, by direction.\n"

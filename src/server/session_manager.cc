@@ -470,6 +470,7 @@ v1::ListSessionsReply SessionManager::List(const ClientRef* viewer) const {
       info.set_page_outs(s->page_outs);
       info.set_lane(s->lane);
       if (s->device) info.set_device(o_.executor->engine().device_name(*s->device));
+      info.set_migrations(s->migrations);
       info.set_iterations_done(s->iterations_done);
       info.set_avg_iteration_seconds(s->avg_iteration_seconds);
     } else {

@@ -117,6 +117,32 @@ def test_pinning_and_waiting_for_any_device(daemon_factory) -> None:  # noqa: AN
         assert err.value.code == "DEADLINE_EXCEEDED"
 
 
+def test_a_waiting_session_gets_in_by_moving_one_mid_training(daemon_factory) -> None:  # noqa: ANN001
+    alone = daemon_factory()
+    with salus.connect(alone.endpoint) as c:
+        s = create(c, "ref")
+        expected = losses(s, 0)
+    _, need = one_session_per_device(daemon_factory)
+    capacity = (need * 3 // 2 // 256) * 256
+    d = daemon_factory("--device", "cpu:2", "--paging-quantum-ms", "0", memory=f"{capacity}B",
+                       policy="fair")
+    with salus.connect(d.endpoint) as c:
+        a = create(c, "a")
+        assert a.device == "cpu:0"
+        got = [float(a.run(feeds=feeds(0, i), fetches=["loss"])["loss"]) for i in range(2)]
+        # cpu:0 has no room for w beside a; cpu:1 has room for a: the engine moves a there.
+        w = create(c, "w", device="cpu:0")
+        assert w.state == "WAITING"
+        losses(w, 9)
+        got += [float(a.run(feeds=feeds(0, i), fetches=["loss"])["loss"]) for i in range(2, STEPS)]
+        assert got == expected
+        info = {s["name"]: s for s in c.sessions()}
+        assert (info["a"]["device"], info["a"]["migrations"]) == ("cpu:1", 1)
+        assert info["w"]["device"] == "cpu:0"
+    moved = [ln for ln in metric_lines(d, "salus_sched_migrations_total") if "finished" in ln]
+    assert moved and moved[0].endswith(" 1")
+
+
 @pytest.mark.parametrize("device", ["cpu:0", "cpu:x", "cpu:2,cpu:2", "gpu", "cpu,cuda:0"])
 def test_bad_device_lists_are_refused_at_startup(device: str) -> None:
     r = subprocess.run([str(SERVER), "--device", device, "--listen", "tcp://127.0.0.1:0"],

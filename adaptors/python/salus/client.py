@@ -337,6 +337,7 @@ class Client:
                 "kind": s.kind,
                 "state": pb.SessionState.Name(s.state), "state_reason": s.state_reason,
                 "page_outs": s.page_outs, "lane": s.lane, "device": s.device,
+                "migrations": s.migrations,
                 "priority": s.priority,
                 "latency_class": "interactive" if s.latency_class == pb.LATENCY_INTERACTIVE
                 else "batch",

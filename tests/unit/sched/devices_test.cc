@@ -3,6 +3,7 @@
 // condition of every device under random load.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 #include <random>
 #include <set>
@@ -207,6 +208,7 @@ TEST(EngineDevicesTest, DispatchesNameTheirDevice) {
 // session runs on a device other than its own or while paged out; every session is admitted
 // once its way is clear and finishes.
 TEST(EngineDevicesTest, RandomLoadKeepsEveryDeviceSafe) {
+  uint64_t moves = 0;
   for (const char* policy : {"fifo", "srtf", "pack", "fair"}) {
     for (const double overcommit : {1.0, 1.5}) {
       SCOPED_TRACE(std::string(policy) + " overcommit " + std::to_string(overcommit));
@@ -287,12 +289,154 @@ TEST(EngineDevicesTest, RandomLoadKeepsEveryDeviceSafe) {
       }
       EXPECT_TRUE(live.empty()) << live.size() << " sessions never finished";
       EXPECT_EQ(devices_used.size(), 3u);
+      const MigrationStats m = h.engine_->Migrations();
+      EXPECT_EQ(m.started, m.finished + m.undone);
+      moves += m.finished;
       if (overcommit == 1.0) {
         EXPECT_GT(waited_for_any, 0u);  // the load did contend
       }
       EXPECT_TRUE(h.failed_.empty());
     }
   }
+}
+
+// Migration (Note [Migration]): runs every copy the engine hands out on its device's
+// provider, in order, until none is left; returns how many ran.
+int RunCopies(Engine& engine) {
+  int n = 0;
+  for (auto ts = engine.TakeTransfers(); !ts.empty(); ts = engine.TakeTransfers()) {
+    for (const mem::Transfer& t : ts) {
+      device::MemoryProvider& p = engine.provider(t.device_index);
+      const Status copy = t.to_host ? p.CopyToHost(t.host, t.device, t.bytes)
+                                    : p.CopyToDevice(t.device, t.host, t.bytes);
+      EXPECT_TRUE(copy.ok()) << copy;
+      EXPECT_TRUE(engine.FinishTransfer(t, copy, seconds(0)).ok());
+      ++n;
+    }
+  }
+  return n;
+}
+
+// A moved session's persistent state arrives byte for byte in the other device's arena, and it
+// runs there.
+TEST(EngineMigrationTest, AMovedSessionKeepsItsStateAndRunsOnTheTarget) {
+  ManualClock clock;
+  Engine::Options o;
+  o.clock = &clock;
+  o.policy = std::move(*CreatePolicy("fair"));
+  auto a = std::move(*device::CreateMemoryProvider("host"));
+  auto b = std::move(*device::CreateMemoryProvider("host"));
+  o.devices = std::move(*MakeDevices(*o.policy, &clock,
+                                     {{"cpu:0", a.get(), 8 * kMiB}, {"cpu:1", b.get(), 8 * kMiB}}));
+  auto engine = std::move(*Engine::Create(std::move(o)));
+  SessionSpec spec;
+  spec.requirement = {1 * kMiB + 100, 2 * kMiB};
+  ASSERT_TRUE(*engine->AddSession(1, spec));
+  ASSERT_TRUE(engine->RequestIteration(1).ok());
+  std::vector<Dispatch> ds = engine->DispatchReady();
+  ASSERT_EQ(ds.size(), 1u);
+  ASSERT_EQ(ds[0].device, 0u);
+  std::vector<std::byte> pattern(spec.requirement.persistent_bytes);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<std::byte>(i * 7 + 3);
+  std::memcpy(ds[0].persistent.address, pattern.data(), pattern.size());
+  // Mid-iteration it cannot move.
+  EXPECT_EQ(engine->Migrate(1, 1).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(engine->Complete(ds[0]).ok());
+  EXPECT_EQ(engine->Migrate(1, 0).code(), StatusCode::kFailedPrecondition);  // there already
+  EXPECT_EQ(engine->Migrate(1, 2).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(engine->Migrate(1, 1).ok());
+  SessionInfo info = *engine->Session(1);
+  EXPECT_EQ(info.state, SessionState::kPagedOut);
+  EXPECT_EQ(info.migrating_to, 1u);
+  EXPECT_NE(info.reason.find("cpu:1"), std::string::npos) << info.reason;
+  EXPECT_EQ(engine->memory(0).CommittedBytes(), 0u);
+  ASSERT_TRUE(engine->RequestIteration(1).ok());
+  EXPECT_TRUE(engine->DispatchReady().empty());  // its state is on its way
+  EXPECT_EQ(RunCopies(*engine), 2);              // out of cpu:0, into cpu:1
+  info = *engine->Session(1);
+  EXPECT_EQ(info.device, 1u);
+  EXPECT_EQ(info.state, SessionState::kAdmitted);
+  EXPECT_EQ(info.migrations, 1u);
+  EXPECT_FALSE(info.migrating_to.has_value());
+  ds = engine->DispatchReady();
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].device, 1u);
+  EXPECT_EQ(std::memcmp(ds[0].persistent.address, pattern.data(), pattern.size()), 0);
+  ASSERT_TRUE(engine->Complete(ds[0]).ok());
+  const MigrationStats m = engine->Migrations();
+  EXPECT_EQ(m.started, 1u);
+  EXPECT_EQ(m.finished, 1u);
+  EXPECT_EQ(m.undone, 0u);
+  EXPECT_TRUE(engine->memory(0).CheckInvariants().ok());
+  EXPECT_TRUE(engine->memory(1).CheckInvariants().ok());
+}
+
+// A waiting session that would fit a device once an idle session left it: the engine moves
+// that session to a device with room (after the paging quantum), and admits the waiting one.
+TEST(EngineMigrationTest, DefragmentingMoveAdmitsAWaitingSession) {
+  DevicesHarness h("fair", {4 * G, 4 * G});
+  ASSERT_TRUE(*h.Add(1, 2 * G, 1 * G));     // placed on device 0
+  ASSERT_TRUE(*h.Add(2, 1 * G, 1 * G, 1));  // pinned to device 1: stays there
+  EXPECT_EQ(h.DeviceOf(1), 0u);
+  ASSERT_FALSE(*h.Add(3, 2 * G, 1 * G, 0));  // needs device 0 without session 1
+  EXPECT_TRUE(h.engine_->DispatchReady().empty());
+  EXPECT_EQ(h.engine_->Migrations().started, 0u);  // 1 was admitted less than a quantum ago
+  h.clock_.Advance(seconds(1));
+  EXPECT_TRUE(h.engine_->DispatchReady().empty());
+  EXPECT_EQ(h.engine_->Migrations().started, 1u);
+  EXPECT_EQ(h.engine_->Session(1)->migrating_to, 1u);
+  EXPECT_EQ(h.admitted_later_, (std::vector<SessionId>{3}));  // into the room 1 left
+  EXPECT_EQ(h.DeviceOf(3), 0u);
+  EXPECT_EQ(RunCopies(*h.engine_), 2);
+  EXPECT_EQ(h.DeviceOf(1), 1u);
+  EXPECT_EQ(h.engine_->Migrations().finished, 1u);
+  EXPECT_EQ(h.DeviceOf(2), 1u);
+  h.CheckSafety();
+  // Both run, each on its device.
+  for (SessionId s : {1, 2, 3}) ASSERT_TRUE(h.engine_->RequestIteration(s).ok());
+  std::map<SessionId, size_t> ran;
+  for (int round = 0; round < 3; ++round) {
+    for (const Dispatch& d : h.engine_->DispatchReady()) {
+      ran[d.session] = d.device;
+      ASSERT_TRUE(h.engine_->Complete(d).ok());
+    }
+  }
+  EXPECT_EQ(ran, (std::map<SessionId, size_t>{{1, 1}, {2, 1}, {3, 0}}));
+}
+
+TEST(EngineMigrationTest, PinnedSessionsAreNotMoved) {
+  DevicesHarness h("fair", {4 * G, 4 * G});
+  ASSERT_TRUE(*h.Add(1, 2 * G, 1 * G, 0));
+  ASSERT_FALSE(*h.Add(3, 2 * G, 1 * G, 0));
+  h.clock_.Advance(seconds(5));
+  h.engine_->DispatchReady();
+  EXPECT_EQ(h.engine_->Migrations().started, 0u);
+  EXPECT_EQ(h.engine_->Session(3)->state, SessionState::kWaiting);
+}
+
+// The target lost its room while the copy out ran: the move is undone, and the session pages
+// back in on its own device when it runs (no overcommit needed).
+TEST(EngineMigrationTest, AMoveWhoseTargetFilledUpIsUndone) {
+  DevicesHarness h("fair", {4 * G, 4 * G});
+  ASSERT_TRUE(*h.Add(1, 2 * G, 1 * G, 0));
+  ASSERT_TRUE(h.engine_->Migrate(1, 1).ok());
+  ASSERT_TRUE(*h.Add(2, 2 * G, 1 * G, 1));  // takes device 1's room meanwhile
+  EXPECT_EQ(RunCopies(*h.engine_), 1);      // the copy out only
+  EXPECT_EQ(h.engine_->Migrations().undone, 1u);
+  SessionInfo info = *h.engine_->Session(1);
+  EXPECT_EQ(info.device, 0u);
+  EXPECT_EQ(info.state, SessionState::kPagedOut);
+  EXPECT_NE(info.reason.find("no room"), std::string::npos) << info.reason;
+  ASSERT_TRUE(h.engine_->RequestIteration(1).ok());
+  EXPECT_TRUE(h.engine_->DispatchReady().empty());  // paged back in: copying
+  EXPECT_EQ(RunCopies(*h.engine_), 1);
+  std::vector<Dispatch> ds = h.engine_->DispatchReady();
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].device, 0u);
+  ASSERT_TRUE(h.engine_->Complete(ds[0]).ok());
+  h.CheckSafety();
+  // A target without room is refused up front.
+  EXPECT_EQ(h.engine_->Migrate(1, 1).code(), StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
