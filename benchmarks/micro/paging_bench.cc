@@ -11,16 +11,14 @@
 //   paging_bench [--device cpu|cuda:N] [--sizes-mib 16,64,256,1024] [--reps 7]
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <iostream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/units.h"
+#include "copy_bench_util.h"
 #include "device/memory_provider.h"
 #include "mem/memory_manager.h"
 #include "sched/admission_rules.h"
@@ -28,16 +26,9 @@
 namespace {
 
 using salus::kMiB;
-using Clock = std::chrono::steady_clock;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
+using salus::bench::Clock;
+using salus::bench::Median;
+using salus::bench::Seconds;
 
 // Runs every copy the manager has ready; adds the seconds each took to `out` or `in`.
 void RunCopies(salus::mem::MemoryManager& m, salus::device::MemoryProvider& p, double* out,
@@ -125,23 +116,7 @@ int Run(const std::string& device, const std::vector<uint64_t>& sizes_mib, int r
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string device = "cpu";
-  std::vector<uint64_t> sizes = {16, 64, 256, 1024};
-  int reps = 7;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--device") {
-      device = value;
-    } else if (flag == "--reps") {
-      reps = std::max(1, std::stoi(value));
-    } else if (flag == "--sizes-mib") {
-      sizes.clear();
-      std::stringstream ss(value);
-      for (std::string part; std::getline(ss, part, ',');) sizes.push_back(std::stoull(part));
-    } else {
-      std::cerr << "unknown flag " << flag << "\n";
-      return 2;
-    }
-  }
-  return Run(device, sizes, reps);
+  salus::bench::CopyBenchArgs args;
+  if (!salus::bench::ParseCopyBenchArgs(argc, argv, &args)) return 2;
+  return Run(args.device, args.sizes_mib, args.reps);
 }

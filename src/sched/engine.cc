@@ -130,10 +130,15 @@ StatusOr<std::vector<EngineDevice>> MakeDevices(const Policy& policy, const Cloc
     mo.capacity = d.capacity;
     mo.rule = policy.admission_rule();
     mo.overcommit = d.overcommit;
-    mo.host_pool_bytes = d.host_pool_bytes.value_or(
+    // Freed host memory kept for the next page-out: what overcommit can page out, and with
+    // several devices at least one arena's worth, so that moves (Note [Migration]) reuse the
+    // host memory of the moves before them.
+    uint64_t pool =
         d.overcommit > 1.0
             ? static_cast<uint64_t>((d.overcommit - 1.0) * static_cast<double>(d.capacity))
-            : 0);
+            : 0;
+    if (specs.size() > 1) pool = std::max(pool, d.capacity);
+    mo.host_pool_bytes = d.host_pool_bytes.value_or(pool);
     mo.clock = clock;
     mo.first_lane = i + 1;
     mo.lane_stride = specs.size();

@@ -72,7 +72,8 @@ struct DeviceSpec {
   // Admission beyond capacity (mem::MemoryManager::Options::overcommit); 1: off.
   double overcommit = 1.0;
   // Freed host memory kept for the next page-out (mem::MemoryManager::Options); by default
-  // what overcommit can page out at most, (overcommit - 1) × capacity.
+  // what overcommit can page out at most, (overcommit - 1) × capacity, and with several
+  // devices at least the capacity (moves between devices page out too).
   std::optional<uint64_t> host_pool_bytes = std::nullopt;
 };
 
