@@ -81,6 +81,28 @@ namespace salus::sched {
 // by the engine. A session moved, paged in or admitted within
 // the paging quantum is not moved again (no ping-pong), and one move is in flight at a time.
 
+// Note [Introspective packing]
+// Packing lanes on one device pays only when the sessions leave it partly idle; two that each
+// saturate it slow each other down, and often lose to running one after the other (contention
+// for caches and memory bandwidth). A policy that asks for it (PACK: introspection()) has the
+// engine measure what packing does, pair by pair, and decide from the measurements:
+//  - Every iteration records which sessions of the device's other lanes ran at some moment of
+//    it (LaneRec::met). One that met nobody is a solo sample of its session; one that met
+//    exactly one session s is a "with s" sample of the pair; one of a session of a pair that
+//    did not meet its partner is a "without" sample (EWMAs of the iteration time).
+//  - Once both members have `samples` iterations with each other, the pair is decided if both
+//    have times without the other (their pair's, else their solo ones, else the iteration
+//    time their spec declares, iteration_time_hint); otherwise it is probed: kept apart
+//    (never started while the other runs, taking turns) until they have. The policy decides
+//    (KeepPacked): by default it keeps a pair whose gain a_without/a_with + b_without/b_with
+//    (their progress together, in devices' worth; apart it is 1) is at least min_gain.
+//  - A pair unpacked is remembered for the sessions' lives: one of them moves to another
+//    device that admits it now (Note [Migration]; the one with the smaller P, unpinned), or,
+//    with no such device, the two are never started at the same time again.
+// A kept-apart session's lane waits while its partner runs, and is dispatched again when an
+// iteration ends (each Complete dispatches). Decisions are events (pair_probe, pair_kept,
+// pair_unpacked) and counted (Introspection()).
+
 std::string_view SessionStateName(SessionState s) {
   switch (s) {
     case SessionState::kWaiting:
@@ -108,7 +130,8 @@ Engine::Engine(Options options)
       paging_(std::any_of(devices_.begin(), devices_.end(),
                           [](const EngineDevice& d) { return d.memory->overcommit() > 1.0; })),
       paging_quantum_(options.paging_quantum),
-      page_out_idle_(options.page_out_idle) {}
+      page_out_idle_(options.page_out_idle),
+      introspection_(policy_->introspection()) {}
 
 Engine::~Engine() = default;
 
@@ -327,6 +350,7 @@ void Engine::ApplyEventsLocked(size_t device, mem::AdmissionEvents events, Notic
     SessionRec& s = it->second;
     const LaneId lane = s.lane;
     if (s.migrate_to) --migrations_in_flight_;
+    ForgetPairsLocked(s);
     if (s.state != SessionState::kWaiting) DetachLocked(s);
     sessions_.erase(it);
     paged_out_.erase(id);
@@ -574,8 +598,8 @@ void Engine::DefragmentLocked(Nanos now, Notices* notices) {
       candidates.clear();
       for (const auto& [id, s] : sessions_) {
         // A session its client pinned stays where it was put.
-        if (s.device == a && !s.spec.device && s.state == SessionState::kAdmitted &&
-            !s.copying && now - s.resident_since >= paging_quantum_) {
+        if (s.device == a && !s.spec.device && s.state == SessionState::kAdmitted && !s.copying &&
+            now - s.resident_since >= paging_quantum_) {
           candidates.push_back(PagingViewLocked(s));
         }
       }
@@ -636,6 +660,149 @@ Status Engine::Migrate(SessionId id, size_t device) {
   return st;
 }
 
+void Engine::NoteStartLocked(LaneId lane_id, LaneRec& lane, SessionId session) {
+  lane.running = session;
+  lane.met.clear();
+  for (auto& [id, other] : lanes_) {
+    if (id == lane_id || !other.busy || other.device != lane.device) continue;
+    lane.met.push_back(other.running);
+    if (std::find(other.met.begin(), other.met.end(), session) == other.met.end()) {
+      other.met.push_back(session);
+    }
+  }
+}
+
+bool Engine::KeptApartLocked(const SessionRec& s) {
+  for (const SessionId partner : s.partners) {
+    PairRec& pair = pairs_.at(KeyOf(s.id, partner));
+    if (pair.state != PairRec::State::kApart && pair.state != PairRec::State::kProbing) continue;
+    const SessionRec& p = sessions_.at(partner);
+    if (p.device != s.device) continue;
+    if (p.state == SessionState::kRunning) {
+      pair.turn = s.id;
+      return true;
+    }
+    if (pair.turn == partner && p.state == SessionState::kAdmitted && !p.copying &&
+        PendingLocked(p) > 0) {
+      return true;
+    }
+    if (pair.turn == s.id) pair.turn = 0;
+  }
+  return false;
+}
+
+void Engine::MeasureLocked(SessionRec& s, const std::vector<SessionId>& met, double seconds,
+                           Notices* notices) {
+  auto average = [&](double* ewma, size_t* n) {
+    *ewma = *n == 0 ? seconds : ewma_alpha_ * seconds + (1 - ewma_alpha_) * *ewma;
+    ++*n;
+  };
+  if (met.empty()) average(&s.solo_seconds, &s.solo_samples);
+  if (met.size() == 1 && sessions_.contains(met[0])) {
+    const SessionId partner = met[0];
+    const PairKey key = KeyOf(s.id, partner);
+    if (!pairs_.contains(key)) {
+      s.partners.push_back(partner);
+      sessions_.at(partner).partners.push_back(s.id);
+    }
+    PairRec& pair = pairs_[key];
+    const size_t i = key.first == s.id ? 0 : 1;
+    average(&pair.with[i], &pair.with_n[i]);
+  }
+  for (const SessionId partner : s.partners) {
+    if (std::find(met.begin(), met.end(), partner) != met.end()) continue;
+    const PairKey key = KeyOf(s.id, partner);
+    PairRec& pair = pairs_.at(key);
+    const size_t i = key.first == s.id ? 0 : 1;
+    average(&pair.without[i], &pair.without_n[i]);
+  }
+  // Decide what this iteration completed; a decision may move a session (s itself too).
+  const std::vector<SessionId> partners = s.partners;
+  const SessionId id = s.id;
+  for (const SessionId partner : partners) {
+    const auto it = pairs_.find(KeyOf(id, partner));
+    if (it != pairs_.end()) DecidePairLocked(it->first, it->second, notices);
+  }
+}
+
+void Engine::DecidePairLocked(const PairKey& key, PairRec& pair, Notices* notices) {
+  if (pair.state == PairRec::State::kKept || pair.state == PairRec::State::kApart) return;
+  const size_t n = introspection_.samples;
+  if (pair.with_n[0] < n || pair.with_n[1] < n) return;
+  const SessionRec& a = sessions_.at(key.first);
+  const SessionRec& b = sessions_.at(key.second);
+  // Without the partner: the pair's own samples once there are enough, else solo ones, else
+  // the time the session declared for an iteration alone; with none, the pair is probed.
+  auto without = [&](size_t i, const SessionRec& s) -> double {
+    if (pair.without_n[i] >= n) return pair.without[i];
+    if (pair.state != PairRec::State::kMeasuring) return -1;
+    if (s.solo_samples >= n) return s.solo_seconds;
+    if (s.spec.iteration_time_hint && *s.spec.iteration_time_hint > Nanos(0)) {
+      return ToSeconds(*s.spec.iteration_time_hint);
+    }
+    return -1;
+  };
+  PairMeasurement m;
+  m.a = key.first;
+  m.b = key.second;
+  m.a_with = pair.with[0];
+  m.b_with = pair.with[1];
+  m.a_without = without(0, a);
+  m.b_without = without(1, b);
+  if (m.a_without < 0 || m.b_without < 0) {
+    if (pair.state == PairRec::State::kMeasuring) {
+      pair.state = PairRec::State::kProbing;
+      introspection_stats_.probes++;
+      logging::Event("sched", "pair_probe", {{"a", m.a}, {"b", m.b}});
+    }
+    return;
+  }
+  if (policy_->KeepPacked(m)) {
+    pair.state = PairRec::State::kKept;
+    introspection_stats_.kept++;
+    logging::Event("sched", "pair_kept", {{"a", m.a}, {"b", m.b}, {"gain", m.gain()}});
+    return;
+  }
+  pair.state = PairRec::State::kApart;
+  // Move the smaller one (unpinned, between its iterations) to a device that takes it now.
+  std::string action = "apart";
+  std::array<SessionId, 2> order = {m.a, m.b};
+  if (b.spec.requirement.persistent_bytes < a.spec.requirement.persistent_bytes) {
+    std::swap(order[0], order[1]);
+  }
+  for (const SessionId id : order) {
+    SessionRec& s = sessions_.at(id);
+    if (s.spec.device || s.state != SessionState::kAdmitted || s.copying || s.migrate_to) {
+      continue;
+    }
+    const std::optional<size_t> to = TargetLocked(HeldLocked(s), s.device);
+    if (!to) continue;
+    if (MigrateLocked(s, *to,
+                      fmt::format(": it runs slower beside session {}", id == m.a ? m.b : m.a),
+                      notices)
+            .ok()) {
+      action = "moved";
+      break;
+    }
+  }
+  (action == "moved" ? introspection_stats_.moved : introspection_stats_.apart)++;
+  logging::Event("sched", "pair_unpacked",
+                 {{"a", m.a}, {"b", m.b}, {"gain", m.gain()}, {"action", action}});
+}
+
+void Engine::ForgetPairsLocked(const SessionRec& s) {
+  for (const SessionId partner : s.partners) {
+    pairs_.erase(KeyOf(s.id, partner));
+    auto it = sessions_.find(partner);
+    if (it != sessions_.end()) std::erase(it->second.partners, s.id);
+  }
+}
+
+IntrospectionStats Engine::Introspection() const {
+  MutexLock lock(&mu_);
+  return introspection_stats_;
+}
+
 MigrationStats Engine::Migrations() const {
   MutexLock lock(&mu_);
   return migration_stats_;
@@ -644,6 +811,7 @@ MigrationStats Engine::Migrations() const {
 Status Engine::ReleaseLocked(SessionId id, Notices* notices) {
   SessionRec& s = sessions_.at(id);
   if (s.migrate_to) --migrations_in_flight_;
+  ForgetPairsLocked(s);
   const LaneId lane = s.lane;
   const size_t device = s.device;
   DetachLocked(s);
@@ -806,6 +974,7 @@ void Engine::DispatchLanesLocked(Nanos now, std::vector<Dispatch>* out) {
       continue;  // policy broke its contract
     }
 
+    if (introspection_.enabled && KeptApartLocked(sit->second)) continue;
     mem::MemoryManager& memory = *devices_[lane.device].memory;
     auto lane_memory = memory.BeginIteration(lane_id, decision.next);
     if (!lane_memory.ok()) {
@@ -842,6 +1011,7 @@ void Engine::DispatchLanesLocked(Nanos now, std::vector<Dispatch>* out) {
     d.switch_gap = lane.has_run ? now - lane.last_end : Nanos(0);
     s.state = SessionState::kRunning;
     RefreshViewLocked(s);
+    if (introspection_.enabled) NoteStartLocked(lane_id, lane, d.session);
     lane.busy = true;
     ++running_;
     out->push_back(d);
@@ -897,6 +1067,11 @@ StatusOr<IterationRecord> Engine::Complete(const Dispatch& d, bool counted) {
         lane.idle.push_back(s.id);
       }
     }
+    std::vector<SessionId> met;
+    if (introspection_.enabled) {
+      met.swap(lane.met);
+      lane.running = 0;
+    }
     lane.busy = false;
     lane.has_run = true;
     lane.last_end = now;
@@ -907,8 +1082,12 @@ StatusOr<IterationRecord> Engine::Complete(const Dispatch& d, bool counted) {
     }
     if (closing) {
       release_status = ReleaseLocked(d.session, &notices);
-    } else if (lane.members.empty()) {
-      lanes_.erase(lit);
+    } else {
+      if (lane.members.empty()) lanes_.erase(lit);
+      // Last: a decision may move the session, now between its iterations.
+      if (introspection_.enabled && counted) {
+        MeasureLocked(s, met, ToSeconds(rec.run_time), &notices);
+      }
     }
   }
   Notify(notices);

@@ -12,7 +12,9 @@
 //
 // Guarantees: at most one iteration in flight per lane (invariant 2); work conservation —
 // after Dispatch() returns, no lane is idle while it has a runnable session, unless its memory
-// is blocked by lanes mid-iteration (it is retried after every Complete) or its policy holds it
+// is blocked by lanes mid-iteration (it is retried after every Complete), its session is kept
+// apart from one running on another lane of its device (Note [Introspective packing]; also
+// retried after every Complete), or its policy holds it
 // for a session expected back (Note [Anticipation], bounded by that session's hold window;
 // whoever drives the engine calls DispatchReady() again at NextHoldDeadline()); policies only
 // decide (invariant 6). Thread-safe: every method takes the engine's mutex; callbacks run
@@ -142,6 +144,15 @@ struct SessionInfo {
   std::optional<size_t> migrating_to;  // the device it is being moved to
 };
 
+// Introspective packing's decisions since the engine was created (Note [Introspective
+// packing] in engine.cc): pairs of sessions measured side by side, and what became of them.
+struct IntrospectionStats {
+  uint64_t probes = 0;  // pairs run apart for a while to measure them alone
+  uint64_t kept = 0;    // pairs kept packed: together they gain
+  uint64_t apart = 0;   // pairs unpacked by no longer running them at the same time
+  uint64_t moved = 0;   // pairs unpacked by moving one of them to another device
+};
+
 // Moves between devices since the engine was created (Note [Migration] in engine.cc).
 struct MigrationStats {
   uint64_t started = 0;
@@ -226,6 +237,7 @@ class Engine {
   // when the two devices' memory is not of one kind; INVALID_ARGUMENT for an unknown device.
   Status Migrate(SessionId id, size_t device) EXCLUDES(mu_);
   MigrationStats Migrations() const EXCLUDES(mu_);
+  IntrospectionStats Introspection() const EXCLUDES(mu_);
 
   StatusOr<SessionInfo> Session(SessionId id) const EXCLUDES(mu_);
   std::vector<SessionInfo> Sessions() const EXCLUDES(mu_);
@@ -277,6 +289,11 @@ class Engine {
     uint64_t granted_ephemeral = 0;
     std::optional<size_t> migrate_to;  // Note [Migration]: its copy out is moving it there
     uint64_t migrations = 0;
+    // Note [Introspective packing]: its iteration time with no other lane of its device
+    // running (EWMA, < 0 until measured), and the sessions it has a pair record with.
+    double solo_seconds = -1;
+    size_t solo_samples = 0;
+    std::vector<SessionId> partners;
     Nanos service{0};
     Nanos total_service{0};
     int64_t iterations_done = 0;
@@ -301,6 +318,10 @@ class Engine {
   };
   struct LaneRec {
     size_t device = 0;
+    // Note [Introspective packing]: the session of its iteration in flight, and the sessions
+    // of the device's other lanes that ran at some moment of it.
+    SessionId running = 0;
+    std::vector<SessionId> met;
     mem::LaneClass lane_class = mem::LaneClass::kBatch;
     std::vector<SessionId> members;
     std::vector<SessionView> runnable;  // members with a pending iteration, any order
@@ -335,6 +356,30 @@ class Engine {
   void FinishMigrationLocked(SessionRec& s, Nanos now, Notices* notices) REQUIRES(mu_);
   // Note [Migration]: moves one session when that lets a waiting session in.
   void DefragmentLocked(Nanos now, Notices* notices) REQUIRES(mu_);
+  // Note [Introspective packing].
+  struct PairRec {
+    enum class State : uint8_t { kMeasuring, kProbing, kKept, kApart };
+    State state = State::kMeasuring;
+    // Per member (first: the lower id): iteration seconds with the other running (EWMA) and
+    // without it, and how many iterations each holds.
+    std::array<double, 2> with{-1, -1}, without{-1, -1};
+    std::array<size_t, 2> with_n{0, 0}, without_n{0, 0};
+    SessionId turn = 0;  // kept apart: the member that waited for the other, owed the next run
+  };
+  using PairKey = std::pair<SessionId, SessionId>;  // lower id first
+  static PairKey KeyOf(SessionId a, SessionId b) { return a < b ? PairKey{a, b} : PairKey{b, a}; }
+  // Records that `lane` starts `session` while the device's other busy lanes run theirs.
+  void NoteStartLocked(LaneId lane_id, LaneRec& lane, SessionId session) REQUIRES(mu_);
+  // Whether `session` must not start on its device now: a pair of it with a running session
+  // is kept apart (or probed apart), or its partner waited for it and has work: it is owed
+  // the next run, so that the two alternate.
+  bool KeptApartLocked(const SessionRec& s) REQUIRES(mu_);
+  // Takes one iteration's time of `s`, which met the sessions `met` (LaneRec::met), into its
+  // pairs; decides pairs that have enough of it.
+  void MeasureLocked(SessionRec& s, const std::vector<SessionId>& met, double seconds,
+                     Notices* notices) REQUIRES(mu_);
+  void DecidePairLocked(const PairKey& key, PairRec& pair, Notices* notices) REQUIRES(mu_);
+  void ForgetPairsLocked(const SessionRec& s) REQUIRES(mu_);
   void JoinLaneLocked(SessionRec& s, LaneId lane) REQUIRES(mu_);
   // Note [Paging]: pages in paged-out sessions with work, in the policy's order.
   void PageInLocked(Nanos now, Notices* notices) REQUIRES(mu_);
@@ -386,6 +431,9 @@ class Engine {
   const Nanos paging_quantum_, page_out_idle_;
   PagingStats paging_stats_ GUARDED_BY(mu_);
   MigrationStats migration_stats_ GUARDED_BY(mu_);
+  const IntrospectionOptions introspection_;
+  std::map<PairKey, PairRec> pairs_ GUARDED_BY(mu_);
+  IntrospectionStats introspection_stats_ GUARDED_BY(mu_);
   size_t migrations_in_flight_ GUARDED_BY(mu_) = 0;
   std::vector<SessionView> page_scratch_ GUARDED_BY(mu_);
   std::set<SessionId> paged_out_ GUARDED_BY(mu_);  // sessions in kPagedOut

@@ -93,6 +93,25 @@ struct AnticipationOptions {
 // SRTF's and priority's default cap on a hold.
 inline constexpr Nanos kDefaultMaxHold = std::chrono::milliseconds(2);
 
+// Introspective packing (Note [Introspective packing] in engine.cc): what two sessions that
+// ran at the same time on one device did. Each time is the mean seconds of one iteration with
+// the other session running beside it, and without it.
+struct PairMeasurement {
+  SessionId a = 0, b = 0;
+  double a_with = 0, a_without = 0, b_with = 0, b_without = 0;
+  // Their combined progress packed, in units of one device's worth of either running alone:
+  // a_without / a_with + b_without / b_with. Running them apart (one after the other) gives 1.
+  double gain() const { return a_without / a_with + b_without / b_with; }
+};
+
+// Whether a policy measures the sessions it packs, and how many iterations of each kind it
+// wants before it decides.
+struct IntrospectionOptions {
+  bool enabled = false;
+  size_t samples = 3;
+  double min_gain = 1.0;  // KeepPacked's threshold by default
+};
+
 class Policy {
  public:
   virtual ~Policy() = default;
@@ -107,6 +126,13 @@ class Policy {
   // Paging (overcommit, Note [Paging] in engine.cc): orders resident sessions that may be
   // paged out to make room, the first to go first. By default the least recently run first.
   virtual void OrderPageOut(std::span<SessionView> candidates) const;
+  // Introspective packing: off by default.
+  virtual IntrospectionOptions introspection() const { return {}; }
+  // Whether two measured sessions keep running side by side; by default while packing them
+  // gives at least introspection().min_gain.
+  virtual bool KeepPacked(const PairMeasurement& m) const {
+    return m.gain() >= introspection().min_gain;
+  }
 };
 
 // A policy that orders the sessions of one lane per class (the single-lane admission rule) and
