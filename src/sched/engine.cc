@@ -87,15 +87,17 @@ namespace salus::sched {
 // for caches and memory bandwidth). A policy that asks for it (PACK: introspection()) has the
 // engine measure what packing does, pair by pair, and decide from the measurements:
 //  - Every iteration records which sessions of the device's other lanes ran at some moment of
-//    it (LaneRec::met). One that met nobody is a solo sample of its session; one that met
-//    exactly one session s is a "with s" sample of the pair; one of a session of a pair that
-//    did not meet its partner is a "without" sample (EWMAs of the iteration time).
-//  - Once both members have `samples` iterations with each other, the pair is decided if both
-//    have times without the other (their pair's, else their solo ones, else the iteration
-//    time their spec declares, iteration_time_hint); otherwise it is probed: kept apart
-//    (never started while the other runs, taking turns) until they have. The policy decides
-//    (KeepPacked): by default it keeps a pair whose gain a_without/a_with + b_without/b_with
-//    (their progress together, in devices' worth; apart it is 1) is at least min_gain.
+//    it (LaneRec::met). One that met nobody is a solo sample of its session (an EWMA of its
+//    iteration time alone); one that met k sessions is a sample of each of those k pairs, its
+//    time beside them and k.
+//  - Once both members have `samples` iterations beside each other, the pair is decided if
+//    both have a time alone (solo samples, else the iteration time their spec declares,
+//    iteration_time_hint); otherwise it is probed: kept apart (never started while the other
+//    runs, taking turns) until they have. A member's time beside its partner alone is its time
+//    alone plus 1/k of the slowdown it saw beside k sessions: each adds an equal share. The policy
+//    decides (KeepPacked): by default it keeps a pair whose gain a_without/a_with +
+//    b_without/b_with (their progress together, in devices' worth; apart it is 1) is at least
+//    min_gain.
 //  - A pair unpacked is remembered for the sessions' lives: one of them moves to another
 //    device that admits it now (Note [Migration]; the one with the smaller P, unpinned), or,
 //    with no such device, the two are never started at the same time again.
@@ -693,13 +695,12 @@ bool Engine::KeptApartLocked(const SessionRec& s) {
 
 void Engine::MeasureLocked(SessionRec& s, const std::vector<SessionId>& met, double seconds,
                            Notices* notices) {
-  auto average = [&](double* ewma, size_t* n) {
-    *ewma = *n == 0 ? seconds : ewma_alpha_ * seconds + (1 - ewma_alpha_) * *ewma;
-    ++*n;
+  auto average = [&](double* ewma, double sample, size_t n) {
+    *ewma = n == 0 ? sample : ewma_alpha_ * sample + (1 - ewma_alpha_) * *ewma;
   };
-  if (met.empty()) average(&s.solo_seconds, &s.solo_samples);
-  if (met.size() == 1 && sessions_.contains(met[0])) {
-    const SessionId partner = met[0];
+  if (met.empty()) average(&s.solo_seconds, seconds, s.solo_samples++);
+  for (const SessionId partner : met) {
+    if (!sessions_.contains(partner)) continue;
     const PairKey key = KeyOf(s.id, partner);
     if (!pairs_.contains(key)) {
       s.partners.push_back(partner);
@@ -707,14 +708,8 @@ void Engine::MeasureLocked(SessionRec& s, const std::vector<SessionId>& met, dou
     }
     PairRec& pair = pairs_[key];
     const size_t i = key.first == s.id ? 0 : 1;
-    average(&pair.with[i], &pair.with_n[i]);
-  }
-  for (const SessionId partner : s.partners) {
-    if (std::find(met.begin(), met.end(), partner) != met.end()) continue;
-    const PairKey key = KeyOf(s.id, partner);
-    PairRec& pair = pairs_.at(key);
-    const size_t i = key.first == s.id ? 0 : 1;
-    average(&pair.without[i], &pair.without_n[i]);
+    average(&pair.with_k[i], static_cast<double>(met.size()), pair.with_n[i]);
+    average(&pair.with[i], seconds, pair.with_n[i]++);
   }
   // Decide what this iteration completed; a decision may move a session (s itself too).
   const std::vector<SessionId> partners = s.partners;
@@ -731,24 +726,28 @@ void Engine::DecidePairLocked(const PairKey& key, PairRec& pair, Notices* notice
   if (pair.with_n[0] < n || pair.with_n[1] < n) return;
   const SessionRec& a = sessions_.at(key.first);
   const SessionRec& b = sessions_.at(key.second);
-  // Without the partner: the pair's own samples once there are enough, else solo ones, else
-  // the time the session declared for an iteration alone; with none, the pair is probed.
-  auto without = [&](size_t i, const SessionRec& s) -> double {
-    if (pair.without_n[i] >= n) return pair.without[i];
-    if (pair.state != PairRec::State::kMeasuring) return -1;
+  // Alone: its solo samples, else the time its spec declares for an iteration alone; with
+  // neither, the pair is probed (run apart, taking turns) until the solo samples are there.
+  auto alone = [&](const SessionRec& s) -> double {
     if (s.solo_samples >= n) return s.solo_seconds;
-    if (s.spec.iteration_time_hint && *s.spec.iteration_time_hint > Nanos(0)) {
+    if (pair.state == PairRec::State::kMeasuring && s.spec.iteration_time_hint &&
+        *s.spec.iteration_time_hint > Nanos(0)) {
       return ToSeconds(*s.spec.iteration_time_hint);
     }
     return -1;
   };
+  // With the partner alone beside it: each of the k sessions it met adds an equal share of
+  // the slowdown it saw.
+  auto beside = [&](size_t i, double solo) {
+    return solo + (pair.with[i] - solo) / std::max(1.0, pair.with_k[i]);
+  };
   PairMeasurement m;
   m.a = key.first;
   m.b = key.second;
-  m.a_with = pair.with[0];
-  m.b_with = pair.with[1];
-  m.a_without = without(0, a);
-  m.b_without = without(1, b);
+  m.a_without = alone(a);
+  m.b_without = alone(b);
+  m.a_with = beside(0, m.a_without);
+  m.b_with = beside(1, m.b_without);
   if (m.a_without < 0 || m.b_without < 0) {
     if (pair.state == PairRec::State::kMeasuring) {
       pair.state = PairRec::State::kProbing;

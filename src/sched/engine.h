@@ -360,10 +360,11 @@ class Engine {
   struct PairRec {
     enum class State : uint8_t { kMeasuring, kProbing, kKept, kApart };
     State state = State::kMeasuring;
-    // Per member (first: the lower id): iteration seconds with the other running (EWMA) and
-    // without it, and how many iterations each holds.
-    std::array<double, 2> with{-1, -1}, without{-1, -1};
-    std::array<size_t, 2> with_n{0, 0}, without_n{0, 0};
+    // Per member (first: the lower id): iteration seconds with the other running beside it
+    // (EWMA), how many sessions of other lanes it met in those iterations (EWMA, >= 1), and
+    // how many iterations that holds.
+    std::array<double, 2> with{-1, -1}, with_k{1, 1};
+    std::array<size_t, 2> with_n{0, 0};
     SessionId turn = 0;  // kept apart: the member that waited for the other, owed the next run
   };
   using PairKey = std::pair<SessionId, SessionId>;  // lower id first

@@ -665,6 +665,17 @@ std::string Server::Gauges() const {
       "salus_sched_migrations_total{{outcome=\"finished\"}} {}\n"
       "salus_sched_migrations_total{{outcome=\"undone\"}} {}\n",
       moves.started, moves.finished, moves.undone);
+  const sched::IntrospectionStats pairs = executor_->engine().Introspection();
+  out += fmt::format(
+      "# HELP salus_sched_pair_decisions_total Introspective packing: pairs of sessions run side "
+      "by side and measured, by what became of them (probed apart to measure them alone, kept "
+      "packed, unpacked by running them apart, or by moving one to another device).\n"
+      "# TYPE salus_sched_pair_decisions_total counter\n"
+      "salus_sched_pair_decisions_total{{decision=\"probe\"}} {}\n"
+      "salus_sched_pair_decisions_total{{decision=\"kept\"}} {}\n"
+      "salus_sched_pair_decisions_total{{decision=\"apart\"}} {}\n"
+      "salus_sched_pair_decisions_total{{decision=\"moved\"}} {}\n",
+      pairs.probes, pairs.kept, pairs.apart, pairs.moved);
   const sched::PagingStats paging = executor_->engine().Paging();
   out += fmt::format(
       "# HELP salus_mem_pages_total Sessions paged, by direction.\n"
