@@ -252,6 +252,9 @@ def test_hyperparam(tmp_path: Path) -> None:
         assert positive(g["fifo_makespan_s"]) and positive(g["pack_makespan_s"])
         assert math.isclose(num(g["gain"]), num(g["fifo_makespan_s"]) / num(g["pack_makespan_s"]),
                             rel_tol=1e-3)
+        assert math.isclose(num(g["gain_always"]),
+                            num(g["fifo_makespan_s"]) / num(g["pack_always_makespan_s"]),
+                            rel_tol=1e-3)
     jobs = rows(out / "jobs.csv")
     makespans = rows(out / "makespan.csv")
     for model in ("resnet", "espcn"):
@@ -268,7 +271,7 @@ def test_hyperparam(tmp_path: Path) -> None:
         # A job runs on one lane, and FIFO's two jobs never on the same one at once.
         assert all("+" not in j["lane"] for j in fifo + pack)
         got = {m["policy"]: int(m["admitted_at_once"]) for m in makespans if m["model"] == model}
-        assert got == {"fifo": 1, "pack": 2}
+        assert got == {"fifo": 1, "pack": 2, "pack-always": 2}
 
 
 def test_inference(tmp_path: Path) -> None:
