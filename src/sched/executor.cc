@@ -128,37 +128,42 @@ std::optional<Executor::Job> Executor::Pump(std::optional<LaneId> self) {
   QueueTransfers();
   if (auto hold = engine_->NextHoldDeadline()) ArmHoldTimer(*hold);
   std::optional<Job> mine;
-  MutexLock lock(&mu_);
-  for (Dispatch& d : ds) {
-    auto pit = pending_.find(d.session);
-    if (pit == pending_.end() || pit->second.empty()) {
-      // The engine and the queues disagree: a broken invariant. End the iteration at once.
-      logging::Get("sched")->error("session {}: dispatched with no queued work", d.session);
-      engine_->Complete(d).status().IgnoreError();
-      continue;
+  std::vector<Dispatch> orphans;
+  {
+    MutexLock lock(&mu_);
+    for (Dispatch& d : ds) {
+      auto pit = pending_.find(d.session);
+      if (pit == pending_.end() || pit->second.empty()) {
+        // The engine and the queues disagree: a broken invariant. End the iteration at once,
+        // outside mu_ (Note [Lock order]: the engine's callbacks may take it).
+        logging::Get("sched")->error("session {}: dispatched with no queued work", d.session);
+        orphans.push_back(d);
+        continue;
+      }
+      Job job{d, std::move(pit->second.front())};
+      pit->second.pop_front();
+      if (pit->second.empty()) pending_.erase(pit);
+      if (self && d.lane == *self && !mine) {
+        mine = std::move(job);
+        continue;
+      }
+      auto& slot = workers_[d.lane];
+      if (!slot) {
+        slot = std::make_unique<Worker>();
+        slot->lane_class = d.lane_class;
+        Worker* w = slot.get();
+        const LaneId lane = d.lane;
+        w->thread = std::thread([this, lane, w] { WorkerLoop(lane, w); });
+      }
+      {
+        MutexLock wl(&slot->mu);
+        slot->job = std::move(job);
+      }
+      slot->cv.NotifyOne();
     }
-    Job job{d, std::move(pit->second.front())};
-    pit->second.pop_front();
-    if (pit->second.empty()) pending_.erase(pit);
-    if (self && d.lane == *self && !mine) {
-      mine = std::move(job);
-      continue;
-    }
-    auto& slot = workers_[d.lane];
-    if (!slot) {
-      slot = std::make_unique<Worker>();
-      slot->lane_class = d.lane_class;
-      Worker* w = slot.get();
-      const LaneId lane = d.lane;
-      w->thread = std::thread([this, lane, w] { WorkerLoop(lane, w); });
-    }
-    {
-      MutexLock wl(&slot->mu);
-      slot->job = std::move(job);
-    }
-    slot->cv.NotifyOne();
+    ReapWorkersLocked();
   }
-  ReapWorkersLocked();
+  for (const Dispatch& d : orphans) engine_->Complete(d).status().IgnoreError();
   return mine;
 }
 

@@ -12,6 +12,18 @@
 // timer thread at the hold's end, if nothing else pumped it first. Paging's copies (Note
 // [Paging] in engine.cc) run on one copy thread, in the order the engine hands them out,
 // overlapped with the lanes' iterations; each finished copy pumps the engine.
+//
+// Note [Lock order]: a thread that holds more than one lock took them in this order:
+//   Executor::mu_ -> Engine::mu_ -> a MemoryManager's mu_ -> the provider's own (host pool);
+//   Executor::mu_ -> Worker::mu.
+// Executor::copy_mu_ and timer_mu_ are leaves: nothing is taken under them. The engine calls
+// its memory managers only under its own lock, and they call nobody back (they return their
+// admission events). The engine's callbacks (on_admitted, on_admission_failed) run with no
+// engine lock held and may take Executor::mu_ (answering queued work) and the server's
+// SessionManager::mu_, so no engine call that can report admissions (AddSession,
+// RemoveSession, Complete, DispatchReady, ExpireWaiting, FinishTransfer, Migrate) is made
+// under Executor::mu_; RequestIteration, which reports nothing, is. The server's
+// SessionManager::mu_ is never held across a call into the executor.
 // Workers of interactive lanes run at a higher OS priority (kInteractiveNice) where the
 // process may raise it, at the default otherwise; the code path is the same.
 #pragma once
