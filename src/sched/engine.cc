@@ -674,22 +674,24 @@ void Engine::NoteStartLocked(LaneId lane_id, LaneRec& lane, SessionId session) {
   }
 }
 
-bool Engine::KeptApartLocked(const SessionRec& s) {
+bool Engine::KeptApartLocked(SessionRec& s, Nanos now) {
+  // The longest waiting first: a strict order (wait, then id), so sessions kept apart from
+  // each other never all yield to one another.
+  const auto waits = [&](const SessionRec& x) {
+    return std::pair(x.apart_since.value_or(now), x.id);
+  };
   for (const SessionId partner : s.partners) {
-    PairRec& pair = pairs_.at(KeyOf(s.id, partner));
+    const PairRec& pair = pairs_.at(KeyOf(s.id, partner));
     if (pair.state != PairRec::State::kApart && pair.state != PairRec::State::kProbing) continue;
     const SessionRec& p = sessions_.at(partner);
     if (p.device != s.device) continue;
-    if (p.state == SessionState::kRunning) {
-      pair.turn = s.id;
+    const bool runnable = p.state == SessionState::kAdmitted && !p.copying && PendingLocked(p) > 0;
+    if (p.state == SessionState::kRunning || (runnable && waits(p) < waits(s))) {
+      if (!s.apart_since) s.apart_since = now;
       return true;
     }
-    if (pair.turn == partner && p.state == SessionState::kAdmitted && !p.copying &&
-        PendingLocked(p) > 0) {
-      return true;
-    }
-    if (pair.turn == s.id) pair.turn = 0;
   }
+  s.apart_since.reset();
   return false;
 }
 
@@ -973,7 +975,7 @@ void Engine::DispatchLanesLocked(Nanos now, std::vector<Dispatch>* out) {
       continue;  // policy broke its contract
     }
 
-    if (introspection_.enabled && KeptApartLocked(sit->second)) continue;
+    if (introspection_.enabled && KeptApartLocked(sit->second, now)) continue;
     mem::MemoryManager& memory = *devices_[lane.device].memory;
     auto lane_memory = memory.BeginIteration(lane_id, decision.next);
     if (!lane_memory.ok()) {

@@ -293,6 +293,9 @@ class Engine {
     // running (EWMA, < 0 until measured), and the sessions it has a pair record with.
     double solo_seconds = -1;
     size_t solo_samples = 0;
+    // Since when it has been kept apart from a partner without starting (its turn among
+    // sessions kept apart from each other: the longest waiting first).
+    std::optional<Nanos> apart_since;
     std::vector<SessionId> partners;
     Nanos service{0};
     Nanos total_service{0};
@@ -365,16 +368,14 @@ class Engine {
     // how many iterations that holds.
     std::array<double, 2> with{-1, -1}, with_k{1, 1};
     std::array<size_t, 2> with_n{0, 0};
-    SessionId turn = 0;  // kept apart: the member that waited for the other, owed the next run
   };
   using PairKey = std::pair<SessionId, SessionId>;  // lower id first
   static PairKey KeyOf(SessionId a, SessionId b) { return a < b ? PairKey{a, b} : PairKey{b, a}; }
   // Records that `lane` starts `session` while the device's other busy lanes run theirs.
   void NoteStartLocked(LaneId lane_id, LaneRec& lane, SessionId session) REQUIRES(mu_);
-  // Whether `session` must not start on its device now: a pair of it with a running session
-  // is kept apart (or probed apart), or its partner waited for it and has work: it is owed
-  // the next run, so that the two alternate.
-  bool KeptApartLocked(const SessionRec& s) REQUIRES(mu_);
+  // Whether `s` must not start on its device now: a pair of it with a running session is
+  // kept apart (or probed apart), or with a runnable one that has waited for it longer.
+  bool KeptApartLocked(SessionRec& s, Nanos now) REQUIRES(mu_);
   // Takes one iteration's time of `s`, which met the sessions `met` (LaneRec::met), into its
   // pairs; decides pairs that have enough of it.
   void MeasureLocked(SessionRec& s, const std::vector<SessionId>& met, double seconds,
