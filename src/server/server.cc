@@ -78,6 +78,21 @@ RequestClass Classify(v1::Request::BodyCase body) {
   return RequestClass::kUnknown;
 }
 
+// One counter family in Prometheus text: its HELP and TYPE lines, then a line per value,
+// labelled `label`="<key>" (the bare name when `label` is empty).
+std::string CounterFamily(std::string_view name, std::string_view help, std::string_view label,
+                          std::initializer_list<std::pair<std::string_view, double>> values) {
+  std::string out = fmt::format("# HELP {0} {1}\n# TYPE {0} counter\n", name, help);
+  for (const auto& [key, value] : values) {
+    if (label.empty()) {
+      out += fmt::format("{} {}\n", name, value);
+    } else {
+      out += fmt::format("{}{{{}=\"{}\"}} {}\n", name, label, key, value);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> DefaultEndpoints() {
@@ -574,15 +589,11 @@ std::string Server::Gauges() const {
                      waiting + admitted + paged - interactive);
   out += fmt::format("salus_server_class_sessions{{class=\"interactive\"}} {}\n", interactive);
   const sched::HoldStats holds = executor_->engine().Holds();
-  out += fmt::format(
-      "# HELP salus_sched_holds_total Lanes held idle for a session expected back, by how the "
-      "hold ended.\n# TYPE salus_sched_holds_total counter\n"
-      "salus_sched_holds_total{{outcome=\"returned\"}} {}\n"
-      "salus_sched_holds_total{{outcome=\"expired\"}} {}\n"
-      "# HELP salus_sched_hold_idle_seconds_total Lane time spent held.\n"
-      "# TYPE salus_sched_hold_idle_seconds_total counter\n"
-      "salus_sched_hold_idle_seconds_total {}\n",
-      holds.returned, holds.expired, ToSeconds(holds.idle));
+  out += CounterFamily("salus_sched_holds_total",
+                       "Lanes held idle for a session expected back, by how the hold ended.",
+                       "outcome", {{"returned", holds.returned}, {"expired", holds.expired}});
+  out += CounterFamily("salus_sched_hold_idle_seconds_total", "Lane time spent held.", "",
+                       {{"", ToSeconds(holds.idle)}});
   out += fmt::format(
       "# HELP salus_server_clients Clients with a live lease.\n"
       "# TYPE salus_server_clients gauge\nsalus_server_clients {}\n"
@@ -657,38 +668,31 @@ std::string Server::Gauges() const {
       "# TYPE salus_mem_paged_bytes gauge\n" +
       paged_out;
   const sched::MigrationStats moves = executor_->engine().Migrations();
-  out += fmt::format(
-      "# HELP salus_sched_migrations_total Sessions moved between devices, by outcome "
-      "(started, finished, or undone when the target had filled up).\n"
-      "# TYPE salus_sched_migrations_total counter\n"
-      "salus_sched_migrations_total{{outcome=\"started\"}} {}\n"
-      "salus_sched_migrations_total{{outcome=\"finished\"}} {}\n"
-      "salus_sched_migrations_total{{outcome=\"undone\"}} {}\n",
-      moves.started, moves.finished, moves.undone);
+  out += CounterFamily(
+      "salus_sched_migrations_total",
+      "Sessions moved between devices, by outcome (started, finished, or undone when the "
+      "target had filled up).",
+      "outcome",
+      {{"started", moves.started}, {"finished", moves.finished}, {"undone", moves.undone}});
   const sched::IntrospectionStats pairs = executor_->engine().Introspection();
-  out += fmt::format(
-      "# HELP salus_sched_pair_decisions_total Introspective packing: pairs of sessions run side "
-      "by side and measured, by what became of them (probed apart to measure them alone, kept "
-      "packed, unpacked by running them apart, or by moving one to another device).\n"
-      "# TYPE salus_sched_pair_decisions_total counter\n"
-      "salus_sched_pair_decisions_total{{decision=\"probe\"}} {}\n"
-      "salus_sched_pair_decisions_total{{decision=\"kept\"}} {}\n"
-      "salus_sched_pair_decisions_total{{decision=\"apart\"}} {}\n"
-      "salus_sched_pair_decisions_total{{decision=\"moved\"}} {}\n",
-      pairs.probes, pairs.kept, pairs.apart, pairs.moved);
+  out += CounterFamily(
+      "salus_sched_pair_decisions_total",
+      "Introspective packing: pairs of sessions run side by side and measured, by what became "
+      "of them (probed apart to measure them alone, kept packed, unpacked by running them "
+      "apart, or by moving one to another device).",
+      "decision",
+      {{"probe", pairs.probes},
+       {"kept", pairs.kept},
+       {"apart", pairs.apart},
+       {"moved", pairs.moved}});
   const sched::PagingStats paging = executor_->engine().Paging();
-  out += fmt::format(
-      "# HELP salus_mem_pages_total Sessions paged, by direction.\n"
-      "# TYPE salus_mem_pages_total counter\n"
-      "salus_mem_pages_total{{direction=\"out\"}} {}\n"
-      "salus_mem_pages_total{{direction=\"in\"}} {}\n"
-      "# HELP salus_mem_paging_copied_bytes_total Bytes copied between the arena and host memory.\n"
-      "# TYPE salus_mem_paging_copied_bytes_total counter\n"
-      "salus_mem_paging_copied_bytes_total {}\n"
-      "# HELP salus_mem_paging_copy_seconds_total Time the copy path spent copying.\n"
-      "# TYPE salus_mem_paging_copy_seconds_total counter\n"
-      "salus_mem_paging_copy_seconds_total {}\n",
-      paging.page_outs, paging.page_ins, paging.copied_bytes, ToSeconds(paging.copy_time));
+  out += CounterFamily("salus_mem_pages_total", "Sessions paged, by direction.", "direction",
+                       {{"out", paging.page_outs}, {"in", paging.page_ins}});
+  out += CounterFamily("salus_mem_paging_copied_bytes_total",
+                       "Bytes copied between the arena and host memory.", "",
+                       {{"", paging.copied_bytes}});
+  out += CounterFamily("salus_mem_paging_copy_seconds_total", "Time the copy path spent copying.",
+                       "", {{"", ToSeconds(paging.copy_time)}});
   out +=
       "# HELP salus_mem_admission_queue Sessions waiting for memory on each device.\n"
       "# TYPE salus_mem_admission_queue gauge\n" +
