@@ -133,7 +133,8 @@ Engine::Engine(Options options)
                           [](const EngineDevice& d) { return d.memory->overcommit() > 1.0; })),
       paging_quantum_(options.paging_quantum),
       page_out_idle_(options.page_out_idle),
-      introspection_(policy_->introspection()) {}
+      introspection_(policy_->introspection()),
+      defragment_(options.defragment) {}
 
 Engine::~Engine() = default;
 
@@ -685,7 +686,10 @@ bool Engine::KeptApartLocked(SessionRec& s, Nanos now) {
     if (pair.state != PairRec::State::kApart && pair.state != PairRec::State::kProbing) continue;
     const SessionRec& p = sessions_.at(partner);
     if (p.device != s.device) continue;
-    const bool runnable = p.state == SessionState::kAdmitted && !p.copying && PendingLocked(p) > 0;
+    // Runnable now: resident between iterations, with work, and its lane free.
+    const auto lane = lanes_.find(p.lane);
+    const bool runnable = p.state == SessionState::kAdmitted && !p.copying &&
+                          PendingLocked(p) > 0 && lane != lanes_.end() && !lane->second.busy;
     if (p.state == SessionState::kRunning || (runnable && waits(p) < waits(s))) {
       if (!s.apart_since) s.apart_since = now;
       return true;
@@ -924,7 +928,7 @@ void Engine::DispatchReady(std::vector<Dispatch>* out) {
   {
     MutexLock lock(&mu_);
     const Nanos now = clock_->Now();
-    if (devices_.size() > 1) DefragmentLocked(now, &notices);
+    if (defragment_ && devices_.size() > 1) DefragmentLocked(now, &notices);
     // Paged-out sessions: overcommit's, and moves undone (Note [Migration]).
     if (paging_ || !paged_out_.empty()) PageInLocked(now, &notices);
     DispatchLanesLocked(now, out);
@@ -975,9 +979,27 @@ void Engine::DispatchLanesLocked(Nanos now, std::vector<Dispatch>* out) {
       continue;  // policy broke its contract
     }
 
-    if (introspection_.enabled && KeptApartLocked(sit->second, now)) continue;
+    if (introspection_.enabled && KeptApartLocked(sit->second, now)) {
+      // Another session of the lane may run instead: the policy picks among those not kept
+      // apart (else a lane could idle behind its pick while the session its pick yields to
+      // waits in the same lane).
+      apart_scratch_.clear();
+      for (const SessionView& v : lane.runnable) {
+        if (v.id != decision.next && !KeptApartLocked(sessions_.at(v.id), now)) {
+          apart_scratch_.push_back(v);
+        }
+      }
+      if (apart_scratch_.empty()) continue;
+      const Decision other = policy_->Pick(LaneSnapshot{now, lane_id, apart_scratch_});
+      sit = sessions_.find(other.next);
+      if (other.hold || sit == sessions_.end() || sit->second.lane != lane_id ||
+          sit->second.view == kNotRunnable) {
+        continue;
+      }
+    }
+    const SessionId next = sit->second.id;
     mem::MemoryManager& memory = *devices_[lane.device].memory;
-    auto lane_memory = memory.BeginIteration(lane_id, decision.next);
+    auto lane_memory = memory.BeginIteration(lane_id, next);
     if (!lane_memory.ok()) {
       if (lane_memory.status().code() != StatusCode::kUnavailable) {
         logging::Get("sched")->error("lane {}: cannot begin an iteration: {}", lane_id,
@@ -986,20 +1008,20 @@ void Engine::DispatchLanesLocked(Nanos now, std::vector<Dispatch>* out) {
       lane.blocked = true;
       continue;  // blocked by lanes mid-iteration; retried after the next Complete()
     }
-    auto persistent = memory.Persistent(decision.next);
+    auto persistent = memory.Persistent(next);
     if (!persistent.ok()) {
       memory.EndIteration(lane_id).IgnoreError();  // nothing was allocated in it
       if (persistent.status().code() != StatusCode::kUnavailable) {
-        logging::Get("sched")->error("session {}: no persistent block: {}", decision.next,
+        logging::Get("sched")->error("session {}: no persistent block: {}", next,
                                      persistent.status().ToString());
       }
       lane.blocked = true;
       continue;  // its block is placed when the iteration in its way ends
     }
-    EndHoldLocked(lane, decision.next, now);
+    EndHoldLocked(lane, next, now);
     SessionRec& s = sit->second;
     Dispatch d;
-    d.session = decision.next;
+    d.session = next;
     d.lane = lane_id;
     d.device = lane.device;
     d.lane_class = lane.lane_class;

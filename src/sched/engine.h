@@ -195,6 +195,9 @@ class Engine {
     // not asked for an iteration for page_out_idle.
     Nanos paging_quantum = std::chrono::seconds(1);
     Nanos page_out_idle = std::chrono::milliseconds(50);
+    // Note [Migration]: whether the engine moves sessions between devices by itself to let
+    // waiting ones in (Migrate and introspective packing move them regardless).
+    bool defragment = true;
     // A session that waited was admitted, or gave up (DEADLINE_EXCEEDED). Called without the
     // engine's lock, on the thread whose call caused it.
     std::function<void(SessionId, LaneId)> on_admitted;
@@ -426,7 +429,8 @@ class Engine {
   std::vector<SessionId> unplaced_ GUARDED_BY(mu_);  // waiting for any device, in order
   uint64_t next_admit_seq_ GUARDED_BY(mu_) = 0;
   size_t running_ GUARDED_BY(mu_) = 0;
-  std::vector<SessionView> anticipated_ GUARDED_BY(mu_);  // scratch of DispatchReady
+  std::vector<SessionView> anticipated_ GUARDED_BY(mu_);    // scratch of DispatchReady
+  std::vector<SessionView> apart_scratch_ GUARDED_BY(mu_);  // scratch of DispatchReady
   const AnticipationOptions anticipation_;
   HoldStats holds_ GUARDED_BY(mu_);
   const bool paging_;
@@ -434,6 +438,7 @@ class Engine {
   PagingStats paging_stats_ GUARDED_BY(mu_);
   MigrationStats migration_stats_ GUARDED_BY(mu_);
   const IntrospectionOptions introspection_;
+  const bool defragment_;
   std::map<PairKey, PairRec> pairs_ GUARDED_BY(mu_);
   IntrospectionStats introspection_stats_ GUARDED_BY(mu_);
   size_t migrations_in_flight_ GUARDED_BY(mu_) = 0;

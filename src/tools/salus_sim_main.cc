@@ -5,6 +5,7 @@
 //             [--seed N] [--turnaround S] [--policy-options JSON]
 //             [--overcommit X] [--host-bandwidth-gbps G] [--paging-quantum-ms MS]
 //             [--swap-fraction F] [--swap-points N] [--swap-overlap H]
+//             [--devices N] [--no-defragment] [--interference F]
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <iostream>
@@ -28,7 +29,7 @@ int main(int argc, char** argv) {
   desc.add_options()("help,h", "show this help")(
       "trace", po::value(&trace)->required(),
       "trace CSV: job_id,workload,submit_time_s,iterations[,persistent_mb,ephemeral_mb,"
-      "iteration_s,utilization,turnaround_s,priority,swap_fraction]")(
+      "iteration_s,utilization,turnaround_s,priority,swap_fraction,device]")(
       "policy", po::value(&policy)->required(), "fifo, srtf, pack, fair or priority")(
       "capacity", po::value(&capacity_text)->default_value("16GiB"), "device memory, e.g. 16GiB")(
       "out", po::value(&out)->required(), "output folder for jobs.jsonl and summary.json")(
@@ -58,6 +59,13 @@ int main(int argc, char** argv) {
       "swap points a job offers, the first swapping nothing")(
       "swap-overlap", po::value(&opts.swap_overlap)->default_value(0.5),
       "the fraction of an iteration that swap copies hide behind; longer copies stall it")(
+      "devices", po::value(&opts.devices)->default_value(1),
+      "identical devices of --capacity each, with their own compute and copy path; the engine "
+      "places, moves and unpacks jobs across them")(
+      "no-defragment", "the engine does not move jobs between devices to let waiting ones in")(
+      "interference", po::value(&opts.interference)->default_value(0.0),
+      "each iteration runs slower by this factor per other iteration beside it on its device, "
+      "beyond sharing compute (what introspective packing detects; 0: none)")(
       "profiles", po::value(&profiles)->default_value(SALUS_DEFAULT_PROFILES),
       "workload profiles CSV");
   po::variables_map vm;
@@ -83,6 +91,7 @@ int main(int argc, char** argv) {
   opts.capacity = *capacity;
   opts.policy = policy;
   opts.host_bandwidth = host_gbps * kBytesPerGB;
+  opts.defragment = vm.count("no-defragment") == 0;
   if (!policy_options.empty()) {
     opts.policy_options = nlohmann::json::parse(policy_options, nullptr, false);
     if (opts.policy_options.is_discarded()) {
@@ -114,6 +123,15 @@ int main(int argc, char** argv) {
     std::cout << "; paging: " << pg["page_ins"] << " page-ins, " << pg["page_outs"]
               << " page-outs, " << pg["copied_bytes"].get<double>() / kBytesPerGB
               << " GB copied, copy path busy " << pg["copy_busy_s"].get<double>() << " s";
+  }
+  if (sum.contains("devices")) {
+    const auto& dv = sum["devices"];
+    double util = 0;
+    for (const auto& u : dv["utilization"]) util += u.get<double>();
+    std::cout << "; " << dv["count"] << " devices, mean utilization "
+              << util / dv["count"].get<double>() << ", " << dv["migrations"]["finished"]
+              << " moves, pairs kept/apart/moved " << dv["pairs"]["kept"] << "/"
+              << dv["pairs"]["apart"] << "/" << dv["pairs"]["moved"];
   }
   if (sum.contains("swapping")) {
     const auto& sw = sum["swapping"];

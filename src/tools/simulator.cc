@@ -39,6 +39,18 @@
 // contention allows): the path is the bottleneck. Paging copies keep their full bandwidth (the
 // engine pages between iterations, and a session waits for its copy in). With swap_fraction 0
 // and no row asking for swapping, the replay is the one without swapping, step for step.
+//
+// Note [Simulated devices]
+// With `devices` > 1 the engine schedules that many devices of `capacity` each (one fake
+// provider each), placing, pinning (a trace row's `device`), moving (Note [Migration] in
+// sched/engine.cc) and unpacking (Note [Introspective packing]) jobs as in the daemon. Each
+// device has its own compute and its own copy path: the compute model above applies per
+// device (the utilization of the iterations running on it), and a device's paging and swap
+// copies queue on its own path; a move's copy out runs on the source's path and its copy in
+// on the target's. `interference` slows each iteration by a further factor of
+// 1 + interference × (k − 1) while k run on its device, the cache and bandwidth contention
+// that makes packed compute-bound jobs lose on real devices and that introspective packing
+// detects. With one device and no interference the replay is the one before devices existed.
 #include "tools/simulator.h"
 
 #include <fmt/format.h>
@@ -55,6 +67,7 @@
 #include <random>
 
 #include "common/clock.h"
+#include "device/memory_provider.h"
 #include "sched/engine.h"
 
 namespace salus::tools {
@@ -145,6 +158,8 @@ nlohmann::json JobResultJson(const SimJobResult& r) {
   j["lane"] = r.lane;
   if (r.page_outs) j["page_outs"] = *r.page_outs;
   if (r.swapped_units) j["swapped_units"] = *r.swapped_units;
+  if (r.device) j["device"] = *r.device;
+  if (r.migrations) j["migrations"] = *r.migrations;
   return j;
 }
 
@@ -184,7 +199,19 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     return InvalidArgumentError(
         fmt::format("swap overlap must be in [0, 1], got {}", options.swap_overlap));
   }
+  if (options.devices < 1 || options.devices > 1024) {
+    return InvalidArgumentError(
+        fmt::format("devices must be in [1, 1024], got {}", options.devices));
+  }
+  if (!(options.interference >= 0) || std::isinf(options.interference)) {
+    return InvalidArgumentError(
+        fmt::format("interference must be a finite number >= 0, got {}", options.interference));
+  }
   const bool paging = options.overcommit > 1;
+  const size_t n_devices = static_cast<size_t>(options.devices);
+  const bool multi = n_devices > 1;
+  // Copies: paging's, and with several devices the moves' (Note [Simulated devices]).
+  const bool copies = paging || multi;
   // Swapping is modelled when any job offers a swap point (Note [Simulated swapping]).
   const bool swapping = std::any_of(jobs.begin(), jobs.end(), [&](const TraceJob& j) {
     return SwapPoints(j, options).size() > 1;
@@ -205,9 +232,19 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
 
   sched::Engine::Options eo;
   eo.clock = &clock;
-  SALUS_ASSIGN_OR_RETURN(eo.devices, sched::MakeDevices(*policy, &clock,
-                                                        {{"sim:0", provider, options.capacity,
-                                                          options.overcommit, std::nullopt}}));
+  std::vector<std::unique_ptr<device::MemoryProvider>> more_providers;
+  std::vector<sched::DeviceSpec> specs;
+  for (size_t d = 0; d < n_devices; ++d) {
+    device::MemoryProvider* p = provider;
+    if (d > 0) {
+      SALUS_ASSIGN_OR_RETURN(auto extra, device::CreateMemoryProvider("fake"));
+      p = extra.get();
+      more_providers.push_back(std::move(extra));
+    }
+    specs.push_back({fmt::format("sim:{}", d), p, options.capacity, options.overcommit});
+  }
+  SALUS_ASSIGN_OR_RETURN(eo.devices, sched::MakeDevices(*policy, &clock, specs));
+  eo.defragment = options.defragment;
   eo.policy = std::move(policy);
   eo.paging_quantum = FromSeconds(options.paging_quantum_ms / 1000);
   eo.on_admitted = [&](mem::SessionId id, mem::LaneId lane) {
@@ -241,9 +278,11 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
       requests;
   nlohmann::json t_series = nlohmann::json::array(), lanes_series = nlohmann::json::array(),
                  mem_series = nlohmann::json::array();
-  // The copy path (Note [Simulated paging]): copies queued in order, the first one running.
-  std::deque<QueuedCopy> bus;
-  double bus_free_s = 0;       // when the last queued copy ends
+  // The copy paths, one per device (Note [Simulated paging]): copies queued in order, the
+  // first one running.
+  std::vector<std::deque<QueuedCopy>> bus(n_devices);
+  std::vector<double> bus_free_s(n_devices, 0.0);  // when the last queued copy ends
+  result.device_busy_s.assign(n_devices, 0.0);
   uint64_t paging_events = 0;  // page-ins + page-outs at the last look
   uint64_t idle_steps = 0;
   size_t max_lanes = 0;
@@ -253,9 +292,14 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
   auto sample = [&] {
     if (!memory_changed) return;
     memory_changed = false;
-    const size_t lanes = engine->memory().Lanes().size();
-    const uint64_t committed = engine->memory().CommittedBytes();
-    if (committed > options.capacity) ++result.safety_violations;
+    size_t lanes = 0;
+    uint64_t committed = 0;
+    for (size_t d = 0; d < n_devices; ++d) {
+      const uint64_t c = engine->memory(d).CommittedBytes();
+      if (c > options.capacity) ++result.safety_violations;
+      lanes += engine->memory(d).Lanes().size();
+      committed += c;
+    }
     max_lanes = std::max(max_lanes, lanes);
     if (lanes != last_lanes || committed != last_mem) {
       t_series.push_back(now);
@@ -270,8 +314,9 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
   auto take_transfers = [&] {
     for (mem::Transfer& t : engine->TakeTransfers()) {
       const double took = static_cast<double>(t.bytes) / options.host_bandwidth;
-      bus_free_s = std::max(bus_free_s, now) + took;
-      bus.push_back(QueuedCopy{std::move(t), took, bus_free_s});
+      double& free_s = bus_free_s[t.device_index];
+      free_s = std::max(free_s, now) + took;
+      bus[t.device_index].push_back(QueuedCopy{std::move(t), took, free_s});
     }
     const sched::PagingStats ps = engine->Paging();
     if (ps.page_ins + ps.page_outs != paging_events) {
@@ -298,6 +343,7 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
       const size_t j = job_of(d.session);
       if (result.jobs[j].first_start_s < 0) result.jobs[j].first_start_s = now;
       if (result.jobs[j].lane == 0) result.jobs[j].lane = d.lane;  // admitted paged out
+      if (multi) result.jobs[j].device = d.device;
       const SimSwapPoint& point = PointFor(state[j].points, d.lane_memory.size);
       double work = state[j].unit_s * point.time_factor;
       if (options.jitter > 0) work *= jitter(rng);
@@ -309,18 +355,28 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
       }
       running.emplace(d.lane, Running{d, j, work, point.path_share});
     }
-    if (paging) take_transfers();
+    if (copies) take_transfers();
     sample();
 
-    // Compute contention slows every unit; copy path contention the swapping ones.
-    double util = 0, path_load = bus.empty() ? 0 : 1;
+    // Per device: compute contention (and interference) slows every unit; copy path
+    // contention the swapping ones.
+    std::vector<double> util(n_devices, 0.0), path_load(n_devices, 0.0);
+    std::vector<int> on_device(n_devices, 0);
+    for (size_t d = 0; d < n_devices; ++d) path_load[d] = bus[d].empty() ? 0 : 1;
     for (const auto& [lane, r] : running) {
-      util += jobs[r.job].utilization;
-      path_load += r.path_share;
+      util[r.dispatch.device] += jobs[r.job].utilization;
+      path_load[r.dispatch.device] += r.path_share;
+      on_device[r.dispatch.device]++;
     }
-    const double speed = util > 1 ? 1.0 / util : 1.0;
-    const double swap_speed = std::min(speed, path_load > 1 ? 1.0 / path_load : 1.0);
-    auto speed_of = [&](const Running& r) { return r.path_share > 0 ? swap_speed : speed; };
+    auto speed_of = [&](const Running& r) {
+      const size_t d = r.dispatch.device;
+      double speed = util[d] > 1 ? 1.0 / util[d] : 1.0;
+      if (options.interference > 0 && on_device[d] > 1) {
+        speed /= 1 + options.interference * (on_device[d] - 1);
+      }
+      if (r.path_share > 0 && path_load[d] > 1) speed = std::min(speed, 1.0 / path_load[d]);
+      return speed;
+    };
     double t_done = kInf;
     for (const auto& [lane, r] : running) {
       t_done = std::min(t_done, now + r.work_left_s / speed_of(r));
@@ -331,7 +387,10 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
     // A held lane is decided again when its hold ends (Note [Anticipation]).
     const std::optional<Nanos> hold = engine->NextHoldDeadline();
     const double t_hold = hold ? ToSeconds(*hold) : kInf;
-    const double t_copy = bus.empty() ? kInf : bus.front().end_s;
+    double t_copy = kInf;
+    for (const std::deque<QueuedCopy>& b : bus) {
+      if (!b.empty()) t_copy = std::min(t_copy, b.front().end_s);
+    }
     if (t_done == kInf && t_arrival == kInf && t_request == kInf && t_hold == kInf &&
         t_copy == kInf) {
       break;
@@ -348,6 +407,9 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
       idle_steps = 0;
     }
     for (auto& [lane, r] : running) r.work_left_s -= (t - now) * speed_of(r);
+    for (size_t d = 0; d < n_devices; ++d) {
+      if (on_device[d] > 0) result.device_busy_s[d] += t - now;
+    }
     now = t;
     clock.Set(FromSeconds(now));
     // Seconds round-trip to nanoseconds inexactly: never stop short of the hold's end.
@@ -373,10 +435,11 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
       SimJobResult& jr = result.jobs[r.job];
       if (++jr.units_done >= state[r.job].units) {
         jr.finish_s = now;
-        if (paging) {
+        if (paging || multi) {
           SALUS_ASSIGN_OR_RETURN(const sched::SessionInfo info,
                                  engine->Session(r.dispatch.session));
-          jr.page_outs = info.page_outs;
+          if (paging) jr.page_outs = info.page_outs;
+          if (multi) jr.migrations = info.migrations;
         }
         SALUS_RETURN_IF_ERROR(engine->RemoveSession(r.dispatch.session).status());
         memory_changed = true;
@@ -388,13 +451,16 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
       }
     }
 
-    // Copies that end by t, in the order they ran.
-    while (!bus.empty() && bus.front().end_s <= now) {
-      const QueuedCopy c = std::move(bus.front());
-      bus.pop_front();
-      result.paging.busy_s += c.took_s;
-      SALUS_RETURN_IF_ERROR(engine->FinishTransfer(c.transfer, OkStatus(), FromSeconds(c.took_s)));
-      memory_changed = true;
+    // Copies that end by t, in the order they ran, device by device.
+    for (std::deque<QueuedCopy>& b : bus) {
+      while (!b.empty() && b.front().end_s <= now) {
+        const QueuedCopy c = std::move(b.front());
+        b.pop_front();
+        result.paging.busy_s += c.took_s;
+        SALUS_RETURN_IF_ERROR(
+            engine->FinishTransfer(c.transfer, OkStatus(), FromSeconds(c.took_s)));
+        memory_changed = true;
+      }
     }
 
     // Arrivals at t.
@@ -421,6 +487,7 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
         spec.requirement.smaller_ephemeral.push_back(js.points[k].ephemeral_bytes);
       }
       spec.priority = job.priority;
+      if (job.device) spec.device = static_cast<size_t>(*job.device);
       spec.declared_iterations = js.units;
       spec.iteration_time_hint = FromSeconds(js.unit_s);
       auto admitted = engine->AddSession(id, spec);
@@ -491,6 +558,24 @@ StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions
   result.paging.copied_bytes = ps.copied_bytes;
   for (const SimJobResult& r : result.jobs) {
     if (r.swapped_units.value_or(0) > 0) ++result.swapping.jobs;
+  }
+  if (multi) {  // absent with one device, as swapping's and paging's below
+    const double makespan = s["makespan_s"].get<double>();
+    nlohmann::json utilization = nlohmann::json::array();
+    for (const double busy : result.device_busy_s) {
+      utilization.push_back(makespan > 0 ? busy / makespan : 0.0);
+    }
+    const sched::MigrationStats m = engine->Migrations();
+    const sched::IntrospectionStats in = engine->Introspection();
+    s["devices"] = {
+        {"count", n_devices},
+        {"defragment", options.defragment},
+        {"interference", options.interference},
+        {"busy_s", result.device_busy_s},
+        {"utilization", utilization},
+        {"migrations", {{"started", m.started}, {"finished", m.finished}, {"undone", m.undone}}},
+        {"pairs",
+         {{"probes", in.probes}, {"kept", in.kept}, {"apart", in.apart}, {"moved", in.moved}}}};
   }
   if (swapping) {  // absent without swapping, as paging's below
     s["swapping"] = {

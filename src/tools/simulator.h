@@ -22,6 +22,8 @@
 //  - Optional: `swap_fraction` > 0 lets training jobs swap activations to host memory within
 //    an iteration (Note [Simulated swapping] in simulator.cc): a job offers smaller lanes at a
 //    cost in time, admission grants the first that fits, and the jobs' copies share the path.
+//  - Optional: `devices` > 1 replays on several devices (Note [Simulated devices]): each has
+//    its own compute and copy path; the engine places, moves and unpacks jobs.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +65,13 @@ struct SimOptions {
   double swap_fraction = 0;
   int swap_points = 4;
   double swap_overlap = 0.5;
+  // Devices (Note [Simulated devices]): how many identical devices of `capacity`, whether the
+  // engine moves sessions to let waiting ones in (Engine::Options::defragment), and how much
+  // each iteration slows per other iteration running on its device beside it (on top of the
+  // compute contention; 0: none), what introspective packing detects.
+  int devices = 1;
+  bool defragment = true;
+  double interference = 0;
 };
 
 // One of a job's swap points (Note [Simulated swapping]).
@@ -88,6 +97,8 @@ struct SimJobResult {
   int64_t units_done = 0;                // scheduling units (iterations, or groups with a quantum)
   std::optional<uint64_t> page_outs;     // times paged out; set only when paging is modelled
   std::optional<int64_t> swapped_units;  // units run at a swap point; set only with swapping
+  std::optional<size_t> device;          // the device it ran last on; set only with devices > 1
+  std::optional<uint64_t> migrations;    // times moved; set only with devices > 1
 };
 
 // The copy path's work over a replay (Note [Simulated paging]).
@@ -113,6 +124,7 @@ struct SimResult {
   uint64_t safety_violations = 0;
   SimPagingResult paging;
   SimSwapResult swapping;
+  std::vector<double> device_busy_s;  // per device: time it had an iteration running
 };
 
 StatusOr<SimResult> Simulate(const std::vector<TraceJob>& jobs, const SimOptions& options,

@@ -133,7 +133,7 @@ StatusOr<std::vector<TraceJob>> ParseTrace(const std::string& text, const std::s
   const int cp = Column(t, "persistent_mb"), ce = Column(t, "ephemeral_mb"),
             ci = Column(t, "iteration_s"), cu = Column(t, "utilization"),
             ct = Column(t, "turnaround_s"), cr = Column(t, "priority"),
-            cf = Column(t, "swap_fraction");
+            cf = Column(t, "swap_fraction"), cd = Column(t, "device");
   std::vector<TraceJob> jobs;
   std::set<std::string> ids;
   for (const auto& row : t.rows) {
@@ -209,6 +209,15 @@ StatusOr<std::vector<TraceJob>> ParseTrace(const std::string& text, const std::s
             fmt::format("{}:{}: column 'swap_fraction': {} is not in [0, 1)", origin, line, f[cf]));
       }
       j.swap_fraction = fraction;
+    }
+    if (given(cd)) {
+      int device = 0;
+      const auto [ptr, ec] = std::from_chars(f[cd].data(), f[cd].data() + f[cd].size(), device);
+      if (ec != std::errc() || ptr != f[cd].data() + f[cd].size() || device < 0) {
+        return InvalidArgumentError(fmt::format(
+            "{}:{}: column 'device': '{}' is not a device index (0, 1, ...)", origin, line, f[cd]));
+      }
+      j.device = device;
     }
     j.training = !has_profile || pit->second.kind != "inference";
     j.persistent_bytes = static_cast<uint64_t>(std::llround(p_mb * kProfileMegabyte));

@@ -8,7 +8,8 @@
 // turnaround_s (the job's client: seconds from a reply to its next request; the simulator's
 // default when absent), priority (an integer, 0 when absent) and swap_fraction (the most of E
 // the job may swap to host memory, in [0, 1); the simulator's default when absent, and 0 for a
-// workload whose profile is inference). Every error names the file and line.
+// workload whose profile is inference) and device (the index of the device it is pinned to;
+// any when absent). Every error names the file and line.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,7 @@ struct TraceJob {
   std::optional<double> turnaround_s;
   int priority = 0;
   bool training = true;                 // false: an inference profile, nothing to swap
+  std::optional<int> device;            // the device it is pinned to (an index); any when absent
   std::optional<double> swap_fraction;  // the trace's own; the simulator's default when absent
   int line = 0;
 };

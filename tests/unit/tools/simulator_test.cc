@@ -433,6 +433,96 @@ TEST(SimulatorTest, SwapFractionZeroIsTheReplayWithoutSwapping) {
   }
 }
 
+// Several devices (Note [Simulated devices]). Two compute-bound jobs of 10 x 1 s: on one
+// device PACK packs them and both end at 20 s; pinned to two devices each has its own compute
+// and both end at 10 s. Unpinned on two devices, best fit packs them on device 0 (they gain
+// nothing and lose nothing there, so introspection keeps them), as on one device.
+TEST(SimulatorTest, DevicesHaveTheirOwnCompute) {
+  std::vector<TraceJob> jobs = {Job("a", 0, 10, 1, 2, 1.0), Job("b", 0, 10, 1, 2, 1.0)};
+  SimOptions o;
+  o.devices = 2;
+  jobs[1].device = 1;
+  const SimResult r = Simulated(jobs, "pack", kCap, o);
+  ASSERT_EQ(r.jobs.size(), 2u);
+  EXPECT_EQ(r.jobs[0].device, 0u);
+  EXPECT_EQ(r.jobs[1].device, 1u);
+  EXPECT_NEAR(r.jobs[0].finish_s, 10, 1e-6);
+  EXPECT_NEAR(r.jobs[1].finish_s, 10, 1e-6);
+  const nlohmann::json& d = r.summary["devices"];
+  EXPECT_EQ(d["count"], 2);
+  EXPECT_NEAR(d["utilization"][0].get<double>(), 1.0, 1e-6);
+  EXPECT_NEAR(d["utilization"][1].get<double>(), 1.0, 1e-6);
+  EXPECT_EQ(JobResultJson(r.jobs[1])["device"], 1);
+  // A pin past the devices is refused with the engine's reason, not an abort.
+  jobs[1].device = 5;
+  const SimResult bad = Simulated(jobs, "pack", kCap, o);
+  ASSERT_EQ(bad.jobs.size(), 2u);
+  EXPECT_TRUE(bad.jobs[1].refused);
+  EXPECT_NE(bad.jobs[1].reason.find("no device 5"), std::string::npos) << bad.jobs[1].reason;
+  EXPECT_NEAR(bad.jobs[0].finish_s, 10, 1e-6);
+}
+
+// With interference packed jobs lose (1/1.5 each beside the other, on top of sharing compute):
+// introspective PACK measures the pair and moves one to the idle device; without
+// introspection they stay packed and finish later.
+TEST(SimulatorTest, IntrospectionMovesALosingPairApartAcrossDevices) {
+  const std::vector<TraceJob> jobs = {Job("a", 0, 40, 1, 2, 1.0), Job("b", 0, 40, 2, 2, 1.0)};
+  SimOptions o;
+  o.devices = 2;
+  o.interference = 0.5;
+  const SimResult r = Simulated(jobs, "pack", kCap, o);
+  ASSERT_EQ(r.jobs.size(), 2u);
+  const nlohmann::json& d = r.summary["devices"];
+  EXPECT_EQ(d["pairs"]["moved"], 1);
+  EXPECT_EQ(d["migrations"]["finished"], 1);
+  EXPECT_EQ(r.jobs[0].migrations.value_or(0) + r.jobs[1].migrations.value_or(0), 1u);
+  EXPECT_NE(r.jobs[0].device, r.jobs[1].device);
+  o.policy_options = {{"introspect", false}};
+  const SimResult packed = Simulated(jobs, "pack", kCap, o);
+  ASSERT_EQ(packed.jobs.size(), 2u);
+  EXPECT_EQ(packed.summary["devices"]["migrations"]["started"], 0);
+  EXPECT_GT(packed.summary["makespan_s"].get<double>(),
+            1.5 * r.summary["makespan_s"].get<double>());
+}
+
+// A waiting job gets in by a move: a (P 2) is placed on device 0; b, pinned to device 0, needs
+// all of it; device 1 takes a, and b runs. With defragmentation off, b waits for a to end.
+TEST(SimulatorTest, DefragmentationMovesAJobForAPinnedOne) {
+  std::vector<TraceJob> jobs = {Job("a", 0, 20, 2, 1, 1.0), Job("b", 5, 5, 2, 1, 1.0)};
+  jobs[1].device = 0;
+  SimOptions o;
+  o.devices = 2;
+  const SimResult r = Simulated(jobs, "fifo", 4 * kGiB, o);
+  ASSERT_EQ(r.jobs.size(), 2u);
+  EXPECT_EQ(r.summary["devices"]["migrations"]["finished"], 1);
+  EXPECT_EQ(r.jobs[0].device, 1u);
+  EXPECT_LT(r.jobs[1].finish_s, 15);
+  o.defragment = false;
+  const SimResult off = Simulated(jobs, "fifo", 4 * kGiB, o);
+  ASSERT_EQ(off.jobs.size(), 2u);
+  EXPECT_EQ(off.summary["devices"]["migrations"]["started"], 0);
+  EXPECT_GE(off.jobs[1].admitted_s, 20);
+}
+
+TEST(SimulatorTest, RandomTraceOnThreeDevicesIsSafeUnderEveryPolicy) {
+  std::vector<TraceJob> jobs;
+  for (int i = 0; i < 60; ++i) {
+    jobs.push_back(Job("j" + std::to_string(i), i * 0.4, 5 + i % 7, 0.5 + (i % 4), 1 + (i % 3),
+                       0.1 * (1 + i % 3), 0.4 + 0.1 * (i % 6)));
+    if (i % 9 == 0) jobs.back().device = i % 3;
+  }
+  for (const char* policy : {"fifo", "srtf", "pack", "fair", "priority"}) {
+    SCOPED_TRACE(policy);
+    SimOptions o;
+    o.devices = 3;
+    o.interference = 0.3;
+    const SimResult r = Simulated(jobs, policy, 8 * kGiB, o);
+    EXPECT_EQ(r.summary["safety_violations"], 0);
+    EXPECT_EQ(r.summary["finished"].get<size_t>() + r.summary["refused"].get<size_t>(), 60u);
+    EXPECT_EQ(r.summary["refused"], 0);
+  }
+}
+
 TEST(SimulatorTest, RejectsBadOptions) {
   auto provider = device::CreateMemoryProvider("fake");
   ASSERT_TRUE(provider.ok());
@@ -462,6 +552,12 @@ TEST(SimulatorTest, RejectsBadOptions) {
   o.swap_overlap = 1.5;
   EXPECT_EQ(Simulate({}, o, provider->get()).status().code(), StatusCode::kInvalidArgument);
   o.swap_overlap = 0.5;
+  o.devices = 0;
+  EXPECT_EQ(Simulate({}, o, provider->get()).status().code(), StatusCode::kInvalidArgument);
+  o.devices = 2;
+  o.interference = -1;
+  EXPECT_EQ(Simulate({}, o, provider->get()).status().code(), StatusCode::kInvalidArgument);
+  o.interference = 0;
   EXPECT_TRUE(Simulate({}, o, provider->get()).ok());
 }
 

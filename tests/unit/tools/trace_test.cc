@@ -121,6 +121,24 @@ TEST(TraceTest, ParsesSwapFractionAndKind) {
   }
 }
 
+TEST(TraceTest, ParsesDevicePins) {
+  auto jobs = ParseTrace(
+      "job_id,workload,submit_time_s,iterations,device\n"
+      "a,resnet50_25,0,10,2\n"
+      "b,resnet50_25,1,10,\n",
+      "t.csv", Profiles());
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ((*jobs)[0].device, 2);
+  EXPECT_FALSE((*jobs)[1].device.has_value());
+  for (const char* bad : {"a,resnet50_25,0,1,-1\n", "a,resnet50_25,0,1,gpu\n"}) {
+    auto r = ParseTrace(std::string("job_id,workload,submit_time_s,iterations,device\n") + bad,
+                        "t.csv", Profiles());
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("t.csv:2: column 'device'"), std::string::npos)
+        << r.status();
+  }
+}
+
 TEST(TraceTest, LoadsTheShippedProfiles) {
   auto p = LoadProfiles(SALUS_SOURCE_DIR "/benchmarks/workloads/salus-p100-profiles.csv");
   ASSERT_TRUE(p.ok()) << p.status();
