@@ -80,6 +80,9 @@ namespace salus::sched {
 // takes the first whose departure makes room. Sessions their clients pinned are never moved
 // by the engine. A session moved, paged in or admitted within
 // the paging quantum is not moved again (no ping-pong), and one move is in flight at a time.
+// The search looks at the head of each queue only (the first session waiting for each
+// device, and the first waiting for any), at most once per paging quantum unless it just
+// started a move: it scans the sessions, and the daemon dispatches at every iteration.
 
 // Note [Introspective packing]
 // Packing lanes on one device pays only when the sessions leave it partly idle; two that each
@@ -587,11 +590,20 @@ void Engine::DefragmentLocked(Nanos now, Notices* notices) {
   bool any_waiting = !unplaced_.empty();
   for (const EngineDevice& d : devices_) any_waiting = any_waiting || d.memory->WaitingCount() > 0;
   if (!any_waiting) return;
-  std::vector<SessionId> waiting;
+  // At most once per paging quantum (a candidate's standing changes with time, and a search
+  // costs a scan of the sessions), and for the head of each queue only: the first session
+  // waiting for each device, and the first waiting for any.
+  if (now < next_defragment_) return;
+  next_defragment_ = now + std::max(paging_quantum_, kMinDefragmentInterval);
+  std::vector<SessionId> waiting(devices_.size() + 1, 0);
   for (const auto& [id, s] : sessions_) {
-    if (s.state == SessionState::kWaiting) waiting.push_back(id);
+    if (s.state != SessionState::kWaiting || s.device == kUnplaced) continue;
+    SessionId& head = waiting[s.device];
+    if (head == 0 || id < head) head = id;  // ids grow with arrival
   }
-  std::sort(waiting.begin(), waiting.end());  // ids grow with arrival
+  if (!unplaced_.empty()) waiting.back() = unplaced_.front();
+  std::erase(waiting, SessionId{0});
+  std::sort(waiting.begin(), waiting.end());
   std::vector<SessionView> candidates;
   std::vector<SessionId> ids;
   for (const SessionId w : waiting) {
@@ -615,6 +627,7 @@ void Engine::DefragmentLocked(Nanos now, Notices* notices) {
       SessionRec& move = sessions_.at(p.page_out[0]);
       const std::optional<size_t> to = TargetLocked(HeldLocked(move), a);
       if (!to) continue;
+      next_defragment_ = Nanos(0);  // the next look may find the next move
       const Status st = MigrateLocked(
           move, *to, fmt::format(" to make room for session {} on {}", w, devices_[a].name),
           notices);

@@ -442,6 +442,8 @@ class Engine {
   std::map<PairKey, PairRec> pairs_ GUARDED_BY(mu_);
   IntrospectionStats introspection_stats_ GUARDED_BY(mu_);
   size_t migrations_in_flight_ GUARDED_BY(mu_) = 0;
+  Nanos next_defragment_ GUARDED_BY(mu_){0};  // Note [Migration]: no search before then
+  static constexpr Nanos kMinDefragmentInterval = std::chrono::milliseconds(10);
   std::vector<SessionView> page_scratch_ GUARDED_BY(mu_);
   std::set<SessionId> paged_out_ GUARDED_BY(mu_);  // sessions in kPagedOut
   std::optional<Nanos> next_hold_deadline_ GUARDED_BY(mu_);
