@@ -102,8 +102,10 @@ namespace salus::sched {
 //    b_without/b_with (their progress together, in devices' worth; apart it is 1) is at least
 //    min_gain.
 //  - A pair unpacked is remembered for the sessions' lives: one of them moves to another
-//    device that admits it now (Note [Migration]; the one with the smaller P, unpinned), or,
-//    with no such device, the two are never started at the same time again.
+//    device that admits it now and has no lane open, where it runs alone (Note [Migration];
+//    the one with the smaller P, unpinned; beside others it would be measured, and maybe
+//    moved, again), or, with no such device, the two are never started at the same time
+//    again.
 // A kept-apart session's lane waits while its partner runs, and is dispatched again when an
 // iteration ends (each Complete dispatches). Decisions are events (pair_probe, pair_kept,
 // pair_unpacked) and counted (Introspection()).
@@ -794,7 +796,9 @@ void Engine::DecidePairLocked(const PairKey& key, PairRec& pair, Notices* notice
       continue;
     }
     const std::optional<size_t> to = TargetLocked(HeldLocked(s), s.device);
-    if (!to) continue;
+    // Only to a device where it runs alone: beside others it would be measured, and maybe
+    // moved, again.
+    if (!to || !devices_[*to].memory->Lanes().empty()) continue;
     if (MigrateLocked(s, *to,
                       fmt::format(": it runs slower beside session {}", id == m.a ? m.b : m.a),
                       notices)
