@@ -47,6 +47,12 @@ void Executor::ExpireWaiting() {
   Pump(std::nullopt);
 }
 
+Status Executor::Migrate(SessionId id, size_t device) {
+  SALUS_RETURN_IF_ERROR(engine_->Migrate(id, device));
+  Pump(std::nullopt);
+  return OkStatus();
+}
+
 Executor::~Executor() { Shutdown(); }
 
 StatusOr<bool> Executor::AddSession(SessionId id, const SessionSpec& spec) {

@@ -64,6 +64,9 @@ class Executor {
   // Times out sessions that waited too long for admission; their queued iterations are
   // answered DEADLINE_EXCEEDED.
   void ExpireWaiting() EXCLUDES(mu_);
+  // Moves a session to another device between its iterations (Engine::Migrate), and starts
+  // the copies.
+  Status Migrate(SessionId id, size_t device) EXCLUDES(mu_);
 
   Engine& engine() { return *engine_; }
   size_t WorkerCount() const EXCLUDES(mu_);

@@ -360,5 +360,77 @@ TEST_F(ExecutorTest, PagedStateComesBackByteForByte) {
   EXPECT_TRUE(ex_->engine().memory().CheckInvariants().ok());
 }
 
+// Two devices under real threads: sessions train while another thread keeps moving them
+// between the devices (Note [Migration]); every iteration sees the state its previous one
+// left, wherever it ran.
+TEST_F(ExecutorTest, MovesBetweenDevicesKeepStateUnderLoad) {
+  provider_ = std::move(*device::CreateMemoryProvider("host"));
+  auto second = std::move(*device::CreateMemoryProvider("host"));
+  Engine::Options o;
+  o.clock = SteadyClock::Get();
+  o.policy = std::move(*CreatePolicy("fair"));
+  o.devices = std::move(
+      *MakeDevices(*o.policy, o.clock,
+                   {{"cpu:0", provider_.get(), 8 * kMiB}, {"cpu:1", second.get(), 8 * kMiB}}));
+  o.paging_quantum = Nanos(0);
+  auto ex = Executor::Create(std::move(o));
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  ex_ = std::move(*ex);
+  constexpr int kSessions = 3, kIterations = 30;
+  constexpr uint64_t kP = 1 * kMiB, kE = 64 * kKiB;
+  for (SessionId id = 1; id <= kSessions; ++id) ASSERT_TRUE(*ex_->AddSession(id, Spec(kP, kE)));
+  std::atomic<int> wrong{0}, ok{0};
+  std::atomic<bool> stop{false};
+  std::thread mover([&] {
+    for (uint64_t k = 0; !stop.load(); ++k) {
+      const SessionId id = 1 + k % kSessions;
+      auto info = ex_->engine().Session(id);
+      if (!info.ok() || !info->device) continue;
+      // Refused while it runs or copies: only between iterations does it move.
+      ex_->Migrate(id, 1 - *info->device).IgnoreError();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  std::vector<std::thread> clients;
+  for (SessionId id = 1; id <= kSessions; ++id) {
+    clients.emplace_back([&, id] {
+      for (int i = 0; i < kIterations; ++i) {
+        std::promise<void> finished;
+        auto work = [&, id, i](const Dispatch& d) {
+          auto* words = reinterpret_cast<uint64_t*>(d.persistent.address);
+          const size_t n = d.persistent.size / sizeof(uint64_t);
+          if (i > 0) {
+            for (size_t k = 0; k < n; k += 61) {
+              if (words[k] != id * 1000 + static_cast<uint64_t>(i - 1) + k) {
+                wrong++;
+                break;
+              }
+            }
+          }
+          for (size_t k = 0; k < n; ++k) words[k] = id * 1000 + static_cast<uint64_t>(i) + k;
+          return OkStatus();
+        };
+        auto done = [&](const Status& s, const IterationRecord&) {
+          if (s.ok()) ok++;
+          finished.set_value();
+        };
+        ASSERT_TRUE(ex_->Submit(id, work, done).ok());
+        finished.get_future().wait();
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  stop = true;
+  mover.join();
+  EXPECT_EQ(ok.load(), kSessions * kIterations);
+  EXPECT_EQ(wrong.load(), 0);
+  const MigrationStats m = ex_->engine().Migrations();
+  EXPECT_GT(m.finished, 0u);
+  ex_->Shutdown();
+  EXPECT_TRUE(ex_->engine().memory(0).CheckInvariants().ok());
+  EXPECT_TRUE(ex_->engine().memory(1).CheckInvariants().ok());
+  ex_.reset();  // before `second`, whose memory its arena holds
+}
+
 }  // namespace
 }  // namespace salus::sched
