@@ -131,6 +131,14 @@ StatusOr<std::byte*> ArenaMemoryManager::AllocateHost(uint64_t bytes) {
 }
 
 void ArenaMemoryManager::FreeHost(std::byte* host, uint64_t bytes) {
+  if (const auto f = foreign_host_.find(host); f != foreign_host_.end()) {
+    device::MemoryProvider* owner = f->second;
+    foreign_host_.erase(f);
+    const Status st = owner->FreeHost(host, bytes);
+    SALUS_DCHECK(st.ok(), st.ToString());
+    st.IgnoreError();
+    return;
+  }
   if (host_pool_bytes_ + bytes <= options_.host_pool_bytes) {
     host_pool_.emplace(bytes, host);
     host_pool_bytes_ += bytes;
@@ -679,6 +687,11 @@ StatusOr<Emigrant> ArenaMemoryManager::Emigrate(SessionId session) {
   e.declared = s.declared;
   e.host = s.fresh ? nullptr : s.host;
   if (s.fresh && s.host != nullptr) FreeHost(s.host, s.req.persistent_bytes);
+  e.host_provider = options_.provider;
+  if (const auto f = foreign_host_.find(e.host); e.host != nullptr && f != foreign_host_.end()) {
+    e.host_provider = f->second;  // it passes on with the session
+    foreign_host_.erase(f);
+  }
   paged_bytes_ -= s.req.persistent_bytes;
   --paged_sessions_;
   sessions_.erase(it);
@@ -706,6 +719,10 @@ StatusOr<std::optional<Grant>> ArenaMemoryManager::Immigrate(const Emigrant& emi
   const Grant g = Apply(w, o);
   Session& s = sessions_.at(emigrant.session);
   s.host = emigrant.host;
+  if (s.host != nullptr && emigrant.host_provider != nullptr &&
+      emigrant.host_provider != options_.provider) {
+    foreign_host_.emplace(s.host, emigrant.host_provider);
+  }
   BeginPageIn(s);
   DcheckInvariants();
   return std::optional<Grant>(g);

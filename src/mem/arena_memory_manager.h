@@ -229,6 +229,9 @@ class ArenaMemoryManager final : public MemoryManager {
   std::map<uint64_t, Moving> moving_ GUARDED_BY(mu_);  // by transfer id
   uint64_t next_transfer_ GUARDED_BY(mu_) = 1;
   std::multimap<uint64_t, std::byte*> host_pool_ GUARDED_BY(mu_);  // size -> free host memory
+  // Host memory of sessions that arrived from another manager (Immigrate), with the provider
+  // that allocated it and frees it.
+  std::map<std::byte*, device::MemoryProvider*> foreign_host_ GUARDED_BY(mu_);
   uint64_t host_pool_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t persistent_bytes_ GUARDED_BY(mu_) = 0;  // ΣP of sessions in the region
   uint64_t paged_bytes_ GUARDED_BY(mu_) = 0;       // ΣP of the others

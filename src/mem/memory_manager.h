@@ -152,7 +152,10 @@ struct Emigrant {
   Requirement req;            // rounded, with the E it was granted
   Requirement declared;       // as asked
   std::byte* host = nullptr;  // null when P is 0 or it never ran (nothing to copy in)
-  AdmissionEvents events;     // waiting sessions admitted once it left
+  // The provider that allocated `host`, and frees it: the receiving manager gives it back
+  // there instead of keeping it in its own pool.
+  device::MemoryProvider* host_provider = nullptr;
+  AdmissionEvents events;  // waiting sessions admitted once it left
 };
 
 // The result of a PageIn.

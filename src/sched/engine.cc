@@ -554,11 +554,8 @@ void Engine::FinishMigrationLocked(SessionRec& s, Nanos now, Notices* notices) {
   auto grant = devices_[to].memory->Immigrate(*leaving);
   if (!grant.ok() || !grant->has_value()) {
     // The preview said it fits and nothing ran since: a broken contract. Its state is lost.
-    if (leaving->host != nullptr) {
-      devices_[from]
-          .memory->provider()
-          .FreeHost(leaving->host, held.persistent_bytes)
-          .IgnoreError();
+    if (leaving->host != nullptr && leaving->host_provider != nullptr) {
+      leaving->host_provider->FreeHost(leaving->host, held.persistent_bytes).IgnoreError();
     }
     const Status lost = InternalError(
         fmt::format("session {}: its state was lost moving it to {}: {}", id, devices_[to].name,

@@ -453,6 +453,21 @@ TEST(SimulatorTest, DevicesHaveTheirOwnCompute) {
   EXPECT_NEAR(d["utilization"][0].get<double>(), 1.0, 1e-6);
   EXPECT_NEAR(d["utilization"][1].get<double>(), 1.0, 1e-6);
   EXPECT_EQ(JobResultJson(r.jobs[1])["device"], 1);
+  // On one device the same jobs share its compute (the pin is cleared: there is no device 1).
+  std::vector<TraceJob> unpinned = jobs;
+  unpinned[1].device.reset();
+  const SimResult one = Simulated(unpinned, "pack");
+  ASSERT_EQ(one.jobs.size(), 2u);
+  EXPECT_NEAR(one.jobs[0].finish_s, 20, 1e-6);
+  EXPECT_NEAR(one.jobs[1].finish_s, 20, 1e-6);
+  EXPECT_FALSE(JobResultJson(one.jobs[0]).contains("device"));
+  EXPECT_FALSE(one.summary.contains("devices"));
+  // Unpinned on two devices, best fit packs them on device 0, as on one device.
+  const SimResult packed = Simulated(unpinned, "pack", kCap, o);
+  ASSERT_EQ(packed.jobs.size(), 2u);
+  EXPECT_EQ(packed.jobs[0].device, 0u);
+  EXPECT_EQ(packed.jobs[1].device, 0u);
+  EXPECT_NEAR(packed.jobs[1].finish_s, 20, 1e-6);
   // A pin past the devices is refused with the engine's reason, not an abort.
   jobs[1].device = 5;
   const SimResult bad = Simulated(jobs, "pack", kCap, o);
