@@ -34,6 +34,43 @@ class ExecutorTest : public ::testing::Test {
     if (ex_) ex_->Shutdown();
   }
 
+  // Runs `iterations` iterations of sessions 1..sessions, one client thread each, every one
+  // writing a pattern into its persistent block and checking (every `stride`-th word) the one
+  // its previous iteration wrote; counts the iterations that ended OK and the checks that
+  // failed.
+  void TrainCheckingState(int sessions, int iterations, size_t stride, std::atomic<int>* ok,
+                          std::atomic<int>* wrong) {
+    std::vector<std::thread> clients;
+    for (SessionId id = 1; id <= static_cast<SessionId>(sessions); ++id) {
+      clients.emplace_back([&, id] {
+        for (int i = 0; i < iterations; ++i) {
+          std::promise<void> finished;
+          auto work = [&, id, i](const Dispatch& d) {
+            auto* words = reinterpret_cast<uint64_t*>(d.persistent.address);
+            const size_t n = d.persistent.size / sizeof(uint64_t);
+            if (i > 0) {
+              for (size_t k = 0; k < n; k += stride) {
+                if (words[k] != id * 1000 + static_cast<uint64_t>(i - 1) + k) {
+                  (*wrong)++;
+                  break;
+                }
+              }
+            }
+            for (size_t k = 0; k < n; ++k) words[k] = id * 1000 + static_cast<uint64_t>(i) + k;
+            return OkStatus();
+          };
+          auto done = [&](const Status& s, const IterationRecord&) {
+            if (s.ok()) (*ok)++;
+            finished.set_value();
+          };
+          ASSERT_TRUE(ex_->Submit(id, work, done).ok());
+          finished.get_future().wait();
+        }
+      });
+    }
+    for (auto& t : clients) t.join();
+  }
+
   static SessionSpec Spec(uint64_t p, uint64_t e) {
     SessionSpec s;
     s.requirement = {p, e};
@@ -323,35 +360,7 @@ TEST_F(ExecutorTest, PagedStateComesBackByteForByte) {
   constexpr uint64_t kP = 4 * kMiB, kE = 64 * kKiB;
   for (SessionId id = 1; id <= kSessions; ++id) ASSERT_TRUE(*ex_->AddSession(id, Spec(kP, kE)));
   std::atomic<int> wrong{0}, ok{0};
-  std::vector<std::thread> clients;
-  for (SessionId id = 1; id <= kSessions; ++id) {
-    clients.emplace_back([&, id] {
-      for (int i = 0; i < kIterations; ++i) {
-        std::promise<void> finished;
-        auto work = [&, id, i](const Dispatch& d) {
-          auto* words = reinterpret_cast<uint64_t*>(d.persistent.address);
-          const size_t n = d.persistent.size / sizeof(uint64_t);
-          if (i > 0) {
-            for (size_t k = 0; k < n; k += 97) {
-              if (words[k] != id * 1000 + static_cast<uint64_t>(i - 1) + k) {
-                wrong++;
-                break;
-              }
-            }
-          }
-          for (size_t k = 0; k < n; ++k) words[k] = id * 1000 + static_cast<uint64_t>(i) + k;
-          return OkStatus();
-        };
-        auto done = [&](const Status& s, const IterationRecord&) {
-          if (s.ok()) ok++;
-          finished.set_value();
-        };
-        ASSERT_TRUE(ex_->Submit(id, work, done).ok());
-        finished.get_future().wait();
-      }
-    });
-  }
-  for (auto& t : clients) t.join();
+  TrainCheckingState(kSessions, kIterations, 97, &ok, &wrong);
   EXPECT_EQ(ok.load(), kSessions * kIterations);
   EXPECT_EQ(wrong.load(), 0);
   const PagingStats p = ex_->engine().Paging();
@@ -391,35 +400,7 @@ TEST_F(ExecutorTest, MovesBetweenDevicesKeepStateUnderLoad) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   });
-  std::vector<std::thread> clients;
-  for (SessionId id = 1; id <= kSessions; ++id) {
-    clients.emplace_back([&, id] {
-      for (int i = 0; i < kIterations; ++i) {
-        std::promise<void> finished;
-        auto work = [&, id, i](const Dispatch& d) {
-          auto* words = reinterpret_cast<uint64_t*>(d.persistent.address);
-          const size_t n = d.persistent.size / sizeof(uint64_t);
-          if (i > 0) {
-            for (size_t k = 0; k < n; k += 61) {
-              if (words[k] != id * 1000 + static_cast<uint64_t>(i - 1) + k) {
-                wrong++;
-                break;
-              }
-            }
-          }
-          for (size_t k = 0; k < n; ++k) words[k] = id * 1000 + static_cast<uint64_t>(i) + k;
-          return OkStatus();
-        };
-        auto done = [&](const Status& s, const IterationRecord&) {
-          if (s.ok()) ok++;
-          finished.set_value();
-        };
-        ASSERT_TRUE(ex_->Submit(id, work, done).ok());
-        finished.get_future().wait();
-      }
-    });
-  }
-  for (auto& t : clients) t.join();
+  TrainCheckingState(kSessions, kIterations, 61, &ok, &wrong);
   stop = true;
   mover.join();
   EXPECT_EQ(ok.load(), kSessions * kIterations);
