@@ -173,12 +173,15 @@ void EchoPrincipal(Call call) {
 }
 
 // The principal the frontend names for one heartbeat from `s`, or nullopt without a reply
-// within `wait` (a refused connection never gets one).
+// within `wait` (a refused connection never gets one). The send does not block: once a refused
+// handshake has dropped the connection's pipe, a DEALER has nowhere to queue the message.
 std::optional<std::string> PrincipalOf(zmq::socket_t& s, std::chrono::milliseconds wait) {
   v1::Request req;
   req.set_request_id(1);
   req.mutable_heartbeat();
-  s.send(zmq::message_t(req.SerializeAsString()), zmq::send_flags::none);
+  if (!s.send(zmq::message_t(req.SerializeAsString()), zmq::send_flags::dontwait)) {
+    return std::nullopt;
+  }
   zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
   if (zmq::poll(&item, 1, wait) == 0) return std::nullopt;
   zmq::message_t r;
