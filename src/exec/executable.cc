@@ -11,6 +11,7 @@
 
 #include "common/thread_annotations.h"
 #include "exec/alignment.h"
+#include "exec/aten_importer.h"
 #include "exec/cpu_threads.h"
 #include "exec/dnnl_kernel.h"
 #include "exec/fusion.h"
@@ -230,6 +231,30 @@ StatusOr<std::unique_ptr<Executable>> Executable::CompileTf(std::string_view gra
   std::unique_ptr<Executable> exe(new Executable());
   exe->graph_ = std::move(graph);
   SALUS_RETURN_IF_ERROR(exe->Build(options));
+  return exe;
+}
+
+StatusOr<std::unique_ptr<Executable>> Executable::CompileAten(std::string_view graph,
+                                                              const CompileOptions& options) {
+  if (options.mode != Mode::kInference) {
+    return InvalidArgumentError(
+        "an ATen graph carries its own gradients and updates: compile it with Mode::kInference");
+  }
+  if (!options.constant_inputs.empty() || !options.input_shapes.empty()) {
+    return InvalidArgumentError(
+        "an ATen graph fixes its own input shapes; input_shapes and constant_inputs must be empty");
+  }
+  AtenImportOptions import;
+  import.max_tensor_elements = options.max_tensor_elements;
+  import.max_folded_bytes = options.max_folded_bytes;
+  SALUS_ASSIGN_OR_RETURN(Graph g, AtenImporter::Import(graph.data(), graph.size(), import));
+  CompileOptions o = options;
+  if (o.fetches.empty()) {  // every output of the step can be fetched
+    for (ValueId id : g.outputs()) o.fetches.push_back(g.value(id).name);
+  }
+  std::unique_ptr<Executable> exe(new Executable());
+  exe->graph_ = std::move(g);
+  SALUS_RETURN_IF_ERROR(exe->Build(o));
   return exe;
 }
 

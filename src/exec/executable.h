@@ -99,6 +99,10 @@ class Executable {
   // "node" (= "node:0"); variables are persistent values named by their VarHandleOp nodes.
   static StatusOr<std::unique_ptr<Executable>> CompileTf(std::string_view graph_def,
                                                          const CompileOptions& options);
+  // A serialized salus.v1.AtenGraph (aten_importer.h), which carries its own gradients and
+  // updates: options.mode must be kInference; input shapes come from the graph.
+  static StatusOr<std::unique_ptr<Executable>> CompileAten(std::string_view graph,
+                                                           const CompileOptions& options);
   ~Executable();
 
   uint64_t persistent_bytes() const { return persistent_bytes_; }  // P

@@ -130,12 +130,14 @@ StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec
                                                              const exec::Device& device,
                                                              uint64_t max_folded_bytes) {
   const bool tf = !spec.tf_graph().empty();
-  if (tf && !spec.onnx().empty()) {
+  const bool aten = !spec.aten_graph().empty();
+  if (static_cast<int>(tf) + static_cast<int>(aten) + static_cast<int>(!spec.onnx().empty()) > 1) {
     return InvalidArgumentError(
-        "a model is either ONNX or a TensorFlow graph: set onnx or tf_graph, not both");
+        "a model is one of ONNX, a TensorFlow graph and an ATen graph: set one of onnx, tf_graph "
+        "and aten_graph");
   }
-  if (!tf && spec.onnx().empty()) {
-    return InvalidArgumentError("the model has neither onnx nor tf_graph bytes");
+  if (!tf && !aten && spec.onnx().empty()) {
+    return InvalidArgumentError("the model has no onnx, tf_graph or aten_graph bytes");
   }
   exec::CompileOptions o;
   o.device = device;
@@ -151,6 +153,23 @@ StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec
     o.input_shapes[in.name()] = exec::Shape(in.dims().begin(), in.dims().end());
   }
 
+  if (aten) {
+    // An ATen graph (a traced PyTorch step) carries its gradients and updates, its input
+    // shapes and its outputs: it compiles as written, on any device.
+    if (spec.mode() != v1::MODE_UNSPECIFIED && spec.mode() != v1::TRAIN &&
+        spec.mode() != v1::INFER) {
+      return InvalidArgumentError("the model's mode must be TRAIN or INFER");
+    }
+    if (!spec.inputs().empty() || !spec.outputs().empty()) {
+      return InvalidArgumentError(
+          "an ATen graph names its own inputs' shapes and outputs: ModelSpec.inputs and "
+          "ModelSpec.outputs must be empty");
+    }
+    o.mode = exec::Mode::kInference;
+    o.input_shapes.clear();
+    SALUS_ASSIGN_OR_RETURN(auto exe, exec::Executable::CompileAten(spec.aten_graph(), o));
+    return std::unique_ptr<ModelRuntime>(new ModelRuntime(std::move(exe)));
+  }
   if (tf) {
     // A TensorFlow graph carries its own gradients and variable updates: it always compiles
     // as written (inference mode: no autodiff, no optimizer), whatever its mode says, and on

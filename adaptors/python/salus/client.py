@@ -277,18 +277,24 @@ class Client:
         tf_graph: bytes | os.PathLike[str] | None = None,
         outputs: list[str] | None = None,
         device: str = "",
+        aten_graph: bytes | None = None,
     ) -> Session:
         """A session of an ONNX `model` (bytes or a path), of a TensorFlow graph (`tf_graph`:
         a serialized GraphDef, bytes or a path, run as written: `inputs` gives every
         Placeholder's shape, `outputs` the tensors "node:k" it may fetch; mode, loss and
-        optimizer are not used), or of a `synthetic` profile. `device` pins it to one of the
+        optimizer are not used), of an ATen graph (`aten_graph`: a serialized
+        salus.v1.AtenGraph as salus_torch traces it, which names its own inputs and outputs),
+        or of a `synthetic` profile. `device` pins it to one of the
         daemon's devices by name ("cpu:1"); empty: the daemon places it."""
-        if (model is None and tf_graph is None) == (synthetic is None):
-            raise ValueError("give exactly one of model= (or tf_graph=) and synthetic=")
+        if (model is None and tf_graph is None and aten_graph is None) == (synthetic is None):
+            raise ValueError(
+                "give exactly one of model= (or tf_graph= or aten_graph=) and synthetic=")
         req = pb.Request()
         cs = req.create_session
-        if model is not None or tf_graph is not None:
+        if model is not None or tf_graph is not None or aten_graph is not None:
             # Both a model and a graph go to the daemon, which refuses them.
+            if aten_graph is not None:
+                cs.model.aten_graph = aten_graph
             if model is not None:
                 cs.model.onnx = model if isinstance(model, bytes) else Path(model).read_bytes()
             if tf_graph is not None:
@@ -545,7 +551,8 @@ class Session:
         body.SetInParent()
         arrays: list[tuple[str, np.ndarray, tuple[int, int] | None]] = []
         for name, value in (feeds or {}).items():
-            arr = np.ascontiguousarray(value)
+            # ascontiguousarray makes a 0-d array 1-d; a scalar state value stays 0-d.
+            arr = np.ascontiguousarray(value).reshape(np.shape(value))
             if arr.dtype not in _DTYPES:
                 raise ValueError(f"feed {name!r}: unsupported dtype {arr.dtype}")
             arrays.append((name, arr, client._slice_of(arr)))

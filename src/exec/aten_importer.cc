@@ -1,0 +1,1277 @@
+#include "exec/aten_importer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "exec/graph_builder.h"
+#include "salus/v1/aten_graph.pb.h"
+
+namespace salus::exec {
+namespace {
+
+namespace v1 = ::salus::v1;
+
+// The opset the lowered nodes follow: reductions take their axes as inputs, Gelu exists.
+constexpr int kAtenOpset = 21;
+
+class Lowerer;
+using Lowering = Status (Lowerer::*)();
+
+class Lowerer {
+ public:
+  Lowerer(const v1::AtenGraph& ag, const AtenImportOptions& o)
+      : ag_(ag), builder_(&graph_, o.max_tensor_elements, o.max_folded_bytes) {
+    graph_.set_opset(kAtenOpset);
+  }
+
+  StatusOr<Graph> Run();
+  static const std::map<std::string, Lowering>& Table();
+
+ private:
+  // --- arguments of the current node ---
+  Status Bad(const std::string& what) const {
+    return InvalidArgumentError(fmt::format("{} (node {}): {}", node_->op(), index_, what));
+  }
+  Status Refuse(const std::string& what) const {
+    return UnimplementedError(
+        fmt::format("{} (node {}): {} is not supported", node_->op(), index_, what));
+  }
+  StatusOr<const v1::AtenArgument*> Arg(const std::string& name) const {
+    for (const v1::AtenArgument& a : node_->args()) {
+      if (a.name() == name) return &a;
+    }
+    return Bad("argument '" + name + "' is missing");
+  }
+  bool IsNone(const std::string& name) const {
+    for (const v1::AtenArgument& a : node_->args()) {
+      if (a.name() == name) return a.kind_case() == v1::AtenArgument::kNone;
+    }
+    return true;
+  }
+  StatusOr<ValueId> ValueOf(int index) const {
+    if (index < 0 || index >= static_cast<int>(ids_.size())) {
+      return Bad(fmt::format("value {} is out of range", index));
+    }
+    if (ids_[index] == kNoValue) {
+      return Bad(fmt::format("value {} ('{}') is used before it is made", index,
+                             ag_.values(index).name()));
+    }
+    return ids_[index];
+  }
+  // A tensor argument; kNoValue for None when `optional`.
+  StatusOr<ValueId> Tensor(const std::string& name, bool optional = false) const {
+    SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* a, Arg(name));
+    if (a->kind_case() == v1::AtenArgument::kNone && optional) return kNoValue;
+    if (a->kind_case() != v1::AtenArgument::kValue) return Bad("'" + name + "' is not a tensor");
+    return ValueOf(a->value());
+  }
+  // A tensor argument, or a number made a scalar constant of type `type`.
+  StatusOr<ValueId> TensorOrScalar(const std::string& name, DataType type) {
+    SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* a, Arg(name));
+    if (a->kind_case() == v1::AtenArgument::kValue) return ValueOf(a->value());
+    SALUS_ASSIGN_OR_RETURN(double v, Number(name));
+    return Scalar(type, v);
+  }
+  StatusOr<double> Number(const std::string& name) const {
+    SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* a, Arg(name));
+    switch (a->kind_case()) {
+      case v1::AtenArgument::kIntValue:
+        return static_cast<double>(a->int_value());
+      case v1::AtenArgument::kFloatValue:
+        return a->float_value();
+      case v1::AtenArgument::kBoolValue:
+        return a->bool_value() ? 1.0 : 0.0;
+      default:
+        return Bad("'" + name + "' is not a number");
+    }
+  }
+  StatusOr<int64_t> Int(const std::string& name) const {
+    SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* a, Arg(name));
+    if (a->kind_case() == v1::AtenArgument::kIntValue) return a->int_value();
+    if (a->kind_case() == v1::AtenArgument::kBoolValue) return a->bool_value() ? 1 : 0;
+    return Bad("'" + name + "' is not an integer");
+  }
+  StatusOr<bool> Bool(const std::string& name) const {
+    SALUS_ASSIGN_OR_RETURN(int64_t v, Int(name));
+    return v != 0;
+  }
+  StatusOr<std::vector<int64_t>> Ints(const std::string& name) const {
+    SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* a, Arg(name));
+    if (a->kind_case() == v1::AtenArgument::kInts) {
+      return std::vector<int64_t>(a->ints().v().begin(), a->ints().v().end());
+    }
+    if (a->kind_case() == v1::AtenArgument::kIntValue) return std::vector<int64_t>{a->int_value()};
+    return Bad("'" + name + "' is not a list of integers");
+  }
+  StatusOr<std::string> String(const std::string& name) const {
+    SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* a, Arg(name));
+    if (a->kind_case() != v1::AtenArgument::kStringValue)
+      return Bad("'" + name + "' is not a string");
+    return a->string_value();
+  }
+
+  // --- the current node's declared results ---
+  int Outputs() const { return node_->outputs_size(); }
+  StatusOr<const v1::AtenValue*> Declared(int k) const {
+    if (k >= node_->outputs_size() || node_->outputs(k) < 0) return Bad("result missing");
+    return &ag_.values(node_->outputs(k));
+  }
+  StatusOr<Shape> DeclaredShape(int k) const {
+    SALUS_ASSIGN_OR_RETURN(const v1::AtenValue* v, Declared(k));
+    return Shape(v->shape().begin(), v->shape().end());
+  }
+  StatusOr<DataType> DeclaredType(int k) const {
+    SALUS_ASSIGN_OR_RETURN(const v1::AtenValue* v, Declared(k));
+    return EngineType(*v);
+  }
+  StatusOr<DataType> EngineType(const v1::AtenValue& v) const {
+    switch (v.dtype()) {
+      case v1::ATEN_FLOAT32:
+        return DataType::kFloat32;
+      case v1::ATEN_INT64:
+        return DataType::kInt64;
+      case v1::ATEN_BOOL:
+        return DataType::kBool;
+      case v1::ATEN_INT32:
+        return UnimplementedError("value '" + v.name() + "': int32 tensors");
+      case v1::ATEN_FLOAT64:
+        return UnimplementedError("value '" + v.name() + "': float64 tensors");
+      default:
+        return InvalidArgumentError("value '" + v.name() + "' has no dtype");
+    }
+  }
+  // Result k of the current node is `id`: checked against what the graph declares.
+  Status Bind(int k, ValueId id) {
+    if (k >= node_->outputs_size()) return Bad("fewer results than the lowering makes");
+    const int index = node_->outputs(k);
+    if (index < 0) return OkStatus();
+    const v1::AtenValue& want = ag_.values(index);
+    SALUS_ASSIGN_OR_RETURN(DataType type, EngineType(want));
+    const Value& got = graph_.value(id);
+    const Shape shape(want.shape().begin(), want.shape().end());
+    if (got.type != type || got.shape != shape) {
+      return InternalError(fmt::format(
+          "{} (node {}): the lowering gives {}{} where the graph declares {}{} for '{}'",
+          node_->op(), index_, DataTypeName(got.type), ShapeString(got.shape), DataTypeName(type),
+          ShapeString(shape), want.name()));
+    }
+    if (ids_[index] != kNoValue) return Bad("value '" + want.name() + "' is made twice");
+    ids_[index] = id;
+    return OkStatus();
+  }
+
+  // --- emitting ---
+  Shape S(ValueId v) const { return graph_.value(v).shape; }
+  DataType T(ValueId v) const { return graph_.value(v).type; }
+  std::string NodeName() const { return fmt::format("aten{}", index_); }
+  StatusOr<std::vector<ValueId>> EmitN(const std::string& op, std::vector<ValueId> inputs,
+                                       std::map<std::string, Attribute> attrs, size_t outputs) {
+    Node n;
+    n.op = op;
+    n.name = NodeName();
+    n.inputs = std::move(inputs);
+    n.attrs = std::move(attrs);
+    for (size_t k = 0; k < outputs; ++k) {
+      Value v;
+      v.name = graph_.UniqueName(n.name);
+      v.type = DataType::kUndefined;
+      n.outputs.push_back(graph_.AddValue(std::move(v)));
+    }
+    std::vector<ValueId> out = n.outputs;
+    SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
+    return out;
+  }
+  StatusOr<ValueId> Emit(const std::string& op, std::vector<ValueId> inputs,
+                         std::map<std::string, Attribute> attrs = {}) {
+    SALUS_ASSIGN_OR_RETURN(auto out, EmitN(op, std::move(inputs), std::move(attrs), 1));
+    return out[0];
+  }
+  // For the engine's own ops, which have no shape rules.
+  StatusOr<ValueId> EmitShaped(const std::string& op, std::vector<ValueId> inputs,
+                               std::map<std::string, Attribute> attrs, DataType type,
+                               const Shape& shape) {
+    Node n;
+    n.op = op;
+    n.name = NodeName();
+    n.inputs = std::move(inputs);
+    n.attrs = std::move(attrs);
+    Value v;
+    v.name = graph_.UniqueName(n.name);
+    v.type = type;
+    v.shape = shape;
+    n.outputs = {graph_.AddValue(std::move(v))};
+    const ValueId out = n.outputs[0];
+    SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
+    return out;
+  }
+  ValueId Constant(HostTensor t) {
+    Value v;
+    v.name = graph_.UniqueName(NodeName() + ".const");
+    v.type = t.type;
+    v.shape = t.shape;
+    v.kind = ValueKind::kConstant;
+    v.data = std::move(t);
+    return graph_.AddValue(std::move(v));
+  }
+  ValueId Filled(DataType type, const Shape& shape, double value) {
+    HostTensor t(type, shape);
+    const int64_t n = NumElements(shape);
+    if (type == DataType::kFloat32) {
+      std::fill_n(t.floats(), n, static_cast<float>(value));
+    } else if (type == DataType::kInt64) {
+      std::fill_n(reinterpret_cast<int64_t*>(t.bytes.data()), n, static_cast<int64_t>(value));
+    } else {
+      std::fill(t.bytes.begin(), t.bytes.end(), std::byte(value != 0 ? 1 : 0));
+    }
+    return Constant(std::move(t));
+  }
+  ValueId Scalar(DataType type, double value) { return Filled(type, {}, value); }
+  ValueId Int64s(const std::vector<int64_t>& v) {
+    return Constant(HostTensor::FromInt64s({static_cast<int64_t>(v.size())}, v));
+  }
+  StatusOr<ValueId> Cast(ValueId x, DataType to) {
+    if (T(x) == to) return x;
+    return Emit("Cast", {x}, {{"to", IntAttr(static_cast<int64_t>(to))}});
+  }
+  StatusOr<ValueId> ReshapeTo(ValueId x, const Shape& to) {
+    if (S(x) == to) return x;
+    return Emit("Reshape", {x, Int64s(to)}, {{"allowzero", IntAttr(1)}});
+  }
+  StatusOr<ValueId> ExpandTo(ValueId x, const Shape& to) {
+    if (S(x) == to) return x;
+    return Emit("Expand", {x, Int64s(to)});
+  }
+  StatusOr<int64_t> Axis(int64_t dim, size_t rank) const {
+    const int64_t r = std::max<int64_t>(static_cast<int64_t>(rank), 1);
+    if (dim < -r || dim >= r)
+      return Bad(fmt::format("dim {} is out of range for rank {}", dim, rank));
+    return dim < 0 ? dim + r : dim;
+  }
+  StatusOr<ValueId> Reduce(const std::string& op, ValueId x, std::vector<int64_t> axes, bool keep) {
+    for (int64_t& a : axes) {
+      SALUS_ASSIGN_OR_RETURN(a, Axis(a, S(x).size()));
+    }
+    if (axes.empty()) {
+      for (size_t d = 0; d < S(x).size(); ++d) axes.push_back(static_cast<int64_t>(d));
+    }
+    if (S(x).empty()) return x;
+    return Emit(op, {x, Int64s(axes)}, {{"keepdims", IntAttr(keep ? 1 : 0)}});
+  }
+
+  // --- lowerings (one per operator family) ---
+  Status Unary();
+  Status Rsqrt();
+  Status Binary();
+  Status Compare();
+  Status WhereOp();
+  Status Identity();
+  Status CastOp();
+  Status CopyOp();
+  Status Fill();
+  Status ScalarTensor();
+  Status Arange();
+  Status ReshapeOp();
+  Status ExpandOp();
+  Status Permute();
+  Status TransposeOp();
+  Status SliceOp();
+  Status Select();
+  Status Cat();
+  Status ReduceOp();
+  Status Addmm();
+  Status MatMulOp();
+  Status SoftmaxOp();
+  Status Gelu();
+  Status Convolution();
+  Status ConvolutionBackward();
+  Status MaxPool();
+  Status MaxPoolBackward();
+  Status BatchNormTrain();
+  Status BatchNormEval();
+  Status LayerNorm();
+  Status Embedding();
+  Status IndexPut();
+  Status GatherOp();
+  Status Scatter();
+  Status Dropout();
+  Status CopyInto();
+
+  StatusOr<ValueId> OneHotAlong(ValueId index, int64_t dim, const Shape& like);
+
+  const v1::AtenGraph& ag_;
+  Graph graph_;
+  GraphBuilder builder_;
+  std::vector<ValueId> ids_;
+  const v1::AtenNode* node_ = nullptr;
+  int index_ = 0;
+  std::string name_;  // the operator's name without "aten." and the overload
+  // max_pool2d_with_indices' indices: only the matching backward may use them; it recomputes
+  // the window's maximum from the input instead.
+  std::set<int> pool_indices_;
+  std::set<int> written_;  // state values a copy_ wrote
+};
+
+const std::map<std::string, Lowering>& Lowerer::Table() {
+  // clang-format off
+  static const std::map<std::string, Lowering> table = {
+      {"aten.abs.default", &Lowerer::Unary}, {"aten.neg.default", &Lowerer::Unary},
+      {"aten.exp.default", &Lowerer::Unary}, {"aten.log.default", &Lowerer::Unary},
+      {"aten.sqrt.default", &Lowerer::Unary}, {"aten.relu.default", &Lowerer::Unary},
+      {"aten.erf.default", &Lowerer::Unary}, {"aten.tanh.default", &Lowerer::Unary},
+      {"aten.sigmoid.default", &Lowerer::Unary}, {"aten.reciprocal.default", &Lowerer::Unary},
+      {"aten.logical_not.default", &Lowerer::Unary}, {"aten.rsqrt.default", &Lowerer::Rsqrt},
+      {"aten.add.Tensor", &Lowerer::Binary}, {"aten.add.Scalar", &Lowerer::Binary},
+      {"aten.sub.Tensor", &Lowerer::Binary}, {"aten.sub.Scalar", &Lowerer::Binary},
+      {"aten.rsub.Scalar", &Lowerer::Binary}, {"aten.rsub.Tensor", &Lowerer::Binary},
+      {"aten.mul.Tensor", &Lowerer::Binary}, {"aten.mul.Scalar", &Lowerer::Binary},
+      {"aten.div.Tensor", &Lowerer::Binary}, {"aten.div.Scalar", &Lowerer::Binary},
+      {"aten.pow.Tensor_Tensor", &Lowerer::Binary}, {"aten.pow.Tensor_Scalar", &Lowerer::Binary},
+      {"aten.pow.Scalar", &Lowerer::Binary},
+      {"aten.maximum.default", &Lowerer::Binary}, {"aten.minimum.default", &Lowerer::Binary},
+      {"aten.eq.Scalar", &Lowerer::Compare}, {"aten.eq.Tensor", &Lowerer::Compare},
+      {"aten.ne.Scalar", &Lowerer::Compare}, {"aten.ne.Tensor", &Lowerer::Compare},
+      {"aten.lt.Scalar", &Lowerer::Compare}, {"aten.lt.Tensor", &Lowerer::Compare},
+      {"aten.le.Scalar", &Lowerer::Compare}, {"aten.le.Tensor", &Lowerer::Compare},
+      {"aten.gt.Scalar", &Lowerer::Compare}, {"aten.gt.Tensor", &Lowerer::Compare},
+      {"aten.ge.Scalar", &Lowerer::Compare}, {"aten.ge.Tensor", &Lowerer::Compare},
+      {"aten.logical_and.default", &Lowerer::Compare}, {"aten.logical_or.default", &Lowerer::Compare},
+      {"aten.where.self", &Lowerer::WhereOp},
+      {"aten.alias.default", &Lowerer::Identity}, {"aten.alias_copy.default", &Lowerer::Identity},
+      {"aten.clone.default", &Lowerer::Identity}, {"aten.lift_fresh_copy.default", &Lowerer::Identity},
+      {"aten.detach.default", &Lowerer::Identity}, {"aten.detach_copy.default", &Lowerer::Identity},
+      {"aten._to_copy.default", &Lowerer::CastOp}, {"aten.copy.default", &Lowerer::CopyOp},
+      {"aten.full.default", &Lowerer::Fill}, {"aten.full_like.default", &Lowerer::Fill},
+      {"aten.zeros_like.default", &Lowerer::Fill}, {"aten.ones_like.default", &Lowerer::Fill},
+      {"aten.zeros.default", &Lowerer::Fill}, {"aten.ones.default", &Lowerer::Fill},
+      {"aten.scalar_tensor.default", &Lowerer::ScalarTensor},
+      {"aten.arange.start_step", &Lowerer::Arange}, {"aten.arange.default", &Lowerer::Arange},
+      {"aten.arange.start", &Lowerer::Arange},
+      {"aten.view.default", &Lowerer::ReshapeOp}, {"aten.view_copy.default", &Lowerer::ReshapeOp},
+      {"aten._unsafe_view.default", &Lowerer::ReshapeOp},
+      {"aten.reshape.default", &Lowerer::ReshapeOp},
+      {"aten.squeeze.dims", &Lowerer::ReshapeOp}, {"aten.squeeze_copy.dims", &Lowerer::ReshapeOp},
+      {"aten.squeeze.dim", &Lowerer::ReshapeOp}, {"aten.squeeze_copy.dim", &Lowerer::ReshapeOp},
+      {"aten.unsqueeze.default", &Lowerer::ReshapeOp},
+      {"aten.unsqueeze_copy.default", &Lowerer::ReshapeOp},
+      {"aten.expand.default", &Lowerer::ExpandOp}, {"aten.expand_copy.default", &Lowerer::ExpandOp},
+      {"aten.permute.default", &Lowerer::Permute}, {"aten.permute_copy.default", &Lowerer::Permute},
+      {"aten.t.default", &Lowerer::TransposeOp}, {"aten.t_copy.default", &Lowerer::TransposeOp},
+      {"aten.transpose.int", &Lowerer::TransposeOp},
+      {"aten.transpose_copy.int", &Lowerer::TransposeOp},
+      {"aten.slice.Tensor", &Lowerer::SliceOp}, {"aten.slice_copy.Tensor", &Lowerer::SliceOp},
+      {"aten.select.int", &Lowerer::Select}, {"aten.select_copy.int", &Lowerer::Select},
+      {"aten.cat.default", &Lowerer::Cat},
+      {"aten.sum.dim_IntList", &Lowerer::ReduceOp}, {"aten.sum.default", &Lowerer::ReduceOp},
+      {"aten.mean.dim", &Lowerer::ReduceOp}, {"aten.mean.default", &Lowerer::ReduceOp},
+      {"aten.amax.default", &Lowerer::ReduceOp},
+      {"aten.addmm.default", &Lowerer::Addmm},
+      {"aten.mm.default", &Lowerer::MatMulOp}, {"aten.bmm.default", &Lowerer::MatMulOp},
+      {"aten._softmax.default", &Lowerer::SoftmaxOp},
+      {"aten._log_softmax.default", &Lowerer::SoftmaxOp},
+      {"aten.gelu.default", &Lowerer::Gelu},
+      {"aten.convolution.default", &Lowerer::Convolution},
+      {"aten.convolution_backward.default", &Lowerer::ConvolutionBackward},
+      {"aten.max_pool2d_with_indices.default", &Lowerer::MaxPool},
+      {"aten.max_pool2d_with_indices_backward.default", &Lowerer::MaxPoolBackward},
+      {"aten._native_batch_norm_legit_functional.default", &Lowerer::BatchNormTrain},
+      {"aten._native_batch_norm_legit_no_training.default", &Lowerer::BatchNormEval},
+      {"aten.native_layer_norm.default", &Lowerer::LayerNorm},
+      {"aten.embedding.default", &Lowerer::Embedding},
+      {"aten._unsafe_index_put.default", &Lowerer::IndexPut},
+      {"aten.index_put.default", &Lowerer::IndexPut},
+      {"aten.gather.default", &Lowerer::GatherOp},
+      {"aten.scatter.value", &Lowerer::Scatter}, {"aten.scatter.src", &Lowerer::Scatter},
+      {"aten.native_dropout.default", &Lowerer::Dropout},
+      {"aten.copy_.default", &Lowerer::CopyInto},
+  };
+  // clang-format on
+  return table;
+}
+
+StatusOr<Graph> Lowerer::Run() {
+  const int count = ag_.values_size();
+  ids_.assign(count, kNoValue);
+  std::set<std::string> names;
+  auto declare = [&](int index, ValueKind kind, const char* what) -> Status {
+    if (index < 0 || index >= count) {
+      return InvalidArgumentError(fmt::format("{} {} is not a value of the graph", what, index));
+    }
+    const v1::AtenValue& av = ag_.values(index);
+    if (ids_[index] != kNoValue) {
+      return InvalidArgumentError(fmt::format("value '{}' is declared twice", av.name()));
+    }
+    if (av.name().empty() || !names.insert(av.name()).second) {
+      return InvalidArgumentError(
+          fmt::format("{} name '{}' is empty or repeated", what, av.name()));
+    }
+    Value v;
+    v.name = av.name();
+    SALUS_ASSIGN_OR_RETURN(v.type, EngineType(av));
+    v.shape.assign(av.shape().begin(), av.shape().end());
+    for (int64_t d : v.shape) {
+      if (d < 0) return InvalidArgumentError("value '" + av.name() + "' has a negative dim");
+    }
+    if (TooManyElements(v.shape, int64_t{1} << 40)) {
+      return InvalidArgumentError("value '" + av.name() + "' is too large");
+    }
+    v.kind = kind;
+    if (kind == ValueKind::kConstant) {
+      HostTensor t(v.type, v.shape);
+      if (av.data().size() != t.bytes.size()) {
+        return InvalidArgumentError(fmt::format("constant '{}' has {} bytes for {}{}", av.name(),
+                                                av.data().size(), DataTypeName(v.type),
+                                                ShapeString(v.shape)));
+      }
+      std::memcpy(t.bytes.data(), av.data().data(), t.bytes.size());
+      v.data = std::move(t);
+    }
+    ids_[index] = graph_.AddValue(std::move(v));
+    if (kind == ValueKind::kInput) graph_.inputs().push_back(ids_[index]);
+    return OkStatus();
+  };
+  for (int i : ag_.inputs()) SALUS_RETURN_IF_ERROR(declare(i, ValueKind::kInput, "input"));
+  for (int i : ag_.state()) SALUS_RETURN_IF_ERROR(declare(i, ValueKind::kState, "state value"));
+  for (int i = 0; i < count; ++i) {
+    if (ag_.values(i).constant())
+      SALUS_RETURN_IF_ERROR(declare(i, ValueKind::kConstant, "constant"));
+  }
+  // Every unsupported operator at once, so a user learns the whole list from one attempt.
+  std::set<std::string> missing;
+  for (const v1::AtenNode& n : ag_.nodes()) {
+    if (Table().count(n.op()) == 0) missing.insert(n.op());
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (const std::string& m : missing) list += (list.empty() ? "" : ", ") + m;
+    return UnimplementedError("the graph uses ATen operators the engine does not run: " + list);
+  }
+  for (index_ = 0; index_ < ag_.nodes_size(); ++index_) {
+    node_ = &ag_.nodes(index_);
+    for (int o : node_->outputs()) {
+      if (o >= count) return Bad(fmt::format("result {} is out of range", o));
+    }
+    SALUS_RETURN_IF_ERROR((this->*Table().at(node_->op()))());
+    for (int o : node_->outputs()) {
+      if (o >= 0 && ids_[o] == kNoValue && pool_indices_.count(o) == 0) {
+        return InternalError(fmt::format("{} (node {}): result '{}' was not made", node_->op(),
+                                         index_, ag_.values(o).name()));
+      }
+    }
+  }
+  node_ = nullptr;
+  for (int k = 0; k < ag_.outputs_size(); ++k) {
+    const int o = ag_.outputs(k);
+    if (o < 0 || o >= count || ids_[o] == kNoValue) {
+      return InvalidArgumentError(fmt::format("output {} is not a value the graph makes", k));
+    }
+    ValueId id = ids_[o];
+    if (graph_.value(id).kind != ValueKind::kIntermediate ||
+        std::count(graph_.outputs().begin(), graph_.outputs().end(), id) > 0) {
+      Node n;
+      n.op = "Identity";
+      n.name = "output" + std::to_string(k);
+      n.inputs = {id};
+      Value v;
+      v.name = graph_.UniqueName("output");
+      v.type = DataType::kUndefined;
+      n.outputs = {graph_.AddValue(std::move(v))};
+      id = n.outputs[0];
+      SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
+    }
+    graph_.Rename(id, AtenImporter::OutputName(k));
+    graph_.outputs().push_back(id);
+  }
+  return std::move(graph_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise.
+
+Status Lowerer::Unary() {
+  static const std::map<std::string, std::string> ops = {
+      {"aten.abs.default", "Abs"},         {"aten.neg.default", "Neg"},
+      {"aten.exp.default", "Exp"},         {"aten.log.default", "Log"},
+      {"aten.sqrt.default", "Sqrt"},       {"aten.relu.default", "Relu"},
+      {"aten.erf.default", "Erf"},         {"aten.tanh.default", "Tanh"},
+      {"aten.sigmoid.default", "Sigmoid"}, {"aten.reciprocal.default", "Reciprocal"},
+      {"aten.logical_not.default", "Not"}};
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, type));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit(ops.at(node_->op()), {x}));
+  return Bind(0, y);
+}
+
+Status Lowerer::Rsqrt() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
+  SALUS_ASSIGN_OR_RETURN(ValueId s, Emit("Sqrt", {x}));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Reciprocal", {s}));
+  return Bind(0, y);
+}
+
+// add/sub (with alpha), rsub, mul, div, pow, maximum, minimum: both operands are cast to the
+// result's type (PyTorch's type promotion already decided it).
+Status Lowerer::Binary() {
+  const std::string& op = node_->op();
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  const bool pow = op.rfind("aten.pow.", 0) == 0;
+  const bool rsub = op.rfind("aten.rsub.", 0) == 0;
+  ValueId a = kNoValue, b = kNoValue;
+  if (op == "aten.pow.Scalar") {
+    SALUS_ASSIGN_OR_RETURN(a, TensorOrScalar("self", type));
+    SALUS_ASSIGN_OR_RETURN(b, TensorOrScalar("exponent", type));
+  } else if (pow) {
+    SALUS_ASSIGN_OR_RETURN(a, TensorOrScalar("self", type));
+    SALUS_ASSIGN_OR_RETURN(b, TensorOrScalar("exponent", type));
+  } else {
+    SALUS_ASSIGN_OR_RETURN(a, TensorOrScalar("self", type));
+    SALUS_ASSIGN_OR_RETURN(b, TensorOrScalar("other", type));
+  }
+  if (op == "aten.div.Tensor_mode" || (op.rfind("aten.div.", 0) == 0 && !IsNone("rounding_mode"))) {
+    return Refuse("div with a rounding mode");
+  }
+  SALUS_ASSIGN_OR_RETURN(a, Cast(a, type));
+  SALUS_ASSIGN_OR_RETURN(b, Cast(b, type));
+  const bool with_alpha = op.rfind("aten.add.", 0) == 0 || op.rfind("aten.sub.", 0) == 0 || rsub;
+  if (with_alpha) {
+    SALUS_ASSIGN_OR_RETURN(double alpha, Number("alpha"));
+    if (alpha != 1.0) {
+      SALUS_ASSIGN_OR_RETURN(b, Emit("Mul", {b, Scalar(type, alpha)}));
+    }
+  }
+  std::string engine;
+  if (op.rfind("aten.add.", 0) == 0) {
+    engine = "Add";
+  } else if (op.rfind("aten.sub.", 0) == 0) {
+    engine = "Sub";
+  } else if (rsub) {
+    engine = "Sub";
+    std::swap(a, b);
+  } else if (op.rfind("aten.mul.", 0) == 0) {
+    engine = "Mul";
+  } else if (op.rfind("aten.div.", 0) == 0) {
+    if (type != DataType::kFloat32) return Refuse("integer division");
+    engine = "Div";
+  } else if (pow) {
+    engine = "Pow";
+  } else if (op == "aten.maximum.default") {
+    engine = "Max";
+  } else {
+    engine = "Min";
+  }
+  if (type == DataType::kBool && engine != "Max" && engine != "Min") {
+    return Refuse("arithmetic on bool tensors");
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit(engine, {a, b}));
+  return Bind(0, y);
+}
+
+Status Lowerer::Compare() {
+  const std::string& op = node_->op();
+  const bool logical = op.rfind("aten.logical_", 0) == 0;
+  SALUS_ASSIGN_OR_RETURN(ValueId a, Tensor("self"));
+  DataType common = T(a);
+  ValueId b = kNoValue;
+  SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* other, Arg("other"));
+  if (other->kind_case() == v1::AtenArgument::kValue) {
+    SALUS_ASSIGN_OR_RETURN(b, ValueOf(other->value()));
+    if (T(b) == DataType::kFloat32) common = DataType::kFloat32;
+  } else if (other->kind_case() == v1::AtenArgument::kFloatValue) {
+    common = DataType::kFloat32;
+  }
+  if (logical) common = DataType::kBool;
+  if (b == kNoValue) {
+    SALUS_ASSIGN_OR_RETURN(double v, Number("other"));
+    b = Scalar(common, v);
+  }
+  if (common == DataType::kBool && !logical) common = DataType::kInt64;
+  SALUS_ASSIGN_OR_RETURN(a, Cast(a, common));
+  SALUS_ASSIGN_OR_RETURN(b, Cast(b, common));
+  const std::string family = op.substr(5, op.find('.', 5) - 5);
+  static const std::map<std::string, std::string> ops = {
+      {"eq", "Equal"},   {"ne", "Equal"},          {"lt", "Less"},         {"le", "LessOrEqual"},
+      {"gt", "Greater"}, {"ge", "GreaterOrEqual"}, {"logical_and", "And"}, {"logical_or", "Or"}};
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit(ops.at(family), {a, b}));
+  if (family == "ne") {
+    SALUS_ASSIGN_OR_RETURN(y, Emit("Not", {y}));
+  }
+  return Bind(0, y);
+}
+
+Status Lowerer::WhereOp() {
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  SALUS_ASSIGN_OR_RETURN(ValueId c, Tensor("condition"));
+  SALUS_ASSIGN_OR_RETURN(ValueId a, TensorOrScalar("self", type));
+  SALUS_ASSIGN_OR_RETURN(ValueId b, TensorOrScalar("other", type));
+  SALUS_ASSIGN_OR_RETURN(c, Cast(c, DataType::kBool));
+  SALUS_ASSIGN_OR_RETURN(a, Cast(a, type));
+  SALUS_ASSIGN_OR_RETURN(b, Cast(b, type));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Where", {c, a, b}));
+  return Bind(0, y);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Copies, constants and shapes.
+
+Status Lowerer::Identity() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  return Bind(0, x);
+}
+
+Status Lowerer::CastOp() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Cast(x, type));
+  return Bind(0, y);
+}
+
+// copy(self, src): src broadcast to self's shape in self's type.
+Status Lowerer::CopyOp() {
+  SALUS_ASSIGN_OR_RETURN(ValueId self, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(ValueId src, Tensor("src"));
+  SALUS_ASSIGN_OR_RETURN(src, Cast(src, T(self)));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, ExpandTo(src, S(self)));
+  return Bind(0, y);
+}
+
+Status Lowerer::Fill() {
+  const std::string& op = node_->op();
+  double v = 0;
+  if (op == "aten.ones_like.default" || op == "aten.ones.default") {
+    v = 1;
+  } else if (op == "aten.full.default" || op == "aten.full_like.default") {
+    SALUS_ASSIGN_OR_RETURN(v, Number("fill_value"));
+  }
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  SALUS_ASSIGN_OR_RETURN(Shape shape, DeclaredShape(0));
+  if (TooManyElements(shape, int64_t{1} << 30)) return Bad("the filled tensor is too large");
+  return Bind(0, Filled(type, shape, v));
+}
+
+Status Lowerer::ScalarTensor() {
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  SALUS_ASSIGN_OR_RETURN(double v, Number("s"));
+  return Bind(0, Scalar(type, v));
+}
+
+Status Lowerer::Arange() {
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  SALUS_ASSIGN_OR_RETURN(Shape shape, DeclaredShape(0));
+  double start = 0, step = 1;
+  if (node_->op() != "aten.arange.default") {
+    SALUS_ASSIGN_OR_RETURN(start, Number("start"));
+  }
+  if (node_->op() == "aten.arange.start_step") {
+    SALUS_ASSIGN_OR_RETURN(step, Number("step"));
+  }
+  if (shape.size() != 1) return Bad("arange's result is not 1-D");
+  HostTensor t(type, shape);
+  for (int64_t i = 0; i < shape[0]; ++i) {
+    const double v = start + step * static_cast<double>(i);
+    if (type == DataType::kFloat32) {
+      t.floats()[i] = static_cast<float>(v);
+    } else if (type == DataType::kInt64) {
+      reinterpret_cast<int64_t*>(t.bytes.data())[i] = static_cast<int64_t>(v);
+    } else {
+      return Refuse("a bool arange");
+    }
+  }
+  return Bind(0, Constant(std::move(t)));
+}
+
+// view, reshape, squeeze, unsqueeze: the declared shape says where the elements go.
+Status Lowerer::ReshapeOp() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(Shape to, DeclaredShape(0));
+  if (NumElements(to) != NumElements(S(x))) return Bad("the new shape has another size");
+  SALUS_ASSIGN_OR_RETURN(ValueId y, ReshapeTo(x, to));
+  return Bind(0, y);
+}
+
+Status Lowerer::ExpandOp() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(Shape to, DeclaredShape(0));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, ExpandTo(x, to));
+  return Bind(0, y);
+}
+
+Status Lowerer::Permute() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> dims, Ints("dims"));
+  if (dims.size() != S(x).size()) return Bad("dims do not match the rank");
+  for (int64_t& d : dims) {
+    SALUS_ASSIGN_OR_RETURN(d, Axis(d, S(x).size()));
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Transpose", {x}, {{"perm", IntsAttr(dims)}}));
+  return Bind(0, y);
+}
+
+Status Lowerer::TransposeOp() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  const size_t rank = S(x).size();
+  if (rank < 2) return Bind(0, x);
+  int64_t d0 = 0, d1 = 1;
+  if (node_->op().find(".int") != std::string::npos) {
+    SALUS_ASSIGN_OR_RETURN(int64_t a, Int("dim0"));
+    SALUS_ASSIGN_OR_RETURN(int64_t b, Int("dim1"));
+    SALUS_ASSIGN_OR_RETURN(d0, Axis(a, rank));
+    SALUS_ASSIGN_OR_RETURN(d1, Axis(b, rank));
+  }
+  std::vector<int64_t> perm(rank);
+  for (size_t i = 0; i < rank; ++i) perm[i] = static_cast<int64_t>(i);
+  std::swap(perm[d0], perm[d1]);
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Transpose", {x}, {{"perm", IntsAttr(perm)}}));
+  return Bind(0, y);
+}
+
+Status Lowerer::SliceOp() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, S(x).size()));
+  const int64_t size = S(x)[dim];
+  int64_t start = 0, end = size, step = 1;
+  if (!IsNone("start")) {
+    SALUS_ASSIGN_OR_RETURN(start, Int("start"));
+  }
+  if (!IsNone("end")) {
+    SALUS_ASSIGN_OR_RETURN(end, Int("end"));
+  }
+  SALUS_ASSIGN_OR_RETURN(step, Int("step"));
+  if (step < 1) return Bad("slice step must be positive");
+  start = std::clamp<int64_t>(start < 0 ? start + size : start, 0, size);
+  end = std::clamp<int64_t>(end < 0 ? end + size : end, 0, size);
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId y, Emit("Slice", {x, Int64s({start}), Int64s({end}), Int64s({dim}), Int64s({step})}));
+  return Bind(0, y);
+}
+
+Status Lowerer::Select() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, S(x).size()));
+  SALUS_ASSIGN_OR_RETURN(int64_t index, Int("index"));
+  const int64_t size = S(x)[dim];
+  if (index < -size || index >= size) return Bad("index is out of range");
+  if (index < 0) index += size;
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId y,
+      Emit("Gather", {x, Constant(HostTensor::FromInt64s({}, {index}))}, {{"axis", IntAttr(dim)}}));
+  return Bind(0, y);
+}
+
+Status Lowerer::Cat() {
+  SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* list, Arg("tensors"));
+  if (list->kind_case() != v1::AtenArgument::kValues) return Bad("'tensors' is not a list");
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  std::vector<ValueId> parts;
+  for (int i : list->values().v()) {
+    SALUS_ASSIGN_OR_RETURN(ValueId p, ValueOf(i));
+    if (NumElements(S(p)) == 0 && S(p).size() == 1) continue;  // torch skips empty 1-D inputs
+    SALUS_ASSIGN_OR_RETURN(p, Cast(p, type));
+    parts.push_back(p);
+  }
+  if (parts.empty()) return Bad("nothing to concatenate");
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, S(parts[0]).size()));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, parts.size() == 1
+                                        ? StatusOr<ValueId>(parts[0])
+                                        : Emit("Concat", parts, {{"axis", IntAttr(dim)}}));
+  return Bind(0, y);
+}
+
+Status Lowerer::ReduceOp() {
+  const std::string& op = node_->op();
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  std::vector<int64_t> axes;
+  bool keep = false;
+  if (op != "aten.sum.default" && op != "aten.mean.default") {
+    if (!IsNone("dim")) {
+      SALUS_ASSIGN_OR_RETURN(axes, Ints("dim"));
+    }
+    SALUS_ASSIGN_OR_RETURN(keep, Bool("keepdim"));
+  }
+  const std::string engine = op.rfind("aten.sum.", 0) == 0    ? "ReduceSum"
+                             : op.rfind("aten.mean.", 0) == 0 ? "ReduceMean"
+                                                              : "ReduceMax";
+  if (engine == "ReduceMax") {
+    SALUS_ASSIGN_OR_RETURN(ValueId y, Reduce(engine, x, axes, keep));
+    return Bind(0, y);
+  }
+  // Integer sums (counts of a mask, nll_loss's) in float, exact below 2^24.
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Reduce(engine, x, axes, keep));
+  SALUS_ASSIGN_OR_RETURN(y, Cast(y, type));
+  return Bind(0, y);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Linear algebra and normalisation.
+
+Status Lowerer::Addmm() {
+  SALUS_ASSIGN_OR_RETURN(ValueId c, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(ValueId a, Tensor("mat1"));
+  SALUS_ASSIGN_OR_RETURN(ValueId b, Tensor("mat2"));
+  SALUS_ASSIGN_OR_RETURN(double beta, Number("beta"));
+  SALUS_ASSIGN_OR_RETURN(double alpha, Number("alpha"));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Gemm", {a, b, c},
+                                         {{"alpha", FloatAttr(static_cast<float>(alpha))},
+                                          {"beta", FloatAttr(static_cast<float>(beta))}}));
+  return Bind(0, y);
+}
+
+Status Lowerer::MatMulOp() {
+  SALUS_ASSIGN_OR_RETURN(ValueId a, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(ValueId b, Tensor("mat2"));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("MatMul", {a, b}));
+  return Bind(0, y);
+}
+
+Status Lowerer::SoftmaxOp() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, S(x).size()));
+  SALUS_ASSIGN_OR_RETURN(bool half, Bool("half_to_float"));
+  if (half) return Refuse("half_to_float");
+  const std::string engine = node_->op() == "aten._softmax.default" ? "Softmax" : "LogSoftmax";
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit(engine, {x}, {{"axis", IntAttr(dim)}}));
+  return Bind(0, y);
+}
+
+Status Lowerer::Gelu() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(std::string approximate, String("approximate"));
+  if (approximate != "none" && approximate != "tanh")
+    return Bad("approximate must be none or tanh");
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Gelu", {x}, {{"approximate", StringAttr(approximate)}}));
+  return Bind(0, y);
+}
+
+Status Lowerer::Convolution() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("input"));
+  SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight"));
+  SALUS_ASSIGN_OR_RETURN(ValueId b, Tensor("bias", true));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> stride, Ints("stride"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> padding, Ints("padding"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> dilation, Ints("dilation"));
+  SALUS_ASSIGN_OR_RETURN(bool transposed, Bool("transposed"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> output_padding, Ints("output_padding"));
+  SALUS_ASSIGN_OR_RETURN(int64_t groups, Int("groups"));
+  const size_t spatial = S(x).size() - 2;
+  if (S(x).size() < 3 || S(w).size() != S(x).size()) return Bad("input and weight ranks differ");
+  auto expand = [&](std::vector<int64_t>& v) {
+    if (v.size() == 1) v.assign(spatial, v[0]);
+  };
+  expand(stride), expand(padding), expand(dilation), expand(output_padding);
+  if (stride.size() != spatial || padding.size() != spatial || dilation.size() != spatial) {
+    return Bad("stride, padding and dilation must have one entry per spatial dim");
+  }
+  std::vector<int64_t> pads = padding;
+  pads.insert(pads.end(), padding.begin(), padding.end());
+  std::map<std::string, Attribute> attrs = {{"strides", IntsAttr(stride)},
+                                            {"pads", IntsAttr(pads)},
+                                            {"dilations", IntsAttr(dilation)},
+                                            {"group", IntAttr(groups)}};
+  std::vector<ValueId> inputs = {x, w};
+  if (b != kNoValue) inputs.push_back(b);
+  if (transposed) {
+    for (int64_t p : output_padding) {
+      if (p != 0) return Refuse("a transposed convolution with output_padding");
+    }
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit(transposed ? "ConvTranspose" : "Conv", inputs, attrs));
+  return Bind(0, y);
+}
+
+// convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+// transposed, output_padding, groups, output_mask) -> (grad_input, grad_weight, grad_bias).
+Status Lowerer::ConvolutionBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("input"));
+  SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight"));
+  SALUS_ASSIGN_OR_RETURN(bool transposed, Bool("transposed"));
+  if (transposed) return Refuse("the gradient of a transposed convolution");
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> stride, Ints("stride"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> padding, Ints("padding"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> dilation, Ints("dilation"));
+  SALUS_ASSIGN_OR_RETURN(int64_t groups, Int("groups"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> mask, Ints("output_mask"));
+  if (mask.size() != 3) return Bad("output_mask must have 3 entries");
+  const size_t spatial = S(x).size() - 2;
+  auto expand = [&](std::vector<int64_t>& v) {
+    if (v.size() == 1) v.assign(spatial, v[0]);
+  };
+  expand(stride), expand(padding), expand(dilation);
+  std::vector<int64_t> pads = padding;
+  pads.insert(pads.end(), padding.begin(), padding.end());
+  std::map<std::string, Attribute> attrs = {
+      {"strides", IntsAttr(stride)},      {"pads", IntsAttr(pads)},
+      {"dilations", IntsAttr(dilation)},  {"group", IntAttr(groups)},
+      {"forward_op", StringAttr("Conv")}, {"opset", IntAttr(kAtenOpset)}};
+  auto wanted = [&](int k) { return mask[k] != 0 && k < Outputs() && node_->outputs(k) >= 0; };
+  if (wanted(0)) {
+    auto a = attrs;
+    a["x_shape"] = IntsAttr(S(x));
+    SALUS_ASSIGN_OR_RETURN(ValueId dx,
+                           EmitShaped("SalusConvGradData", {dy, w}, a, DataType::kFloat32, S(x)));
+    SALUS_RETURN_IF_ERROR(Bind(0, dx));
+  }
+  if (wanted(1) || wanted(2)) {
+    Node n;
+    n.op = "SalusConvGradWeights";
+    n.name = NodeName();
+    n.inputs = {x, dy};
+    n.attrs = attrs;
+    n.attrs["w_shape"] = IntsAttr(S(w));
+    Value dw;
+    dw.name = graph_.UniqueName(n.name);
+    dw.shape = S(w);
+    n.outputs = {graph_.AddValue(std::move(dw))};
+    if (wanted(2)) {
+      Value db;
+      db.name = graph_.UniqueName(n.name);
+      db.shape = {S(w)[0]};
+      n.outputs.push_back(graph_.AddValue(std::move(db)));
+    }
+    const std::vector<ValueId> outs = n.outputs;
+    SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
+    if (wanted(1)) SALUS_RETURN_IF_ERROR(Bind(1, outs[0]));
+    if (wanted(2)) SALUS_RETURN_IF_ERROR(Bind(2, outs[1]));
+  }
+  return OkStatus();
+}
+
+Status Lowerer::MaxPool() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> kernel, Ints("kernel_size"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> stride, Ints("stride"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> padding, Ints("padding"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> dilation, Ints("dilation"));
+  SALUS_ASSIGN_OR_RETURN(bool ceil, Bool("ceil_mode"));
+  if (S(x).size() != 4) return Refuse("max pooling of a tensor that is not 4-D");
+  auto two = [](std::vector<int64_t>& v, std::vector<int64_t> fallback) {
+    if (v.empty()) v = std::move(fallback);
+    if (v.size() == 1) v.push_back(v[0]);
+  };
+  two(kernel, {}), two(stride, kernel), two(padding, {0}), two(dilation, {1});
+  for (int64_t d : dilation) {
+    if (d != 1) return Refuse("dilated max pooling");
+  }
+  std::map<std::string, Attribute> attrs = {
+      {"kernel_shape", IntsAttr(kernel)},
+      {"strides", IntsAttr(stride)},
+      {"pads", IntsAttr({padding[0], padding[1], padding[0], padding[1]})},
+      {"ceil_mode", IntAttr(ceil ? 1 : 0)}};
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("MaxPool", {x}, attrs));
+  SALUS_RETURN_IF_ERROR(Bind(0, y));
+  if (Outputs() > 1 && node_->outputs(1) >= 0) pool_indices_.insert(node_->outputs(1));
+  return OkStatus();
+}
+
+// The window's first maximum gets the gradient, as PyTorch's indices say; the engine finds it
+// again from the input instead of reading the indices.
+Status Lowerer::MaxPoolBackward() {
+  SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* ind, Arg("indices"));
+  if (ind->kind_case() != v1::AtenArgument::kValue || pool_indices_.count(ind->value()) == 0) {
+    return Refuse("indices that are not a max_pool2d_with_indices result");
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> kernel, Ints("kernel_size"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> stride, Ints("stride"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> padding, Ints("padding"));
+  SALUS_ASSIGN_OR_RETURN(bool ceil, Bool("ceil_mode"));
+  auto two = [](std::vector<int64_t>& v, std::vector<int64_t> fallback) {
+    if (v.empty()) v = std::move(fallback);
+    if (v.size() == 1) v.push_back(v[0]);
+  };
+  two(kernel, {}), two(stride, kernel), two(padding, {0});
+  std::map<std::string, Attribute> attrs = {
+      {"kernel_shape", IntsAttr(kernel)},
+      {"strides", IntsAttr(stride)},
+      {"pads", IntsAttr({padding[0], padding[1], padding[0], padding[1]})},
+      {"ceil_mode", IntAttr(ceil ? 1 : 0)},
+      {"forward_op", StringAttr("MaxPool")},
+      {"opset", IntAttr(kAtenOpset)}};
+  SALUS_ASSIGN_OR_RETURN(ValueId dx,
+                         EmitShaped("SalusPoolGrad", {x, dy}, attrs, DataType::kFloat32, S(x)));
+  return Bind(0, dx);
+}
+
+// _native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training,
+// momentum, eps) -> (out, save_mean, save_rstd, new_running_mean, new_running_var), in
+// PyTorch's arithmetic: biased batch variance for the output, unbiased for the running update.
+Status Lowerer::BatchNormTrain() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("input"));
+  SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight", true));
+  SALUS_ASSIGN_OR_RETURN(ValueId b, Tensor("bias", true));
+  SALUS_ASSIGN_OR_RETURN(ValueId rm, Tensor("running_mean"));
+  SALUS_ASSIGN_OR_RETURN(ValueId rv, Tensor("running_var"));
+  SALUS_ASSIGN_OR_RETURN(bool training, Bool("training"));
+  SALUS_ASSIGN_OR_RETURN(double momentum, Number("momentum"));
+  SALUS_ASSIGN_OR_RETURN(double eps, Number("eps"));
+  if (!training) return Refuse("_native_batch_norm_legit_functional outside training");
+  const Shape xs = S(x);
+  if (xs.size() < 2) return Bad("input must have a channel dim");
+  std::vector<int64_t> axes = {0};
+  Shape stat = xs;
+  int64_t count = xs[0];
+  stat[0] = 1;
+  for (size_t d = 2; d < xs.size(); ++d) {
+    axes.push_back(static_cast<int64_t>(d));
+    count *= xs[d];
+    stat[d] = 1;
+  }
+  const Shape c = {xs[1]};
+  SALUS_ASSIGN_OR_RETURN(ValueId mean, Reduce("ReduceMean", x, axes, true));
+  SALUS_ASSIGN_OR_RETURN(ValueId centred, Emit("Sub", {x, mean}));
+  SALUS_ASSIGN_OR_RETURN(ValueId sq, Emit("Mul", {centred, centred}));
+  SALUS_ASSIGN_OR_RETURN(ValueId var, Reduce("ReduceMean", sq, axes, true));
+  SALUS_ASSIGN_OR_RETURN(ValueId ve, Emit("Add", {var, Scalar(DataType::kFloat32, eps)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId sd, Emit("Sqrt", {ve}));
+  SALUS_ASSIGN_OR_RETURN(ValueId rstd, Emit("Reciprocal", {sd}));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Mul", {centred, rstd}));
+  if (w != kNoValue) {
+    SALUS_ASSIGN_OR_RETURN(ValueId ws, ReshapeTo(w, [&] {
+                             Shape s(xs.size(), 1);
+                             s[1] = xs[1];
+                             return s;
+                           }()));
+    SALUS_ASSIGN_OR_RETURN(y, Emit("Mul", {y, ws}));
+  }
+  if (b != kNoValue) {
+    Shape s(xs.size(), 1);
+    s[1] = xs[1];
+    SALUS_ASSIGN_OR_RETURN(ValueId bs, ReshapeTo(b, s));
+    SALUS_ASSIGN_OR_RETURN(y, Emit("Add", {y, bs}));
+  }
+  SALUS_RETURN_IF_ERROR(Bind(0, y));
+  SALUS_ASSIGN_OR_RETURN(ValueId mean_c, ReshapeTo(mean, c));
+  SALUS_ASSIGN_OR_RETURN(ValueId rstd_c, ReshapeTo(rstd, c));
+  SALUS_RETURN_IF_ERROR(Bind(1, mean_c));
+  SALUS_RETURN_IF_ERROR(Bind(2, rstd_c));
+  const float m = static_cast<float>(momentum);
+  auto blend = [&](ValueId running, ValueId batch) -> StatusOr<ValueId> {
+    SALUS_ASSIGN_OR_RETURN(ValueId keep, Emit("Mul", {running, Scalar(DataType::kFloat32, 1 - m)}));
+    SALUS_ASSIGN_OR_RETURN(ValueId add, Emit("Mul", {batch, Scalar(DataType::kFloat32, m)}));
+    return Emit("Add", {keep, add});
+  };
+  SALUS_ASSIGN_OR_RETURN(ValueId new_mean, blend(rm, mean_c));
+  SALUS_RETURN_IF_ERROR(Bind(3, new_mean));
+  const double unbias =
+      count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
+  SALUS_ASSIGN_OR_RETURN(ValueId var_c, ReshapeTo(var, c));
+  SALUS_ASSIGN_OR_RETURN(ValueId var_u, Emit("Mul", {var_c, Scalar(DataType::kFloat32, unbias)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId new_var, blend(rv, var_u));
+  return Bind(4, new_var);
+}
+
+// _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var,
+// momentum, eps) -> (out, empty, empty).
+Status Lowerer::BatchNormEval() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("input"));
+  SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight", true));
+  SALUS_ASSIGN_OR_RETURN(ValueId b, Tensor("bias", true));
+  SALUS_ASSIGN_OR_RETURN(ValueId rm, Tensor("running_mean"));
+  SALUS_ASSIGN_OR_RETURN(ValueId rv, Tensor("running_var"));
+  SALUS_ASSIGN_OR_RETURN(double eps, Number("eps"));
+  const Shape c = {S(x).at(1)};
+  if (w == kNoValue) w = Filled(DataType::kFloat32, c, 1);
+  if (b == kNoValue) b = Filled(DataType::kFloat32, c, 0);
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("BatchNormalization", {x, w, b, rm, rv},
+                                         {{"epsilon", FloatAttr(static_cast<float>(eps))}}));
+  SALUS_RETURN_IF_ERROR(Bind(0, y));
+  for (int k = 1; k < Outputs(); ++k) {
+    if (node_->outputs(k) < 0) continue;
+    SALUS_ASSIGN_OR_RETURN(Shape s, DeclaredShape(k));
+    SALUS_RETURN_IF_ERROR(Bind(k, Filled(DataType::kFloat32, s, 0)));
+  }
+  return OkStatus();
+}
+
+// native_layer_norm(input, normalized_shape, weight, bias, eps) -> (out, mean, rstd).
+Status Lowerer::LayerNorm() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("input"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> normalized, Ints("normalized_shape"));
+  SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight", true));
+  SALUS_ASSIGN_OR_RETURN(ValueId b, Tensor("bias", true));
+  SALUS_ASSIGN_OR_RETURN(double eps, Number("eps"));
+  const Shape xs = S(x);
+  if (normalized.empty() || normalized.size() > xs.size()) return Bad("bad normalized_shape");
+  const int64_t axis = static_cast<int64_t>(xs.size() - normalized.size());
+  if (w == kNoValue) w = Filled(DataType::kFloat32, Shape(normalized), 1);
+  std::vector<ValueId> inputs = {x, w};
+  if (b != kNoValue) inputs.push_back(b);
+  SALUS_ASSIGN_OR_RETURN(
+      auto outs,
+      EmitN("LayerNormalization", inputs,
+            {{"axis", IntAttr(axis)}, {"epsilon", FloatAttr(static_cast<float>(eps))}}, 3));
+  for (int k = 0; k < 3; ++k) SALUS_RETURN_IF_ERROR(Bind(k, outs[k]));
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Indexing.
+
+Status Lowerer::Embedding() {
+  SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight"));
+  SALUS_ASSIGN_OR_RETURN(ValueId idx, Tensor("indices"));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Gather", {w, idx}, {{"axis", IntAttr(0)}}));
+  return Bind(0, y);
+}
+
+// index_put(self, indices, values, accumulate) with one index tensor on dim 0 and accumulate:
+// the gradient of a gather along dim 0 (an embedding's), a scatter-add.
+Status Lowerer::IndexPut() {
+  SALUS_ASSIGN_OR_RETURN(ValueId self, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* list, Arg("indices"));
+  SALUS_ASSIGN_OR_RETURN(ValueId values, Tensor("values"));
+  SALUS_ASSIGN_OR_RETURN(bool accumulate, Bool("accumulate"));
+  if (!accumulate) return Refuse("index_put without accumulate");
+  if (list->kind_case() != v1::AtenArgument::kValues || list->values().v_size() != 1 ||
+      list->values().v(0) < 0) {
+    return Refuse("index_put with other than one index tensor on dim 0");
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId idx, ValueOf(list->values().v(0)));
+  if (T(idx) != DataType::kInt64 || T(self) != DataType::kFloat32 || S(self).empty()) {
+    return Refuse("index_put other than float values at int64 indices");
+  }
+  // The indices flattened, the values one row of self per index.
+  const Shape table = S(self);
+  Shape want = S(idx);
+  want.insert(want.end(), table.begin() + 1, table.end());
+  SALUS_ASSIGN_OR_RETURN(values, ExpandTo(values, want));
+  const int64_t count = NumElements(S(idx));
+  SALUS_ASSIGN_OR_RETURN(idx, ReshapeTo(idx, {count}));
+  Shape rows = {count};
+  rows.insert(rows.end(), table.begin() + 1, table.end());
+  SALUS_ASSIGN_OR_RETURN(values, ReshapeTo(values, rows));
+  SALUS_ASSIGN_OR_RETURN(ValueId scattered,
+                         EmitShaped("SalusGatherGrad", {idx, values}, {{"axis", IntAttr(0)}},
+                                    DataType::kFloat32, S(self)));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Add", {self, scattered}));
+  return Bind(0, y);
+}
+
+// A bool mask of `like`'s shape: true where the position along `dim` equals `index` (which
+// has size 1 along `dim` and broadcasts along the others).
+StatusOr<ValueId> Lowerer::OneHotAlong(ValueId index, int64_t dim, const Shape& like) {
+  const Shape is = S(index);
+  if (is.size() != like.size() || is[dim] != 1) {
+    return Refuse("gather or scatter with an index that is not one position per slice");
+  }
+  for (size_t d = 0; d < is.size(); ++d) {
+    if (static_cast<int64_t>(d) != dim && is[d] != like[d]) {
+      return Refuse("gather or scatter with an index smaller than the tensor");
+    }
+  }
+  Shape rs(like.size(), 1);
+  rs[dim] = like[dim];
+  std::vector<int64_t> positions(like[dim]);
+  for (int64_t i = 0; i < like[dim]; ++i) positions[i] = i;
+  const ValueId range = Constant(HostTensor::FromInt64s(rs, positions));
+  SALUS_ASSIGN_OR_RETURN(index, Cast(index, DataType::kInt64));
+  return Emit("Equal", {index, range});
+}
+
+// gather(self, dim, index) with one index per slice along dim (nll_loss's picking of the
+// target's log-probability): a masked sum.
+Status Lowerer::GatherOp() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, S(x).size()));
+  SALUS_ASSIGN_OR_RETURN(ValueId index, Tensor("index"));
+  if (T(x) != DataType::kFloat32) return Refuse("gather of a non-float tensor");
+  SALUS_ASSIGN_OR_RETURN(ValueId mask, OneHotAlong(index, dim, S(x)));
+  SALUS_ASSIGN_OR_RETURN(ValueId picked, Emit("Where", {mask, x, Scalar(DataType::kFloat32, 0)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Reduce("ReduceSum", picked, {dim}, true));
+  return Bind(0, y);
+}
+
+// scatter(self, dim, index, value|src) with one index per slice along dim (nll_loss's
+// gradient).
+Status Lowerer::Scatter() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, S(x).size()));
+  SALUS_ASSIGN_OR_RETURN(ValueId index, Tensor("index"));
+  ValueId src = kNoValue;
+  if (node_->op() == "aten.scatter.value") {
+    SALUS_ASSIGN_OR_RETURN(src, TensorOrScalar("value", T(x)));
+  } else {
+    SALUS_ASSIGN_OR_RETURN(src, Tensor("src"));
+    if (S(src) != S(index)) return Refuse("scatter with src shaped unlike index");
+  }
+  SALUS_ASSIGN_OR_RETURN(src, Cast(src, T(x)));
+  SALUS_ASSIGN_OR_RETURN(ValueId mask, OneHotAlong(index, dim, S(x)));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Where", {mask, src, x}));
+  return Bind(0, y);
+}
+
+// native_dropout(input, p, train) -> (output, mask): only the identity forms.
+Status Lowerer::Dropout() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("input"));
+  SALUS_ASSIGN_OR_RETURN(double p, Number("p"));
+  bool train = true;
+  if (!IsNone("train")) {
+    SALUS_ASSIGN_OR_RETURN(train, Bool("train"));
+  }
+  if (train && p != 0) return Refuse("dropout with p > 0 in training");
+  SALUS_RETURN_IF_ERROR(Bind(0, x));
+  if (Outputs() > 1 && node_->outputs(1) >= 0) {
+    SALUS_RETURN_IF_ERROR(Bind(1, Filled(DataType::kBool, S(x), 1)));
+  }
+  return OkStatus();
+}
+
+// copy_(self, src) into a state value: the step's write of it.
+Status Lowerer::CopyInto() {
+  SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* self, Arg("self"));
+  if (self->kind_case() != v1::AtenArgument::kValue) return Bad("'self' is not a tensor");
+  SALUS_ASSIGN_OR_RETURN(ValueId var, ValueOf(self->value()));
+  if (graph_.value(var).kind != ValueKind::kState) {
+    return Refuse("copy_ into a value that is not state");
+  }
+  if (!written_.insert(self->value()).second) {
+    return Bad("state value '" + graph_.value(var).name + "' is written twice");
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId src, Tensor("src"));
+  SALUS_ASSIGN_OR_RETURN(src, Cast(src, T(var)));
+  SALUS_ASSIGN_OR_RETURN(src, ExpandTo(src, S(var)));
+  if (src == var) return Bind(0, var);
+  Node n;
+  n.op = "SalusAssign";
+  n.name = NodeName();
+  n.inputs = {var, src};
+  n.attrs["mode"] = StringAttr("set");
+  SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
+  return Bind(0, var);
+}
+
+}  // namespace
+
+StatusOr<Graph> AtenImporter::Import(const void* data, size_t size,
+                                     const AtenImportOptions& options) {
+  v1::AtenGraph ag;
+  if (size > static_cast<size_t>(INT32_MAX) || !ag.ParseFromArray(data, static_cast<int>(size))) {
+    return InvalidArgumentError(
+        fmt::format("the ATen graph ({} bytes) is not a salus.v1.AtenGraph", size));
+  }
+  Lowerer lowerer(ag, options);
+  return lowerer.Run();
+}
+
+std::vector<std::string> AtenImporter::SupportedOps() {
+  std::vector<std::string> ops;
+  for (const auto& [op, _] : Lowerer::Table()) ops.push_back(op);
+  return ops;
+}
+
+}  // namespace salus::exec
