@@ -1,0 +1,200 @@
+"""`capture_step`: a PyTorch training or inference step run as daemon iterations.
+
+Note [Where the state lives]
+The parameters, buffers and optimizer state of a captured step live in the daemon, in the
+persistent memory of the step's session, between calls. A call sends only the batch and the
+learning rates and fetches only what the step returns. The user's own tensors are the *host*
+copy; which copy is newest is tracked:
+- the first call of a session (a new shape signature) writes the whole state from the host in
+  the same RunIteration, pulling it from the session that held it first, if any;
+- `sync()` pulls the state into the user's tensors (parameters, buffers, `optimizer.state`),
+  after which the host copy is the newest: a later call writes it to the daemon again, so
+  changes made on the host in between (loading a checkpoint, say) are seen.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+import salus
+
+from . import trace as _trace
+
+_NP = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np.bool_}
+
+# Which captured step's session holds the newest state of a module or optimizer (by id), so
+# that a step that shares them with another (a training and an evaluation step) pulls it first.
+_holders: dict[int, CapturedStep] = {}
+
+
+@dataclass
+class _Entry:
+    traced: _trace.Traced
+    session: salus.Session
+    digest: str
+
+
+class CapturedStep:
+    """A step function whose calls run in salus-server (see `capture_step`)."""
+
+    def __init__(self, fn: Callable[..., Any], modules: list[torch.nn.Module] | None,
+                 optimizers: list[torch.optim.Optimizer] | None,
+                 client: salus.Client | None, endpoint: str | None, name: str,
+                 session_options: dict[str, Any]) -> None:
+        self._fn = fn
+        found_m, found_o = _trace.discover(fn)
+        self.modules = list(modules) if modules is not None else found_m
+        self.optimizers = list(optimizers) if optimizers is not None else found_o
+        self._own_client = client is None
+        self._client = client if client is not None else salus.connect(endpoint)
+        self._name = name or f"torch:{getattr(fn, '__name__', 'step')}"
+        self._options = session_options
+        self._entries: dict[tuple, _Entry] = {}
+        self._holder: _Entry | None = None  # the session with the newest state, if any
+        functools.update_wrapper(self, fn)
+
+    # ---- calls ----
+
+    def _key(self, args: tuple) -> tuple:
+        flat, spec = pytree.tree_flatten(args)
+        parts = []
+        for a in flat:
+            if isinstance(a, torch.Tensor):
+                parts.append(("t", tuple(a.shape), str(a.dtype)))
+            else:
+                parts.append(("v", repr(a)))
+        modes = tuple(m.training for m in self.modules for m in m.modules())
+        opts = tuple(_trace._optim.functional(o).signature() for o in self.optimizers)
+        return (str(spec), tuple(parts), modes, opts)
+
+    def _entry(self, args: tuple) -> _Entry:
+        key = self._key(args)
+        entry = self._entries.get(key)
+        if entry is None:
+            traced = _trace.trace(self._fn, args, self.modules, self.optimizers)
+            blob = traced.graph.SerializeToString()
+            digest = hashlib.sha256(blob).hexdigest()[:16]
+            for other in self._entries.values():  # the same graph: share its session
+                if other.digest == digest:
+                    entry = _Entry(traced, other.session, digest)
+                    break
+            if entry is None:
+                session = self._client.create_session(
+                    aten_graph=blob, name=f"{self._name}:{len(self._entries)}",
+                    **self._options)
+                entry = _Entry(traced, session, digest)
+            self._entries[key] = entry
+        return entry
+
+    def __call__(self, *args: Any) -> Any:
+        entry = self._entry(args)
+        t = entry.traced
+        feeds: dict[str, np.ndarray] = {}
+        batch = [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
+        for name, value in zip(t.inputs, batch, strict=False):
+            feeds[name] = _numpy(value, name)
+        for name, (opt, gi) in zip(t.inputs[len(batch):], t.lr_inputs, strict=False):
+            feeds[name] = np.asarray([float(opt.param_groups[gi]["lr"])], dtype=np.float32)
+        owners = [id(o) for o in (*self.modules, *self.optimizers)]
+        for other in {_holders[k] for k in owners if _holders.get(k, self) is not self}:
+            other._pull()
+        if self._holder is None or self._holder.session is not entry.session:
+            self._pull()
+            for s in t.state:
+                feeds[s.name] = _numpy(s.host(), s.name)
+        fetches = [o for o in t.outputs if o]
+        out = entry.session.run(feeds=feeds, fetches=fetches)
+        self._holder = entry
+        for k in owners:
+            _holders[k] = self
+        leaves = []
+        for k, name in enumerate(t.outputs):
+            leaves.append(torch.from_numpy(np.array(out[name])) if name
+                          else t.constant_outputs[k])
+        return pytree.tree_unflatten(leaves, t.out_spec)
+
+    # ---- state ----
+
+    def _pull(self) -> None:
+        """Copies the newest state from the daemon into the user's tensors."""
+        holder, self._holder = self._holder, None
+        for k in [k for k, v in _holders.items() if v is self]:
+            del _holders[k]
+        if holder is None:
+            return
+        states = holder.traced.state
+        values = holder.session.read_state([s.name for s in states])
+        with torch.no_grad():
+            for s in states:
+                value = torch.from_numpy(np.array(values[s.name]))
+                if s.kind == "optimizer":
+                    slot = s.optimizer.state.setdefault(s.param, {})
+                    if s.key in slot:
+                        slot[s.key].copy_(value)
+                    else:
+                        slot[s.key] = value
+                else:
+                    s.host().copy_(value)
+
+    def sync(self) -> None:
+        """Brings the parameters, buffers and optimizer state back into the user's tensors
+        (Note [Where the state lives]); the next call sends them to the daemon again."""
+        self._pull()
+
+    @property
+    def sessions(self) -> list[salus.Session]:
+        """The daemon sessions of this step, one per shape signature."""
+        seen: list[salus.Session] = []
+        for e in self._entries.values():
+            if all(e.session is not s for s in seen):
+                seen.append(e.session)
+        return seen
+
+    def close(self) -> None:
+        """Pulls the state home and closes the step's sessions (and its own client)."""
+        try:
+            self._pull()
+        finally:
+            for s in self.sessions:
+                s.close()
+            self._entries.clear()
+            if self._own_client:
+                self._client.close()
+
+    def __enter__(self) -> CapturedStep:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _numpy(t: torch.Tensor, name: str) -> np.ndarray:
+    if t.dtype not in _NP:
+        raise TypeError(f"{name}: dtype {t.dtype} is not supported (float32, int64, bool)")
+    return t.detach().cpu().contiguous().numpy()
+
+
+def capture_step(fn: Callable[..., Any] | None = None, *,
+                 modules: list[torch.nn.Module] | None = None,
+                 optimizers: list[torch.optim.Optimizer] | None = None,
+                 client: salus.Client | None = None, endpoint: str | None = None,
+                 name: str = "", **session_options: Any) -> Any:
+    """Runs every call of the step `fn` as one iteration of a salus-server session.
+
+    `fn` is an ordinary step (`opt.zero_grad(); loss = ...; loss.backward(); opt.step();
+    return loss`, or a forward pass under `torch.no_grad()`). The modules and optimizers it
+    uses are found among the names it refers to, or given. Each new shape signature of the
+    arguments is traced once into a graph and gets a session; `session_options` go to
+    `Client.create_session` (priority, iterations, device...). Use as `step =
+    capture_step(fn)` or as a decorator."""
+    def wrap(f: Callable[..., Any]) -> CapturedStep:
+        return CapturedStep(f, modules, optimizers, client, endpoint, name, session_options)
+    return wrap if fn is None else wrap(fn)

@@ -1,0 +1,367 @@
+"""Tracing a training or inference step into one functional ATen graph (Note [One graph per step]).
+
+Note [One graph per step]
+A step is the user's function: forward, `loss.backward()`, `optimizer.step()`. It becomes one
+graph in two passes, both below Dynamo:
+1. `make_fx` runs the step on fake tensors with every parameter, buffer and optimizer state
+   tensor as an input of the trace. The modules are re-parametrised with those inputs for the
+   duration (torch.nn.utils.stateless), the optimizers' `step` and `zero_grad` are replaced by
+   their functional forms (optim.py) acting on the inputs' `.grad`, and autograd runs as usual,
+   so the backward pass appears as ATen ops. PyTorch's Core-ATen decompositions apply, which
+   leaves few distinct ops.
+2. Functionalization of that graph turns every in-place write (the optimizer's updates,
+   BatchNorm's running statistics) into a pure op and a final `copy_` into the input it wrote.
+The result has the step's inputs (the batch and the learning rates), its state and its outputs;
+its shapes are known, so the daemon knows P and E before anything runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import types
+from dataclasses import dataclass, field
+
+import torch
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.nn.utils import stateless
+from torch.utils import _pytree as pytree
+
+from salus._generated.salus.v1 import aten_graph_pb2 as apb
+
+from . import optim as _optim
+
+_DTYPES = {
+    torch.float32: apb.ATEN_FLOAT32,
+    torch.int64: apb.ATEN_INT64,
+    torch.bool: apb.ATEN_BOOL,
+    torch.int32: apb.ATEN_INT32,
+    torch.float64: apb.ATEN_FLOAT64,
+}
+
+
+class CaptureError(RuntimeError):
+    """The step cannot be captured; the message says what in it and why."""
+
+
+@dataclass
+class StateTensor:
+    """A persistent tensor of the step: where it lives in the user's process."""
+
+    name: str
+    kind: str  # "parameter", "buffer" or "optimizer"
+    module: torch.nn.Module | None = None
+    attr: str = ""  # the module-relative name (parameters and buffers)
+    param: torch.Tensor | None = None  # optimizer state: the parameter it belongs to
+    key: str = ""  # optimizer state: torch.optim's key
+    initial: torch.Tensor | None = None  # optimizer state when the optimizer has none yet
+    optimizer: torch.optim.Optimizer | None = None  # optimizer state: its optimizer
+
+    def host(self) -> torch.Tensor:
+        """The tensor's value in the user's process."""
+        if self.kind != "optimizer":
+            return self.module.get_parameter(self.attr) if self.kind == "parameter" \
+                else self.module.get_buffer(self.attr)
+        value = self.optimizer.state.get(self.param, {}).get(self.key)
+        return self.initial if value is None else value
+
+
+@dataclass
+class Traced:
+    """One captured step: its graph and how its values map to the user's tensors."""
+
+    graph: apb.AtenGraph
+    state: list[StateTensor]
+    inputs: list[str]  # batch inputs then learning rates, as the graph names them
+    lr_inputs: list[tuple[torch.optim.Optimizer, int]]  # (optimizer, group) per lr input
+    outputs: list[str]
+    out_spec: pytree.TreeSpec
+    constant_outputs: dict[int, object] = field(default_factory=dict)
+
+
+def discover(fn: object) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
+    """The modules and optimizers `fn` refers to by name (closure, globals, a bound self)."""
+    found: list[object] = []
+    code = getattr(fn, "__code__", None)
+    if getattr(fn, "__self__", None) is not None:
+        found.append(fn.__self__)
+        found.extend(vars(fn.__self__).values())
+    if code is not None:
+        for cell in getattr(fn, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):
+                found.append(cell.cell_contents)
+        g = getattr(fn, "__globals__", {})
+        found.extend(g[n] for n in code.co_names if n in g)
+    modules, optimizers = [], []
+    for obj in found:
+        if isinstance(obj, torch.nn.Module) and all(obj is not m for m in modules):
+            modules.append(obj)
+        elif isinstance(obj, torch.optim.Optimizer) and all(obj is not o for o in optimizers):
+            optimizers.append(obj)
+    # A module that is a submodule of another found one is covered by it.
+    inner = {id(s) for m in modules for s in m.modules() if s is not m}
+    return [m for m in modules if id(m) not in inner], optimizers
+
+
+def _state_tensors(modules: list[torch.nn.Module], optimizers: list[_optim.Functional]
+                   ) -> list[StateTensor]:
+    states: list[StateTensor] = []
+    owner: dict[int, str] = {}
+    for i, m in enumerate(modules):
+        prefix = "" if len(modules) == 1 else f"m{i}."
+        for n, p in m.named_parameters():
+            states.append(StateTensor(prefix + n, "parameter", module=m, attr=n))
+            owner.setdefault(id(p), prefix + n)
+        for n, _ in m.named_buffers():
+            states.append(StateTensor(prefix + n, "buffer", module=m, attr=n))
+    for k, f in enumerate(optimizers):
+        prefix = "" if len(optimizers) == 1 else f"opt{k}."
+        for group in f.optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) not in owner:
+                    raise CaptureError(
+                        "an optimizer updates a parameter of no module the step refers to; "
+                        "pass the modules explicitly: capture_step(fn, modules=[...])")
+                for slot in f.slots(group, p):
+                    states.append(StateTensor(f"{prefix}{owner[id(p)]}.{slot.key}", "optimizer",
+                                              param=p, key=slot.key, initial=slot.initial,
+                                              optimizer=f.optimizer))
+    return states
+
+
+_NO_DECOMPOSE = {
+    # Kept whole: the engine has kernels for them and their decompositions are long.
+    torch.ops.aten.native_layer_norm.default,
+}
+
+
+def _decompositions() -> dict:
+    table = core_aten_decompositions()
+    for op in _NO_DECOMPOSE:
+        table.pop(op, None)
+    return table
+
+
+def trace(fn: object, args: tuple, modules: list[torch.nn.Module],
+          optimizers: list[torch.optim.Optimizer]) -> Traced:
+    """Traces one call `fn(*args)` into a Traced (Note [One graph per step])."""
+    functional = [_optim.functional(o) for o in optimizers]
+    states = _state_tensors(modules, functional)
+    flat_args, in_spec = pytree.tree_flatten(args)
+    batch = [a for a in flat_args if isinstance(a, torch.Tensor)]
+    lr_inputs = [(f.optimizer, gi) for f in functional
+                 for gi in range(len(f.optimizer.param_groups))]
+    # Fed as 1-element tensors, used as scalars.
+    lrs = [torch.tensor([float(o.param_groups[gi]["lr"])], dtype=torch.float32)
+           for o, gi in lr_inputs]
+    out_spec: list[pytree.TreeSpec] = []
+    by_param: dict[int, int] = {}
+    for i, s in enumerate(states):
+        if s.kind == "parameter":
+            by_param.setdefault(id(s.module.get_parameter(s.attr)), i)
+
+    def step(state_values: list[torch.Tensor], batch_values: list[torch.Tensor],
+             lr_values: list[torch.Tensor]) -> list[torch.Tensor]:
+        for i, s in enumerate(states):
+            if s.kind == "parameter":
+                state_values[i].requires_grad_(True)
+        per_module: list[dict[str, torch.Tensor]] = [{} for _ in modules]
+        for i, s in enumerate(states):
+            if s.kind != "optimizer":
+                per_module[modules.index(s.module)][s.attr] = state_values[i]
+        called = {"zero_grad": False}
+
+        def sub(p: torch.Tensor) -> torch.Tensor:
+            return state_values[by_param[id(p)]]
+
+        def make_step(f: _optim.Functional, first_lr: int):  # noqa: ANN202
+            def opt_step(closure: object = None) -> None:
+                if closure is not None:
+                    raise CaptureError("optimizer.step(closure) is not supported by capture")
+                with torch.no_grad():
+                    for gi, group in enumerate(f.optimizer.param_groups):
+                        for p in group["params"]:
+                            q = sub(p)
+                            if q.grad is None:
+                                continue
+                            slots = {st.key: state_values[j] for j, st in enumerate(states)
+                                     if st.kind == "optimizer" and st.param is p
+                                     and st.optimizer is f.optimizer}
+                            f.update(group, lr_values[first_lr + gi].reshape(()), q, q.grad, slots)
+            return opt_step
+
+        def make_zero_grad(f: _optim.Functional):  # noqa: ANN202
+            def zero_grad(set_to_none: bool = True) -> None:
+                called["zero_grad"] = True
+                for group in f.optimizer.param_groups:
+                    for p in group["params"]:
+                        sub(p).grad = None
+            return zero_grad
+
+        first = 0
+        with contextlib.ExitStack() as stack:
+            for m, params in zip(modules, per_module, strict=False):
+                stack.enter_context(stateless._reparametrize_module(m, params))
+            for f in functional:
+                o = f.optimizer
+                stack.callback(_restore, o, "step", o.__dict__.get("step"))
+                stack.callback(_restore, o, "zero_grad", o.__dict__.get("zero_grad"))
+                o.step = make_step(f, first)
+                o.zero_grad = make_zero_grad(f)
+                first += len(o.param_groups)
+            for m in modules:
+                for mod in m.modules():
+                    mod.zero_grad = types.MethodType(
+                        lambda self, set_to_none=True: called.__setitem__("zero_grad", True)
+                        or [setattr(sub(p), "grad", None) for p in self.parameters()], mod)
+                    stack.callback(_restore, mod, "zero_grad", None)
+            it = iter(batch_values)
+            call_args = pytree.tree_unflatten(
+                [next(it) if isinstance(a, torch.Tensor) else a for a in flat_args], in_spec)
+            result = fn(*call_args)
+        flat_out, spec = pytree.tree_flatten(result)
+        out_spec.append(spec)
+        return [o.detach() if isinstance(o, torch.Tensor) else o for o in flat_out]
+
+    state_now = [s.host().detach() for s in states]
+    # The math attention backend decomposes above autograd, so its backward is plain ops.
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        joint = make_fx(step, decomposition_table=_decompositions(),
+                        tracing_mode="fake")(state_now, batch, lrs)
+        pure = make_fx(torch.func.functionalize(joint, remove="mutations_and_views"),
+                       tracing_mode="fake")(state_now, batch, lrs)
+    for m in modules:  # parameters' .grad set on the traced inputs are not the user's
+        for p in m.parameters():
+            p.grad = None
+    input_names = [f"input{i}" for i in range(len(batch))] + \
+        [f"lr.{i}" for i in range(len(lrs))]
+    pure.graph.eliminate_dead_code()  # keeps the copy_ writes: their schema mutates
+    graph, outputs, constants = _serialize(pure, [s.name for s in states], input_names)
+    return Traced(graph, states, input_names, lr_inputs, outputs, out_spec[-1], constants)
+
+
+def _restore(obj: object, attr: str, value: object) -> None:
+    if value is None:
+        obj.__dict__.pop(attr, None)
+    else:
+        obj.__dict__[attr] = value
+
+
+def _dtype(t: torch.dtype, where: str) -> int:
+    if t not in _DTYPES:
+        raise CaptureError(f"{where}: dtype {t} is not supported")
+    return _DTYPES[t]
+
+
+def _serialize(gm: torch.fx.GraphModule, state_names: list[str], input_names: list[str]
+               ) -> tuple[apb.AtenGraph, list[str], dict[int, object]]:
+    g = apb.AtenGraph()
+    g.producer = f"salus-torch, torch {torch.__version__}"
+    index: dict[torch.fx.Node, object] = {}  # node -> value index, or tuple of them
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    names = state_names + input_names
+    if len(placeholders) != len(names):
+        raise CaptureError(f"the trace has {len(placeholders)} inputs, expected {len(names)}")
+
+    def new_value(name: str, val: torch.Tensor, where: str) -> int:
+        v = g.values.add()
+        v.name = name
+        v.dtype = _dtype(val.dtype, where)
+        v.shape.extend(int(d) for d in val.shape)
+        return len(g.values) - 1
+
+    for n, name in zip(placeholders, names, strict=False):
+        index[n] = new_value(name, n.meta["val"], name)
+        (g.state if name in state_names else g.inputs).append(index[n])
+
+    def const_value(t: torch.Tensor, where: str) -> int:
+        k = new_value(f"const{len(g.values)}", t, where)
+        g.values[k].constant = True
+        g.values[k].data = t.detach().contiguous().cpu().numpy().tobytes()
+        return k
+
+    def arg(a: apb.AtenArgument, x: object, where: str) -> None:
+        if isinstance(x, torch.fx.Node):
+            if not isinstance(index.get(x), int):
+                raise CaptureError(f"{where}: argument {a.name} is not a tensor value")
+            a.value = index[x]
+        elif x is None:
+            a.none = True
+        elif isinstance(x, bool):
+            a.bool_value = x
+        elif isinstance(x, int):
+            a.int_value = x
+        elif isinstance(x, float):
+            a.float_value = x
+        elif isinstance(x, torch.dtype):
+            a.string_value = str(x).removeprefix("torch.")
+        elif isinstance(x, torch.device | torch.layout | torch.memory_format | str):
+            a.string_value = str(x)
+        elif isinstance(x, list | tuple):
+            if all(isinstance(e, torch.fx.Node) or e is None for e in x) and x:
+                a.values.v.extend(-1 if e is None else index[e] for e in x)
+            elif all(isinstance(e, bool) for e in x) and x:
+                a.ints.v.extend(int(e) for e in x)
+            elif all(isinstance(e, int) for e in x):
+                a.ints.v.extend(x)
+            elif all(isinstance(e, int | float) for e in x):
+                a.floats.v.extend(float(e) for e in x)
+            else:
+                raise CaptureError(f"{where}: argument {a.name} has an unsupported list {x!r}")
+        elif isinstance(x, torch.Tensor):
+            a.value = const_value(x, where)
+        else:
+            raise CaptureError(f"{where}: argument {a.name} of type {type(x).__name__}")
+
+    outputs: list[str] = []
+    constants: dict[int, object] = {}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            continue
+        if n.op == "get_attr":
+            index[n] = const_value(getattr(gm, n.target), n.target)
+        elif n.op == "call_function" and n.target is operator.getitem:
+            index[n] = index[n.args[0]][n.args[1]]
+        elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            schema = n.target._schema
+            node = g.nodes.add()
+            node.op = f"aten.{schema.name.split('::')[-1]}.{schema.overload_name or 'default'}"
+            where = f"{node.op} ({n.name})"
+            given = dict(zip([a.name for a in schema.arguments], n.args, strict=False))
+            given.update(n.kwargs)
+            for sa in schema.arguments:
+                a = node.args.add()
+                a.name = sa.name
+                if sa.name in given:
+                    arg(a, given[sa.name], where)
+                elif sa.has_default_value():
+                    arg(a, sa.default_value, where)
+                else:
+                    raise CaptureError(f"{where}: argument {sa.name} is missing")
+            val = n.meta.get("val")
+            if isinstance(val, tuple | list):
+                outs = []
+                for k, v in enumerate(val):
+                    if isinstance(v, torch.Tensor):
+                        outs.append(new_value(f"{n.name}.{k}", v, where))
+                    else:
+                        outs.append(-1)
+                node.outputs.extend(outs)
+                index[n] = tuple(outs)
+            elif isinstance(val, torch.Tensor):
+                index[n] = new_value(n.name, val, where)
+                node.outputs.append(index[n])
+            else:
+                index[n] = None
+        elif n.op == "output":
+            for k, o in enumerate(pytree.tree_leaves(n.args[0])):
+                if isinstance(o, torch.fx.Node):
+                    g.outputs.append(index[o])
+                    outputs.append(f"output{k}")  # the importer's name for it
+                else:
+                    constants[k] = o
+                    outputs.append("")
+        else:
+            raise CaptureError(f"{n.op} {n.target} is not an ATen operator")
+    return g, outputs, constants
