@@ -287,6 +287,7 @@ class Lowerer {
   Status Addmm();
   Status MatMulOp();
   Status SoftmaxOp();
+  Status SoftmaxBackward();
   Status Gelu();
   Status Convolution();
   Status ConvolutionBackward();
@@ -294,13 +295,16 @@ class Lowerer {
   Status MaxPoolBackward();
   Status BatchNormTrain();
   Status BatchNormEval();
+  Status BatchNormBackward();
   Status LayerNorm();
+  Status LayerNormBackward();
   Status Embedding();
   Status IndexPut();
   Status GatherOp();
   Status Scatter();
   Status Dropout();
   Status CopyInto();
+  Status FusedUpdate();
 
   StatusOr<ValueId> OneHotAlong(ValueId index, int64_t dim, const Shape& like);
 
@@ -315,6 +319,15 @@ class Lowerer {
   // the window's maximum from the input instead.
   std::set<int> pool_indices_;
   std::set<int> written_;  // state values a copy_ wrote
+  // A training batch norm's save_rstd result -> its batch statistics, for the backward.
+  struct BatchStats {
+    ValueId mean, var;
+    float eps;
+  };
+  std::map<int, BatchStats> batch_stats_;
+  std::map<int, float> layer_eps_;  // a layer norm's rstd result -> its epsilon
+  // For each value, the last node that reads it other than as copy_'s destination.
+  std::vector<int> last_read_;
 };
 
 const std::map<std::string, Lowering>& Lowerer::Table() {
@@ -374,6 +387,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.mm.default", &Lowerer::MatMulOp}, {"aten.bmm.default", &Lowerer::MatMulOp},
       {"aten._softmax.default", &Lowerer::SoftmaxOp},
       {"aten._log_softmax.default", &Lowerer::SoftmaxOp},
+      {"aten._softmax_backward_data.default", &Lowerer::SoftmaxBackward},
+      {"aten._log_softmax_backward_data.default", &Lowerer::SoftmaxBackward},
       {"aten.gelu.default", &Lowerer::Gelu},
       {"aten.convolution.default", &Lowerer::Convolution},
       {"aten.convolution_backward.default", &Lowerer::ConvolutionBackward},
@@ -382,6 +397,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten._native_batch_norm_legit_functional.default", &Lowerer::BatchNormTrain},
       {"aten._native_batch_norm_legit_no_training.default", &Lowerer::BatchNormEval},
       {"aten.native_layer_norm.default", &Lowerer::LayerNorm},
+      {"aten.native_batch_norm_backward.default", &Lowerer::BatchNormBackward},
+      {"aten.native_layer_norm_backward.default", &Lowerer::LayerNormBackward},
       {"aten.embedding.default", &Lowerer::Embedding},
       {"aten._unsafe_index_put.default", &Lowerer::IndexPut},
       {"aten.index_put.default", &Lowerer::IndexPut},
@@ -389,6 +406,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.scatter.value", &Lowerer::Scatter}, {"aten.scatter.src", &Lowerer::Scatter},
       {"aten.native_dropout.default", &Lowerer::Dropout},
       {"aten.copy_.default", &Lowerer::CopyInto},
+      {"salus.sgd_update.default", &Lowerer::FusedUpdate},
+      {"salus.adam_update.default", &Lowerer::FusedUpdate},
   };
   // clang-format on
   return table;
@@ -450,6 +469,24 @@ StatusOr<Graph> Lowerer::Run() {
     std::string list;
     for (const std::string& m : missing) list += (list.empty() ? "" : ", ") + m;
     return UnimplementedError("the graph uses ATen operators the engine does not run: " + list);
+  }
+  last_read_.assign(count, -1);
+  for (int i = 0; i < ag_.nodes_size(); ++i) {
+    const v1::AtenNode& n = ag_.nodes(i);
+    for (const v1::AtenArgument& a : n.args()) {
+      // copy_ writes its self; copy reads only self's shape and type.
+      if ((n.op() == "aten.copy_.default" || n.op() == "aten.copy.default") && a.name() == "self") {
+        continue;
+      }
+      if (a.kind_case() == v1::AtenArgument::kValue && a.value() >= 0 && a.value() < count) {
+        last_read_[a.value()] = i;
+      }
+      if (a.kind_case() == v1::AtenArgument::kValues) {
+        for (int v : a.values().v()) {
+          if (v >= 0 && v < count) last_read_[v] = i;
+        }
+      }
+    }
   }
   for (index_ = 0; index_ < ag_.nodes_size(); ++index_) {
     node_ = &ag_.nodes(index_);
@@ -845,6 +882,24 @@ Status Lowerer::SoftmaxOp() {
   return Bind(0, y);
 }
 
+// _softmax_backward_data(grad_output, output, dim, input_dtype) and the log-softmax one: the
+// engine's SalusSoftmaxGrad from the forward's output.
+Status Lowerer::SoftmaxBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Tensor("output"));
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, S(y).size()));
+  if (S(dy) != S(y) || T(y) != DataType::kFloat32) return Bad("grad_output and output differ");
+  const bool log = node_->op() == "aten._log_softmax_backward_data.default";
+  SALUS_ASSIGN_OR_RETURN(ValueId dx,
+                         EmitShaped("SalusSoftmaxGrad", {y, dy},
+                                    {{"axis", IntAttr(dim)},
+                                     {"forward_op", StringAttr(log ? "LogSoftmax" : "Softmax")},
+                                     {"opset", IntAttr(kAtenOpset)}},
+                                    DataType::kFloat32, S(y)));
+  return Bind(0, dx);
+}
+
 Status Lowerer::Gelu() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(std::string approximate, String("approximate"));
@@ -1006,8 +1061,10 @@ Status Lowerer::MaxPoolBackward() {
 }
 
 // _native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training,
-// momentum, eps) -> (out, save_mean, save_rstd, new_running_mean, new_running_var), in
-// PyTorch's arithmetic: biased batch variance for the output, unbiased for the running update.
+// momentum, eps) -> (out, save_mean, save_rstd, new_running_mean, new_running_var): the
+// engine's SalusBatchNormTrain, which keeps PyTorch's arithmetic (biased batch variance for the
+// output, unbiased for the running update) and updates the running statistics in place; its
+// batch variance is remembered for native_batch_norm_backward.
 Status Lowerer::BatchNormTrain() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("input"));
   SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight", true));
@@ -1019,58 +1076,114 @@ Status Lowerer::BatchNormTrain() {
   SALUS_ASSIGN_OR_RETURN(double eps, Number("eps"));
   if (!training) return Refuse("_native_batch_norm_legit_functional outside training");
   const Shape xs = S(x);
-  if (xs.size() < 2) return Bad("input must have a channel dim");
-  std::vector<int64_t> axes = {0};
-  Shape stat = xs;
-  int64_t count = xs[0];
-  stat[0] = 1;
-  for (size_t d = 2; d < xs.size(); ++d) {
-    axes.push_back(static_cast<int64_t>(d));
-    count *= xs[d];
-    stat[d] = 1;
-  }
+  if (xs.size() < 2 || T(x) != DataType::kFloat32) return Bad("input must be float with channels");
   const Shape c = {xs[1]};
-  SALUS_ASSIGN_OR_RETURN(ValueId mean, Reduce("ReduceMean", x, axes, true));
-  SALUS_ASSIGN_OR_RETURN(ValueId centred, Emit("Sub", {x, mean}));
-  SALUS_ASSIGN_OR_RETURN(ValueId sq, Emit("Mul", {centred, centred}));
-  SALUS_ASSIGN_OR_RETURN(ValueId var, Reduce("ReduceMean", sq, axes, true));
-  SALUS_ASSIGN_OR_RETURN(ValueId ve, Emit("Add", {var, Scalar(DataType::kFloat32, eps)}));
+  for (ValueId stat : {rm, rv}) {
+    if (graph_.value(stat).kind != ValueKind::kState || S(stat) != c) {
+      return Refuse("running statistics that are not state tensors of the channels' size");
+    }
+  }
+  if (w == kNoValue) w = Filled(DataType::kFloat32, c, 1);
+  if (b == kNoValue) b = Filled(DataType::kFloat32, c, 0);
+  Node n;
+  n.op = "SalusBatchNormTrain";
+  n.name = NodeName();
+  n.inputs = {x, w, b, rm, rv};
+  // The engine's momentum weighs the old running value, PyTorch's the batch's.
+  n.attrs = {{"epsilon", FloatAttr(static_cast<float>(eps))},
+             {"momentum", FloatAttr(static_cast<float>(1.0 - momentum))}};
+  auto value = [&](const Shape& shape) {
+    Value v;
+    v.name = graph_.UniqueName(n.name);
+    v.shape = shape;
+    return graph_.AddValue(std::move(v));
+  };
+  n.outputs = {value(xs), value(c), value(c), value(c), value(c)};
+  const std::vector<ValueId> outs = n.outputs;
+  SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
+  SALUS_RETURN_IF_ERROR(Bind(0, outs[0]));
+  SALUS_RETURN_IF_ERROR(Bind(1, outs[1]));
+  SALUS_ASSIGN_OR_RETURN(ValueId ve, Emit("Add", {outs[2], Scalar(DataType::kFloat32, eps)}));
   SALUS_ASSIGN_OR_RETURN(ValueId sd, Emit("Sqrt", {ve}));
   SALUS_ASSIGN_OR_RETURN(ValueId rstd, Emit("Reciprocal", {sd}));
-  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Mul", {centred, rstd}));
-  if (w != kNoValue) {
-    SALUS_ASSIGN_OR_RETURN(ValueId ws, ReshapeTo(w, [&] {
-                             Shape s(xs.size(), 1);
-                             s[1] = xs[1];
-                             return s;
-                           }()));
-    SALUS_ASSIGN_OR_RETURN(y, Emit("Mul", {y, ws}));
+  SALUS_RETURN_IF_ERROR(Bind(2, rstd));
+  SALUS_RETURN_IF_ERROR(Bind(3, outs[3]));
+  SALUS_RETURN_IF_ERROR(Bind(4, outs[4]));
+  if (Outputs() > 2 && node_->outputs(2) >= 0) {
+    batch_stats_[node_->outputs(2)] = {outs[1], outs[2], static_cast<float>(eps)};
   }
-  if (b != kNoValue) {
-    Shape s(xs.size(), 1);
-    s[1] = xs[1];
-    SALUS_ASSIGN_OR_RETURN(ValueId bs, ReshapeTo(b, s));
-    SALUS_ASSIGN_OR_RETURN(y, Emit("Add", {y, bs}));
+  return OkStatus();
+}
+
+// native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
+// save_invstd, train, eps, output_mask) -> (grad_input, grad_weight, grad_bias), in training,
+// from the statistics of the matching forward: SalusBatchNormGrad.
+Status Lowerer::BatchNormBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_out"));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("input"));
+  SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight", true));
+  SALUS_ASSIGN_OR_RETURN(bool train, Bool("train"));
+  SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* invstd, Arg("save_invstd"));
+  if (!train) return Refuse("native_batch_norm_backward outside training");
+  if (invstd->kind_case() != v1::AtenArgument::kValue || batch_stats_.count(invstd->value()) == 0) {
+    return Refuse("save_invstd that is not a training batch norm's result");
   }
-  SALUS_RETURN_IF_ERROR(Bind(0, y));
-  SALUS_ASSIGN_OR_RETURN(ValueId mean_c, ReshapeTo(mean, c));
-  SALUS_ASSIGN_OR_RETURN(ValueId rstd_c, ReshapeTo(rstd, c));
-  SALUS_RETURN_IF_ERROR(Bind(1, mean_c));
-  SALUS_RETURN_IF_ERROR(Bind(2, rstd_c));
-  const float m = static_cast<float>(momentum);
-  auto blend = [&](ValueId running, ValueId batch) -> StatusOr<ValueId> {
-    SALUS_ASSIGN_OR_RETURN(ValueId keep, Emit("Mul", {running, Scalar(DataType::kFloat32, 1 - m)}));
-    SALUS_ASSIGN_OR_RETURN(ValueId add, Emit("Mul", {batch, Scalar(DataType::kFloat32, m)}));
-    return Emit("Add", {keep, add});
+  const BatchStats& st = batch_stats_.at(invstd->value());
+  const Shape c = {S(x).at(1)};
+  if (w == kNoValue) w = Filled(DataType::kFloat32, c, 1);
+  Node n;
+  n.op = "SalusBatchNormGrad";
+  n.name = NodeName();
+  n.inputs = {x, w, st.mean, st.var, dy};
+  n.attrs = {{"epsilon", FloatAttr(st.eps)}};
+  auto value = [&](const Shape& shape) {
+    Value v;
+    v.name = graph_.UniqueName(n.name);
+    v.shape = shape;
+    return graph_.AddValue(std::move(v));
   };
-  SALUS_ASSIGN_OR_RETURN(ValueId new_mean, blend(rm, mean_c));
-  SALUS_RETURN_IF_ERROR(Bind(3, new_mean));
-  const double unbias =
-      count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
-  SALUS_ASSIGN_OR_RETURN(ValueId var_c, ReshapeTo(var, c));
-  SALUS_ASSIGN_OR_RETURN(ValueId var_u, Emit("Mul", {var_c, Scalar(DataType::kFloat32, unbias)}));
-  SALUS_ASSIGN_OR_RETURN(ValueId new_var, blend(rv, var_u));
-  return Bind(4, new_var);
+  n.outputs = {value(S(x)), value(c), value(c)};
+  const std::vector<ValueId> outs = n.outputs;
+  SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
+  for (int k = 0; k < 3 && k < Outputs(); ++k) SALUS_RETURN_IF_ERROR(Bind(k, outs[k]));
+  return OkStatus();
+}
+
+// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias,
+// output_mask) -> (grad_input, grad_weight, grad_bias): SalusLayerNormGrad, which recomputes
+// the statistics from the input.
+Status Lowerer::LayerNormBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_out"));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("input"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> normalized, Ints("normalized_shape"));
+  SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* rstd, Arg("rstd"));
+  SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight", true));
+  SALUS_ASSIGN_OR_RETURN(ValueId b, Tensor("bias", true));
+  if (rstd->kind_case() != v1::AtenArgument::kValue || layer_eps_.count(rstd->value()) == 0) {
+    return Refuse("rstd that is not a native_layer_norm result");
+  }
+  const Shape xs = S(x);
+  if (normalized.empty() || normalized.size() > xs.size()) return Bad("bad normalized_shape");
+  const int64_t axis = static_cast<int64_t>(xs.size() - normalized.size());
+  if (w == kNoValue) w = Filled(DataType::kFloat32, Shape(normalized), 1);
+  Node n;
+  n.op = "SalusLayerNormGrad";
+  n.name = NodeName();
+  n.inputs = {x, w, dy};
+  n.attrs = {{"axis", IntAttr(axis)}, {"epsilon", FloatAttr(layer_eps_.at(rstd->value()))}};
+  auto value = [&](const Shape& shape) {
+    Value v;
+    v.name = graph_.UniqueName(n.name);
+    v.shape = shape;
+    return graph_.AddValue(std::move(v));
+  };
+  n.outputs = {value(xs), value(S(w)), b == kNoValue ? kNoValue : value(S(b))};
+  const std::vector<ValueId> outs = n.outputs;
+  SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
+  for (int k = 0; k < 3 && k < Outputs(); ++k) {
+    if (outs[k] != kNoValue) SALUS_RETURN_IF_ERROR(Bind(k, outs[k]));
+  }
+  return OkStatus();
 }
 
 // _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var,
@@ -1114,6 +1227,9 @@ Status Lowerer::LayerNorm() {
       EmitN("LayerNormalization", inputs,
             {{"axis", IntAttr(axis)}, {"epsilon", FloatAttr(static_cast<float>(eps))}}, 3));
   for (int k = 0; k < 3; ++k) SALUS_RETURN_IF_ERROR(Bind(k, outs[k]));
+  if (Outputs() > 2 && node_->outputs(2) >= 0) {
+    layer_eps_[node_->outputs(2)] = static_cast<float>(eps);
+  }
   return OkStatus();
 }
 
@@ -1253,6 +1369,66 @@ Status Lowerer::CopyInto() {
   n.attrs["mode"] = StringAttr("set");
   SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
   return Bind(0, var);
+}
+
+// salus.sgd_update(param, grad, buf, lr, momentum, weight_decay, nesterov) -> (param, buf) and
+// salus.adam_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps,
+// weight_decay, decoupled) -> (param, exp_avg, exp_avg_sq, step): one optimizer update of one
+// parameter (the adaptor's fused form of torch.optim's arithmetic). The engine's update
+// kernels write the state in place, so the results are the state values themselves; no node
+// may read the old values afterwards.
+Status Lowerer::FusedUpdate() {
+  const bool adam = node_->op() == "salus.adam_update.default";
+  const std::vector<std::string> state_args =
+      adam ? std::vector<std::string>{"param", "exp_avg", "exp_avg_sq", "step"}
+           : std::vector<std::string>{"param", "buf"};
+  std::vector<ValueId> state;
+  for (const std::string& name : state_args) {
+    SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* a, Arg(name));
+    if (a->kind_case() != v1::AtenArgument::kValue) return Bad("'" + name + "' is not a tensor");
+    SALUS_ASSIGN_OR_RETURN(ValueId v, ValueOf(a->value()));
+    if (graph_.value(v).kind != ValueKind::kState || T(v) != DataType::kFloat32) {
+      return Refuse("an update of '" + name + "' that is not a float state tensor");
+    }
+    if (last_read_[a->value()] > index_) {
+      return Refuse("an update of '" + name + "' whose old value is read after it");
+    }
+    state.push_back(v);
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId grad, Tensor("grad"));
+  SALUS_ASSIGN_OR_RETURN(ValueId lr, Tensor("lr"));
+  if (S(grad) != S(state[0]) || T(grad) != DataType::kFloat32 || NumElements(S(lr)) != 1 ||
+      T(lr) != DataType::kFloat32 || (adam && NumElements(S(state[3])) != 1)) {
+    return Bad("gradient, learning rate or step of the wrong shape or type");
+  }
+  SALUS_ASSIGN_OR_RETURN(double wd, Number("weight_decay"));
+  Node n;
+  n.name = NodeName();
+  n.attrs = {{"lr_input", IntAttr(1)}, {"weight_decay", FloatAttr(static_cast<float>(wd))}};
+  if (adam) {
+    SALUS_ASSIGN_OR_RETURN(double b1, Number("beta1"));
+    SALUS_ASSIGN_OR_RETURN(double b2, Number("beta2"));
+    SALUS_ASSIGN_OR_RETURN(double eps, Number("eps"));
+    SALUS_ASSIGN_OR_RETURN(bool decoupled, Bool("decoupled"));
+    n.op = "SalusAdamUpdate";
+    n.inputs = {state[0], grad, state[1], state[2], state[3], lr};
+    n.attrs["beta1"] = FloatAttr(static_cast<float>(b1));
+    n.attrs["beta2"] = FloatAttr(static_cast<float>(b2));
+    n.attrs["epsilon"] = FloatAttr(static_cast<float>(eps));
+    n.attrs["decoupled_weight_decay"] = IntAttr(decoupled ? 1 : 0);
+  } else {
+    SALUS_ASSIGN_OR_RETURN(double momentum, Number("momentum"));
+    SALUS_ASSIGN_OR_RETURN(bool nesterov, Bool("nesterov"));
+    if (momentum == 0) return Refuse("a fused SGD update without momentum");
+    n.op = "SalusSgdUpdate";
+    n.inputs = {state[0], grad, state[1], lr};
+    n.attrs["momentum"] = FloatAttr(static_cast<float>(momentum));
+    n.attrs["nesterov"] = IntAttr(nesterov ? 1 : 0);
+  }
+  SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
+  for (size_t k = 0; k < state.size(); ++k)
+    SALUS_RETURN_IF_ERROR(Bind(static_cast<int>(k), state[k]));
+  return OkStatus();
 }
 
 }  // namespace

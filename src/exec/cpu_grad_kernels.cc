@@ -226,16 +226,19 @@ KernelOr SceGrad(const Node& n, const Graph& g) {
       scratch));
 }
 
-// In place: inputs (param, grad, velocity if momentum).
+// In place: inputs (param, grad, velocity if momentum, then with "lr_input" the learning rate
+// as a 1-element tensor, read each run, instead of the "lr" attribute).
 KernelOr SgdUpdate(const Node& n, const Graph& g) {
   const int64_t count = NumElements(g.value(n.inputs[0]).shape);
-  const float lr = n.GetFloat("lr", 0.01f), mom = n.GetFloat("momentum", 0.f);
+  const float lr_attr = n.GetFloat("lr", 0.01f), mom = n.GetFloat("momentum", 0.f);
   const float wd = n.GetFloat("weight_decay", 0.f);
   const bool nesterov = n.GetInt("nesterov", 0) != 0;
+  const bool lr_input = n.GetInt("lr_input", 0) != 0;
   return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
     float* p = static_cast<float*>(a.inputs[0]);
     const float* grad = static_cast<const float*>(a.inputs[1]);
     float* v = mom != 0.f ? static_cast<float*>(a.inputs[2]) : nullptr;
+    const float lr = lr_input ? *static_cast<const float*>(a.inputs.back()) : lr_attr;
     for (int64_t i = 0; i < count; ++i) {
       float d = grad[i] + wd * p[i];
       if (v) {
@@ -247,17 +250,21 @@ KernelOr SgdUpdate(const Node& n, const Graph& g) {
   }));
 }
 
-// In place: inputs (param, grad, m, v, step). Weight decay is L2 added to the gradient
+// In place: inputs (param, grad, m, v, step, and with "lr_input" the learning rate as a
+// 1-element tensor instead of the "lr" attribute). Weight decay is L2 added to the gradient
 // (torch.optim.Adam), or with "decoupled_weight_decay" p -= lr * wd * p before the step
 // (torch.optim.AdamW).
 KernelOr AdamUpdate(const Node& n, const Graph& g) {
   const int64_t count = NumElements(g.value(n.inputs[0]).shape);
-  const float lr = n.GetFloat("lr", 1e-3f), b1 = n.GetFloat("beta1", 0.9f);
+  const float lr_attr = n.GetFloat("lr", 1e-3f), b1 = n.GetFloat("beta1", 0.9f);
   const float b2 = n.GetFloat("beta2", 0.999f), eps = n.GetFloat("epsilon", 1e-8f);
   const bool decoupled = n.GetInt("decoupled_weight_decay", 0) != 0;
   const float wd = decoupled ? 0.f : n.GetFloat("weight_decay", 0.f);
-  const float decay = decoupled ? 1.f - lr * n.GetFloat("weight_decay", 0.f) : 1.f;
+  const float decoupled_wd = decoupled ? n.GetFloat("weight_decay", 0.f) : 0.f;
+  const bool lr_input = n.GetInt("lr_input", 0) != 0;
   return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
+    const float lr = lr_input ? *static_cast<const float*>(a.inputs[5]) : lr_attr;
+    const float decay = 1.f - lr * decoupled_wd;
     float* p = static_cast<float*>(a.inputs[0]);
     const float* grad = static_cast<const float*>(a.inputs[1]);
     float* m = static_cast<float*>(a.inputs[2]);

@@ -211,6 +211,25 @@ def test_an_op_the_engine_lacks_is_refused_by_name(daemon: Daemon) -> None:
     assert train("resnet", "sgd", images(1, 1), daemon.endpoint)[0]
 
 
+def test_a_value_read_inside_a_step_is_refused_clearly(daemon: Daemon) -> None:
+    torch.manual_seed(0)
+    m, opt, _ = job("resnet", "sgd")
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        if loss.item() > 100:  # a branch on a value computed in the step
+            raise RuntimeError("diverged")
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = salus_torch.capture_step(train_step, endpoint=daemon.endpoint)
+    with pytest.raises(salus_torch.CaptureError, match="reads a tensor's value"):
+        step(*images(1, 1)[0])
+    step.close()
+
+
 def test_bad_graph_bytes_get_a_clear_error(daemon: Daemon) -> None:
     with salus.connect(daemon.endpoint) as c:
         with pytest.raises(salus.SalusError) as e:

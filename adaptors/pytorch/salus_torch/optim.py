@@ -9,11 +9,55 @@ graph, and the learning rate is an input of the graph (so a scheduler can change
 steps). The state keeps torch.optim's names, so it goes back into `optimizer.state` as is.
 """
 
-from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+
+# One update of one parameter as one operator, so that a traced step holds one node per
+# parameter instead of a chain of elementwise ops; the daemon runs each as the engine's fused
+# update kernel, in place. Pure functions: the tracer's functionalization writes their results
+# back into the state. The bodies are torch.optim's arithmetic, for running them eagerly.
+@torch.library.custom_op("salus::sgd_update", mutates_args=())
+def sgd_update(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: torch.Tensor,
+               momentum: float, weight_decay: float, nesterov: bool
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    d_p = grad.add(param, alpha=weight_decay) if weight_decay != 0 else grad
+    buf = buf.mul(momentum).add(d_p)
+    d_p = d_p.add(buf, alpha=momentum) if nesterov else buf
+    return param - d_p * lr, buf
+
+
+@sgd_update.register_fake
+def _(param, grad, buf, lr, momentum, weight_decay, nesterov):  # noqa: ANN001, ANN202
+    return torch.empty_like(param), torch.empty_like(buf)
+
+
+@torch.library.custom_op("salus::adam_update", mutates_args=())
+def adam_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+                exp_avg_sq: torch.Tensor, step: torch.Tensor, lr: torch.Tensor, beta1: float,
+                beta2: float, eps: float, weight_decay: float, decoupled: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    step = step + 1
+    if weight_decay != 0:
+        if decoupled:
+            param = param * (1 - lr * weight_decay)
+        else:
+            grad = grad.add(param, alpha=weight_decay)
+    exp_avg = exp_avg.lerp(grad, 1 - beta1)
+    exp_avg_sq = exp_avg_sq.mul(beta2).addcmul(grad, grad, value=1 - beta2)
+    bc1 = 1 - torch.pow(torch.tensor(beta1), step)
+    bc2 = 1 - torch.pow(torch.tensor(beta2), step)
+    denom = (exp_avg_sq.sqrt() / bc2.sqrt()).add(eps)
+    return param - exp_avg / denom * (lr / bc1), exp_avg, exp_avg_sq, step
+
+
+@adam_update.register_fake
+def _(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,  # noqa: ANN001, ANN202
+      decoupled):
+    return (torch.empty_like(param), torch.empty_like(exp_avg), torch.empty_like(exp_avg_sq),
+            torch.empty_like(step))
 
 
 class UnsupportedOptimizer(NotImplementedError):
@@ -77,6 +121,13 @@ class Sgd(Functional):
 
     def update(self, group: dict, lr: torch.Tensor, param: torch.Tensor, grad: torch.Tensor,
                state: dict[str, torch.Tensor]) -> None:
+        if group["momentum"] != 0 and not group.get("maximize", False):
+            buf = state["momentum_buffer"]
+            new_p, new_buf = sgd_update(param, grad, buf, lr, group["momentum"],
+                                        group["weight_decay"], group["nesterov"])
+            param.copy_(new_p)
+            buf.copy_(new_buf)
+            return
         d_p = -grad if group.get("maximize", False) else grad
         if group["weight_decay"] != 0:
             d_p = d_p.add(param, alpha=group["weight_decay"])
@@ -110,9 +161,14 @@ class Adam(Functional):
                state: dict[str, torch.Tensor]) -> None:
         beta1, beta2 = group["betas"]
         eps, wd = group["eps"], group["weight_decay"]
-        if group.get("maximize", False):
-            grad = -grad
         step_t, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
+        if not group.get("maximize", False):
+            outs = adam_update(param, grad, exp_avg, exp_avg_sq, step_t, lr, beta1, beta2, eps,
+                               wd, self.decoupled)
+            for dst, src in zip((param, exp_avg, exp_avg_sq, step_t), outs, strict=True):
+                dst.copy_(src)
+            return
+        grad = -grad
         step_t.add_(1)
         if wd != 0:
             if self.decoupled:

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 from torch._decomp import core_aten_decompositions
+from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.nn.utils import stateless
 from torch.utils import _pytree as pytree
 
@@ -133,6 +135,10 @@ def _state_tensors(modules: list[torch.nn.Module], optimizers: list[_optim.Funct
 _NO_DECOMPOSE = {
     # Kept whole: the engine has kernels for them and their decompositions are long.
     torch.ops.aten.native_layer_norm.default,
+    torch.ops.aten.native_layer_norm_backward.default,
+    torch.ops.aten.native_batch_norm_backward.default,
+    torch.ops.aten._softmax_backward_data.default,
+    torch.ops.aten._log_softmax_backward_data.default,
 }
 
 
@@ -226,11 +232,17 @@ def trace(fn: object, args: tuple, modules: list[torch.nn.Module],
 
     state_now = [s.host().detach() for s in states]
     # The math attention backend decomposes above autograd, so its backward is plain ops.
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        joint = make_fx(step, decomposition_table=_decompositions(),
-                        tracing_mode="fake")(state_now, batch, lrs)
-        pure = make_fx(torch.func.functionalize(joint, remove="mutations_and_views"),
-                       tracing_mode="fake")(state_now, batch, lrs)
+    try:
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            joint = make_fx(step, decomposition_table=_decompositions(),
+                            tracing_mode="fake")(state_now, batch, lrs)
+            pure = make_fx(torch.func.functionalize(joint, remove="mutations_and_views"),
+                           tracing_mode="fake")(state_now, batch, lrs)
+    except (GuardOnDataDependentSymNode, DataDependentOutputException) as e:
+        raise CaptureError(
+            "the step reads a tensor's value while it runs (.item(), .tolist(), a Python "
+            "branch on a tensor, printing one): a captured step is one graph computed in the "
+            f"daemon, so return the value instead and read it after the call ({e})") from None
     for m in modules:  # parameters' .grad set on the traced inputs are not the user's
         for p in m.parameters():
             p.grad = None
@@ -326,7 +338,8 @@ def _serialize(gm: torch.fx.GraphModule, state_names: list[str], input_names: li
         elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
             schema = n.target._schema
             node = g.nodes.add()
-            node.op = f"aten.{schema.name.split('::')[-1]}.{schema.overload_name or 'default'}"
+            ns, _, base = schema.name.partition("::")
+            node.op = f"{ns}.{base}.{schema.overload_name or 'default'}"
             where = f"{node.op} ({n.name})"
             given = dict(zip([a.name for a in schema.arguments], n.args, strict=False))
             given.update(n.kwargs)
