@@ -288,6 +288,7 @@ class Lowerer {
   Status MatMulOp();
   Status SoftmaxOp();
   Status SoftmaxBackward();
+  Status ThresholdBackward();
   Status Gelu();
   Status Convolution();
   Status ConvolutionBackward();
@@ -388,6 +389,7 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten._softmax.default", &Lowerer::SoftmaxOp},
       {"aten._log_softmax.default", &Lowerer::SoftmaxOp},
       {"aten._softmax_backward_data.default", &Lowerer::SoftmaxBackward},
+      {"aten.threshold_backward.default", &Lowerer::ThresholdBackward},
       {"aten._log_softmax_backward_data.default", &Lowerer::SoftmaxBackward},
       {"aten.gelu.default", &Lowerer::Gelu},
       {"aten.convolution.default", &Lowerer::Convolution},
@@ -897,6 +899,28 @@ Status Lowerer::SoftmaxBackward() {
                                      {"forward_op", StringAttr(log ? "LogSoftmax" : "Softmax")},
                                      {"opset", IntAttr(kAtenOpset)}},
                                     DataType::kFloat32, S(y)));
+  return Bind(0, dx);
+}
+
+// threshold_backward(grad_output, self, threshold): ReLU's gradient (threshold 0, self its
+// input or output, whose signs agree) as the engine's Relu backward; other thresholds as a
+// comparison and a select.
+Status Lowerer::ThresholdBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(double threshold, Number("threshold"));
+  if (S(dy) != S(x) || T(x) != DataType::kFloat32 || T(dy) != DataType::kFloat32) {
+    return Bad("grad_output and self must be float tensors of one shape");
+  }
+  if (threshold == 0) {
+    SALUS_ASSIGN_OR_RETURN(
+        ValueId dx, EmitShaped("SalusEltwiseGrad", {x, dy},
+                               {{"forward_op", StringAttr("Relu")}, {"opset", IntAttr(kAtenOpset)}},
+                               DataType::kFloat32, S(x)));
+    return Bind(0, dx);
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId keep, Emit("Greater", {x, Scalar(DataType::kFloat32, threshold)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId dx, Emit("Where", {keep, dy, Scalar(DataType::kFloat32, 0)}));
   return Bind(0, dx);
 }
 
