@@ -185,6 +185,71 @@ TEST(AtenImporter, RefusesMalformedGraphs) {
   }
 }
 
+// p, buf (state); g, lr (inputs); salus.sgd_update then the copy_ writes the tracer emits.
+AtenGraphBuilder SgdStep(bool read_after) {
+  AtenGraphBuilder b;
+  const int p = b.Value("p", {3}), buf = b.Value("buf", {3});
+  const int g = b.Value("input0", {3}), lr = b.Value("lr.0", {1});
+  b.graph().add_state(p);
+  b.graph().add_state(buf);
+  b.graph().add_inputs(g);
+  b.graph().add_inputs(lr);
+  const int p2 = b.Value("p2", {3}), buf2 = b.Value("buf2", {3});
+  auto* u = b.Node("salus.sgd_update.default", {p2, buf2});
+  AtenGraphBuilder::Tensor(u, "param", p);
+  AtenGraphBuilder::Tensor(u, "grad", g);
+  AtenGraphBuilder::Tensor(u, "buf", buf);
+  AtenGraphBuilder::Tensor(u, "lr", lr);
+  AtenGraphBuilder::Number(u, "momentum", 0.9);
+  AtenGraphBuilder::Number(u, "weight_decay", 0.1);
+  AtenGraphBuilder::Bool(u, "nesterov", false);
+  const int out = b.Value("out", {3});
+  AtenGraphBuilder::Tensor(b.Node("aten.relu.default", {out}), "self", read_after ? p : p2);
+  for (auto [dst, src] : {std::pair{p, p2}, std::pair{buf, buf2}}) {
+    const int done = b.Value("done" + std::to_string(dst), {3});
+    auto* c = b.Node("aten.copy_.default", {done});
+    AtenGraphBuilder::Tensor(c, "self", dst);
+    AtenGraphBuilder::Tensor(c, "src", src);
+    AtenGraphBuilder::Bool(c, "non_blocking", false);
+  }
+  b.graph().add_outputs(out);
+  return b;
+}
+
+TEST(AtenImporter, FusedSgdUpdateWritesStateInPlaceWithTheFedLearningRate) {
+  auto exe_or = Executable::CompileAten(SgdStep(false).Bytes(), CompileOptions{});
+  ASSERT_TRUE(exe_or.ok()) << exe_or.status().ToString();
+  auto exe = std::move(exe_or).value();
+  Memory mem(*exe);
+  const std::vector<float> p = {1, -2, 3}, buf = {0.5f, 0, -1}, g = {0.1f, 0.2f, -0.3f};
+  ASSERT_TRUE(exe->WritePersistent(mem.p(), "p", HostTensor::FromFloats({3}, p)).ok());
+  ASSERT_TRUE(exe->WritePersistent(mem.p(), "buf", HostTensor::FromFloats({3}, buf)).ok());
+  for (float lr : {0.5f, 0.25f}) {  // a scheduler's change is seen at once
+    auto before = exe->ReadPersistent(mem.p(), "p");
+    auto vel = exe->ReadPersistent(mem.p(), "buf");
+    ASSERT_TRUE(before.ok() && vel.ok());
+    auto out =
+        RunHost(*exe, mem, {HostTensor::FromFloats({3}, g), HostTensor::FromFloats({1}, {lr})});
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    auto after = exe->ReadPersistent(mem.p(), "p");
+    ASSERT_TRUE(after.ok());
+    for (int i = 0; i < 3; ++i) {
+      const float d = g[i] + 0.1f * before->floats()[i];
+      const float v = 0.9f * vel->floats()[i] + d;
+      const float want = before->floats()[i] - lr * v;
+      EXPECT_FLOAT_EQ(after->floats()[i], want);
+      EXPECT_FLOAT_EQ((*out)[0].floats()[i], want > 0 ? want : 0);  // reads the new value
+    }
+  }
+}
+
+TEST(AtenImporter, RefusesAnUpdateWhoseOldValueIsReadAfterIt) {
+  auto exe = Executable::CompileAten(SgdStep(true).Bytes(), CompileOptions{});
+  ASSERT_FALSE(exe.ok());
+  EXPECT_EQ(exe.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(exe.status().message().find("read after"), std::string::npos);
+}
+
 TEST(AtenImporter, ListsItsOperators) {
   const std::vector<std::string> ops = AtenImporter::SupportedOps();
   EXPECT_TRUE(std::is_sorted(ops.begin(), ops.end()));
