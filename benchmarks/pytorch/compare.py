@@ -27,8 +27,7 @@ for p in ("tests/integration", "tests/pytorch", "adaptors/python", "adaptors/pyt
 
 import salus_torch  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from models import Encoder, ResNet  # noqa: E402
+from models import Encoder, ResNet, user_step  # noqa: E402
 from salus_daemon import Daemon  # noqa: E402
 
 
@@ -42,15 +41,7 @@ def make(model: str, batch: int):  # noqa: ANN201
         m = Encoder(tokens=32, width=64)
         opt = torch.optim.Adam(m.parameters(), lr=1e-3)
         data = (torch.randint(0, 100, (batch, 32)), torch.randint(0, 10, (batch,)))
-
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad()
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return train_step, data
+    return user_step(m, opt), data
 
 
 def timed(step, data, steps: int, warmup: int) -> list[float]:  # noqa: ANN001

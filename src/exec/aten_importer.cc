@@ -201,14 +201,18 @@ class Lowerer {
     n.name = NodeName();
     n.inputs = std::move(inputs);
     n.attrs = std::move(attrs);
-    Value v;
-    v.name = graph_.UniqueName(n.name);
-    v.type = type;
-    v.shape = shape;
-    n.outputs = {graph_.AddValue(std::move(v))};
-    const ValueId out = n.outputs[0];
+    const ValueId out = NewValue(n.name, shape);
+    graph_.value(out).type = type;
+    n.outputs = {out};
     SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
     return out;
+  }
+  // A float32 value of `shape` for the output of an engine op without shape rules.
+  ValueId NewValue(const std::string& stem, const Shape& shape) {
+    Value v;
+    v.name = graph_.UniqueName(stem);
+    v.shape = shape;
+    return graph_.AddValue(std::move(v));
   }
   ValueId Constant(HostTensor t) {
     Value v;
@@ -1009,16 +1013,8 @@ Status Lowerer::ConvolutionBackward() {
     n.inputs = {x, dy};
     n.attrs = attrs;
     n.attrs["w_shape"] = IntsAttr(S(w));
-    Value dw;
-    dw.name = graph_.UniqueName(n.name);
-    dw.shape = S(w);
-    n.outputs = {graph_.AddValue(std::move(dw))};
-    if (wanted(2)) {
-      Value db;
-      db.name = graph_.UniqueName(n.name);
-      db.shape = {S(w)[0]};
-      n.outputs.push_back(graph_.AddValue(std::move(db)));
-    }
+    n.outputs = {NewValue(n.name, S(w))};
+    if (wanted(2)) n.outputs.push_back(NewValue(n.name, {S(w)[0]}));
     const std::vector<ValueId> outs = n.outputs;
     SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
     if (wanted(1)) SALUS_RETURN_IF_ERROR(Bind(1, outs[0]));
@@ -1116,12 +1112,7 @@ Status Lowerer::BatchNormTrain() {
   // The engine's momentum weighs the old running value, PyTorch's the batch's.
   n.attrs = {{"epsilon", FloatAttr(static_cast<float>(eps))},
              {"momentum", FloatAttr(static_cast<float>(1.0 - momentum))}};
-  auto value = [&](const Shape& shape) {
-    Value v;
-    v.name = graph_.UniqueName(n.name);
-    v.shape = shape;
-    return graph_.AddValue(std::move(v));
-  };
+  auto value = [&](const Shape& shape) { return NewValue(n.name, shape); };
   n.outputs = {value(xs), value(c), value(c), value(c), value(c)};
   const std::vector<ValueId> outs = n.outputs;
   SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
@@ -1160,12 +1151,7 @@ Status Lowerer::BatchNormBackward() {
   n.name = NodeName();
   n.inputs = {x, w, st.mean, st.var, dy};
   n.attrs = {{"epsilon", FloatAttr(st.eps)}};
-  auto value = [&](const Shape& shape) {
-    Value v;
-    v.name = graph_.UniqueName(n.name);
-    v.shape = shape;
-    return graph_.AddValue(std::move(v));
-  };
+  auto value = [&](const Shape& shape) { return NewValue(n.name, shape); };
   n.outputs = {value(S(x)), value(c), value(c)};
   const std::vector<ValueId> outs = n.outputs;
   SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
@@ -1195,12 +1181,7 @@ Status Lowerer::LayerNormBackward() {
   n.name = NodeName();
   n.inputs = {x, w, dy};
   n.attrs = {{"axis", IntAttr(axis)}, {"epsilon", FloatAttr(layer_eps_.at(rstd->value()))}};
-  auto value = [&](const Shape& shape) {
-    Value v;
-    v.name = graph_.UniqueName(n.name);
-    v.shape = shape;
-    return graph_.AddValue(std::move(v));
-  };
+  auto value = [&](const Shape& shape) { return NewValue(n.name, shape); };
   n.outputs = {value(xs), value(S(w)), b == kNoValue ? kNoValue : value(S(b))};
   const std::vector<ValueId> outs = n.outputs;
   SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));

@@ -1,7 +1,10 @@
-"""Models of the PyTorch adaptor's tests: a ResNet-shaped CNN with BatchNorm and a Transformer
-encoder classifier, small enough for the 2-core CI machine."""
+"""Models of the PyTorch adaptor's tests and benchmark: a ResNet-shaped CNN with BatchNorm and a
+Transformer encoder classifier, small enough for the 2-core CI machine; and the training step
+as a user writes it."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -57,3 +60,17 @@ class Encoder(nn.Module):
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         return self.head(self.enc(self.emb(t) + self.pos).mean(1))
+
+
+def user_step(model: nn.Module, opt: torch.optim.Optimizer
+              ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """An ordinary PyTorch training step over `model` and `opt`, nothing Salus in it."""
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return train_step

@@ -11,7 +11,7 @@ import pytest
 import salus_torch
 import torch
 import torch.nn.functional as F
-from models import Encoder, ResNet
+from models import Encoder, ResNet, user_step
 from salus_daemon import Daemon
 
 import salus
@@ -47,15 +47,7 @@ def job(model: str, optimizer: str):  # noqa: ANN201
         opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     else:
         opt = torch.optim.Adam(m.parameters(), lr=1e-3)
-
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad()
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return m, opt, train_step
+    return m, opt, user_step(m, opt)
 
 
 def train(model: str, optimizer: str, batches: list, endpoint: str | None):  # noqa: ANN201
@@ -192,16 +184,8 @@ def test_an_op_the_engine_lacks_is_refused_by_name(daemon: Daemon) -> None:
     refused naming the operators, and the daemon goes on serving."""
     torch.manual_seed(0)
     m = Encoder(dropout=0.1)
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad()
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    step = salus_torch.capture_step(train_step, endpoint=daemon.endpoint)
+    step = salus_torch.capture_step(user_step(m, torch.optim.SGD(m.parameters(), lr=0.1)),
+                                    endpoint=daemon.endpoint)
     x, y = sentences(1, 9)[0]
     with pytest.raises(salus.SalusError) as e:
         step(x, y)
