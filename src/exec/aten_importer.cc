@@ -54,9 +54,15 @@ class Lowerer {
     }
     return true;
   }
-  StatusOr<ValueId> ValueOf(int index) const {
+  StatusOr<ValueId> ValueOf(int index) {
     if (index < 0 || index >= static_cast<int>(ids_.size())) {
       return Bad(fmt::format("value {} is out of range", index));
+    }
+    if (ids_[index] == kNoValue && empties_.count(index) > 0) {
+      // An `empty` whose contents a node reads after all: zeros (PyTorch leaves them undefined).
+      const v1::AtenValue& v = ag_.values(index);
+      SALUS_ASSIGN_OR_RETURN(DataType type, EngineType(v));
+      ids_[index] = Filled(type, Shape(v.shape().begin(), v.shape().end()), 0);
     }
     if (ids_[index] == kNoValue) {
       return Bad(fmt::format("value {} ('{}') is used before it is made", index,
@@ -65,7 +71,7 @@ class Lowerer {
     return ids_[index];
   }
   // A tensor argument; kNoValue for None when `optional`.
-  StatusOr<ValueId> Tensor(const std::string& name, bool optional = false) const {
+  StatusOr<ValueId> Tensor(const std::string& name, bool optional = false) {
     SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* a, Arg(name));
     if (a->kind_case() == v1::AtenArgument::kNone && optional) return kNoValue;
     if (a->kind_case() != v1::AtenArgument::kValue) return Bad("'" + name + "' is not a tensor");
@@ -308,6 +314,8 @@ class Lowerer {
   Status GatherOp();
   Status Scatter();
   Status Dropout();
+  Status Bernoulli();
+  Status Empty();
   Status CopyInto();
   Status FusedUpdate();
 
@@ -324,6 +332,9 @@ class Lowerer {
   // the window's maximum from the input instead.
   std::set<int> pool_indices_;
   std::set<int> written_;  // state values a copy_ wrote
+  // Results of `empty`: made (as zeros) only if a node reads them; bernoulli reads only the
+  // shape.
+  std::set<int> empties_;
   // A training batch norm's save_rstd result -> its batch statistics, for the backward.
   struct BatchStats {
     ValueId mean, var;
@@ -411,6 +422,9 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.gather.default", &Lowerer::GatherOp},
       {"aten.scatter.value", &Lowerer::Scatter}, {"aten.scatter.src", &Lowerer::Scatter},
       {"aten.native_dropout.default", &Lowerer::Dropout},
+      {"aten.bernoulli.p", &Lowerer::Bernoulli},
+      {"aten.empty.memory_format", &Lowerer::Empty},
+      {"aten.empty_like.default", &Lowerer::Empty},
       {"aten.copy_.default", &Lowerer::CopyInto},
       {"salus.sgd_update.default", &Lowerer::FusedUpdate},
       {"salus.adam_update.default", &Lowerer::FusedUpdate},
@@ -501,7 +515,7 @@ StatusOr<Graph> Lowerer::Run() {
     }
     SALUS_RETURN_IF_ERROR((this->*Table().at(node_->op()))());
     for (int o : node_->outputs()) {
-      if (o >= 0 && ids_[o] == kNoValue && pool_indices_.count(o) == 0) {
+      if (o >= 0 && ids_[o] == kNoValue && pool_indices_.count(o) == 0 && empties_.count(o) == 0) {
         return InternalError(fmt::format("{} (node {}): result '{}' was not made", node_->op(),
                                          index_, ag_.values(o).name()));
       }
@@ -1350,6 +1364,57 @@ Status Lowerer::Dropout() {
     SALUS_RETURN_IF_ERROR(Bind(1, Filled(DataType::kBool, S(x), 1)));
   }
   return OkStatus();
+}
+
+// bernoulli.p(self, p) with the adaptor's draw index "salus_draw" = k: ones where a uniform
+// draw of the stream (rng[0], rng[1] + k) is below p (Note [Random numbers] in the adaptor's
+// trace.py; the graph's input "rng" holds the seed and the offset).
+Status Lowerer::Empty() {
+  if (Outputs() != 1 || node_->outputs(0) < 0) return Bad("empty without a result");
+  SALUS_ASSIGN_OR_RETURN(Shape shape, DeclaredShape(0));
+  if (TooManyElements(shape, int64_t{1} << 30)) return Bad("the tensor is too large");
+  empties_.insert(node_->outputs(0));
+  return OkStatus();
+}
+
+Status Lowerer::Bernoulli() {
+  SALUS_ASSIGN_OR_RETURN(double p, Number("p"));
+  SALUS_ASSIGN_OR_RETURN(int64_t k, Int("salus_draw"));
+  if (!IsNone("generator")) return Refuse("bernoulli with a generator of its own");
+  if (!(p >= 0 && p <= 1)) return Bad("p must be in [0, 1]");
+  SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* self, Arg("self"));
+  if (self->kind_case() != v1::AtenArgument::kValue || self->value() < 0 ||
+      self->value() >= ag_.values_size()) {
+    return Bad("'self' is not a tensor");
+  }
+  // Only self's shape matters: an `empty` stays unmade.
+  const v1::AtenValue& like = ag_.values(self->value());
+  const Shape shape(like.shape().begin(), like.shape().end());
+  ValueId rng = graph_.Find("rng");
+  if (rng == kNoValue || graph_.value(rng).kind != ValueKind::kInput ||
+      T(rng) != DataType::kInt64 || S(rng) != Shape{2}) {
+    return Bad("a random draw needs the graph's int64 [2] input 'rng'");
+  }
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  SALUS_ASSIGN_OR_RETURN(ValueId seed,
+                         Emit("Add", {rng, Constant(HostTensor::FromInt64s({2}, {0, k}))}));
+  Node n;
+  n.op = "SalusPhiloxKeyCounter";
+  n.name = NodeName();
+  n.inputs = {seed};
+  n.attrs["seed_bits"] = IntAttr(64);
+  for (int64_t words : {1, 2}) {
+    const ValueId v = NewValue(n.name, {words});
+    graph_.value(v).type = DataType::kInt64;
+    n.outputs.push_back(v);
+  }
+  const std::vector<ValueId> kc = n.outputs;
+  SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId u, EmitShaped("SalusRandomUniform", {kc[0], kc[1]}, {}, DataType::kFloat32, shape));
+  SALUS_ASSIGN_OR_RETURN(ValueId hit, Emit("Less", {u, Scalar(DataType::kFloat32, p)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Cast(hit, type));
+  return Bind(0, y);
 }
 
 // copy_(self, src) into a state value: the step's write of it.

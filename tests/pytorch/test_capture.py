@@ -179,20 +179,60 @@ def test_two_pytorch_jobs_and_an_onnx_job_share_the_daemon(daemon: Daemon) -> No
     assert results["onnx"] == solo_onnx
 
 
+class AvgPooled(ResNet):
+    """The CNN with an average pool the importer does not lower (kernel 2, not global)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(F.avg_pool2d(x, 2))
+
+
 def test_an_op_the_engine_lacks_is_refused_by_name(daemon: Daemon) -> None:
-    """Dropout with p > 0 needs random numbers the importer does not map yet: the session is
-    refused naming the operators, and the daemon goes on serving."""
+    """The session is refused naming the operators, and the daemon goes on serving."""
     torch.manual_seed(0)
-    m = Encoder(dropout=0.1)
+    m = AvgPooled()
     step = salus_torch.capture_step(user_step(m, torch.optim.SGD(m.parameters(), lr=0.1)),
                                     endpoint=daemon.endpoint)
-    x, y = sentences(1, 9)[0]
     with pytest.raises(salus.SalusError) as e:
-        step(x, y)
+        step(*images(1, 1)[0])
     assert e.value.code == "UNIMPLEMENTED"
-    assert "aten." in str(e.value)
+    assert "aten.avg_pool2d" in str(e.value)
     step.close()
     assert train("resnet", "sgd", images(1, 1), daemon.endpoint)[0]
+
+
+def test_dropout_draws_in_the_daemon_reproducibly(daemon: Daemon) -> None:
+    """Dropout's Bernoulli draws run in the daemon (Note [Random numbers]): the dropped
+    fraction is p, each call draws anew, and torch.manual_seed makes a run repeat."""
+    def draws(seed: int) -> list[torch.Tensor]:
+        torch.manual_seed(seed)
+
+        def drop(x: torch.Tensor) -> torch.Tensor:
+            return F.dropout(x, 0.3, training=True)
+
+        with salus_torch.capture_step(drop, endpoint=daemon.endpoint) as step:
+            return [step(torch.ones(200, 500)) for _ in range(2)]
+
+    a, b = draws(1), draws(1)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[0], a[1])
+    assert not torch.equal(a[0], draws(2)[0])
+    for out in a:
+        dropped = (out == 0).float().mean().item()
+        assert abs(dropped - 0.3) < 0.01, dropped
+        torch.testing.assert_close(out[out != 0], torch.full_like(out[out != 0], 1 / 0.7))
+
+
+def test_training_with_dropout_repeats_under_one_seed(daemon: Daemon) -> None:
+    def run(dropout: float) -> list[float]:
+        torch.manual_seed(3)
+        m = Encoder(dropout=dropout)
+        opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+        with salus_torch.capture_step(user_step(m, opt), endpoint=daemon.endpoint) as step:
+            return [float(step(x, y)) for x, y in sentences(3, 4)]
+
+    first, again, without = run(0.2), run(0.2), run(0.0)
+    assert first == again
+    assert all(np.isfinite(first)) and first != without
 
 
 def test_a_value_read_inside_a_step_is_refused_clearly(daemon: Daemon) -> None:

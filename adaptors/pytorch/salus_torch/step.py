@@ -59,6 +59,9 @@ class CapturedStep:
         self._options = session_options
         self._entries: dict[tuple, _Entry] = {}
         self._holder: _Entry | None = None  # the session with the newest state, if any
+        # Note [Random numbers]: the seed of this step's draws and the next unused offset.
+        self._rng_seed: int | None = None
+        self._rng_offset = 0
         functools.update_wrapper(self, fn)
 
     # ---- calls ----
@@ -103,6 +106,11 @@ class CapturedStep:
             feeds[name] = _numpy(value, name)
         for name, (opt, gi) in zip(t.inputs[len(batch):], t.lr_inputs, strict=False):
             feeds[name] = np.asarray([float(opt.param_groups[gi]["lr"])], dtype=np.float32)
+        if t.rng_draws:
+            if self._rng_seed is None:
+                self._rng_seed = int(torch.randint(0, 2**62, (1,)).item())
+            feeds["rng"] = np.asarray([self._rng_seed, self._rng_offset], dtype=np.int64)
+            self._rng_offset += t.rng_draws
         owners = [id(o) for o in (*self.modules, *self.optimizers)]
         for other in {_holders[k] for k in owners if _holders.get(k, self) is not self}:
             other._pull()

@@ -80,6 +80,8 @@ class Traced:
     outputs: list[str]
     out_spec: pytree.TreeSpec
     constant_outputs: dict[int, object] = field(default_factory=dict)
+    # Random draws (Note [Random numbers]): with any, the graph's last input is "rng".
+    rng_draws: int = 0
 
 
 def discover(fn: object) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
@@ -251,7 +253,36 @@ def trace(fn: object, args: tuple, modules: list[torch.nn.Module],
         [f"lr.{i}" for i in range(len(lrs))]
     pure.graph.eliminate_dead_code()  # keeps the copy_ writes: their schema mutates
     graph, outputs, constants = _serialize(pure, [s.name for s in states], input_names)
-    return Traced(graph, states, input_names, lr_inputs, outputs, out_spec[-1], constants)
+    draws = _number_draws(graph)
+    if draws:
+        input_names.append("rng")
+    return Traced(graph, states, input_names, lr_inputs, outputs, out_spec[-1], constants,
+                  draws)
+
+
+# Note [Random numbers]
+# A traced step's random draws (`bernoulli`, which dropout decomposes into) cannot use PyTorch's
+# generator: the daemon draws them, with the engine's counter-based Philox generator. The graph
+# gets one more input, "rng" (int64 [2]: a seed and an offset), and each draw an index k
+# (argument "salus_draw"); draw k of a step uses the stream (seed, offset + k). The adaptor takes
+# the seed from PyTorch's default generator when it captures the step (so torch.manual_seed
+# makes a run reproducible) and advances the offset by the number of draws every call, so no two
+# draws of a run share a stream. The numbers differ from those eager PyTorch would draw.
+def _number_draws(graph: apb.AtenGraph) -> int:
+    draws = 0
+    for node in graph.nodes:
+        if node.op.startswith("aten.bernoulli."):
+            a = node.args.add()
+            a.name = "salus_draw"
+            a.int_value = draws
+            draws += 1
+    if draws:
+        v = graph.values.add()
+        v.name = "rng"
+        v.dtype = apb.ATEN_INT64
+        v.shape.append(2)
+        graph.inputs.append(len(graph.values) - 1)
+    return draws
 
 
 def _restore(obj: object, attr: str, value: object) -> None:
