@@ -276,3 +276,23 @@ def test_unsupported_optimizer_is_refused_before_anything_runs(daemon: Daemon) -
     with pytest.raises(salus_torch.UnsupportedOptimizer, match="RMSprop"):
         step(*images(1, 1)[0])
     step.close()
+
+
+def test_a_step_that_zeroes_gradients_through_the_module(daemon: Daemon) -> None:
+    def run(endpoint: str | None) -> list[float]:
+        torch.manual_seed(5)
+        m = ResNet()
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+
+        def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            m.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = train_step if endpoint is None else salus_torch.capture_step(
+            train_step, endpoint=endpoint)
+        return [float(step(x, y)) for x, y in images(2, 8)]
+
+    assert_losses_match(run(daemon.endpoint), run(None))

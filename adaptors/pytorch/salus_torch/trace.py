@@ -179,7 +179,6 @@ def trace(fn: object, args: tuple, modules: list[torch.nn.Module],
         for i, s in enumerate(states):
             if s.kind != "optimizer":
                 per_module[modules.index(s.module)][s.attr] = state_values[i]
-        called = {"zero_grad": False}
 
         def sub(p: torch.Tensor) -> torch.Tensor:
             return state_values[by_param[id(p)]]
@@ -202,7 +201,6 @@ def trace(fn: object, args: tuple, modules: list[torch.nn.Module],
 
         def make_zero_grad(f: _optim.Functional):  # noqa: ANN202
             def zero_grad(set_to_none: bool = True) -> None:
-                called["zero_grad"] = True
                 for group in f.optimizer.param_groups:
                     for p in group["params"]:
                         sub(p).grad = None
@@ -221,9 +219,8 @@ def trace(fn: object, args: tuple, modules: list[torch.nn.Module],
                 first += len(o.param_groups)
             for m in modules:
                 for mod in m.modules():
-                    mod.zero_grad = types.MethodType(
-                        lambda self, set_to_none=True: called.__setitem__("zero_grad", True)
-                        or [setattr(sub(p), "grad", None) for p in self.parameters()], mod)
+                    # Re-parametrised, a module's parameters are the traced inputs already.
+                    mod.zero_grad = types.MethodType(_module_zero_grad, mod)
                     stack.callback(_restore, mod, "zero_grad", None)
             it = iter(batch_values)
             call_args = pytree.tree_unflatten(
@@ -283,6 +280,11 @@ def _number_draws(graph: apb.AtenGraph) -> int:
         v.shape.append(2)
         graph.inputs.append(len(graph.values) - 1)
     return draws
+
+
+def _module_zero_grad(self: torch.nn.Module, set_to_none: bool = True) -> None:
+    for p in self.parameters():
+        p.grad = None
 
 
 def _restore(obj: object, attr: str, value: object) -> None:
