@@ -292,6 +292,7 @@ class Lowerer {
   Status TransposeOp();
   Status SliceOp();
   Status Select();
+  Status SelectBackward();
   Status Cat();
   Status ReduceOp();
   Status Addmm();
@@ -395,6 +396,7 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.transpose_copy.int", &Lowerer::TransposeOp},
       {"aten.slice.Tensor", &Lowerer::SliceOp}, {"aten.slice_copy.Tensor", &Lowerer::SliceOp},
       {"aten.select.int", &Lowerer::Select}, {"aten.select_copy.int", &Lowerer::Select},
+      {"aten.select_backward.default", &Lowerer::SelectBackward},
       {"aten.cat.default", &Lowerer::Cat},
       {"aten.sum.dim_IntList", &Lowerer::ReduceOp}, {"aten.sum.default", &Lowerer::ReduceOp},
       {"aten.mean.dim", &Lowerer::ReduceOp}, {"aten.mean.default", &Lowerer::ReduceOp},
@@ -820,6 +822,29 @@ Status Lowerer::Select() {
   SALUS_ASSIGN_OR_RETURN(
       ValueId y,
       Emit("Gather", {x, Constant(HostTensor::FromInt64s({}, {index}))}, {{"axis", IntAttr(dim)}}));
+  return Bind(0, y);
+}
+
+// select_backward(grad_output, input_sizes, dim, index): the gradient placed at `index` along
+// `dim` of zeros of input_sizes, as one Pad.
+Status Lowerer::SelectBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> sizes, Ints("input_sizes"));
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, sizes.size()));
+  SALUS_ASSIGN_OR_RETURN(int64_t index, Int("index"));
+  const int64_t size = sizes[dim];
+  if (index < -size || index >= size) return Bad("index is out of range");
+  if (index < 0) index += size;
+  Shape kept = sizes;
+  kept[dim] = 1;
+  if (NumElements(kept) != NumElements(S(dy))) return Bad("grad_output does not fit input_sizes");
+  SALUS_ASSIGN_OR_RETURN(ValueId g, ReshapeTo(dy, kept));
+  std::vector<int64_t> pads(2 * sizes.size(), 0);
+  pads[dim] = index;
+  pads[dim + sizes.size()] = size - 1 - index;
+  SALUS_ASSIGN_OR_RETURN(ValueId y,
+                         Emit("Pad", {g, Int64s(pads)}, {{"mode", StringAttr("constant")}}));
   return Bind(0, y);
 }
 
