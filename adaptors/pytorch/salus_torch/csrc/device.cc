@@ -1,0 +1,63 @@
+// The `salus` device's C++ half (Note [The lazy device] in device.py).
+//
+// PyTorch's autograd engine and device guards ask every device type for a DeviceGuardImpl and,
+// for PrivateUse1, for hooks; without them a tensor on the device cannot take part in
+// backward(). The device is lazy: nothing runs on it in this process, so the guard has one
+// device with one stream that is always idle, and the hooks hand out the CPU generator (the
+// daemon draws the device's random numbers itself, with explicit seeds). Everything else, the
+// tensors, the recording and the flushes, is Python.
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/extension.h>
+
+namespace {
+
+constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+
+struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kType; }
+  c10::Device exchangeDevice(c10::Device) const override { return c10::Device(kType, 0); }
+  c10::Device getDevice() const override { return c10::Device(kType, 0); }
+  void setDevice(c10::Device) const override {}
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device d) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const noexcept override { return s; }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  // The stream never has work in flight in this process: events are complete at once.
+  void record(void**, const c10::Stream&, const c10::DeviceIndex,
+              const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
+
+struct Hooks final : at::PrivateUse1HooksInterface {
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) override {
+    return at::detail::getDefaultCPUGenerator();
+  }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+};
+
+const bool kHooksRegistered = [] {
+  static Hooks hooks;
+  at::RegisterPrivateUse1HooksInterface(&hooks);
+  return true;
+}();
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Device guard and hooks of the lazy salus device";
+  m.def("hooks_registered", [] { return kHooksRegistered; });
+}

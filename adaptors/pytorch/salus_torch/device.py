@@ -1,0 +1,704 @@
+"""The lazy `salus` device: `model.to("salus")` and an unmodified training loop run in the daemon.
+
+Note [The lazy device]
+`import salus_torch` names PyTorch's PrivateUse1 device `salus`. A tensor on it is a
+`SalusTensor`: shape, dtype and a *location* (a value on the host, or a state value of a daemon
+session), never data of its own. Every ATen op on such tensors reaches `__torch_dispatch__`,
+below autograd, so the forward pass, the backward pass PyTorch's autograd engine runs and the
+optimizer's in-place updates all arrive as plain ATen calls. They are recorded, not run; each
+result's shape comes from running the op on meta tensors.
+
+A *flush* turns the recording into one functional graph and runs it as one iteration:
+- the optimizer's post-step hook flushes (one iteration per training step), and so does any read
+  of a value on the host (`.item()`, `.cpu()`, `.tolist()`, printing), which splits a step into
+  more iterations;
+- the recording is replayed under `make_fx` and functionalized exactly as `capture_step` traces a
+  step (trace.py), so the graph has the same form and takes the same path through the daemon;
+- the tensors the recording read from before it began become the graph's state (those already
+  in the daemon, and those it writes) or inputs (batches uploaded from the host); results still
+  referenced afterwards become state too (gradients, new optimizer state), except small ones
+  (the loss), which are fetched so that reading them costs nothing;
+- Python floats given to arithmetic ops (learning rates, Adam's bias corrections) are lifted into
+  inputs, so a step whose only change is such a number is the same graph;
+- a graph is sent once: graphs are cached by hash, each one a daemon session, and a flush whose
+  state already sits in that session's slots sends only its inputs. When a different graph needs
+  a state value (the first step, an evaluation pass), it is read from the session holding it and
+  written into the new one in the same iteration.
+P and E of each graph are known from its shapes when its session is admitted.
+
+What does not carry across a flush: aliasing between two tensors that were views of each other
+(each keeps its own value afterwards), and values in the daemon that nothing references anymore
+(their slots are reused). Random ops get the daemon's explicit seeds (Note [Random numbers]).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import itertools
+import os
+import threading
+import types
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+import salus
+
+from . import trace as _trace
+
+aten = torch.ops.aten
+NAME = "salus"
+
+# Produced tensors still referenced after a flush, up to this many elements, are fetched to the
+# host rather than kept in the daemon (a loss, a metric).
+_FETCH_MAX = 64
+
+_NP = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np.bool_,
+       torch.int32: np.int32, torch.float64: np.float64}
+
+# Ops run at once on the host value of a tensor not yet used in the recording: initialisation.
+_HOST_INPLACE = {
+    aten.fill_.Scalar, aten.zero_.default, aten.normal_.default, aten.uniform_.default,
+    aten.copy_.default, aten.random_.default, getattr(aten.random_, "from"), aten.random_.to,
+    aten.bernoulli_.float, aten.exponential_.default, aten.fill_.Tensor,
+}
+# Ops that read values on the host: they flush, then run on the host values.
+_HOST_READS = {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default,
+               aten.allclose.default}
+
+# Note [Lifted scalars]: Python floats in these arguments become graph inputs.
+_LIFT: dict[Any, tuple[str, ...]] = {}
+for _name in ("add", "sub"):
+    for _f in (getattr(aten, _name), getattr(aten, _name + "_")):
+        _LIFT[_f.Tensor] = ("other", "alpha")
+        _LIFT[_f.Scalar] = ("other", "alpha")
+for _name in ("mul", "div"):
+    for _f in (getattr(aten, _name), getattr(aten, _name + "_")):
+        _LIFT[_f.Tensor] = ("other",)
+        _LIFT[_f.Scalar] = ("other",)
+for _f in (aten.addcmul, aten.addcmul_, aten.addcdiv, aten.addcdiv_):
+    _LIFT[_f.default] = ("value",)
+_LIFT[aten.lerp.Scalar] = ("weight",)
+_LIFT[aten.lerp_.Scalar] = ("weight",)
+
+
+class _Loc:
+    """Where a value lives: on the host (`host`), in slot `slot` of a daemon graph, or nowhere
+    but recomputable by `remat` (func, args, kwargs, output index) from live tensors."""
+
+    __slots__ = ("graph", "host", "remat", "slot")
+
+    def __init__(self, host: torch.Tensor | None = None) -> None:
+        self.host = host
+        self.graph: _Graph | None = None
+        self.slot = ""
+        self.remat: _Remat | None = None
+
+
+@dataclass(eq=False)
+class _Remat:
+    """An op to record again when a later segment reads one of its results (`index`: the
+    result's uid -> output position); recorded once per segment for all of them."""
+
+    func: Any
+    args: tuple
+    kwargs: dict
+    index: dict[int, int]
+    seg: Any = None
+    op: Any = None
+
+
+# Results recomputed where a later graph needs them instead of being kept: what only a backward
+# op reads, and which the engine's backward takes from its own forward node in the same graph
+# (max pooling's indices, the batch and layer statistics). Recomputing BatchNorm uses momentum 0,
+# so its running statistics are written back unchanged.
+_REMAT: dict[Any, tuple[set[int], dict[int, Any]]] = {
+    aten.max_pool2d_with_indices.default: ({1}, {}),
+    aten.native_batch_norm.default: ({1, 2}, {6: 0.0}),
+    aten.native_layer_norm.default: ({1, 2}, {}),
+}
+
+
+@dataclass(eq=False)
+class _Graph:
+    """One flushed graph, its session and which value sits in each of its state slots."""
+
+    session: salus.Session
+    digest: str
+    occupant: dict[str, _Loc] = field(default_factory=dict)
+
+
+@dataclass
+class _Op:
+    func: Any
+    args: tuple
+    kwargs: dict
+    outs: list  # uid per flattened output, None where the output is no tensor
+    lifted: bool = False  # some arguments are _Scalar (Note [Lifted scalars])
+
+
+@dataclass(frozen=True)
+class _Ref:
+    uid: int
+
+
+@dataclass(frozen=True)
+class _Scalar:
+    index: int
+
+
+@dataclass
+class _Segment:
+    ops: list[_Op] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)  # uids in order of first use
+    refs: dict[int, weakref.ref] = field(default_factory=dict)
+    metas: dict[int, torch.Tensor] = field(default_factory=dict)
+    inputs: dict[int, _Loc] = field(default_factory=dict)  # uid -> location before the segment
+    produced: set[int] = field(default_factory=set)
+    producer: dict[int, tuple[_Op, int]] = field(default_factory=dict)
+    mutated: set[int] = field(default_factory=set)
+    scalars: list[float] = field(default_factory=list)
+    keep: list[torch.Tensor] = field(default_factory=list)  # host tensors wrapped as inputs
+
+
+class SalusTensor(torch.Tensor):
+    """A tensor on the lazy `salus` device (Note [The lazy device])."""
+
+    _meta: torch.Tensor
+    _uid: int
+    _loc: _Loc
+
+    @staticmethod
+    def __new__(cls, meta: torch.Tensor, loc: _Loc) -> SalusTensor:
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, meta.shape, strides=meta.stride(), storage_offset=meta.storage_offset(),
+            dtype=meta.dtype, device=torch.device(NAME, 0), requires_grad=False)
+        r._meta = meta
+        r._uid = next(_uids)
+        r._loc = loc
+        return r
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        return runtime().dispatch(func, args, kwargs or {})
+
+    def tolist(self) -> Any:
+        return self.cpu().tolist()
+
+    def __repr__(self, **kwargs: Any) -> str:
+        body = repr(self.detach().cpu())
+        return body[:-1] + f", device='{NAME}:0')" if body.endswith(")") else body
+
+
+_uids = itertools.count()
+_BASE_KEYS = (torch._C._dispatch_tls_local_include_set(),
+              torch._C._dispatch_tls_local_exclude_set())
+
+
+def _meta_of(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+
+
+def _to_device(x: Any, device: str) -> Any:
+    if isinstance(x, torch.device) and x.type == NAME:
+        return torch.device(device)
+    if isinstance(x, str) and x.startswith(NAME):
+        return device
+    return x
+
+
+class Runtime:
+    """Records ops on salus tensors and flushes them to the daemon (Note [The lazy device])."""
+
+    def __init__(self, endpoint: str | None = None) -> None:
+        self._endpoint = endpoint
+        self._client: salus.Client | None = None
+        self._lock = threading.RLock()  # autograd runs backward on its own thread
+        self._seg = _Segment()
+        self._graphs: dict[str, _Graph] = {}
+        self._rng_seed: int | None = None
+        self._rng_offset = 0
+        self.flushes = 0
+
+    @property
+    def client(self) -> salus.Client:
+        if self._client is None:
+            self._client = salus.connect(self._endpoint, name="torch:salus-device")
+        return self._client
+
+    # ---- dispatch ----
+
+    def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        with self._lock:
+            return self._dispatch(func, args, kwargs)
+
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if func in _HOST_READS or (func is aten._to_copy.default and _to_host(kwargs)):
+            return self._on_host(func, args, kwargs)
+        if func is aten.copy_.default and not isinstance(args[0], SalusTensor):
+            self.flush()
+            return args[0].copy_(self.host_value(args[1]))
+        tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, SalusTensor)]
+        untouched = all(t._uid not in self._seg.refs for t in tensors)
+        if untouched and func in (aten.detach.default, aten.alias.default) and \
+                (args[0]._loc.host is not None or args[0]._loc.graph is not None):
+            return SalusTensor(_meta_of(args[0]._meta), args[0]._loc)
+        untouched = untouched and all(t._loc.host is not None for t in tensors)
+        if untouched and func in _HOST_INPLACE and isinstance(args[0], SalusTensor):
+            host_args, host_kwargs = pytree.tree_map(self._host_arg, (args, kwargs))
+            func(*host_args, **host_kwargs)
+            return args[0]
+        return self._record(func, args, kwargs)
+
+    def _host_arg(self, a: Any) -> Any:
+        return self.host_value(a) if isinstance(a, SalusTensor) else _to_device(a, "cpu")
+
+    def _on_host(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        self.flush()
+        host_args, host_kwargs = pytree.tree_map(self._host_arg, (args, kwargs))
+        return func(*host_args, **host_kwargs)
+
+    def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        seg = self._seg
+        by_meta: dict[int, SalusTensor] = {}
+
+        def ref(a: Any) -> Any:
+            if isinstance(a, SalusTensor):
+                self._use(a)
+                by_meta[id(a._meta)] = a
+                return _Ref(a._uid)
+            if isinstance(a, torch.Tensor):  # a host tensor given to a device op
+                loc = _Loc(a.detach().clone())
+                t = SalusTensor(_meta_of(a), loc)
+                seg.keep.append(t)
+                self._use(t)
+                return _Ref(t._uid)
+            return a
+
+        rargs, rkwargs = pytree.tree_map(ref, (args, kwargs))
+        metas = seg.metas
+
+        def meta(a: Any) -> Any:
+            return metas[a.uid] if isinstance(a, _Ref) else _to_device(a, "meta")
+
+        margs, mkwargs = pytree.tree_map(meta, (rargs, rkwargs))
+        try:
+            mout = func(*margs, **mkwargs)
+        except Exception as e:
+            raise RuntimeError(f"salus device: {func} cannot be recorded: {e}") from None
+        op = _Op(func, rargs, rkwargs, [])
+        if func in _LIFT:
+            op.lifted = self._lift(op, _LIFT[func])
+        written = [i for i, sa in enumerate(func._schema.arguments)
+                   if sa.alias_info is not None and sa.alias_info.is_write]
+        if func is aten.native_batch_norm.default and rargs[5]:
+            written += [3, 4]  # training updates the running statistics it does not declare
+        for i in written:
+            sa = func._schema.arguments[i]
+            v = rargs[i] if i < len(rargs) else rkwargs.get(sa.name)
+            if isinstance(v, _Ref):
+                seg.mutated.add(v.uid)
+
+        def wrap(m: Any) -> Any:
+            if not isinstance(m, torch.Tensor):
+                op.outs.append(None)
+                return m
+            same = by_meta.get(id(m))
+            if same is not None:  # an in-place op or out= returns its argument
+                op.outs.append(same._uid)
+                return same
+            t = SalusTensor(m, _Loc())
+            seg.produced.add(t._uid)
+            seg.producer[t._uid] = (op, len(op.outs))
+            self._use(t)
+            op.outs.append(t._uid)
+            return t
+
+        out = pytree.tree_map(wrap, mout)
+        seg.ops.append(op)
+        return out
+
+    def _lift(self, op: _Op, names: tuple[str, ...]) -> bool:
+        """Replaces the op's float arguments `names` by _Scalar inputs."""
+        schema = [a.name for a in op.func._schema.arguments]
+        args, kwargs = list(op.args), dict(op.kwargs)
+        lifted = False
+        for name in names:
+            k = schema.index(name)
+            here = args if k < len(args) else kwargs
+            key = k if k < len(args) else name
+            if k >= len(args) and name not in kwargs:
+                continue
+            if type(here[key]) is float:
+                self._seg.scalars.append(here[key])
+                here[key] = _Scalar(len(self._seg.scalars) - 1)
+                lifted = True
+        op.args, op.kwargs = tuple(args), kwargs
+        return lifted
+
+    def _use(self, t: SalusTensor) -> None:
+        seg = self._seg
+        if t._uid in seg.refs:
+            return
+        seg.refs[t._uid] = weakref.ref(t)
+        seg.order.append(t._uid)
+        seg.metas[t._uid] = t._meta
+        if t._loc.host is not None or t._loc.graph is not None:
+            seg.inputs[t._uid] = t._loc
+        elif t._loc.remat is not None:  # recorded again, as the producer of this tensor
+            r = t._loc.remat
+            if r.seg is not seg:
+                self._record(r.func, r.args, r.kwargs)
+                r.seg, r.op = seg, seg.ops[-1]
+            k = r.index[t._uid]
+            r.op.outs[k] = t._uid
+            seg.produced.add(t._uid)
+            seg.producer[t._uid] = (r.op, k)
+
+    # ---- values on the host ----
+
+    def host_value(self, t: SalusTensor) -> torch.Tensor:
+        """The value of `t` on the host (flushing what it depends on first)."""
+        with self._lock:
+            if t._uid in self._seg.refs:
+                self.flush()
+            loc = t._loc
+            if loc.host is None:
+                if loc.graph is None:
+                    raise RuntimeError("salus device: a tensor with no value (it was never "
+                                       "written, or the flush that made it failed)")
+                value = loc.graph.session.read_state([loc.slot])[loc.slot]
+                loc.host = torch.from_numpy(np.array(value))
+            return loc.host
+
+    # ---- flush ----
+
+    def flush(self) -> None:
+        """Runs everything recorded so far as one daemon iteration (Note [The lazy device])."""
+        with self._lock:
+            seg = self._seg
+            if not seg.ops:
+                return
+            self._seg = _Segment()
+            # A host read flushes from inside __torch_dispatch__, where the dispatch keys that
+            # tracing needs are off: trace with the thread's keys as they are outside it.
+            with torch._C._ForceDispatchKeyGuard(*_BASE_KEYS):
+                self._flush(seg)
+
+    def _flush(self, seg: _Segment) -> None:
+        alive = {u: t for u in seg.order if (t := seg.refs[u]()) is not None}
+        state_in = [u for u in seg.order if u in seg.inputs
+                    and (seg.inputs[u].graph is not None or u in seg.mutated)]
+        fed = [u for u in seg.order if u in seg.inputs and u not in state_in]
+        kept = []
+        remats: dict[int, _Remat] = {}
+        for u in seg.order:
+            if u not in seg.produced or u not in alive:
+                continue
+            op, k = seg.producer[u]
+            if k in _REMAT.get(op.func, ((), {}))[0]:
+                r = remats.get(id(op))
+                if r is None:
+                    r = remats[id(op)] = self._remat(seg, op)
+                r.index[u] = k
+                alive[u]._loc.remat = r
+            else:
+                kept.append(u)
+        fetch = [u for u in kept if seg.metas[u].numel() <= _FETCH_MAX]
+        write = [u for u in kept if seg.metas[u].numel() > _FETCH_MAX]
+        slots = state_in + write
+        slot_names = [f"s{k}" for k in range(len(slots))]
+        input_names = [f"in{k}" for k in range(len(fed))] + \
+            [f"x{k}" for k in range(len(seg.scalars))]
+        gm = self._trace(seg, state_in, fed, write, fetch)
+        graph, outputs, _ = _trace._serialize(gm, slot_names, input_names)
+        draws = _trace._number_draws(graph)
+        blob = graph.SerializeToString()
+        digest = hashlib.sha256(blob).hexdigest()[:16]
+        g = self._graphs.get(digest)
+        if g is None:
+            session = self.client.create_session(
+                aten_graph=blob, name=f"torch:salus-device:{len(self._graphs)}")
+            g = _Graph(session, digest)
+            self._graphs[digest] = g
+        feeds: dict[str, np.ndarray] = {}
+        for name, u in zip(input_names, fed, strict=False):
+            feeds[name] = _numpy(self._input_value(seg, u), name)
+        for k, x in enumerate(seg.scalars):
+            feeds[f"x{k}"] = np.asarray(x, dtype=np.float32)
+        if draws:
+            if self._rng_seed is None:
+                self._rng_seed = int(torch.randint(0, 2**62, (1,)).item())
+            feeds["rng"] = np.asarray([self._rng_seed, self._rng_offset], dtype=np.int64)
+            self._rng_offset += draws
+        # State values not in their slot of this graph's session are written with the run.
+        pending: dict[_Graph, list[tuple[str, str]]] = {}
+        for name, u in zip(slot_names, state_in, strict=False):
+            loc = seg.inputs[u]
+            if g.occupant.get(name) is loc and loc.graph is g and loc.slot == name:
+                continue
+            if loc.host is not None:
+                feeds[name] = _numpy(self._input_value(seg, u), name)
+            else:
+                pending.setdefault(loc.graph, []).append((name, loc.slot))
+        for other, pairs in pending.items():
+            values = other.session.read_state([s for _, s in pairs])
+            for name, s in pairs:
+                feeds[name] = np.array(values[s])
+        # Values in slots this run overwrites that other tensors still hold move to the host.
+        moving = {id(seg.inputs[u]) for u in state_in}
+        for name in slot_names:
+            loc = g.occupant.get(name)
+            if loc is None or loc.graph is not g or loc.slot != name or id(loc) in moving:
+                continue
+            if loc.host is None:
+                loc.host = torch.from_numpy(np.array(g.session.read_state([name])[name]))
+            loc.graph, loc.slot = None, ""
+        out = g.session.run(feeds=feeds, fetches=[o for o in outputs if o])
+        self.flushes += 1
+        for name, u in zip(slot_names, slots, strict=False):
+            loc = seg.inputs.get(u)
+            t = alive.get(u)
+            if loc is None:
+                loc = t._loc if t is not None else _Loc()
+            loc.host = None if (u in seg.mutated or u in write) else loc.host
+            loc.graph, loc.slot = g, name
+            g.occupant[name] = loc
+            if t is not None:
+                t._loc = loc
+        for u, name in zip(fetch, outputs, strict=False):
+            t = alive[u]
+            t._loc = _Loc(torch.from_numpy(np.array(out[name])).reshape(t.shape))
+
+    @staticmethod
+    def _remat(seg: _Segment, op: _Op) -> _Remat:
+        def obj(a: Any) -> Any:
+            if isinstance(a, _Ref):
+                t = seg.refs[a.uid]()
+                if t is None:
+                    raise RuntimeError(f"salus device: {op.func} cannot be recomputed later")
+                return t
+            return a
+
+        args, kwargs = pytree.tree_map(obj, (op.args, op.kwargs))
+        args = list(args)
+        for i, v in _REMAT[op.func][1].items():
+            args[i] = v
+        return _Remat(op.func, tuple(args), kwargs, {})
+
+    def _input_value(self, seg: _Segment, u: int) -> torch.Tensor:
+        return seg.inputs[u].host
+
+    def _trace(self, seg: _Segment, state_in: list[int], fed: list[int], write: list[int],
+               fetch: list[int]) -> torch.fx.GraphModule:
+        def replay(state: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+            env: dict[int, torch.Tensor] = {}
+            env.update(zip(state_in, state[:len(state_in)], strict=False))
+            env.update(zip(fed, inputs[:len(fed)], strict=False))
+            scalars = inputs[len(fed):]
+            for op in seg.ops:
+                def value(a: Any) -> Any:
+                    if isinstance(a, _Ref):
+                        return env[a.uid]
+                    if isinstance(a, _Scalar):
+                        return scalars[a.index]
+                    return _to_device(a, "cpu")
+
+                args, kwargs = pytree.tree_map(value, (op.args, op.kwargs))
+                if op.lifted:
+                    result = _lifted_call(op.func, args, kwargs)
+                else:
+                    result = op.func(*args, **kwargs)
+                for u, r in zip(op.outs, pytree.tree_leaves(result), strict=False):
+                    if u is not None:
+                        env[u] = r
+            for u, s in zip(write, state[len(state_in):], strict=False):
+                s.copy_(env[u])
+            return [env[u] for u in fetch]
+
+        def example(u: int) -> torch.Tensor:
+            m = seg.metas[u]
+            return torch.zeros(m.shape, dtype=m.dtype)
+
+        state_ex = [example(u) for u in state_in + write]
+        input_ex = [example(u) for u in fed] + \
+            [torch.zeros((), dtype=torch.float32) for _ in seg.scalars]
+        with torch.no_grad(), \
+                torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            joint = make_fx(replay, decomposition_table=_trace._decompositions(),
+                            tracing_mode="fake")(state_ex, input_ex)
+            pure = make_fx(torch.func.functionalize(joint, remove="mutations_and_views"),
+                           tracing_mode="fake")(state_ex, input_ex)
+        pure.graph.eliminate_dead_code()
+        return pure
+
+    # ---- lifetime ----
+
+    def close(self) -> None:
+        """Closes the device's sessions and its connection; its tensors lose their values."""
+        with self._lock:
+            for g in self._graphs.values():
+                try:
+                    g.session.close()
+                except salus.SalusError:
+                    pass
+            self._graphs.clear()
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    @property
+    def sessions(self) -> list[salus.Session]:
+        return [g.session for g in self._graphs.values()]
+
+
+def _lifted_call(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Calls `func` whose lifted scalars are now 0-d tensors (Note [Lifted scalars]): the same
+    arithmetic through overloads, or short expansions, that take tensors."""
+    schema = func._schema
+    given = dict(zip([a.name for a in schema.arguments], args, strict=False))
+    given.update(kwargs)
+    name = schema.name.removeprefix("aten::")
+    inplace = name.endswith("_")
+    base = name.rstrip("_")
+    packet = getattr(aten, name)
+    x = given["self"]
+    if base in ("add", "sub", "mul", "div"):
+        other = given["other"]
+        alpha = given.get("alpha", 1)
+        if isinstance(alpha, torch.Tensor) or alpha != 1:
+            other = torch.mul(other, alpha)
+        if base == "div" and "rounding_mode" in given:
+            return packet.Tensor_mode(x, other, rounding_mode=given["rounding_mode"])
+        return packet.Tensor(x, other)
+    if base in ("addcmul", "addcdiv"):
+        t1, t2 = given["tensor1"], given["tensor2"]
+        term = torch.mul(torch.mul(t1, t2) if base == "addcmul" else torch.div(t1, t2),
+                         given["value"])
+        return x.add_(term) if inplace else torch.add(x, term)
+    if base == "lerp":
+        return packet.Tensor(x, given["end"], given["weight"])
+    raise AssertionError(f"no lifted form of {func}")
+
+
+def _numpy(t: torch.Tensor, name: str) -> np.ndarray:
+    if t.dtype not in _NP:
+        raise TypeError(f"salus device: {name}: dtype {t.dtype} is not supported")
+    return t.detach().contiguous().numpy()
+
+
+def _to_host(kwargs: dict) -> bool:
+    d = kwargs.get("device")
+    return d is not None and torch.device(d).type == "cpu"
+
+
+# ---- registration ----
+
+_runtime: Runtime | None = None
+_extension: Any = None
+_registered = False
+
+
+def runtime() -> Runtime:
+    """The process's salus device (its connection: $SALUS_ENDPOINT or the default)."""
+    global _runtime
+    if _runtime is None:
+        _runtime = Runtime(os.environ.get("SALUS_ENDPOINT"))
+    return _runtime
+
+
+def flush() -> None:
+    """Runs what the device has recorded so far (the optimizer step does this by itself)."""
+    if _runtime is not None:
+        _runtime.flush()
+
+
+def close() -> None:
+    """Closes the device's daemon sessions; later use starts afresh."""
+    global _runtime
+    if _runtime is not None:
+        _runtime.close()
+        _runtime = None
+
+
+def _load_extension() -> None:
+    global _extension
+    if _extension is not None:
+        return
+    from torch.utils.cpp_extension import load
+    src = os.path.join(os.path.dirname(__file__), "csrc", "device.cc")
+    _extension = load("salus_torch_device", [src], verbose=False)
+
+
+def _empty_strided(size: list[int], stride: list[int], dtype: torch.dtype | None = None,
+                   layout: Any = None, device: Any = None, pin_memory: Any = None
+                   ) -> SalusTensor:
+    host = torch.empty_strided(size, stride, dtype=dtype)
+    return SalusTensor(_meta_of(host), _Loc(host))
+
+
+def _empty(size: list[int], dtype: torch.dtype | None = None, layout: Any = None,
+           device: Any = None, pin_memory: Any = None, memory_format: Any = None
+           ) -> SalusTensor:
+    host = torch.empty(size, dtype=dtype, memory_format=memory_format or torch.contiguous_format)
+    return SalusTensor(_meta_of(host), _Loc(host))
+
+
+def _host_factory(op: Any) -> Any:
+    def make(*args: Any, **kwargs: Any) -> SalusTensor:
+        host = op(*args, **{**kwargs, "device": torch.device("cpu")})
+        return SalusTensor(_meta_of(host), _Loc(host))
+    return make
+
+
+def _step_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if isinstance(p, SalusTensor):
+                flush()
+                return
+
+
+def register() -> None:
+    """Names PrivateUse1 `salus` and installs the device (done by `import salus_torch`)."""
+    global _registered, _lib
+    if _registered:
+        return
+    if torch._C._get_privateuse1_backend_name() != NAME:
+        torch.utils.rename_privateuse1_backend(NAME)
+    module = types.ModuleType("torch.salus")
+    module.is_available = lambda: True
+    module.device_count = lambda: 1
+    module.current_device = lambda: 0
+    module._is_in_bad_fork = lambda: False
+    module.manual_seed_all = lambda seed: None
+    module.get_rng_state = lambda device=None: torch.empty(0, dtype=torch.uint8)
+    module.set_rng_state = lambda state, device=None: None
+    module.synchronize = lambda device=None: flush()
+    torch._register_device_module(NAME, module)
+    _load_extension()  # compiled once per machine and torch version, then cached
+    _lib = torch.library.Library("aten", "IMPL")
+    _lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    _lib.impl("empty.memory_format", _empty, "PrivateUse1")
+    # Factories that fill an out= tensor of another size: made on the host, whole.
+    for name in ("arange", "arange.start", "arange.start_step", "linspace", "eye", "eye.m",
+                 "randperm"):
+        packet, _, overload = name.partition(".")
+        _lib.impl(name, _host_factory(getattr(getattr(aten, packet), overload or "default")),
+                  "PrivateUse1")
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    register_optimizer_step_post_hook(_step_hook)
+    atexit.register(close)
+    _registered = True
+
+
+_lib: torch.library.Library | None = None

@@ -1,0 +1,130 @@
+"""The lazy `salus` device against a real salus-server: training loops whose only change is the
+device, checked step by step against the same loops run eagerly on the CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import salus_torch
+import torch
+import torch.nn.functional as F
+from models import Encoder, ResNet
+from salus_daemon import Daemon
+from test_capture import assert_losses_match, assert_state_match, images, sentences
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    d = Daemon(memory="2GiB", policy="fair")
+    old = os.environ.get("SALUS_ENDPOINT")
+    os.environ["SALUS_ENDPOINT"] = d.endpoint
+    yield d
+    salus_torch.device.close()
+    if old is None:
+        os.environ.pop("SALUS_ENDPOINT")
+    else:
+        os.environ["SALUS_ENDPOINT"] = old
+    d.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_device():
+    yield
+    salus_torch.device.close()  # every test starts with no sessions
+
+
+def make(model: str, optimizer: str, device: str):  # noqa: ANN201
+    torch.manual_seed(7)
+    m = (ResNet() if model == "resnet" else Encoder()).to(device)
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    else:
+        opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    return m, opt
+
+
+def loop(model: str, optimizer: str, device: str, batches: list, read_inside: bool = False
+         ) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The user's training loop; `device` is the only thing that differs between runs."""
+    m, opt = make(model, optimizer, device)
+    losses = []
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        if read_inside:
+            losses.append(loss.item())  # a host read between forward and backward
+        loss.backward()
+        opt.step()
+        if not read_inside:
+            losses.append(loss.item())
+    return losses, {k: v.cpu() for k, v in m.state_dict().items()}
+
+
+@pytest.mark.parametrize("model,optimizer", [("resnet", "sgd"), ("resnet", "adam"),
+                                             ("encoder", "sgd"), ("encoder", "adam")])
+def test_unmodified_loop_matches_eager(daemon: Daemon, model: str, optimizer: str) -> None:
+    batches = images(5, 1) if model == "resnet" else sentences(5, 1)
+    want_losses, want_state = loop(model, optimizer, "cpu", batches)
+    got_losses, got_state = loop(model, optimizer, "salus", batches)
+    assert_losses_match(got_losses, want_losses)
+    assert_state_match(got_state, want_state, atol=3e-5 if optimizer == "sgd" else 3e-4)
+    rt = salus_torch.device.runtime()
+    # One iteration per step; the steps after the second are the same graph, so at most
+    # three sessions (first step, steady step, the final state_dict read) were made.
+    assert rt.flushes == len(batches)
+    assert len(rt.sessions) <= 3
+
+
+def test_a_read_inside_a_step_splits_it_correctly(daemon: Daemon) -> None:
+    batches = images(4, 3)
+    want_losses, want_state = loop("resnet", "sgd", "cpu", batches)
+    got_losses, got_state = loop("resnet", "sgd", "salus", batches, read_inside=True)
+    assert_losses_match(got_losses, want_losses)
+    assert_state_match(got_state, want_state, atol=3e-5)
+    assert salus_torch.device.runtime().flushes == 2 * len(batches)
+
+
+def test_uneven_last_batch_and_an_eval_pass_under_no_grad(daemon: Daemon) -> None:
+    batches = images(3, 2) + [(torch.randn(5, 3, 16, 16), torch.randint(0, 10, (5,)))]
+    test_x = torch.randn(6, 3, 16, 16)
+    results = {}
+    for device in ("cpu", "salus"):
+        m, opt = make("resnet", "sgd", device)
+        losses = []
+        for x, y in batches:
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x.to(device)), y.to(device))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        m.eval()
+        with torch.no_grad():
+            logits = m(test_x.to(device)).cpu()
+        results[device] = (losses, logits, {k: v.cpu() for k, v in m.state_dict().items()})
+    assert_losses_match(results["salus"][0], results["cpu"][0])
+    torch.testing.assert_close(results["salus"][1], results["cpu"][1], rtol=1e-4, atol=1e-5)
+    assert_state_match(results["salus"][2], results["cpu"][2], atol=3e-5)
+
+
+def test_tensors_made_on_the_device_and_printed(daemon: Daemon) -> None:
+    torch.manual_seed(3)
+    a = torch.randn(4, 5, device="salus")
+    torch.manual_seed(3)
+    want = torch.randn(4, 5)
+    b = (a * 2 + 1).relu()
+    assert b.device.type == "salus"
+    torch.testing.assert_close(b.cpu(), (want * 2 + 1).relu())
+    assert "device='salus:0'" in repr(b)
+    z = torch.zeros(3, device="salus") + torch.arange(3, device="salus")
+    assert z.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_an_op_the_engine_lacks_is_refused_by_name(daemon: Daemon) -> None:
+    x = torch.randn(2, 3, 8, 8).to("salus")
+    y = F.avg_pool2d(x, 2)
+    with pytest.raises(Exception, match="avg_pool2d"):
+        y.cpu()
