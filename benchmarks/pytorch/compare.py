@@ -2,11 +2,12 @@
 
 For each model (the tests' ResNet-shaped CNN with BatchNorm and SGD-momentum, and their
 Transformer encoder with Adam, at a batch given by --batch), the same unmodified step function
-runs `--steps` times eagerly and `--steps` times through salus_torch.capture_step against a
-salus-server this script starts, alternating rounds, with the same number of threads on both
-sides (torch.set_num_threads and the daemon's OMP_NUM_THREADS). The first `--warmup` steps of
-each run (tracing, compiling, first writes of the state) are dropped. Prints the medians and
-their ratio (daemon / eager) and writes them as JSON.
+runs `--steps` times eagerly, `--steps` times through salus_torch.capture_step and `--steps`
+times on the lazy `salus` device (the model moved there, each batch moved there by the step),
+against a salus-server this script starts, alternating rounds, with the same number of threads
+on both sides (torch.set_num_threads and the daemon's OMP_NUM_THREADS). The first `--warmup`
+steps of each run (tracing, compiling, first writes of the state) are dropped. Prints the
+medians and their ratios to eager and writes them as JSON.
 
     .venv-torch/bin/python benchmarks/pytorch/compare.py [--models resnet,encoder] [--rounds 3]
 """
@@ -31,7 +32,7 @@ from models import Encoder, ResNet, user_step  # noqa: E402
 from salus_daemon import Daemon  # noqa: E402
 
 
-def make(model: str, batch: int):  # noqa: ANN201
+def make(model: str, batch: int, device: str = "cpu"):  # noqa: ANN201
     torch.manual_seed(0)
     if model == "resnet":
         m = ResNet()
@@ -41,7 +42,10 @@ def make(model: str, batch: int):  # noqa: ANN201
         m = Encoder(tokens=32, width=64)
         opt = torch.optim.Adam(m.parameters(), lr=1e-3)
         data = (torch.randint(0, 100, (batch, 32)), torch.randint(0, 10, (batch,)))
-    return user_step(m, opt), data
+    if device == "cpu":
+        return user_step(m, opt), data
+    step = user_step(m.to(device), opt)
+    return (lambda x, y: step(x.to(device), y.to(device))), data
 
 
 def timed(step, data, steps: int, warmup: int) -> list[float]:  # noqa: ANN001
@@ -70,18 +74,24 @@ def main() -> None:
     results = {}
     try:
         for model in args.models.split(","):
-            eager, salus = [], []
+            eager, salus, lazy = [], [], []
             for _ in range(args.rounds):
                 step, data = make(model, args.batch)
                 eager += timed(step, data, args.steps, args.warmup)
                 step, data = make(model, args.batch)
                 with salus_torch.capture_step(step, endpoint=daemon.endpoint) as captured:
                     salus += timed(captured, data, args.steps, args.warmup)
-            e, s = statistics.median(eager), statistics.median(salus)
+                os.environ["SALUS_ENDPOINT"] = daemon.endpoint
+                step, data = make(model, args.batch, "salus")
+                lazy += timed(step, data, args.steps, args.warmup)
+                salus_torch.device.close()
+            e, s, z = statistics.median(eager), statistics.median(salus), statistics.median(lazy)
             results[model] = {"eager_ms": e * 1e3, "salus_ms": s * 1e3, "ratio": s / e,
+                              "device_ms": z * 1e3, "device_ratio": z / e,
                               "samples": len(eager)}
-            print(f"{model}: eager {e * 1e3:.2f} ms, salus {s * 1e3:.2f} ms, "
-                  f"ratio {s / e:.2f}x ({len(eager)} steps each)", flush=True)
+            print(f"{model}: eager {e * 1e3:.2f} ms, capture_step {s * 1e3:.2f} ms "
+                  f"({s / e:.2f}x), salus device {z * 1e3:.2f} ms ({z / e:.2f}x) "
+                  f"({len(eager)} steps each)", flush=True)
     finally:
         daemon.stop()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -92,7 +92,7 @@ class _Loc:
     """Where a value lives: on the host (`host`), in slot `slot` of a daemon graph, or nowhere
     but recomputable by `remat` (func, args, kwargs, output index) from live tensors."""
 
-    __slots__ = ("graph", "host", "remat", "slot")
+    __slots__ = ("__weakref__", "graph", "host", "remat", "slot")
 
     def __init__(self, host: torch.Tensor | None = None) -> None:
         self.host = host
@@ -131,7 +131,13 @@ class _Graph:
 
     session: salus.Session
     digest: str
-    occupant: dict[str, _Loc] = field(default_factory=dict)
+    occupant: dict[str, weakref.ref] = field(default_factory=dict)  # slot -> its _Loc
+
+    def holder(self, slot: str) -> _Loc | None:
+        """The location whose value is in `slot`, if anything still refers to it."""
+        ref = self.occupant.get(slot)
+        loc = ref() if ref is not None else None
+        return loc if loc is not None and loc.graph is self and loc.slot == slot else None
 
 
 @dataclass
@@ -157,6 +163,8 @@ class _Scalar:
 class _Segment:
     ops: list[_Op] = field(default_factory=list)
     order: list[int] = field(default_factory=list)  # uids in order of first use
+    pos: dict[int, int] = field(default_factory=dict)  # uid -> its place in `order`
+    sig: list[tuple] = field(default_factory=list)  # the ops, uids as places (the plan key)
     refs: dict[int, weakref.ref] = field(default_factory=dict)
     metas: dict[int, torch.Tensor] = field(default_factory=dict)
     inputs: dict[int, _Loc] = field(default_factory=dict)  # uid -> location before the segment
@@ -225,6 +233,8 @@ class Runtime:
         self._lock = threading.RLock()  # autograd runs backward on its own thread
         self._seg = _Segment()
         self._graphs: dict[str, _Graph] = {}
+        self._plans: dict[tuple, tuple[_Graph, list[str], int]] = {}
+        self._metas: dict[tuple, Any] = {}
         self._rng_seed: int | None = None
         self._rng_offset = 0
         self.flushes = 0
@@ -269,62 +279,77 @@ class Runtime:
 
     def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
         seg = self._seg
-        by_meta: dict[int, SalusTensor] = {}
+        tensors: list[SalusTensor] = []  # the op's tensor arguments, in order
 
         def ref(a: Any) -> Any:
             if isinstance(a, SalusTensor):
                 self._use(a)
-                by_meta[id(a._meta)] = a
+                tensors.append(a)
                 return _Ref(a._uid)
             if isinstance(a, torch.Tensor):  # a host tensor given to a device op
-                loc = _Loc(a.detach().clone())
-                t = SalusTensor(_meta_of(a), loc)
+                t = SalusTensor(_meta_of(a), _Loc(a.detach().clone()))
                 seg.keep.append(t)
                 self._use(t)
+                tensors.append(t)
                 return _Ref(t._uid)
             return a
 
-        rargs, rkwargs = pytree.tree_map(ref, (args, kwargs))
-        metas = seg.metas
-
-        def meta(a: Any) -> Any:
-            return metas[a.uid] if isinstance(a, _Ref) else _to_device(a, "meta")
-
-        margs, mkwargs = pytree.tree_map(meta, (rargs, rkwargs))
+        rargs, rkwargs = _map(ref, (args, kwargs))
+        # Note [Plans]: the output shapes of an op on given shapes are computed on meta
+        # tensors once, then remembered.
         try:
-            mout = func(*margs, **mkwargs)
-        except Exception as e:
-            raise RuntimeError(f"salus device: {func} cannot be recorded: {e}") from None
+            lift = func in _LIFT
+            key = (func, _key(args, lift), _key(tuple(kwargs.items()), lift))
+            hash(key)
+            template = self._metas.get(key)
+        except TypeError:  # an unhashable argument: no memo
+            key, template = None, None
+        if template is None:
+            metas = seg.metas
+
+            def meta(a: Any) -> Any:
+                return metas[a.uid] if isinstance(a, _Ref) else _to_device(a, "meta")
+
+            try:
+                mout = func(*_map(meta, rargs), **_map(meta, rkwargs))
+            except Exception as e:
+                raise RuntimeError(f"salus device: {func} cannot be recorded: {e}") from None
+            where = {id(t._meta): k for k, t in enumerate(tensors)}
+            template = _map(lambda m: (("arg", where[id(m)]) if id(m) in where
+                                       else ("new", m)) if isinstance(m, torch.Tensor)
+                            else m, mout)
+            if key is not None:
+                self._metas[key] = template
         op = _Op(func, rargs, rkwargs, [])
         if func in _LIFT:
             op.lifted = self._lift(op, _LIFT[func])
-        written = [i for i, sa in enumerate(func._schema.arguments)
-                   if sa.alias_info is not None and sa.alias_info.is_write]
+        written = list(_writes(func))
         if func is aten.native_batch_norm.default and rargs[5]:
-            written += [3, 4]  # training updates the running statistics it does not declare
-        for i in written:
-            sa = func._schema.arguments[i]
-            v = rargs[i] if i < len(rargs) else rkwargs.get(sa.name)
+            written += [(3, "running_mean"), (4, "running_var")]  # undeclared writes
+        for i, name in written:
+            v = rargs[i] if i < len(rargs) else rkwargs.get(name)
             if isinstance(v, _Ref):
                 seg.mutated.add(v.uid)
 
         def wrap(m: Any) -> Any:
-            if not isinstance(m, torch.Tensor):
+            if not (isinstance(m, tuple) and len(m) == 2 and m[0] in ("arg", "new")):
                 op.outs.append(None)
                 return m
-            same = by_meta.get(id(m))
-            if same is not None:  # an in-place op or out= returns its argument
+            if m[0] == "arg":  # an in-place op or out= returns its argument
+                same = tensors[m[1]]
                 op.outs.append(same._uid)
                 return same
-            t = SalusTensor(m, _Loc())
+            t = SalusTensor(_meta_of(m[1]), _Loc())
             seg.produced.add(t._uid)
             seg.producer[t._uid] = (op, len(op.outs))
             self._use(t)
             op.outs.append(t._uid)
             return t
 
-        out = pytree.tree_map(wrap, mout)
+        out = _map_out(wrap, template)
         seg.ops.append(op)
+        seg.sig.append((func, _canon((op.args, op.kwargs), seg.pos),
+                        tuple(-1 if u is None else seg.pos[u] for u in op.outs)))
         return out
 
     def _lift(self, op: _Op, names: tuple[str, ...]) -> bool:
@@ -350,6 +375,7 @@ class Runtime:
         if t._uid in seg.refs:
             return
         seg.refs[t._uid] = weakref.ref(t)
+        seg.pos[t._uid] = len(seg.order)
         seg.order.append(t._uid)
         seg.metas[t._uid] = t._meta
         if t._loc.host is not None or t._loc.graph is not None:
@@ -419,17 +445,28 @@ class Runtime:
         slot_names = [f"s{k}" for k in range(len(slots))]
         input_names = [f"in{k}" for k in range(len(fed))] + \
             [f"x{k}" for k in range(len(seg.scalars))]
-        gm = self._trace(seg, state_in, fed, write, fetch)
-        graph, outputs, _ = _trace._serialize(gm, slot_names, input_names)
-        draws = _trace._number_draws(graph)
-        blob = graph.SerializeToString()
-        digest = hashlib.sha256(blob).hexdigest()[:16]
-        g = self._graphs.get(digest)
-        if g is None:
-            session = self.client.create_session(
-                aten_graph=blob, name=f"torch:salus-device:{len(self._graphs)}")
-            g = _Graph(session, digest)
-            self._graphs[digest] = g
+        # Note [Plans]: a recording like an earlier one (same ops on the same shapes, the same
+        # tensors kept) is the same graph: no tracing, no serializing, no hashing.
+        role = dict.fromkeys(state_in, "S") | dict.fromkeys(fed, "F") | \
+            dict.fromkeys(write, "W") | dict.fromkeys(fetch, "O")
+        key = (tuple(seg.sig), tuple(
+            (tuple(m.shape), m.stride(), m.dtype, role.get(u, ""))
+            for u, m in ((u, seg.metas[u]) for u in seg.order)))
+        plan = self._plans.get(key)
+        if plan is None:
+            gm = self._trace(seg, state_in, fed, write, fetch)
+            graph, outputs, _ = _trace._serialize(gm, slot_names, input_names)
+            draws = _trace._number_draws(graph)
+            blob = graph.SerializeToString()
+            digest = hashlib.sha256(blob).hexdigest()[:16]
+            g = self._graphs.get(digest)
+            if g is None:
+                session = self.client.create_session(
+                    aten_graph=blob, name=f"torch:salus-device:{len(self._graphs)}")
+                g = _Graph(session, digest)
+                self._graphs[digest] = g
+            plan = self._plans[key] = (g, outputs, draws)
+        g, outputs, draws = plan
         feeds: dict[str, np.ndarray] = {}
         for name, u in zip(input_names, fed, strict=False):
             feeds[name] = _numpy(self._input_value(seg, u), name)
@@ -444,7 +481,7 @@ class Runtime:
         pending: dict[_Graph, list[tuple[str, str]]] = {}
         for name, u in zip(slot_names, state_in, strict=False):
             loc = seg.inputs[u]
-            if g.occupant.get(name) is loc and loc.graph is g and loc.slot == name:
+            if g.holder(name) is loc:
                 continue
             if loc.host is not None:
                 feeds[name] = _numpy(self._input_value(seg, u), name)
@@ -457,12 +494,19 @@ class Runtime:
         # Values in slots this run overwrites that other tensors still hold move to the host.
         moving = {id(seg.inputs[u]) for u in state_in}
         for name in slot_names:
-            loc = g.occupant.get(name)
-            if loc is None or loc.graph is not g or loc.slot != name or id(loc) in moving:
+            loc = g.holder(name)
+            if loc is None or id(loc) in moving:
                 continue
             if loc.host is None:
                 loc.host = torch.from_numpy(np.array(g.session.read_state([name])[name]))
             loc.graph, loc.slot = None, ""
+        # A session whose state nothing refers to anymore (the first step's, once its values
+        # moved into this one) is closed, so that its memory returns and a FIFO daemon is not
+        # left waiting for it.
+        for other in [o for o in self._graphs.values() if o is not g and o.occupant]:
+            if all(loc is None or id(loc) in moving
+                   for loc in map(other.holder, list(other.occupant))):
+                self._drop(other)
         out = g.session.run(feeds=feeds, fetches=[o for o in outputs if o])
         self.flushes += 1
         for name, u in zip(slot_names, slots, strict=False):
@@ -472,12 +516,21 @@ class Runtime:
                 loc = t._loc if t is not None else _Loc()
             loc.host = None if (u in seg.mutated or u in write) else loc.host
             loc.graph, loc.slot = g, name
-            g.occupant[name] = loc
+            g.occupant[name] = weakref.ref(loc)
             if t is not None:
                 t._loc = loc
         for u, name in zip(fetch, outputs, strict=False):
             t = alive[u]
             t._loc = _Loc(torch.from_numpy(np.array(out[name])).reshape(t.shape))
+
+    def _drop(self, g: _Graph) -> None:
+        del self._graphs[g.digest]
+        for key in [k for k, plan in self._plans.items() if plan[0] is g]:
+            del self._plans[key]
+        try:
+            g.session.close()
+        except salus.SalusError:
+            pass
 
     @staticmethod
     def _remat(seg: _Segment, op: _Op) -> _Remat:
@@ -552,6 +605,7 @@ class Runtime:
                 except salus.SalusError:
                     pass
             self._graphs.clear()
+            self._plans.clear()
             if self._client is not None:
                 self._client.close()
                 self._client = None
@@ -559,6 +613,56 @@ class Runtime:
     @property
     def sessions(self) -> list[salus.Session]:
         return [g.session for g in self._graphs.values()]
+
+
+def _map(fn: Any, x: Any) -> Any:
+    """`fn` over the leaves of an op's arguments (tuples, lists and dicts of them)."""
+    if type(x) is tuple or type(x) is list:
+        return type(x)(_map(fn, e) for e in x)
+    if type(x) is dict:
+        return {k: _map(fn, v) for k, v in x.items()}
+    return fn(x)
+
+
+def _map_out(fn: Any, x: Any) -> Any:
+    """`fn` over an output template: ("arg", k) and ("new", meta) are leaves."""
+    if type(x) is tuple and not (len(x) == 2 and x[0] in ("arg", "new")) or type(x) is list:
+        return type(x)(_map_out(fn, e) for e in x)
+    return fn(x)
+
+
+def _key(x: Any, lift: bool) -> Any:
+    """The part of an op's arguments its output shapes depend on (floats of lifted ops not)."""
+    if type(x) is tuple or type(x) is list:
+        return tuple(_key(e, lift) for e in x)
+    if isinstance(x, torch.Tensor):
+        return (x.device.type, x.dtype, tuple(x.shape), x.stride(), x.storage_offset())
+    return float if lift and type(x) is float else x
+
+
+_WRITES: dict[Any, tuple[tuple[int, str], ...]] = {}
+
+
+def _writes(func: Any) -> tuple[tuple[int, str], ...]:
+    """The arguments `func` writes, as (position, name)."""
+    w = _WRITES.get(func)
+    if w is None:
+        w = _WRITES[func] = tuple(
+            (i, a.name) for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write)
+    return w
+
+
+def _canon(x: Any, pos: dict[int, int]) -> Any:
+    if isinstance(x, _Ref):
+        return ("r", pos[x.uid])
+    if isinstance(x, _Scalar):
+        return ("s",)
+    if isinstance(x, list | tuple):
+        return tuple(_canon(e, pos) for e in x)
+    if isinstance(x, dict):
+        return tuple((k, _canon(v, pos)) for k, v in x.items())
+    return x
 
 
 def _lifted_call(func: Any, args: tuple, kwargs: dict) -> Any:
