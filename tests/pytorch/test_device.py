@@ -3,7 +3,12 @@ device, checked step by step against the same loops run eagerly on the CPU."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import pytest
 import salus_torch
@@ -11,7 +16,9 @@ import torch
 import torch.nn.functional as F
 from models import Encoder, ResNet
 from salus_daemon import Daemon
-from test_capture import assert_losses_match, assert_state_match, images, sentences
+from test_capture import assert_losses_match, assert_state_match, images, onnx_job, sentences
+
+HERE = Path(__file__).resolve().parent
 
 torch.set_num_threads(1)
 
@@ -79,6 +86,31 @@ def test_unmodified_loop_matches_eager(daemon: Daemon, model: str, optimizer: st
     assert len(rt.sessions) <= 3
 
 
+def test_an_optimizer_made_before_the_move_keeps_the_parameters(daemon: Daemon) -> None:
+    """As with CUDA, `model.to("salus")` keeps each parameter object, so an optimizer built
+    first still updates the model."""
+    batches = images(3, 4)
+    results = {}
+    for device in ("cpu", "salus"):
+        torch.manual_seed(7)
+        m = ResNet()
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        first = next(m.parameters())
+        m.to(device)
+        assert next(m.parameters()) is first
+        assert isinstance(first, torch.nn.Parameter) and first.device.type == device
+        losses = []
+        for x, y in batches:
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x.to(device)), y.to(device))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        results[device] = (losses, {k: v.cpu() for k, v in m.state_dict().items()})
+    assert_losses_match(results["salus"][0], results["cpu"][0])
+    assert_state_match(results["salus"][1], results["cpu"][1], atol=3e-5)
+
+
 def test_a_read_inside_a_step_splits_it_correctly(daemon: Daemon) -> None:
     batches = images(4, 3)
     want_losses, want_state = loop("resnet", "sgd", "cpu", batches)
@@ -128,3 +160,62 @@ def test_an_op_the_engine_lacks_is_refused_by_name(daemon: Daemon) -> None:
     y = F.avg_pool2d(x, 2)
     with pytest.raises(Exception, match="avg_pool2d"):
         y.cpu()
+
+
+def test_two_device_jobs_and_an_onnx_job_share_the_daemon(daemon: Daemon) -> None:
+    """Under FAIR, two processes training on the salus device and an ONNX job run at once;
+    each reproduces its solo run exactly, and the device jobs match eager PyTorch."""
+    env = {**os.environ, "SALUS_ENDPOINT": daemon.endpoint,
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    jobs = {"cnn": ["resnet", "sgd", "salus", "5", "4"],
+            "enc": ["encoder", "adam", "salus", "6", "4"]}
+
+    def start(args: list[str]) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(HERE / "device_job.py"), *args], env=env,
+                                stdout=subprocess.PIPE, text=True)
+
+    def finish(p: subprocess.Popen) -> list[float]:
+        out, _ = p.communicate(timeout=600)
+        assert p.returncode == 0
+        return json.loads(out.strip().splitlines()[-1])
+
+    solo = {k: finish(start(a)) for k, a in jobs.items()}
+    solo_onnx = onnx_job(daemon.endpoint, 6)
+    procs = {k: start(a) for k, a in jobs.items()}
+    together: dict[str, list[float]] = {}
+    onnx = threading.Thread(target=lambda: together.update(onnx=onnx_job(daemon.endpoint, 6)))
+    onnx.start()
+    together.update({k: finish(p) for k, p in procs.items()})
+    onnx.join(600)
+    assert together["cnn"] == solo["cnn"]
+    assert together["enc"] == solo["enc"]
+    assert together["onnx"] == solo_onnx
+    assert_losses_match(solo["cnn"], loop("resnet", "sgd", "cpu", images(4, 5))[0])
+    assert_losses_match(solo["enc"], loop("encoder", "adam", "cpu", sentences(4, 6))[0])
+
+
+def test_dropout_draws_in_the_daemon_reproducibly(daemon: Daemon) -> None:
+    """Dropout's masks come from the daemon's seeded generator: the dropped fraction is p, and
+    training with dropout repeats exactly under one torch.manual_seed."""
+    x = torch.ones(1000, 100).to("salus")
+    torch.manual_seed(5)
+    y = F.dropout(x, 0.3).cpu()
+    assert abs((y == 0).float().mean().item() - 0.3) < 0.01
+    kept = torch.unique(y).tolist()
+    assert len(kept) == 2 and kept[0] == 0.0 and kept[1] == pytest.approx(1 / 0.7)
+
+    def run() -> list[float]:
+        torch.manual_seed(11)
+        m = Encoder(dropout=0.2).to("salus")
+        opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+        losses = []
+        for x, y in sentences(3, 2):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x.to("salus")), y.to("salus"))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        salus_torch.device.close()
+        return losses
+
+    assert run() == run()

@@ -131,6 +131,7 @@ class _Graph:
 
     session: salus.Session
     digest: str
+    graph: bytes  # the serialized AtenGraph (for salus-aten-profile --graph)
     occupant: dict[str, weakref.ref] = field(default_factory=dict)  # slot -> its _Loc
 
     def holder(self, slot: str) -> _Loc | None:
@@ -198,6 +199,16 @@ class SalusTensor(torch.Tensor):
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         return runtime().dispatch(func, args, kwargs or {})
+
+    # A traceable wrapper subclass: Module._apply then swaps each parameter object in place
+    # (torch.utils.swap_tensors) rather than making a new one, so an optimizer built before
+    # `model.to("salus")` keeps the model's parameters, as it does with CUDA.
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        return [], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, ctx: None, outer_size: Any, outer_stride: Any) -> Any:
+        raise NotImplementedError("salus device tensors cannot be rebuilt from parts")
 
     def tolist(self) -> Any:
         return self.cpu().tolist()
@@ -463,7 +474,7 @@ class Runtime:
             if g is None:
                 session = self.client.create_session(
                     aten_graph=blob, name=f"torch:salus-device:{len(self._graphs)}")
-                g = _Graph(session, digest)
+                g = _Graph(session, digest, blob)
                 self._graphs[digest] = g
             plan = self._plans[key] = (g, outputs, draws)
         g, outputs, draws = plan
@@ -474,7 +485,7 @@ class Runtime:
             feeds[f"x{k}"] = np.asarray(x, dtype=np.float32)
         if draws:
             if self._rng_seed is None:
-                self._rng_seed = int(torch.randint(0, 2**62, (1,)).item())
+                self._rng_seed = torch.initial_seed()
             feeds["rng"] = np.asarray([self._rng_seed, self._rng_offset], dtype=np.int64)
             self._rng_offset += draws
         # State values not in their slot of this graph's session are written with the run.
@@ -587,12 +598,19 @@ class Runtime:
             [torch.zeros((), dtype=torch.float32) for _ in seg.scalars]
         with torch.no_grad(), \
                 torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-            joint = make_fx(replay, decomposition_table=_trace._decompositions(),
+            joint = make_fx(replay, decomposition_table=_decompositions(),
                             tracing_mode="fake")(state_ex, input_ex)
             pure = make_fx(torch.func.functionalize(joint, remove="mutations_and_views"),
                            tracing_mode="fake")(state_ex, input_ex)
         pure.graph.eliminate_dead_code()
         return pure
+
+    def manual_seed(self, seed: int) -> None:
+        """Reseeds the device's draws (torch.manual_seed calls this): draws recorded before
+        keep the old seed, later ones use (seed, 0), (seed, 1)... as on a fresh device."""
+        with self._lock:
+            self.flush()
+            self._rng_seed, self._rng_offset = int(seed), 0
 
     # ---- lifetime ----
 
@@ -613,6 +631,11 @@ class Runtime:
     @property
     def sessions(self) -> list[salus.Session]:
         return [g.session for g in self._graphs.values()]
+
+    @property
+    def graphs(self) -> list[bytes]:
+        """The serialized graphs of the open sessions, oldest first."""
+        return [g.graph for g in self._graphs.values()]
 
 
 def _map(fn: Any, x: Any) -> Any:
@@ -692,6 +715,25 @@ def _lifted_call(func: Any, args: tuple, kwargs: dict) -> Any:
     if base == "lerp":
         return packet.Tensor(x, given["end"], given["weight"])
     raise AssertionError(f"no lifted form of {func}")
+
+
+def _native_dropout(x: torch.Tensor, p: float, train: bool | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dropout as PyTorch computes it on the CPU (Bernoulli noise scaled by 1/(1-p)); on a
+    PrivateUse1 device PyTorch calls native_dropout instead, which the importer does not take.
+    The draws are the daemon's (Note [Random numbers])."""
+    if not train or p == 0:
+        return x.clone(), torch.ones_like(x, dtype=torch.bool)
+    if p == 1:
+        return torch.zeros_like(x), torch.zeros_like(x, dtype=torch.bool)
+    noise = torch.empty(x.shape, dtype=x.dtype).bernoulli_(1 - p)
+    return x * noise.div_(1 - p), noise != 0
+
+
+def _decompositions() -> dict:
+    table = _trace._decompositions()
+    table[aten.native_dropout.default] = _native_dropout
+    return table
 
 
 def _numpy(t: torch.Tensor, name: str) -> np.ndarray:
@@ -784,7 +826,8 @@ def register() -> None:
     module.device_count = lambda: 1
     module.current_device = lambda: 0
     module._is_in_bad_fork = lambda: False
-    module.manual_seed_all = lambda seed: None
+    module.manual_seed_all = lambda seed: runtime().manual_seed(seed)
+    module.manual_seed = module.manual_seed_all
     module.get_rng_state = lambda device=None: torch.empty(0, dtype=torch.uint8)
     module.set_rng_state = lambda state, device=None: None
     module.synchronize = lambda device=None: flush()
