@@ -68,6 +68,8 @@ _HOST_INPLACE = {
     aten.copy_.default, aten.random_.default, getattr(aten.random_, "from"), aten.random_.to,
     aten.bernoulli_.float, aten.exponential_.default, aten.fill_.Tensor,
 }
+# Ops that may run at once rather than be recorded (see Runtime._dispatch).
+_EAGER = _HOST_INPLACE | {aten.detach.default, aten.alias.default}
 # Ops that read values on the host: they flush, then run on the host values.
 _HOST_READS = {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default,
                aten.allclose.default}
@@ -174,6 +176,7 @@ class _Segment:
     mutated: set[int] = field(default_factory=set)
     scalars: list[float] = field(default_factory=list)
     keep: list[torch.Tensor] = field(default_factory=list)  # host tensors wrapped as inputs
+    wrapped: dict[tuple[int, int], SalusTensor] = field(default_factory=dict)
 
 
 class SalusTensor(torch.Tensor):
@@ -268,6 +271,8 @@ class Runtime:
         if func is aten.copy_.default and not isinstance(args[0], SalusTensor):
             self.flush()
             return args[0].copy_(self.host_value(args[1]))
+        if func not in _EAGER:
+            return self._record(func, args, kwargs)
         tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, SalusTensor)]
         untouched = all(t._uid not in self._seg.refs for t in tensors)
         if untouched and func in (aten.detach.default, aten.alias.default) and \
@@ -381,6 +386,16 @@ class Runtime:
         op.args, op.kwargs = tuple(args), kwargs
         return lifted
 
+    def _wrap_host(self, a: torch.Tensor) -> SalusTensor:
+        """A host tensor given to a device op, as an input of the segment (once per value)."""
+        seg = self._seg
+        key = (id(a), a._version)
+        t = seg.wrapped.get(key)
+        if t is None:
+            t = seg.wrapped[key] = SalusTensor(_meta_of(a), _Loc(a.detach().clone()))
+            seg.keep.extend((a, t))
+        return t
+
     def _use(self, t: SalusTensor) -> None:
         seg = self._seg
         if t._uid in seg.refs:
@@ -432,7 +447,8 @@ class Runtime:
                 self._flush(seg)
 
     def _flush(self, seg: _Segment) -> None:
-        alive = {u: t for u in seg.order if (t := seg.refs[u]()) is not None}
+        # (a tensor whose uid changed since, see zeros_on_host, is alive under its new one)
+        alive = {u: t for u in seg.order if (t := seg.refs[u]()) is not None and t._uid == u}
         state_in = [u for u in seg.order if u in seg.inputs
                     and (seg.inputs[u].graph is not None or u in seg.mutated)]
         fed = [u for u in seg.order if u in seg.inputs and u not in state_in]
@@ -605,6 +621,15 @@ class Runtime:
         pure.graph.eliminate_dead_code()
         return pure
 
+    def zeros_on_host(self, t: SalusTensor) -> None:
+        """Makes `t`, just made by zeros_like in this segment, a host value of zeros instead, so
+        that the graph takes it as state (Note [Fused updates])."""
+        with self._lock:
+            made = self._seg.producer.get(t._uid)
+            if made is not None and made[0].func is aten.zeros_like.default:
+                t._uid = next(_uids)
+                t._loc = _Loc(torch.zeros(t.shape, dtype=t.dtype))
+
     def manual_seed(self, seed: int) -> None:
         """Reseeds the device's draws (torch.manual_seed calls this): draws recorded before
         keep the old seed, later ones use (seed, 0), (seed, 1)... as on a fresh device."""
@@ -654,15 +679,6 @@ def _map_out(fn: Any, x: Any) -> Any:
     return fn(x)
 
 
-def _key(x: Any, lift: bool) -> Any:
-    """The part of an op's arguments its output shapes depend on (floats of lifted ops not)."""
-    if type(x) is tuple or type(x) is list:
-        return tuple(_key(e, lift) for e in x)
-    if isinstance(x, torch.Tensor):
-        return (x.device.type, x.dtype, tuple(x.shape), x.stride(), x.storage_offset())
-    return float if lift and type(x) is float else x
-
-
 _WRITES: dict[Any, tuple[tuple[int, str], ...]] = {}
 
 
@@ -674,6 +690,14 @@ def _writes(func: Any) -> tuple[tuple[int, str], ...]:
             (i, a.name) for i, a in enumerate(func._schema.arguments)
             if a.alias_info is not None and a.alias_info.is_write)
     return w
+
+
+def _key(x: Any, lift: bool) -> Any:
+    if type(x) is tuple or type(x) is list:
+        return tuple(_key(e, lift) for e in x)
+    if isinstance(x, torch.Tensor):
+        return (x.device.type, x.dtype, tuple(x.shape), x.stride(), x.storage_offset())
+    return float if lift and type(x) is float else x
 
 
 def _canon(x: Any, pos: dict[int, int]) -> Any:
@@ -799,6 +823,84 @@ def _empty(size: list[int], dtype: torch.dtype | None = None, layout: Any = None
     return SalusTensor(_meta_of(host), _Loc(host))
 
 
+# Note [Fused updates]
+# On the device, PyTorch's optimizers take their single-tensor path (a tensor subclass is not
+# a foreach type), a chain of elementwise ops per parameter. For SGD with momentum, Adam and
+# AdamW the device replaces that path, for salus tensors only, by one salus::sgd_update or
+# salus::adam_update per parameter: the same custom ops `capture_step` traces, which the
+# importer runs as the engine's fused in-place update kernels. The arithmetic is torch.optim's
+# (optim.py); a momentum buffer starts as zeros, which gives torch's first step exactly. Adam's
+# step count stays where torch.optim keeps it (a host tensor, in optimizer.state) and is
+# mirrored by a device tensor that the update advances in the graph; the mirror is remade
+# whenever the host count is not the one it last saw (a loaded state_dict). Any other setting
+# (dampening, maximize, amsgrad, capturable...) runs torch's own path.
+_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _fused_sgd(original: Any) -> Any:
+    def single_tensor_sgd(params: list, grads: list, momentum_buffer_list: list,
+                          grad_scale: Any = None, found_inf: Any = None, **kw: Any) -> None:
+        if not params or not isinstance(params[0], SalusTensor) or kw["momentum"] == 0 or \
+                kw["dampening"] != 0 or kw["maximize"] or grad_scale is not None or \
+                found_inf is not None or isinstance(kw["lr"], torch.Tensor):
+            return original(params, grads, momentum_buffer_list, grad_scale, found_inf, **kw)
+        lr = torch.tensor(float(kw["lr"]), dtype=torch.float32)
+        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+            buf = momentum_buffer_list[i]
+            if buf is None:
+                buf = momentum_buffer_list[i] = torch.zeros_like(p)
+                runtime().zeros_on_host(buf)
+            new_p, new_buf = torch.ops.salus.sgd_update(
+                p, g, buf, lr, kw["momentum"], kw["weight_decay"], kw["nesterov"])
+            p.copy_(new_p)
+            buf.copy_(new_buf)
+        return None
+    return single_tensor_sgd
+
+
+def _fused_adam(original: Any, decoupled: bool) -> Any:
+    def single_tensor_adam(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
+                           max_exp_avg_sqs: list, state_steps: list, grad_scale: Any = None,
+                           found_inf: Any = None, **kw: Any) -> None:
+        if not params or not isinstance(params[0], SalusTensor) or kw["amsgrad"] or \
+                kw["maximize"] or kw["capturable"] or kw["differentiable"] or \
+                kw["has_complex"] or grad_scale is not None or found_inf is not None or \
+                isinstance(kw["lr"], torch.Tensor) or \
+                any(isinstance(s, SalusTensor) for s in state_steps):
+            return original(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                            grad_scale, found_inf, **kw)
+        lr = torch.tensor(float(kw["lr"]), dtype=torch.float32)
+        for p, g, m, v, host_step in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps,
+                                         strict=True):
+            runtime().zeros_on_host(m)
+            runtime().zeros_on_host(v)
+            count = float(host_step)
+            mirror = _steps.get(host_step)
+            if mirror is None or mirror[1] != count:
+                mirror = [torch.tensor(count, dtype=torch.float32).to(NAME), count]
+                _steps[host_step] = mirror
+            outs = torch.ops.salus.adam_update(
+                p, g, m, v, mirror[0], lr, kw["beta1"], kw["beta2"], kw["eps"],
+                kw["weight_decay"], decoupled)
+            for dst, src in zip((p, m, v, mirror[0]), outs, strict=True):
+                dst.copy_(src)
+            host_step += 1
+            mirror[1] = float(host_step)
+        return None
+    return single_tensor_adam
+
+
+def _install_fused_updates() -> None:
+    import torch.optim.adam as adam
+    import torch.optim.adamw as adamw
+    import torch.optim.sgd as sgd
+
+    from . import optim  # noqa: F401  (defines the salus:: update ops)
+    sgd._single_tensor_sgd = _fused_sgd(sgd._single_tensor_sgd)
+    adam._single_tensor_adam = _fused_adam(adam._single_tensor_adam, decoupled=False)
+    adamw._single_tensor_adamw = _fused_adam(adamw._single_tensor_adamw, decoupled=True)
+
+
 def _host_factory(op: Any) -> Any:
     def make(*args: Any, **kwargs: Any) -> SalusTensor:
         host = op(*args, **{**kwargs, "device": torch.device("cpu")})
@@ -844,6 +946,7 @@ def register() -> None:
                   "PrivateUse1")
     from torch.optim.optimizer import register_optimizer_step_post_hook
     register_optimizer_step_post_hook(_step_hook)
+    _install_fused_updates()
     atexit.register(close)
     _registered = True
 
