@@ -296,27 +296,16 @@ class Runtime:
     def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
         seg = self._seg
         tensors: list[SalusTensor] = []  # the op's tensor arguments, in order
+        lift = func in _LIFT
 
-        def ref(a: Any) -> Any:
-            if isinstance(a, SalusTensor):
-                self._use(a)
-                tensors.append(a)
-                return _Ref(a._uid)
-            if isinstance(a, torch.Tensor):  # a host tensor given to a device op
-                t = SalusTensor(_meta_of(a), _Loc(a.detach().clone()))
-                seg.keep.append(t)
-                self._use(t)
-                tensors.append(t)
-                return _Ref(t._uid)
-            return a
-
-        rargs, rkwargs = _map(ref, (args, kwargs))
+        scanned = [self._scan(a, tensors, lift) for a in args]
+        rargs = tuple(r for r, _ in scanned)
+        kscanned = {k: self._scan(v, tensors, lift) for k, v in kwargs.items()}
+        rkwargs = {k: r for k, (r, _) in kscanned.items()}
         # Note [Plans]: the output shapes of an op on given shapes are computed on meta
         # tensors once, then remembered.
+        key = (func, tuple(k for _, k in scanned), tuple((n, k) for n, (_, k) in kscanned.items()))
         try:
-            lift = func in _LIFT
-            key = (func, _key(args, lift), _key(tuple(kwargs.items()), lift))
-            hash(key)
             template = self._metas.get(key)
         except TypeError:  # an unhashable argument: no memo
             key, template = None, None
@@ -364,8 +353,10 @@ class Runtime:
 
         out = _map_out(wrap, template)
         seg.ops.append(op)
-        seg.sig.append((func, _canon((op.args, op.kwargs), seg.pos),
-                        tuple(-1 if u is None else seg.pos[u] for u in op.outs)))
+        pos = seg.pos
+        seg.sig.append((key if key is not None else (func, _canon((op.args, op.kwargs), pos)),
+                        tuple(pos[t._uid] for t in tensors),
+                        tuple(-1 if u is None else pos[u] for u in op.outs)))
         return out
 
     def _lift(self, op: _Op, names: tuple[str, ...]) -> bool:
@@ -385,6 +376,22 @@ class Runtime:
                 lifted = True
         op.args, op.kwargs = tuple(args), kwargs
         return lifted
+
+    def _scan(self, a: Any, tensors: list[SalusTensor], lift: bool) -> tuple[Any, Any]:
+        """An op's argument as recorded, and what the op's output shapes depend on in it.
+        (A method, not a recursive closure: a closure cycle would keep the op's tensors alive
+        until a garbage collection, and one collected later loses its Python attributes.)"""
+        if isinstance(a, torch.Tensor):
+            if not isinstance(a, SalusTensor):  # a host tensor given to a device op
+                a = self._wrap_host(a)
+            self._use(a)
+            tensors.append(a)
+            return _Ref(a._uid), (a.dtype, a.shape, a.stride(), a.storage_offset())
+        kind = type(a)
+        if kind is list or kind is tuple:
+            parts = [self._scan(e, tensors, lift) for e in a]
+            return kind(p[0] for p in parts), tuple(p[1] for p in parts)
+        return a, (float if lift and kind is float else a)
 
     def _wrap_host(self, a: torch.Tensor) -> SalusTensor:
         """A host tensor given to a device op, as an input of the segment (once per value)."""
@@ -690,14 +697,6 @@ def _writes(func: Any) -> tuple[tuple[int, str], ...]:
             (i, a.name) for i, a in enumerate(func._schema.arguments)
             if a.alias_info is not None and a.alias_info.is_write)
     return w
-
-
-def _key(x: Any, lift: bool) -> Any:
-    if type(x) is tuple or type(x) is list:
-        return tuple(_key(e, lift) for e in x)
-    if isinstance(x, torch.Tensor):
-        return (x.device.type, x.dtype, tuple(x.shape), x.stride(), x.storage_offset())
-    return float if lift and type(x) is float else x
 
 
 def _canon(x: Any, pos: dict[int, int]) -> Any:
