@@ -56,8 +56,9 @@ aten = torch.ops.aten
 NAME = "salus"
 
 # Produced tensors still referenced after a flush, up to this many elements, are fetched to the
-# host rather than kept in the daemon (a loss, a metric).
-_FETCH_MAX = 64
+# host rather than kept in the daemon: a loss, a metric. (Small gradients are not fetched: each
+# fetch costs the round trip more than the slot costs the session.)
+_FETCH_MAX = 1
 
 _NP = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np.bool_,
        torch.int32: np.int32, torch.float64: np.float64}
@@ -405,8 +406,14 @@ class Runtime:
 
     def _use(self, t: SalusTensor) -> None:
         seg = self._seg
-        if t._uid in seg.refs:
-            return
+        try:
+            if t._uid in seg.refs:
+                return
+        except AttributeError:
+            raise RuntimeError(
+                "salus device: a tensor lost its identity (it was freed by Python's cycle "
+                "collector while autograd still held it); keep device tensors out of "
+                "reference cycles") from None
         seg.refs[t._uid] = weakref.ref(t)
         seg.pos[t._uid] = len(seg.order)
         seg.order.append(t._uid)
@@ -483,9 +490,8 @@ class Runtime:
         # tensors kept) is the same graph: no tracing, no serializing, no hashing.
         role = dict.fromkeys(state_in, "S") | dict.fromkeys(fed, "F") | \
             dict.fromkeys(write, "W") | dict.fromkeys(fetch, "O")
-        key = (tuple(seg.sig), tuple(
-            (tuple(m.shape), m.stride(), m.dtype, role.get(u, ""))
-            for u, m in ((u, seg.metas[u]) for u in seg.order)))
+        # (Each op's entry holds its arguments' shapes, so a tensor's role is all that is left.)
+        key = (tuple(seg.sig), "".join(role.get(u, "-") for u in seg.order))
         plan = self._plans.get(key)
         if plan is None:
             gm = self._trace(seg, state_in, fed, write, fetch)
