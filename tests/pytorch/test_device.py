@@ -53,10 +53,9 @@ def make(model: str, optimizer: str, device: str):  # noqa: ANN201
     return m, opt
 
 
-def loop(model: str, optimizer: str, device: str, batches: list, read_inside: bool = False
-         ) -> tuple[list[float], dict[str, torch.Tensor]]:
+def train(m: torch.nn.Module, opt: torch.optim.Optimizer, device: str, batches: list,
+          read_inside: bool = False) -> list[float]:
     """The user's training loop; `device` is the only thing that differs between runs."""
-    m, opt = make(model, optimizer, device)
     losses = []
     for x, y in batches:
         x, y = x.to(device), y.to(device)
@@ -68,6 +67,13 @@ def loop(model: str, optimizer: str, device: str, batches: list, read_inside: bo
         opt.step()
         if not read_inside:
             losses.append(loss.item())
+    return losses
+
+
+def loop(model: str, optimizer: str, device: str, batches: list, read_inside: bool = False
+         ) -> tuple[list[float], dict[str, torch.Tensor]]:
+    m, opt = make(model, optimizer, device)
+    losses = train(m, opt, device, batches, read_inside)
     return losses, {k: v.cpu() for k, v in m.state_dict().items()}
 
 
@@ -99,13 +105,7 @@ def test_an_optimizer_made_before_the_move_keeps_the_parameters(daemon: Daemon) 
         m.to(device)
         assert next(m.parameters()) is first
         assert isinstance(first, torch.nn.Parameter) and first.device.type == device
-        losses = []
-        for x, y in batches:
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x.to(device)), y.to(device))
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        losses = train(m, opt, device, batches)
         results[device] = (losses, {k: v.cpu() for k, v in m.state_dict().items()})
     assert_losses_match(results["salus"][0], results["cpu"][0])
     assert_state_match(results["salus"][1], results["cpu"][1], atol=3e-5)
@@ -126,13 +126,7 @@ def test_uneven_last_batch_and_an_eval_pass_under_no_grad(daemon: Daemon) -> Non
     results = {}
     for device in ("cpu", "salus"):
         m, opt = make("resnet", "sgd", device)
-        losses = []
-        for x, y in batches:
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x.to(device)), y.to(device))
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        losses = train(m, opt, device, batches)
         m.eval()
         with torch.no_grad():
             logits = m(test_x.to(device)).cpu()
@@ -208,13 +202,7 @@ def test_dropout_draws_in_the_daemon_reproducibly(daemon: Daemon) -> None:
         torch.manual_seed(11)
         m = Encoder(dropout=0.2).to("salus")
         opt = torch.optim.Adam(m.parameters(), lr=1e-3)
-        losses = []
-        for x, y in sentences(3, 2):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x.to("salus")), y.to("salus"))
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        losses = train(m, opt, "salus", sentences(3, 2))
         salus_torch.device.close()
         return losses
 
