@@ -3,6 +3,7 @@ device, checked step by step against the same loops run eagerly on the CPU."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -207,3 +208,35 @@ def test_dropout_draws_in_the_daemon_reproducibly(daemon: Daemon) -> None:
         return losses
 
     assert run() == run()
+
+
+def test_adamw_a_scheduler_gradient_clipping_and_a_checkpoint(daemon: Daemon) -> None:
+    """What a Transformer script usually adds: AdamW, a learning-rate scheduler (a new rate
+    every step, the same graph), clip_grad_norm_, and torch.save / load of the state."""
+    results = {}
+    for device in ("cpu", "salus"):
+        torch.manual_seed(3)
+        m = Encoder().to(device)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+        losses, norms = [], []
+        for x, y in sentences(4, 1):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x.to(device)), y.to(device))
+            loss.backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)))
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+        saved = io.BytesIO()
+        torch.save(m.state_dict(), saved)
+        saved.seek(0)
+        state = torch.load(saved, weights_only=True)
+        assert all(v.device.type == "cpu" for v in state.values())
+        again = Encoder().to(device)
+        again.load_state_dict(state)
+        torch.testing.assert_close(again.head.weight.cpu(), m.head.weight.cpu(), rtol=0, atol=0)
+        results[device] = (losses, norms, state)
+    assert_losses_match(results["salus"][0], results["cpu"][0])
+    assert_losses_match(results["salus"][1], results["cpu"][1])
+    assert_state_match(results["salus"][2], results["cpu"][2], atol=3e-4)

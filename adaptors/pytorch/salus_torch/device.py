@@ -214,6 +214,10 @@ class SalusTensor(torch.Tensor):
     def __tensor_unflatten__(inner: dict, ctx: None, outer_size: Any, outer_stride: Any) -> Any:
         raise NotImplementedError("salus device tensors cannot be rebuilt from parts")
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # torch.save / pickle: the value, as a host tensor (as if saved after `.cpu()`).
+        return self.detach().cpu().__reduce_ex__(protocol)
+
     def tolist(self) -> Any:
         return self.cpu().tolist()
 

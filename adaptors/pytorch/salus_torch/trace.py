@@ -146,10 +146,38 @@ _NO_DECOMPOSE = {
 }
 
 
+def _vector_norm(x: torch.Tensor, ord: float = 2, dim: object = None, keepdim: bool = False,
+                 *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """linalg_vector_norm (gradient clipping's) in ops the engine has."""
+    if dtype is not None:
+        x = x.to(dtype)
+    dims = [] if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+    a = x.abs()
+    if ord == float("inf"):
+        return torch.amax(a, dims, keepdim)
+    if ord == 2:
+        return torch.sqrt(torch.sum(x * x, dims, keepdim))
+    if ord == 1:
+        return torch.sum(a, dims, keepdim)
+    return torch.pow(torch.sum(torch.pow(a, ord), dims, keepdim), 1.0 / ord)
+
+
+def _clamp(x: torch.Tensor, min: float | None = None, max: float | None = None
+           ) -> torch.Tensor:
+    """clamp with number bounds as maximum and minimum against 0-d tensors."""
+    if min is not None:
+        x = torch.maximum(x, torch.scalar_tensor(min, dtype=x.dtype))
+    if max is not None:
+        x = torch.minimum(x, torch.scalar_tensor(max, dtype=x.dtype))
+    return x
+
+
 def _decompositions() -> dict:
     table = core_aten_decompositions()
     for op in _NO_DECOMPOSE:
         table.pop(op, None)
+    table[torch.ops.aten.linalg_vector_norm.default] = _vector_norm
+    table[torch.ops.aten.clamp.default] = _clamp
     return table
 
 
