@@ -240,3 +240,21 @@ def test_adamw_a_scheduler_gradient_clipping_and_a_checkpoint(daemon: Daemon) ->
     assert_losses_match(results["salus"][0], results["cpu"][0])
     assert_losses_match(results["salus"][1], results["cpu"][1])
     assert_state_match(results["salus"][2], results["cpu"][2], atol=3e-4)
+
+
+def test_results_only_a_backward_reads(daemon: Daemon) -> None:
+    """Results kept as their recomputation: BatchNorm's batch statistics can be read on the
+    host; max pooling's indices, which the engine never computes, are refused clearly."""
+    x = torch.randn(4, 3, 8, 8)
+    w, b = torch.randn(3), torch.randn(3)
+    want = torch.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5)
+    got = torch.native_batch_norm(x.to("salus"), w.to("salus"), b.to("salus"),
+                                  torch.zeros(3).to("salus"), torch.ones(3).to("salus"),
+                                  True, 0.1, 1e-5)
+    torch.testing.assert_close(got[0].cpu(), want[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[1].cpu(), want[1], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[2].cpu(), want[2], rtol=1e-4, atol=1e-4)
+    y, i = F.max_pool2d(x.to("salus"), 2, return_indices=True)
+    torch.testing.assert_close(y.cpu(), F.max_pool2d(x, 2))
+    with pytest.raises(RuntimeError, match="max pooling's indices cannot be read"):
+        i.cpu()

@@ -178,6 +178,7 @@ class _Segment:
     scalars: list[float] = field(default_factory=list)
     keep: list[torch.Tensor] = field(default_factory=list)  # host tensors wrapped as inputs
     wrapped: dict[tuple[int, int], SalusTensor] = field(default_factory=dict)
+    wanted: set[int] = field(default_factory=set)  # read on the host: kept, never recomputed
 
 
 class SalusTensor(torch.Tensor):
@@ -439,6 +440,13 @@ class Runtime:
     def host_value(self, t: SalusTensor) -> torch.Tensor:
         """The value of `t` on the host (flushing what it depends on first)."""
         with self._lock:
+            if t._loc.remat is not None and t._loc.host is None and t._loc.graph is None:
+                if t._loc.remat.func is aten.max_pool2d_with_indices.default:
+                    raise RuntimeError(
+                        "salus device: max pooling's indices cannot be read; the engine does "
+                        "not compute them (its backward finds the maxima again)")
+                self._use(t)  # a result kept as its recomputation: record that, then run it
+                self._seg.wanted.add(t._uid)
             if t._uid in self._seg.refs:
                 self.flush()
             loc = t._loc
@@ -476,14 +484,17 @@ class Runtime:
             if u not in seg.produced or u not in alive:
                 continue
             op, k = seg.producer[u]
-            if k in _REMAT.get(op.func, ((), {}))[0]:
-                r = remats.get(id(op))
-                if r is None:
-                    r = remats[id(op)] = self._remat(seg, op)
-                r.index[u] = k
-                alive[u]._loc.remat = r
-            else:
-                kept.append(u)
+            if k in _REMAT.get(op.func, ((), {}))[0] and u not in seg.wanted:
+                if id(op) not in remats:
+                    remats[id(op)] = self._remat(seg, op)
+                r = remats[id(op)]
+                if r is not None or op.func is aten.max_pool2d_with_indices.default:
+                    if r is None:  # indices nothing can recompute: never computed at all
+                        r = _Remat(op.func, (), {}, {})
+                    r.index[u] = k
+                    alive[u]._loc.remat = r
+                    continue
+            kept.append(u)
         fetch = [u for u in kept if seg.metas[u].numel() <= _FETCH_MAX]
         write = [u for u in kept if seg.metas[u].numel() > _FETCH_MAX]
         slots = state_in + write
@@ -577,16 +588,21 @@ class Runtime:
             pass
 
     @staticmethod
-    def _remat(seg: _Segment, op: _Op) -> _Remat:
+    def _remat(seg: _Segment, op: _Op) -> _Remat | None:
+        """How to record `op` again later, or None when an input of it is gone."""
+        gone = []
+
         def obj(a: Any) -> Any:
             if isinstance(a, _Ref):
                 t = seg.refs[a.uid]()
                 if t is None:
-                    raise RuntimeError(f"salus device: {op.func} cannot be recomputed later")
+                    gone.append(a.uid)
                 return t
             return a
 
-        args, kwargs = pytree.tree_map(obj, (op.args, op.kwargs))
+        args, kwargs = _map(obj, op.args), _map(obj, op.kwargs)
+        if gone:
+            return None
         args = list(args)
         for i, v in _REMAT[op.func][1].items():
             args[i] = v
