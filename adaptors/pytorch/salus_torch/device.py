@@ -51,6 +51,7 @@ from torch.utils import _pytree as pytree
 import salus
 
 from . import trace as _trace
+from .step import _numpy
 
 aten = torch.ops.aten
 NAME = "salus"
@@ -59,9 +60,6 @@ NAME = "salus"
 # host rather than kept in the daemon: a loss, a metric. (Small gradients are not fetched: each
 # fetch costs the round trip more than the slot costs the session.)
 _FETCH_MAX = 1
-
-_NP = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np.bool_,
-       torch.int32: np.int32, torch.float64: np.float64}
 
 # Ops run at once on the host value of a tensor not yet used in the recording: initialisation.
 _HOST_INPLACE = {
@@ -119,12 +117,14 @@ class _Remat:
 
 # Results recomputed where a later graph needs them instead of being kept: what only a backward
 # op reads, and which the engine's backward takes from its own forward node in the same graph
-# (max pooling's indices, the batch and layer statistics). Recomputing BatchNorm uses momentum 0,
-# so its running statistics are written back unchanged.
-_REMAT: dict[Any, tuple[set[int], dict[int, Any]]] = {
-    aten.max_pool2d_with_indices.default: ({1}, {}),
-    aten.native_batch_norm.default: ({1, 2}, {6: 0.0}),
-    aten.native_layer_norm.default: ({1, 2}, {}),
+# (max pooling's indices, the batch and layer statistics). Per op: those outputs, arguments
+# replaced when recomputing (BatchNorm uses momentum 0, so its running statistics are written
+# back unchanged), and, for outputs the engine never computes at all (so they cannot be kept
+# or read either), what they are.
+_REMAT: dict[Any, tuple[set[int], dict[int, Any], str | None]] = {
+    aten.max_pool2d_with_indices.default: ({1}, {}, "max pooling's indices"),
+    aten.native_batch_norm.default: ({1, 2}, {6: 0.0}, None),
+    aten.native_layer_norm.default: ({1, 2}, {}, None),
 }
 
 
@@ -172,12 +172,13 @@ class _Segment:
     refs: dict[int, weakref.ref] = field(default_factory=dict)
     metas: dict[int, torch.Tensor] = field(default_factory=dict)
     inputs: dict[int, _Loc] = field(default_factory=dict)  # uid -> location before the segment
-    produced: set[int] = field(default_factory=set)
-    producer: dict[int, tuple[_Op, int]] = field(default_factory=dict)
+    producer: dict[int, tuple[_Op, int]] = field(default_factory=dict)  # uids made in it
     mutated: set[int] = field(default_factory=set)
     scalars: list[float] = field(default_factory=list)
-    keep: list[torch.Tensor] = field(default_factory=list)  # host tensors wrapped as inputs
-    wrapped: dict[tuple[int, int], SalusTensor] = field(default_factory=dict)
+    # host tensors given to device ops, by (id, version), with their wrappers as inputs (the
+    # host tensor is held so that its id stays its own)
+    wrapped: dict[tuple[int, int], tuple[torch.Tensor, SalusTensor]] = field(
+        default_factory=dict)
     wanted: set[int] = field(default_factory=set)  # read on the host: kept, never recomputed
 
 
@@ -351,7 +352,6 @@ class Runtime:
                 op.outs.append(same._uid)
                 return same
             t = SalusTensor(_meta_of(m[1]), _Loc())
-            seg.produced.add(t._uid)
             seg.producer[t._uid] = (op, len(op.outs))
             self._use(t)
             op.outs.append(t._uid)
@@ -403,11 +403,9 @@ class Runtime:
         """A host tensor given to a device op, as an input of the segment (once per value)."""
         seg = self._seg
         key = (id(a), a._version)
-        t = seg.wrapped.get(key)
-        if t is None:
-            t = seg.wrapped[key] = SalusTensor(_meta_of(a), _Loc(a.detach().clone()))
-            seg.keep.extend((a, t))
-        return t
+        if key not in seg.wrapped:
+            seg.wrapped[key] = (a, SalusTensor(_meta_of(a), _Loc(a.detach().clone())))
+        return seg.wrapped[key][1]
 
     def _use(self, t: SalusTensor) -> None:
         seg = self._seg
@@ -432,7 +430,6 @@ class Runtime:
                 r.seg, r.op = seg, seg.ops[-1]
             k = r.index[t._uid]
             r.op.outs[k] = t._uid
-            seg.produced.add(t._uid)
             seg.producer[t._uid] = (r.op, k)
 
     # ---- values on the host ----
@@ -441,10 +438,11 @@ class Runtime:
         """The value of `t` on the host (flushing what it depends on first)."""
         with self._lock:
             if t._loc.remat is not None and t._loc.host is None and t._loc.graph is None:
-                if t._loc.remat.func is aten.max_pool2d_with_indices.default:
+                never = _REMAT[t._loc.remat.func][2]
+                if never is not None:
                     raise RuntimeError(
-                        "salus device: max pooling's indices cannot be read; the engine does "
-                        "not compute them (its backward finds the maxima again)")
+                        f"salus device: {never} cannot be read; the engine does not compute "
+                        "them (only the backward uses them, and it finds them again)")
                 self._use(t)  # a result kept as its recomputation: record that, then run it
                 self._seg.wanted.add(t._uid)
             if t._uid in self._seg.refs:
@@ -481,15 +479,16 @@ class Runtime:
         kept = []
         remats: dict[int, _Remat] = {}
         for u in seg.order:
-            if u not in seg.produced or u not in alive:
+            if u not in seg.producer or u not in alive:
                 continue
             op, k = seg.producer[u]
-            if k in _REMAT.get(op.func, ((), {}))[0] and u not in seg.wanted:
+            remat = _REMAT.get(op.func)
+            if remat is not None and k in remat[0] and u not in seg.wanted:
                 if id(op) not in remats:
                     remats[id(op)] = self._remat(seg, op)
                 r = remats[id(op)]
-                if r is not None or op.func is aten.max_pool2d_with_indices.default:
-                    if r is None:  # indices nothing can recompute: never computed at all
+                if r is not None or remat[2] is not None:
+                    if r is None:  # nothing can recompute it, and the engine never computes it
                         r = _Remat(op.func, (), {}, {})
                     r.index[u] = k
                     alive[u]._loc.remat = r
@@ -783,12 +782,6 @@ def _decompositions() -> dict:
     table = _trace._decompositions()
     table[aten.native_dropout.default] = _native_dropout
     return table
-
-
-def _numpy(t: torch.Tensor, name: str) -> np.ndarray:
-    if t.dtype not in _NP:
-        raise TypeError(f"salus device: {name}: dtype {t.dtype} is not supported")
-    return t.detach().contiguous().numpy()
 
 
 def _to_host(kwargs: dict) -> bool:
