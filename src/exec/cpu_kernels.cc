@@ -416,6 +416,17 @@ KernelOr BlockReduce(const std::string& op, const ReduceBlock& b) {
                 : op == "ReduceMax" ? Fn::kMax
                 : op == "ReduceMin" ? Fn::kMin
                                     : Fn::kSum;
+  if (b.reduced == 0) {
+    // An empty reduction gives each op's identity: 0, NaN (0 / 0), -inf, +inf.
+    const float identity = fn == Fn::kSum    ? 0.f
+                           : fn == Fn::kMean ? std::numeric_limits<float>::quiet_NaN()
+                           : fn == Fn::kMax  ? -std::numeric_limits<float>::infinity()
+                                             : std::numeric_limits<float>::infinity();
+    const int64_t count = b.outer * b.inner;
+    return std::unique_ptr<Kernel>(new LoopKernel([count, identity](const KernelArgs& a) {
+      std::fill_n(static_cast<float*>(a.outputs[0]), count, identity);
+    }));
+  }
   return std::unique_ptr<Kernel>(new LoopKernel([b, fn](const KernelArgs& a) {
     const float* x = static_cast<const float*>(a.inputs[0]);
     float* y = static_cast<float*>(a.outputs[0]);

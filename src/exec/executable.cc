@@ -275,9 +275,7 @@ Status Executable::Build(const CompileOptions& options) {
   SALUS_RETURN_IF_ERROR(ResolveFetches(options));
   input_ids_ = graph_.inputs();
   if (options.mode == Mode::kInference && options.fuse) {
-    if (device_.type == DeviceType::kCpu) {
-      FuseGelu(&graph_, FusionOptions{device_.type, fetch_ids_});
-    }
+    FuseGelu(&graph_, FusionOptions{device_.type, fetch_ids_});
     ApplyInferenceFusions(&graph_, FusionOptions{device_.type, fetch_ids_});
     if (device_.type == DeviceType::kCpu) {
       KeepBlockedLayouts(&graph_, FusionOptions{device_.type, fetch_ids_}, CpuChannelBlock());

@@ -50,8 +50,8 @@ int FuseActivations(Graph* graph, const FusionOptions& options);
 int FuseResidualAdd(Graph* graph, const FusionOptions& options);
 
 // fusion_seq.cc: the exporter's exact-GELU chain (Div/Mul by sqrt 2, Erf, Add 1, two Muls)
-// becomes one Gelu node. Inference and training (before autodiff: Gelu has a gradient). CPU
-// only (the Gelu kernel). Not run by ApplyInferenceFusions.
+// becomes one Gelu node. Inference and training (before autodiff: Gelu has a gradient). Any
+// device (the CPU and CUDA both have a Gelu kernel). Not run by ApplyInferenceFusions.
 int FuseGelu(Graph* graph, const FusionOptions& options);
 
 // Marks the values between Convs that stay in a layout of `block` channels (8 or 16); returns

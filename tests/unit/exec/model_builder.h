@@ -113,7 +113,10 @@ inline std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.f,
 // Host memory for one CPU executable: a persistent block and a lane, aligned to kAlignment.
 struct Memory {
   explicit Memory(const Executable& exe)
-      : persistent(exe.persistent_bytes() + kAlignment), lane(exe.ephemeral_bytes() + kAlignment) {
+      : persistent(exe.persistent_bytes() + kAlignment),
+        // Poisoned (each float reads about 1.5e16), as a reused lane holds an earlier
+        // iteration's values: an output a kernel leaves unwritten shows.
+        lane(exe.ephemeral_bytes() + kAlignment, std::byte{0x5a}) {
     Status st = exe.InitializePersistent(p());
     if (!st.ok()) ADD_FAILURE() << st.ToString();
   }
