@@ -2,12 +2,14 @@
 // gradients are oneDNN backward primitives (each created with the forward primitive
 // descriptor as its hint; max pooling reruns its forward primitive into a planned workspace);
 // reductions to a broadcast shape, broadcasts, DepthToSpace, the loss gradient and the
-// optimizer updates are loops. See Note [oneDNN memory] in dnnl_kernel.h.
+// optimizer updates are loops (the last two over grad_math.h's per-element math, which the
+// CUDA kernels share). See Note [oneDNN memory] in dnnl_kernel.h.
 #include <cmath>
 #include <cstring>
 
 #include "exec/cpu_kernel_helpers.h"
 #include "exec/dnnl_kernel.h"
+#include "exec/grad_math.h"
 #include "exec/kernel_registry.h"
 
 namespace salus::exec {
@@ -200,27 +202,12 @@ KernelOr SceGrad(const Node& n, const Graph& g) {
         SceForward(sum, scores, labels, weights, logp, unused);
         double wsum = 0;
         for (int64_t e = 0; e < s.n * s.d; ++e) {
-          const int64_t l = labels[e];
-          if ((s.has_ignore && l == s.ignore_index) || l < 0 || l >= s.c) continue;
-          wsum += weights ? weights[l] : 1.0;
+          if (SceLabelCounts(s, labels[e])) wsum += weights ? weights[labels[e]] : 1.0;
         }
-        for (int64_t i = 0; i < s.n; ++i) {
-          for (int64_t j = 0; j < s.d; ++j) {
-            const int64_t l = labels[i * s.d + j];
-            const bool ignored = (s.has_ignore && l == s.ignore_index) || l < 0 || l >= s.c;
-            float coef = 0;
-            if (!ignored) {
-              const float w = weights ? weights[l] : 1.f;
-              coef = s.reduction == 2 ? dloss[i * s.d + j] * w
-                     : s.reduction == 1
-                         ? dloss[0] * w
-                         : (wsum > 0 ? static_cast<float>(dloss[0] * w / wsum) : 0.f);
-            }
-            for (int64_t k = 0; k < s.c; ++k) {
-              const int64_t idx = i * s.c * s.d + k * s.d + j;
-              dx[idx] = coef * (std::exp(logp[idx]) - (k == l ? 1.f : 0.f));
-            }
-          }
+        for (int64_t idx = 0; idx < s.n * s.c * s.d; ++idx) {
+          const int64_t row = idx / (s.c * s.d) * s.d + idx % s.d;
+          dx[idx] = SceGradAt(s, logp, labels, SceGradCoef(s, labels, weights, dloss, wsum, row),
+                              idx);
         }
       },
       scratch));
@@ -230,23 +217,18 @@ KernelOr SceGrad(const Node& n, const Graph& g) {
 // as a 1-element tensor, read each run, instead of the "lr" attribute).
 KernelOr SgdUpdate(const Node& n, const Graph& g) {
   const int64_t count = NumElements(g.value(n.inputs[0]).shape);
-  const float lr_attr = n.GetFloat("lr", 0.01f), mom = n.GetFloat("momentum", 0.f);
-  const float wd = n.GetFloat("weight_decay", 0.f);
-  const bool nesterov = n.GetInt("nesterov", 0) != 0;
+  const float lr_attr = n.GetFloat("lr", 0.01f);
+  SgdHyper h;
+  h.momentum = n.GetFloat("momentum", 0.f);
+  h.weight_decay = n.GetFloat("weight_decay", 0.f);
+  h.nesterov = n.GetInt("nesterov", 0) != 0;
   const bool lr_input = n.GetInt("lr_input", 0) != 0;
   return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
     float* p = static_cast<float*>(a.inputs[0]);
     const float* grad = static_cast<const float*>(a.inputs[1]);
-    float* v = mom != 0.f ? static_cast<float*>(a.inputs[2]) : nullptr;
+    float* v = h.momentum != 0.f ? static_cast<float*>(a.inputs[2]) : nullptr;
     const float lr = lr_input ? *static_cast<const float*>(a.inputs.back()) : lr_attr;
-    for (int64_t i = 0; i < count; ++i) {
-      float d = grad[i] + wd * p[i];
-      if (v) {
-        v[i] = mom * v[i] + d;
-        d = nesterov ? d + mom * v[i] : v[i];
-      }
-      p[i] -= lr * d;
-    }
+    for (int64_t i = 0; i < count; ++i) SgdStep(h, lr, p, grad, v, i);
   }));
 }
 
@@ -256,31 +238,25 @@ KernelOr SgdUpdate(const Node& n, const Graph& g) {
 // (torch.optim.AdamW).
 KernelOr AdamUpdate(const Node& n, const Graph& g) {
   const int64_t count = NumElements(g.value(n.inputs[0]).shape);
-  const float lr_attr = n.GetFloat("lr", 1e-3f), b1 = n.GetFloat("beta1", 0.9f);
-  const float b2 = n.GetFloat("beta2", 0.999f), eps = n.GetFloat("epsilon", 1e-8f);
-  const bool decoupled = n.GetInt("decoupled_weight_decay", 0) != 0;
-  const float wd = decoupled ? 0.f : n.GetFloat("weight_decay", 0.f);
-  const float decoupled_wd = decoupled ? n.GetFloat("weight_decay", 0.f) : 0.f;
+  const float lr_attr = n.GetFloat("lr", 1e-3f);
+  AdamHyper h;
+  h.beta1 = n.GetFloat("beta1", 0.9f);
+  h.beta2 = n.GetFloat("beta2", 0.999f);
+  h.epsilon = n.GetFloat("epsilon", 1e-8f);
+  h.decoupled = n.GetInt("decoupled_weight_decay", 0) != 0;
+  h.weight_decay = h.decoupled ? 0.f : n.GetFloat("weight_decay", 0.f);
+  h.decoupled_weight_decay = h.decoupled ? n.GetFloat("weight_decay", 0.f) : 0.f;
   const bool lr_input = n.GetInt("lr_input", 0) != 0;
   return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
     const float lr = lr_input ? *static_cast<const float*>(a.inputs[5]) : lr_attr;
-    const float decay = 1.f - lr * decoupled_wd;
     float* p = static_cast<float*>(a.inputs[0]);
     const float* grad = static_cast<const float*>(a.inputs[1]);
     float* m = static_cast<float*>(a.inputs[2]);
     float* v = static_cast<float*>(a.inputs[3]);
     float* step = static_cast<float*>(a.inputs[4]);
     step[0] += 1.f;
-    const double c1 = 1.0 - std::pow(static_cast<double>(b1), step[0]);
-    const double c2 = 1.0 - std::pow(static_cast<double>(b2), step[0]);
-    for (int64_t i = 0; i < count; ++i) {
-      if (decoupled) p[i] *= decay;
-      const float d = grad[i] + wd * p[i];
-      m[i] = b1 * m[i] + (1 - b1) * d;
-      v[i] = b2 * v[i] + (1 - b2) * d * d;
-      const double mh = m[i] / c1, vh = v[i] / c2;
-      p[i] -= static_cast<float>(lr * mh / (std::sqrt(vh) + eps));
-    }
+    const AdamScalars sc = AdamScalarsFor(h, step[0], lr);
+    for (int64_t i = 0; i < count; ++i) AdamStep(h, sc, p, grad, m, v, i);
   }));
 }
 

@@ -8,6 +8,7 @@ void RegisterCudaKernels(KernelRegistry* registry) {
   cuda::RegisterBlasKernels(registry);
   cuda::RegisterTensorKernels(registry);
   cuda::RegisterNormLstmKernels(registry);
+  cuda::RegisterGradKernels(registry);
 }
 
 }  // namespace salus::exec

@@ -1,4 +1,4 @@
-// The CUDA device's forward kernels, by family. Each Register* adds its ops to the registry
+// The CUDA device's kernels, by family. Each Register* adds its ops to the registry
 // under DeviceType::kCuda; RegisterCudaKernels (cuda_kernels.cc) calls them all.
 //
 //   basic_kernels.cc   copies, unary elementwise (cuDNN activations where cuDNN has them),
@@ -8,6 +8,7 @@
 //   tensor_kernels.cc  the tensor ops of exported models: Gather, Where, Cast, Expand, Slice,
 //                      Split, comparisons and logic, Min, Max, Clip, Mod, Erf, Gelu, Range, ...
 //   norm_lstm_kernels.cc  LayerNormalization (hand-written) and LSTM (cuBLAS and a cell kernel)
+//   grad_kernels.cc    the backward and optimizer ops autodiff emits (cuDNN and hand-written)
 #pragma once
 
 #include "exec/kernel_registry.h"
@@ -19,5 +20,6 @@ void RegisterCudnnKernels(KernelRegistry* registry);
 void RegisterBlasKernels(KernelRegistry* registry);
 void RegisterTensorKernels(KernelRegistry* registry);
 void RegisterNormLstmKernels(KernelRegistry* registry);
+void RegisterGradKernels(KernelRegistry* registry);
 
 }  // namespace salus::exec::cuda

@@ -45,21 +45,13 @@
 #include "exec/cpu_kernel_helpers.h"
 #include "exec/cuda/cuda_kernels.h"
 #include "exec/cuda/cuda_util.h"
+#include "exec/cuda/cudnn_helpers.h"
 #include "exec/cuda/pool_bn_launch.h"
 #include "exec/window.h"
 
 namespace salus::exec::cuda {
-namespace {
 
-using KernelOr = StatusOr<std::unique_ptr<Kernel>>;
-
-// The largest convolution workspace an algorithm may need to be chosen (Note [Convolution
-// algorithms]).
-constexpr size_t kMaxConvWorkspaceBytes = size_t{256} << 20;
-
-// cuDNN's blend factors (y = alpha * op(x) + beta * y), host floats for float tensors.
-constexpr float kOne = 1.f;
-constexpr float kZero = 0.f;
+// The helpers cudnn_helpers.h declares.
 
 Status RequireCudnn(const Node& n, const DeviceContext* ctx) {
   if (ctx == nullptr || ctx->cudnn == nullptr) {
@@ -68,8 +60,6 @@ Status RequireCudnn(const Node& n, const DeviceContext* ctx) {
   return OkStatus();
 }
 
-// Describes a packed float tensor. cuDNN's legacy descriptors hold int strides, so tensors of
-// more elements than an int holds are refused before any stride is computed.
 Status SetTensor(TensorDesc* desc, const Shape& dims, const std::string& what) {
   int64_t elements = 1;
   for (int64_t d : dims) {
@@ -82,8 +72,6 @@ Status SetTensor(TensorDesc* desc, const Shape& dims, const std::string& what) {
   return desc->Set(dims, what);
 }
 
-// Per-dim window values as cuDNN's ints, at least 2 of them (Note [cuDNN windows]). window.cc
-// bounds every value by 2^30.
 std::vector<int> WindowInts(const std::vector<int64_t>& values, int fill) {
   std::vector<int> out;
   for (int64_t v : values) out.push_back(static_cast<int>(v));
@@ -91,7 +79,6 @@ std::vector<int> WindowInts(const std::vector<int64_t>& values, int fill) {
   return out;
 }
 
-// Conv and ConvTranspose: X and W of the same rank, 1 to 3 spatial dims.
 Status RequireConvRank(const Node& n, const Shape& xs, const Shape& ws) {
   if (xs.size() != ws.size() || xs.size() < 3) {
     return InvalidArgumentError(n.Describe() + ": bad X/W rank");
@@ -111,8 +98,6 @@ StatusOr<int> GroupOf(const Node& n) {
   return static_cast<int>(group);
 }
 
-// A cross-correlation (ONNX's Conv) with the given per-dim pads, strides and dilations, in
-// FMA math (Note [Convolution algorithms]).
 Status SetConvolution(ConvDesc* conv, const std::vector<int64_t>& pads,
                       const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
                       int group, const std::string& what) {
@@ -128,8 +113,6 @@ Status SetConvolution(ConvDesc* conv, const std::vector<int64_t>& pads,
   return OkStatus();
 }
 
-// That the forward convolution of x by w has shape `y`, as the graph says; a mismatch would
-// have cuDNN read or write outside the planned tensors.
 Status CheckForwardShape(const ConvDesc& conv, const TensorDesc& x, const FilterDesc& w,
                          const Shape& y, const std::string& what) {
   const std::vector<int> want = CudnnDims(y);
@@ -144,50 +127,59 @@ Status CheckForwardShape(const ConvDesc& conv, const TensorDesc& x, const Filter
   return OkStatus();
 }
 
-template <typename Algo>
-struct AlgoChoice {
-  Algo algo;
-  size_t workspace_bytes = 0;
-};
 
-bool RoundsMore(cudnnConvolutionFwdAlgo_t a) {
-  return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
-         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
-}
-bool RoundsMore(cudnnConvolutionBwdDataAlgo_t a) {
-  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT ||
-         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
-         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+StatusOr<PoolWindow> PoolWindowFor(const Node& n, const std::string& op, const Shape& xs,
+                                   const Shape& ys) {
+  const std::string what = n.Describe();
+  if (xs.size() < 3) return InvalidArgumentError(what + ": input rank below 3");
+  const std::vector<int64_t> spatial(xs.begin() + 2, xs.end());
+  if (spatial.size() > static_cast<size_t>(kMaxWindowDims)) {
+    return UnimplementedError(what + ": " + std::to_string(spatial.size()) + "-D pooling");
+  }
+  const bool global = op == "GlobalAveragePool" || op == "GlobalMaxPool";
+  const bool max = op == "MaxPool" || op == "GlobalMaxPool";
+  if (!global && !max && op != "AveragePool") {
+    return InvalidArgumentError(what + ": " + op + " is not a pooling op");
+  }
+  Window win;
+  PoolMode mode = max ? PoolMode::kMax : PoolMode::kAverageExcludePad;
+  if (global) {
+    // The CPU's global pooling: a window of the whole input, no padding.
+    win.in = spatial;
+    win.out.assign(spatial.size(), 1);
+    win.kernel = spatial;
+    win.strides.assign(spatial.size(), 1);
+    win.dilations.assign(spatial.size(), 1);
+    win.pad_begin.assign(spatial.size(), 0);
+    win.pad_end.assign(spatial.size(), 0);
+  } else {
+    const bool ceil_mode = n.GetInt("ceil_mode", 0) != 0;
+    const bool include_pad = n.GetInt("count_include_pad", 0) != 0;
+    if (!max && include_pad) {
+      // Refused, as PoolFor (cpu_kernel_helpers.cc) refuses it on the CPU.
+      if (ceil_mode) return UnimplementedError(what + ": ceil_mode with count_include_pad");
+      mode = PoolMode::kAverageIncludePad;
+    }
+    SALUS_ASSIGN_OR_RETURN(win, ComputeWindow(n, spatial, n.GetInts("kernel_shape"), ceil_mode));
+    if (mode == PoolMode::kAverageExcludePad) {
+      // As the CPU (oneDNN) refuses: a window wholly in the padding would average no element.
+      for (size_t i = 0; i < win.rank(); ++i) {
+        const int64_t span = (win.kernel[i] - 1) * win.dilations[i] + 1;
+        if (win.pad_begin[i] >= span || win.pad_end[i] >= span) {
+          return UnimplementedError(what + ": average pooling with pads as large as the window");
+        }
+      }
+    }
+  }
+  Shape want = {xs[0], xs[1]};
+  want.insert(want.end(), win.out.begin(), win.out.end());
+  if (want != ys) return InternalError(what + ": window output differs from " + ShapeString(ys));
+  return PoolWindow{win, mode};
 }
 
-// Note [Convolution algorithms]. `perf` holds cuDNN's `count` ranked candidates; `workspace`
-// asks cuDNN for an algorithm's workspace with the kernel's descriptors.
-template <typename Perf, typename Algo, typename WorkspaceFn>
-StatusOr<AlgoChoice<Algo>> PickAlgorithm(const Perf* perf, int count, Algo fallback,
-                                         const WorkspaceFn& workspace, const std::string& what) {
-  for (int i = 0; i < count; ++i) {
-    const Perf& p = perf[i];
-    if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC) continue;
-    if (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) {
-      continue;
-    }
-    if (RoundsMore(p.algo)) continue;
-    size_t bytes = 0;
-    if (workspace(p.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kMaxConvWorkspaceBytes) {
-      continue;
-    }
-    return AlgoChoice<Algo>{p.algo, bytes};
-  }
-  size_t bytes = 0;
-  SALUS_CUDNN_RETURN(workspace(fallback, &bytes),
-                     what + ": no deterministic convolution algorithm");
-  if (bytes > kMaxConvWorkspaceBytes) {
-    return UnimplementedError(what +
-                              ": every deterministic convolution algorithm needs more than " +
-                              std::to_string(kMaxConvWorkspaceBytes >> 20) + " MiB of workspace");
-  }
-  return AlgoChoice<Algo>{fallback, bytes};
-}
+namespace {
+
+using KernelOr = StatusOr<std::unique_ptr<Kernel>>;
 
 // ---------------------------------------------------------------------------------------------
 // Conv: cudnnConvolutionForward, then the bias (cudnnAddTensor) and the fused Relu or Clip
@@ -467,52 +459,12 @@ class PoolKernel final : public Kernel {
 KernelOr PoolKernel::Create(const Node& n, const Graph& g, DeviceContext* ctx) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   SALUS_RETURN_IF_ERROR(RequireCudnn(n, ctx));
-  const std::string what = n.Describe();
   const Shape& xs = g.value(n.inputs[0]).shape;
   const Shape& ys = g.value(n.outputs[0]).shape;
-  if (xs.size() < 3) return InvalidArgumentError(what + ": input rank below 3");
-  const std::vector<int64_t> spatial(xs.begin() + 2, xs.end());
-  if (spatial.size() > static_cast<size_t>(kMaxWindowDims)) {
-    return UnimplementedError(what + ": " + std::to_string(spatial.size()) + "-D pooling");
-  }
-  const bool global = n.op == "GlobalAveragePool" || n.op == "GlobalMaxPool";
-  const bool max = n.op == "MaxPool" || n.op == "GlobalMaxPool";
-  Window win;
-  PoolMode mode = max ? PoolMode::kMax : PoolMode::kAverageExcludePad;
-  if (global) {
-    // The CPU's global pooling: a window of the whole input, no padding.
-    win.in = spatial;
-    win.out.assign(spatial.size(), 1);
-    win.kernel = spatial;
-    win.strides.assign(spatial.size(), 1);
-    win.dilations.assign(spatial.size(), 1);
-    win.pad_begin.assign(spatial.size(), 0);
-    win.pad_end.assign(spatial.size(), 0);
-  } else {
-    const bool ceil_mode = n.GetInt("ceil_mode", 0) != 0;
-    const bool include_pad = n.GetInt("count_include_pad", 0) != 0;
-    if (!max && include_pad) {
-      // Refused, as PoolFor (cpu_kernel_helpers.cc) refuses it on the CPU.
-      if (ceil_mode) return UnimplementedError(what + ": ceil_mode with count_include_pad");
-      mode = PoolMode::kAverageIncludePad;
-    }
-    SALUS_ASSIGN_OR_RETURN(win, ComputeWindow(n, spatial, n.GetInts("kernel_shape"), ceil_mode));
-    if (mode == PoolMode::kAverageExcludePad) {
-      // As the CPU (oneDNN) refuses: a window wholly in the padding would average no element.
-      for (size_t i = 0; i < win.rank(); ++i) {
-        const int64_t span = (win.kernel[i] - 1) * win.dilations[i] + 1;
-        if (win.pad_begin[i] >= span || win.pad_end[i] >= span) {
-          return UnimplementedError(what + ": average pooling with pads as large as the window");
-        }
-      }
-    }
-  }
-  Shape want = {xs[0], xs[1]};
-  want.insert(want.end(), win.out.begin(), win.out.end());
-  if (want != ys) return InternalError(what + ": window output differs from " + ShapeString(ys));
-
-  std::unique_ptr<PoolKernel> k(new PoolKernel(what));
-  k->geometry_ = MakePoolGeometry(mode, xs[0] * xs[1], win.in, win.out, win.kernel, win.strides,
+  SALUS_ASSIGN_OR_RETURN(PoolWindow pw, PoolWindowFor(n, n.op, xs, ys));
+  const Window& win = pw.win;
+  std::unique_ptr<PoolKernel> k(new PoolKernel(n.Describe()));
+  k->geometry_ = MakePoolGeometry(pw.mode, xs[0] * xs[1], win.in, win.out, win.kernel, win.strides,
                                   win.dilations, win.pad_begin);
   k->use_cudnn_ = k->SetUpCudnn(xs, ys, win);
   return std::unique_ptr<Kernel>(std::move(k));

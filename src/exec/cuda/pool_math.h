@@ -101,6 +101,83 @@ SALUS_HD float PoolAt(const PoolGeometry& g, const float* x, int64_t o) {
   return acc / static_cast<float>(divisor);
 }
 
+// Pooling's gradient, in two passes with no atomics. PoolTap gives, per output element, what
+// the second pass needs: for max pooling the in-plane index of the tap PoolAt chose (the first
+// greatest; -1 when none beat -FLT_MAX), for average pooling the divisor. PoolGradAt then
+// gathers, per input element, the gradients of the outputs whose windows hold it, in a fixed
+// order: dy[o] where o chose it (max), dy[o] / divisor[o] (average).
+SALUS_HD int64_t PoolTap(const PoolGeometry& g, const float* x, int64_t o) {
+  const int64_t o2 = o % g.out[2];
+  int64_t rest = o / g.out[2];
+  const int64_t o1 = rest % g.out[1];
+  rest /= g.out[1];
+  const int64_t o0 = rest % g.out[0];
+  const int64_t plane = rest / g.out[0];
+  const float* p = x + plane * g.in[0] * g.in[1] * g.in[2];
+  const int64_t start0 = o0 * g.stride[0] - g.pad_begin[0];
+  const int64_t start1 = o1 * g.stride[1] - g.pad_begin[1];
+  const int64_t start2 = o2 * g.stride[2] - g.pad_begin[2];
+  const bool is_max = g.mode == PoolMode::kMax;
+  float best = -FLT_MAX;
+  int64_t chosen = -1, inside = 0;
+  for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0) {
+    const int64_t i0 = start0 + k0 * g.dilation[0];
+    if (i0 < 0 || i0 >= g.in[0]) continue;
+    for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1) {
+      const int64_t i1 = start1 + k1 * g.dilation[1];
+      if (i1 < 0 || i1 >= g.in[1]) continue;
+      for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2) {
+        const int64_t i2 = start2 + k2 * g.dilation[2];
+        if (i2 < 0 || i2 >= g.in[2]) continue;
+        const int64_t at = (i0 * g.in[1] + i1) * g.in[2] + i2;
+        if (is_max && p[at] > best) {
+          best = p[at];
+          chosen = at;
+        }
+        ++inside;
+      }
+    }
+  }
+  if (is_max) return chosen;
+  return g.mode == PoolMode::kAverageIncludePad ? g.kernel[0] * g.kernel[1] * g.kernel[2]
+                                                : inside;
+}
+
+// Input element `i` (row-major over [planes, in...]) of the gradient, from dy and PoolTap's
+// values for every output element.
+SALUS_HD float PoolGradAt(const PoolGeometry& g, const float* dy, const int64_t* tap, int64_t i) {
+  const int64_t i2 = i % g.in[2];
+  int64_t rest = i / g.in[2];
+  const int64_t i1 = rest % g.in[1];
+  rest /= g.in[1];
+  const int64_t i0 = rest % g.in[0];
+  const int64_t plane = rest / g.in[0];
+  const int64_t at = (i0 * g.in[1] + i1) * g.in[2] + i2;
+  const bool is_max = g.mode == PoolMode::kMax;
+  float acc = 0.f;
+  for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0) {
+    const int64_t s0 = i0 + g.pad_begin[0] - k0 * g.dilation[0];
+    if (s0 < 0 || s0 % g.stride[0] != 0 || s0 / g.stride[0] >= g.out[0]) continue;
+    for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1) {
+      const int64_t s1 = i1 + g.pad_begin[1] - k1 * g.dilation[1];
+      if (s1 < 0 || s1 % g.stride[1] != 0 || s1 / g.stride[1] >= g.out[1]) continue;
+      for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2) {
+        const int64_t s2 = i2 + g.pad_begin[2] - k2 * g.dilation[2];
+        if (s2 < 0 || s2 % g.stride[2] != 0 || s2 / g.stride[2] >= g.out[2]) continue;
+        const int64_t o =
+            ((plane * g.out[0] + s0 / g.stride[0]) * g.out[1] + s1 / g.stride[1]) * g.out[2] +
+            s2 / g.stride[2];
+        if (is_max) {
+          if (tap[o] == at) acc += dy[o];
+        } else {
+          acc += dy[o] / static_cast<float>(tap[o]);
+        }
+      }
+    }
+  }
+  return acc;
+}
+
 // The input element output element `o` copies, or -1 where it is padding.
 SALUS_HD int64_t PadSource(const PadGeometry& g, int64_t o) {
   const int64_t j2 = o % g.out[2];

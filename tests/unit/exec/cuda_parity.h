@@ -10,6 +10,8 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,11 @@ struct ParityOptions {
   float lo = -1.f, hi = 1.f;                // float feeds are uniform in [lo, hi)
   int64_t int_hi = 2;                       // int64 feeds are uniform in [0, int_hi)
   std::map<std::string, HostTensor> feeds;  // fixed feeds, by input name
+  // Training: when > 0, optimizer state (velocities, moments) is compared by the norm of its
+  // difference relative to the CPU's norm, within this; else element by element, as the
+  // parameters always are. Over many steps a velocity, a running sum of gradients, follows
+  // the small differences of summation order through every ReLU kink it crosses.
+  double state_norm_rtol = 0;
 };
 
 // The outputs of one run of `exe` on its device, with the given persistent and lane memory.
@@ -142,6 +149,101 @@ inline std::vector<HostTensor> ExpectCudaParity(const std::string& model, Compil
     const std::string& name = c.fetches()[i].name;
     ExpectClose(want[i], got[i], name, p);
     EXPECT_EQ(got[i].bytes, again[i].bytes) << name << ": not bit-identical in another lane";
+  }
+  return want;
+}
+
+// Training: the fetches of every step and the persistent values (parameters and optimizer
+// state) after the last, read back to the host.
+struct Trained {
+  std::vector<std::vector<HostTensor>> steps;
+  std::map<std::string, HostTensor> state;
+  std::set<std::string> optimizer_state;  // the names in `state` that are optimizer state
+};
+
+// `steps` iterations of `exe` on its device from freshly initialized persistent memory, on the
+// same feeds; with `alternate`, odd steps run in a second lane at another address (the state
+// stays put, the lane moves, as between the daemon's iterations).
+inline Trained TrainOn(Executable& exe, const std::vector<HostTensor>& feeds, int steps,
+                       bool alternate) {
+  Trained t;
+  DeviceRuntime* rt = exe.runtime();
+  auto p = DeviceBuffer::Allocate(rt, exe.persistent_bytes());
+  auto la = DeviceBuffer::Allocate(rt, exe.ephemeral_bytes());
+  auto lb = DeviceBuffer::Allocate(rt, exe.ephemeral_bytes() + kAlignment);
+  EXPECT_TRUE(p.ok() && la.ok() && lb.ok());
+  if (!p.ok() || !la.ok() || !lb.ok()) return t;
+  Status init = exe.InitializePersistent(p->get());
+  EXPECT_TRUE(init.ok()) << init.ToString();
+  for (int s = 0; s < steps; ++s) {
+    std::byte* lane = alternate && s % 2 == 1 ? lb->get() + kAlignment : la->get();
+    t.steps.push_back(RunOnce(exe, p->get(), lane, feeds));
+  }
+  for (const Value& v : exe.graph().values()) {
+    if (!v.persistent() || v.kind == ValueKind::kConstant) continue;
+    auto value = exe.ReadPersistent(p->get(), v.name);
+    if (!value.ok()) continue;
+    t.state.emplace(v.name, std::move(*value));
+    if (v.kind == ValueKind::kState) t.optimizer_state.insert(v.name);
+  }
+  return t;
+}
+
+// A training compile of `model` (o.mode kTraining, its loss and optimizer set) on the CPU and on
+// cuda:0, `steps` steps on the same random feeds: every step's fetches and the final state
+// match the CPU's within p's tolerance; and two GPU runs, one moving between lanes, are
+// bit-identical. Returns the CPU's run.
+inline Trained ExpectTrainingParity(const std::string& model, CompileOptions o,
+                                    const ParityOptions& p, int steps) {
+  o.device = Device{};
+  auto cpu = Executable::Compile(model, o);
+  EXPECT_TRUE(cpu.ok()) << "cpu: " << cpu.status().ToString();
+  if (!cpu.ok()) return {};
+  o.device = Device{DeviceType::kCuda, 0};
+  auto gpu = Executable::Compile(model, o);
+  EXPECT_TRUE(gpu.ok()) << "cuda:0: " << gpu.status().ToString();
+  if (!gpu.ok()) return {};
+  EXPECT_EQ((*cpu)->persistent_bytes(), (*gpu)->persistent_bytes());
+  const std::vector<HostTensor> feeds = RandomFeeds(**cpu, p);
+  Trained want = TrainOn(**cpu, feeds, steps, false);
+  const Trained got = TrainOn(**gpu, feeds, steps, true);
+  const Trained again = TrainOn(**gpu, feeds, steps, false);
+  EXPECT_EQ(want.steps.size(), got.steps.size());
+  for (size_t s = 0; s < want.steps.size() && s < got.steps.size(); ++s) {
+    for (size_t i = 0; i < want.steps[s].size() && i < got.steps[s].size(); ++i) {
+      const std::string what = "step " + std::to_string(s) + " " + (*gpu)->fetches()[i].name;
+      ExpectClose(want.steps[s][i], got.steps[s][i], what, p);
+      if (s < again.steps.size()) {
+        EXPECT_EQ(got.steps[s][i].bytes, again.steps[s][i].bytes)
+            << what << ": not bit-identical in a second run";
+      }
+    }
+  }
+  EXPECT_EQ(want.state.size(), got.state.size());
+  for (const auto& [name, value] : want.state) {
+    auto g = got.state.find(name);
+    if (g == got.state.end()) {
+      ADD_FAILURE() << name << ": not in the GPU's state";
+      continue;
+    }
+    if (p.state_norm_rtol > 0 && want.optimizer_state.count(name) > 0 &&
+        value.type == DataType::kFloat32 && value.shape == g->second.shape) {
+      double diff = 0, norm = 0;
+      for (int64_t i = 0; i < value.num_elements(); ++i) {
+        const double a = value.floats()[i], b = g->second.floats()[i];
+        diff += (a - b) * (a - b);
+        norm += a * a;
+      }
+      EXPECT_LE(std::sqrt(diff), p.state_norm_rtol * std::sqrt(norm) + p.atol)
+          << "state " << name << ": the GPU's differs from the CPU's by "
+          << std::sqrt(diff / std::max(norm, 1e-300)) << " of its norm";
+    } else {
+      ExpectClose(value, g->second, "state " + name, p);
+    }
+    auto a = again.state.find(name);
+    if (a != again.state.end()) {
+      EXPECT_EQ(g->second.bytes, a->second.bytes) << name << ": not bit-identical in a second run";
+    }
   }
   return want;
 }

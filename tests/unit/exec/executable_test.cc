@@ -565,6 +565,35 @@ TEST(DeviceTest, OpsWithoutACudaKernelAreTheListedOnes) {
   EXPECT_GT(backward_ops, 0);
 }
 
+// Every op of the reference models' training graphs (forward, backward and both optimizers),
+// compiled here on the CPU, has a CUDA kernel: so they compile for training on cuda:0.
+TEST(DeviceTest, ReferenceModelsTrainingOpsHaveCudaKernels) {
+  const KernelRegistry& r = KernelRegistry::Global();
+  const std::map<std::string, std::map<std::string, Shape>> models = {
+      {"mlp", {{"x", {4, 784}}, {"labels", {4}}}},
+      {"lenet5", {{"x", {4, 1, 28, 28}}, {"labels", {4}}}},
+      {"resnet", {{"x", {4, 3, 32, 32}}, {"labels", {4}}}},
+      {"espcn", {{"x", {4, 1, 16, 16}}, {"target", {4, 1, 48, 48}}}},
+      {"vae", {{"x", {4, 784}}, {"eps", {4, 20}}}}};
+  for (const auto& [name, shapes] : models) {
+    for (auto kind : {OptimizerOptions::Kind::kSgd, OptimizerOptions::Kind::kAdam}) {
+      CompileOptions o;
+      o.mode = Mode::kTraining;
+      o.loss = "loss";
+      o.optimizer.kind = kind;
+      o.optimizer.momentum = 0.9f;
+      o.input_shapes = shapes;
+      auto exe = Executable::Compile(ReadModel(name), o);
+      ASSERT_TRUE(exe.ok()) << name << ": " << exe.status();
+      std::set<std::string> missing;
+      for (const Node& n : (*exe)->graph().nodes()) {
+        if (!r.Has(n.op, DeviceType::kCuda)) missing.insert(n.op);
+      }
+      EXPECT_TRUE(missing.empty()) << name << ": no CUDA kernel for " << *missing.begin();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace salus::exec
 #endif

@@ -1,0 +1,245 @@
+// The hand-written backward and optimizer kernels of grad_kernels.cc (grad_launch.h):
+// grid-stride loops over 64-bit indices whose per-element math is grad_math.h's and
+// pool_math.h's. Every sum is gathered by the thread that owns its result, or by one block's
+// fixed tree: no atomics, so results are bit-identical from run to run.
+#include <cstdint>
+
+#include "exec/cuda/grad_launch.h"
+#include "exec/cuda/grid.cuh"
+
+namespace salus::exec::cuda {
+namespace {
+
+template <EltwiseGradOp kOp>
+__global__ void EltwiseGradKernel(float alpha, const float* __restrict__ x,
+                                  const float* __restrict__ dy, float* __restrict__ dx,
+                                  int64_t count) {
+  for (int64_t i = FirstIndex(); i < count; i += GridStride()) {
+    dx[i] = ApplyEltwiseGrad(kOp, alpha, x[i], dy[i]);
+  }
+}
+
+template <EltwiseGradOp kOp>
+cudaError_t Eltwise(float alpha, const float* x, const float* dy, float* dx, int64_t count,
+                    cudaStream_t stream) {
+  EltwiseGradKernel<kOp><<<BlocksFor(count), kThreads, 0, stream>>>(alpha, x, dy, dx, count);
+  return cudaGetLastError();
+}
+
+// One thread per output element, summing its elements in order (SumToAt).
+__global__ void SumToKernel(SumToMap map, float scale, const float* __restrict__ x,
+                            float* __restrict__ y, int64_t count) {
+  for (int64_t o = FirstIndex(); o < count; o += GridStride()) y[o] = SumToAt(map, scale, x, o);
+}
+
+// One block per output element, for few outputs with many elements each: thread t sums
+// elements t, t + kThreads, ... in order, then the block's tree adds the threads' sums.
+__global__ void SumToBlockKernel(SumToMap map, float scale, const float* __restrict__ x,
+                                 float* __restrict__ y, int64_t count) {
+  __shared__ double partial[kThreads];
+  const int64_t reduced = IndexMapCount(map.reduced);
+  for (int64_t o = blockIdx.x; o < count; o += gridDim.x) {
+    int64_t base[kMaxIndexOperands], off[kMaxIndexOperands];
+    MapIndex(map.out, o, base);
+    double sum = 0;
+    for (int64_t r = threadIdx.x; r < reduced; r += kThreads) {
+      MapIndex(map.reduced, r, off);
+      sum += x[base[0] + off[0]];
+    }
+    sum = BlockSum(partial, sum);
+    if (threadIdx.x == 0) y[o] = static_cast<float>(sum) * scale;
+  }
+}
+
+__global__ void BroadcastScaleKernel(IndexMap map, float scale, const float* __restrict__ x,
+                                     float* __restrict__ y, int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    int64_t off[kMaxIndexOperands];
+    MapIndex(map, e, off);
+    y[e] = scale * x[off[0]];
+  }
+}
+
+// One thread per element of dx: the writes are coalesced, the reads strided by the block size.
+__global__ void DepthToSpaceGradKernel(DepthToSpaceGeometry g, const float* __restrict__ dy,
+                                       float* __restrict__ dx, int64_t count) {
+  for (int64_t i = FirstIndex(); i < count; i += GridStride()) dx[i] = dy[DepthToSpaceTarget(g, i)];
+}
+
+__global__ void SceLogProbKernel(SceSpec s, const float* __restrict__ scores,
+                                 const int64_t* __restrict__ labels,
+                                 const float* __restrict__ weights, float* __restrict__ logp,
+                                 int64_t rows) {
+  for (int64_t r = FirstIndex(); r < rows; r += GridStride()) {
+    SceRow(s, scores, labels, weights, logp, r);
+  }
+}
+
+// One block: the weights of the counted rows, thread t summing rows t, t + kThreads, ...
+__global__ void SceWeightSumKernel(SceSpec s, const int64_t* __restrict__ labels,
+                                   const float* __restrict__ weights, double* weight_sum,
+                                   int64_t rows) {
+  __shared__ double partial[kThreads];
+  double sum = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += kThreads) {
+    const int64_t l = labels[r];
+    if (SceLabelCounts(s, l)) sum += weights != nullptr ? weights[l] : 1.0;
+  }
+  sum = BlockSum(partial, sum);
+  if (threadIdx.x == 0) *weight_sum = sum;
+}
+
+__global__ void SceGradKernel(SceSpec s, const float* __restrict__ logp,
+                              const int64_t* __restrict__ labels,
+                              const float* __restrict__ weights, const float* __restrict__ dloss,
+                              const double* __restrict__ weight_sum, float* __restrict__ dx,
+                              int64_t count) {
+  const double wsum = *weight_sum;
+  for (int64_t idx = FirstIndex(); idx < count; idx += GridStride()) {
+    const int64_t row = idx / (s.c * s.d) * s.d + idx % s.d;
+    const float coef = SceGradCoef(s, labels, weights, dloss, wsum, row);
+    dx[idx] = SceGradAt(s, logp, labels, coef, idx);
+  }
+}
+
+__global__ void SgdKernel(SgdHyper h, float lr, const float* __restrict__ lr_input,
+                          float* __restrict__ p, const float* __restrict__ grad,
+                          float* __restrict__ v, int64_t count) {
+  const float rate = lr_input != nullptr ? *lr_input : lr;
+  for (int64_t i = FirstIndex(); i < count; i += GridStride()) SgdStep(h, rate, p, grad, v, i);
+}
+
+__global__ void AdamScalarsKernel(AdamHyper h, float lr, const float* __restrict__ lr_input,
+                                  float* step, AdamScalars* scalars) {
+  step[0] += 1.f;
+  *scalars = AdamScalarsFor(h, step[0], lr_input != nullptr ? *lr_input : lr);
+}
+
+__global__ void AdamKernel(AdamHyper h, const AdamScalars* __restrict__ scalars,
+                           float* __restrict__ p, const float* __restrict__ grad,
+                           float* __restrict__ m, float* __restrict__ v, int64_t count) {
+  const AdamScalars s = *scalars;
+  for (int64_t i = FirstIndex(); i < count; i += GridStride()) AdamStep(h, s, p, grad, m, v, i);
+}
+
+__global__ void PoolTapKernel(PoolGeometry g, const float* __restrict__ x,
+                              int64_t* __restrict__ tap, int64_t count) {
+  for (int64_t o = FirstIndex(); o < count; o += GridStride()) tap[o] = PoolTap(g, x, o);
+}
+
+__global__ void PoolGradKernel(PoolGeometry g, const float* __restrict__ dy,
+                               const int64_t* __restrict__ tap, float* __restrict__ dx,
+                               int64_t count) {
+  for (int64_t i = FirstIndex(); i < count; i += GridStride()) dx[i] = PoolGradAt(g, dy, tap, i);
+}
+
+}  // namespace
+
+cudaError_t LaunchEltwiseGrad(EltwiseGradOp op, float alpha, const float* x, const float* dy,
+                              float* dx, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  switch (op) {
+    case EltwiseGradOp::kRelu:
+      return Eltwise<EltwiseGradOp::kRelu>(alpha, x, dy, dx, count, stream);
+    case EltwiseGradOp::kSigmoid:
+      return Eltwise<EltwiseGradOp::kSigmoid>(alpha, x, dy, dx, count, stream);
+    case EltwiseGradOp::kTanh:
+      return Eltwise<EltwiseGradOp::kTanh>(alpha, x, dy, dx, count, stream);
+    case EltwiseGradOp::kExp:
+      return Eltwise<EltwiseGradOp::kExp>(alpha, x, dy, dx, count, stream);
+    case EltwiseGradOp::kLog:
+      return Eltwise<EltwiseGradOp::kLog>(alpha, x, dy, dx, count, stream);
+    case EltwiseGradOp::kSqrt:
+      return Eltwise<EltwiseGradOp::kSqrt>(alpha, x, dy, dx, count, stream);
+    case EltwiseGradOp::kAbs:
+      return Eltwise<EltwiseGradOp::kAbs>(alpha, x, dy, dx, count, stream);
+    case EltwiseGradOp::kElu:
+      return Eltwise<EltwiseGradOp::kElu>(alpha, x, dy, dx, count, stream);
+    case EltwiseGradOp::kSoftplus:
+      return Eltwise<EltwiseGradOp::kSoftplus>(alpha, x, dy, dx, count, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchSumTo(const SumToMap& map, float scale, const float* x, float* y,
+                        cudaStream_t stream) {
+  const int64_t count = IndexMapCount(map.out);
+  if (count <= 0) return cudaSuccess;
+  const int64_t reduced = IndexMapCount(map.reduced);
+  // Few outputs, each a long sum: a block per output keeps the GPU busy.
+  if (reduced >= 8 * kThreads && count < 4096) {
+    SumToBlockKernel<<<static_cast<unsigned>(count), kThreads, 0, stream>>>(map, scale, x, y,
+                                                                            count);
+  } else {
+    SumToKernel<<<BlocksFor(count), kThreads, 0, stream>>>(map, scale, x, y, count);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchBroadcastScale(const IndexMap& map, float scale, const float* x, float* y,
+                                 cudaStream_t stream) {
+  const int64_t count = IndexMapCount(map);
+  if (count <= 0) return cudaSuccess;
+  BroadcastScaleKernel<<<BlocksFor(count), kThreads, 0, stream>>>(map, scale, x, y, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDepthToSpaceGrad(const DepthToSpaceGeometry& g, const float* dy, float* dx,
+                                   cudaStream_t stream) {
+  const int64_t count = DepthToSpaceCount(g);
+  if (count <= 0) return cudaSuccess;
+  DepthToSpaceGradKernel<<<BlocksFor(count), kThreads, 0, stream>>>(g, dy, dx, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSceGrad(const SceSpec& s, const float* scores, const int64_t* labels,
+                          const float* weights, const float* dloss, float* logp,
+                          double* weight_sum, float* dx, cudaStream_t stream) {
+  const int64_t rows = s.n * s.d;
+  const int64_t count = rows * s.c;
+  if (count <= 0) return cudaSuccess;
+  SceLogProbKernel<<<BlocksFor(rows), kThreads, 0, stream>>>(s, scores, labels, weights, logp,
+                                                             rows);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  SceWeightSumKernel<<<1, kThreads, 0, stream>>>(s, labels, weights, weight_sum, rows);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  SceGradKernel<<<BlocksFor(count), kThreads, 0, stream>>>(s, logp, labels, weights, dloss,
+                                                           weight_sum, dx, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSgdUpdate(const SgdHyper& h, float lr, const float* lr_input, int64_t count,
+                            float* p, const float* grad, float* v, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  SgdKernel<<<BlocksFor(count), kThreads, 0, stream>>>(h, lr, lr_input, p, grad, v, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAdamUpdate(const AdamHyper& h, float lr, const float* lr_input, int64_t count,
+                             float* p, const float* grad, float* m, float* v, float* step,
+                             AdamScalars* scalars, cudaStream_t stream) {
+  // The step advances even for an empty parameter, as on the CPU.
+  AdamScalarsKernel<<<1, 1, 0, stream>>>(h, lr, lr_input, step, scalars);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || count <= 0) return err;
+  AdamKernel<<<BlocksFor(count), kThreads, 0, stream>>>(h, scalars, p, grad, m, v, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPoolGrad(const PoolGeometry& g, const float* x, const float* dy, int64_t* tap,
+                           float* dx, cudaStream_t stream) {
+  const int64_t outputs = PoolOutputCount(g);
+  const int64_t inputs = g.planes * g.in[0] * g.in[1] * g.in[2];
+  if (inputs <= 0) return cudaSuccess;
+  if (outputs > 0) {
+    PoolTapKernel<<<BlocksFor(outputs), kThreads, 0, stream>>>(g, x, tap, outputs);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  PoolGradKernel<<<BlocksFor(inputs), kThreads, 0, stream>>>(g, dy, tap, dx, inputs);
+  return cudaGetLastError();
+}
+
+}  // namespace salus::exec::cuda
