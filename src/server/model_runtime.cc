@@ -192,12 +192,6 @@ StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec
   }
   switch (spec.mode()) {
     case v1::TRAIN: {
-      if (device.type != exec::DeviceType::kCpu) {
-        return UnimplementedError(fmt::format(
-            "training sessions on {} are not implemented yet (inference is); train on a daemon "
-            "with --device cpu",
-            device.name()));
-      }
       if (spec.loss().empty()) return InvalidArgumentError("a training session must name its loss");
       o.mode = exec::Mode::kTraining;
       o.loss = spec.loss();
