@@ -42,6 +42,9 @@ def parser() -> argparse.ArgumentParser:
                         help="use this running salus-server instead of starting one")
         sp.add_argument("--smoke", action="store_true", help="the smallest scale (seconds)")
         sp.add_argument("--seed", type=int, default=1)
+        sp.add_argument("--device", default="cpu",
+                        help="the device of the daemons it starts (cpu, cuda:N); in-process "
+                        "runs use it too")
         module.add_arguments(sp)
     return p
 

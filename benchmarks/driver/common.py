@@ -24,7 +24,18 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-BIN = REPO / "build" / "bin"
+# The salus binaries: build/bin, or $SALUS_BIN (a bundle unpacked elsewhere, as on a GPU
+# machine, with $SALUS_LD_LIBRARY_PATH naming the folders of their libraries).
+BIN = Path(os.environ["SALUS_BIN"]) if os.environ.get("SALUS_BIN") else REPO / "build" / "bin"
+
+
+def salus_env() -> dict[str, str]:
+    """This environment with $SALUS_LD_LIBRARY_PATH put first on LD_LIBRARY_PATH."""
+    env = dict(os.environ)
+    extra = os.environ.get("SALUS_LD_LIBRARY_PATH", "")
+    if extra:
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in (extra, env.get("LD_LIBRARY_PATH", "")) if p)
+    return env
 MODELS = REPO / "benchmarks" / "models"
 PROFILES = REPO / "benchmarks" / "workloads" / "salus-p100-profiles.csv"
 TRACES = REPO / "benchmarks" / "traces"
@@ -107,21 +118,22 @@ class Daemon:
 
     def __init__(self, policy: str, memory: str = "4GiB",
                  policy_options: dict[str, Any] | None = None,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, device: str = "cpu") -> None:
         binary = BIN / "salus-server"
         if not binary.exists():
             raise SystemExit(f"{binary} is missing: run scripts/build first")
         port = free_port()
         self.endpoint = f"tcp://127.0.0.1:{port}"
         cmd = [str(binary), "--listen", self.endpoint, "--memory", memory, "--policy", policy,
-               "--log-level", "info", "--metrics-listen", f"127.0.0.1:{free_port()}"]
+               "--log-level", "info", "--metrics-listen", f"127.0.0.1:{free_port()}",
+               "--device", device]
         if policy_options:
             cmd += ["--policy-options", json.dumps(policy_options)]
         self.policy = policy
         self._warned = False
         self._log = open(log_path, "a") if log_path else None  # closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True)
+                                     text=True, env=salus_env())
         self.ready: dict[str, Any] = {}
         got_ready = threading.Event()
         self._reader = threading.Thread(target=self._read, args=(got_ready,), daemon=True)
@@ -176,7 +188,8 @@ def device(args: argparse.Namespace, policy: str, memory: str = "4GiB",
     if args.endpoint:
         yield args.endpoint
         return
-    with Daemon(policy, memory, policy_options, log_path=args.out / "salus-server.log") as d:
+    with Daemon(policy, memory, policy_options, log_path=args.out / "salus-server.log",
+                device=getattr(args, "device", "cpu")) as d:
         yield d.endpoint
 
 

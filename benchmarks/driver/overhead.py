@@ -40,12 +40,14 @@ def smoke(args: argparse.Namespace) -> None:
     args.models = "mlp:16,lenet5:16,resnet:4,espcn:4,vae:16"
 
 
-def in_process(model: str, batch: int, iterations: int, warmup: int, seed: int) -> dict[str, Any]:
+def in_process(model: str, batch: int, iterations: int, warmup: int, seed: int,
+               device: str = "cpu") -> dict[str, Any]:
     spec = common.MODEL_SPECS[model]
     cmd = [str(common.BIN / "salus-run"), "--model", str(spec.path), *spec.run_args(batch),
            "--mode", "train", "--loss", spec.loss, "--iterations", str(iterations),
-           "--warmup", str(warmup), "--seed", str(seed)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+           "--warmup", str(warmup), "--seed", str(seed), "--device", device]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         env=common.salus_env()).stdout
     return dict(json.loads(out))
 
 
@@ -102,7 +104,8 @@ def run(args: argparse.Namespace) -> list[str]:
         for rnd in range(args.rounds):
             for model, batch in models:
                 bar.set_postfix_str(model)
-                local = in_process(model, batch, args.iterations, args.warmup, args.seed)
+                local = in_process(model, batch, args.iterations, args.warmup, args.seed,
+                                   args.device)
                 remote, staged, shared = (
                     through_daemon(endpoint, model, batch, args.iterations, args.warmup,
                                    args.seed, via) for via in FEEDS_VIA)
