@@ -90,7 +90,9 @@ namespace salus::sched {
 // for caches and memory bandwidth). A policy that asks for it (PACK: introspection()) has the
 // engine measure what packing does, pair by pair, and decide from the measurements:
 //  - Every iteration records which sessions of the device's other lanes ran at some moment of
-//    it (LaneRec::met). One that met nobody is a solo sample of its session (an EWMA of its
+//    it (LaneRec::met); a session's first `warmup` iterations are not measured (on a GPU the
+//    first iterations load kernels and library state, and took 10-25x a warm one: measured,
+//    they unpacked every pair of a hyperparam run on an H200). One that met nobody is a solo sample of its session (an EWMA of its
 //    iteration time alone); one that met k sessions is a sample of each of those k pairs, its
 //    time beside them and k.
 //  - Once both members have `samples` iterations beside each other, the pair is decided if
@@ -716,6 +718,8 @@ void Engine::MeasureLocked(SessionRec& s, const std::vector<SessionId>& met, dou
   auto average = [&](double* ewma, double sample, size_t n) {
     *ewma = n == 0 ? sample : ewma_alpha_ * sample + (1 - ewma_alpha_) * *ewma;
   };
+  // Its first iterations carry one-time costs; nor do they count beside partners.
+  if (s.iterations_done <= static_cast<int64_t>(introspection_.warmup)) return;
   if (met.empty()) average(&s.solo_seconds, seconds, s.solo_samples++);
   for (const SessionId partner : met) {
     if (!sessions_.contains(partner)) continue;

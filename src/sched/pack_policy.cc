@@ -8,7 +8,8 @@ namespace salus::sched {
 
 StatusOr<std::unique_ptr<Policy>> PackPolicy::Create(const nlohmann::json& options) {
   SALUS_RETURN_IF_ERROR(
-      internal::CheckPolicyOptions("pack", options, {"introspect", "min_gain", "samples"}));
+      internal::CheckPolicyOptions("pack", options,
+                                   {"introspect", "min_gain", "samples", "warmup"}));
   IntrospectionOptions o;
   o.enabled = true;
   if (options.is_object()) {
@@ -35,6 +36,14 @@ StatusOr<std::unique_ptr<Policy>> PackPolicy::Create(const nlohmann::json& optio
             "policy 'pack': option 'samples' must be an integer in [1, 1000], got {}", n.dump()));
       }
       o.samples = n.get<size_t>();
+    }
+    if (options.contains("warmup")) {
+      const nlohmann::json& n = options["warmup"];
+      if (!n.is_number_integer() || n.get<int64_t>() < 0 || n.get<int64_t>() > 1000) {
+        return InvalidArgumentError(fmt::format(
+            "policy 'pack': option 'warmup' must be an integer in [0, 1000], got {}", n.dump()));
+      }
+      o.warmup = n.get<size_t>();
     }
   }
   return std::unique_ptr<Policy>(new PackPolicy(o));

@@ -109,6 +109,10 @@ struct PairMeasurement {
 struct IntrospectionOptions {
   bool enabled = false;
   size_t samples = 3;
+  // Each session's first iterations are not measured: they carry one-time costs (a GPU's
+  // lazily loaded kernels and library state, first-touch page faults) that would make any
+  // pairing look slow.
+  size_t warmup = 2;
   double min_gain = 1.0;  // KeepPacked's threshold by default
 };
 

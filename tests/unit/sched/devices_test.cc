@@ -446,12 +446,20 @@ TEST(EngineMigrationTest, AMoveWhoseTargetFilledUpIsUndone) {
 struct PackLoop {
   explicit PackLoop(DevicesHarness& harness, double together) : h(harness), t(together) {}
 
+  // Each session's first `cold_iterations` iterations take `cold` times the work (a GPU's
+  // first iterations load kernels and library state).
+  int cold_iterations = 0;
+  double cold = 1.0;
+  std::map<SessionId, int> started;
+
   // Runs until `completions` iterations ended; returns how many of them overlapped another
   // iteration of their device at some moment.
   int Run(int completions) {
     int overlapped = 0;
     for (int done = 0; done < completions;) {
-      for (const Dispatch& d : h.engine_->DispatchReady()) running.push_back({d, 1.0, false});
+      for (const Dispatch& d : h.engine_->DispatchReady()) {
+        running.push_back({d, started[d.session]++ < cold_iterations ? cold : 1.0, false});
+      }
       for (const mem::Transfer& tr : h.engine_->TakeTransfers()) {
         EXPECT_TRUE(h.engine_->FinishTransfer(tr, OkStatus(), seconds(0)).ok());
       }
@@ -502,7 +510,7 @@ TEST(EngineIntrospectionTest, APairSlowerTogetherIsUnpacked) {
   EXPECT_NE(h.engine_->Session(1)->lane, h.engine_->Session(2)->lane);  // packed
   for (SessionId s : {1, 2}) ASSERT_TRUE(h.engine_->RequestIteration(s).ok());
   PackLoop loop(h, 3.0);
-  EXPECT_GT(loop.Run(12), 0);
+  EXPECT_GT(loop.Run(16), 0);  // 2 unmeasured warm-up iterations each, then the samples
   IntrospectionStats st = h.engine_->Introspection();
   EXPECT_EQ(st.probes, 1u);
   EXPECT_EQ(st.apart, 1u);
@@ -539,13 +547,31 @@ TEST(EngineIntrospectionTest, APairThatGainsStaysPacked) {
   ASSERT_TRUE(*h.Add(1, 1 * G, 2 * G));
   ASSERT_TRUE(h.engine_->RequestIteration(1).ok());
   PackLoop loop(h, 1.2);
-  loop.Run(4);  // 1 alone: its solo samples
+  loop.Run(6);  // 1 alone: its warm-up, then its solo samples
   ASSERT_TRUE(*h.Add(2, 1 * G, 2 * G));
   ASSERT_TRUE(h.engine_->RequestIteration(2).ok());
-  loop.Run(12);
+  loop.Run(16);
   IntrospectionStats st = h.engine_->Introspection();
   EXPECT_EQ(st.kept, 1u);
   EXPECT_EQ(st.probes, 1u);  // 2 never ran alone: probed apart for its time without 1
+  EXPECT_EQ(st.apart + st.moved, 0u);
+  EXPECT_GT(loop.Run(10), 5);  // still side by side
+}
+
+// A pair that gains, whose first two iterations each take 20x a warm one (as a GPU's first
+// iterations do): the warm-up iterations are not measured, so the pair stays packed.
+TEST(EngineIntrospectionTest, WarmUpIterationsAreNotMeasured) {
+  DevicesHarness h("pack", {8 * G});
+  for (SessionId s : {1, 2}) {
+    ASSERT_TRUE(*h.Add(s, 1 * G, 2 * G));
+    ASSERT_TRUE(h.engine_->RequestIteration(s).ok());
+  }
+  PackLoop loop(h, 1.2);
+  loop.cold_iterations = 2;
+  loop.cold = 20.0;
+  loop.Run(30);
+  IntrospectionStats st = h.engine_->Introspection();
+  EXPECT_EQ(st.kept, 1u);
   EXPECT_EQ(st.apart + st.moved, 0u);
   EXPECT_GT(loop.Run(10), 5);  // still side by side
 }
@@ -559,7 +585,7 @@ TEST(EngineIntrospectionTest, UnpackingMovesASessionToAFreeDevice) {
   ASSERT_EQ(h.DeviceOf(2), 0u);  // best fit packs it beside 1
   for (SessionId s : {1, 2}) ASSERT_TRUE(h.engine_->RequestIteration(s).ok());
   PackLoop loop(h, 3.0);
-  loop.Run(16);
+  loop.Run(20);
   IntrospectionStats st = h.engine_->Introspection();
   EXPECT_EQ(st.moved, 1u);
   EXPECT_EQ(h.DeviceOf(1), 1u);  // the smaller P moved
