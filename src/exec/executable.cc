@@ -309,7 +309,7 @@ Status Executable::ApplyTraining(const CompileOptions& options) {
     return InvalidArgumentError("loss '" + options.loss + "' must be a float scalar, not " +
                                 DataTypeName(lv.type) + ShapeString(lv.shape));
   }
-  if (options.fuse && options.device.type == DeviceType::kCpu) {
+  if (options.fuse) {
     FusionOptions fusion{options.device.type, {loss}};
     for (const std::string& name : options.fetches) {
       if (g.Find(name) != kNoValue) fusion.keep.push_back(g.Find(name));

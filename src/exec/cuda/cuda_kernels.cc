@@ -9,6 +9,7 @@ void RegisterCudaKernels(KernelRegistry* registry) {
   cuda::RegisterTensorKernels(registry);
   cuda::RegisterNormLstmKernels(registry);
   cuda::RegisterGradKernels(registry);
+  cuda::RegisterTrainKernels(registry);
 }
 
 }  // namespace salus::exec

@@ -9,6 +9,8 @@
 //                      Split, comparisons and logic, Min, Max, Clip, Mod, Erf, Gelu, Range, ...
 //   norm_lstm_kernels.cc  LayerNormalization (hand-written) and LSTM (cuBLAS and a cell kernel)
 //   grad_kernels.cc    the backward and optimizer ops autodiff emits (cuDNN and hand-written)
+//   train_kernels.cc   the tensor ops' gradients, BatchNorm and Dropout in training, LayerNorm's
+//                      gradient (hand-written)
 #pragma once
 
 #include "exec/kernel_registry.h"
@@ -21,5 +23,6 @@ void RegisterBlasKernels(KernelRegistry* registry);
 void RegisterTensorKernels(KernelRegistry* registry);
 void RegisterNormLstmKernels(KernelRegistry* registry);
 void RegisterGradKernels(KernelRegistry* registry);
+void RegisterTrainKernels(KernelRegistry* registry);
 
 }  // namespace salus::exec::cuda

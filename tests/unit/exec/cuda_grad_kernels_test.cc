@@ -257,6 +257,147 @@ TEST(CudaGradKernelsTest, SoftmaxCrossEntropyLoss) {
                   {{"L", HostTensor::FromInt64s({3}, {3, 0, 1})}}});
 }
 
+// The gradients of the tensor and index ops of exported models.
+TEST(CudaGradKernelsTest, GatherSliceConcatPad) {
+  SALUS_REQUIRE_GPU();
+  // An embedding lookup with repeated and negative indices: the rows' gradients add up.
+  CheckGradients({"gather embedding",
+                  {{"X", {5, 3}}},
+                  {2, 3, 3},
+                  [](ModelBuilder& mb) { mb.Node("Gather", {"X", "I"}, {"y"}); },
+                  {{"I", HostTensor::FromInt64s({2, 3}, {0, 4, 0, -1, 2, 0})}}});
+  CheckGradients({"gather axis 1 with constant indices",
+                  {{"X", {2, 4, 3}}},
+                  {2, 3, 3},
+                  [](ModelBuilder& mb) {
+                    mb.Int64Initializer("I", {3}, {1, 3, 1});
+                    auto& n = mb.Node("Gather", {"X", "I"}, {"y"});
+                    ModelBuilder::Attr(n, "axis", int64_t{1});
+                  }});
+  CheckGradients({"slice with negative and strided steps",
+                  {{"X", {4, 5, 6}}},
+                  {2, 2, 3},
+                  [](ModelBuilder& mb) {
+                    mb.Int64Initializer("starts", {3}, {1, 4, 0});
+                    mb.Int64Initializer("ends", {3}, {3, 0, 6});
+                    mb.Int64Initializer("axes", {3}, {0, 1, 2});
+                    mb.Int64Initializer("steps", {3}, {1, -2, 2});
+                    mb.Node("Slice", {"X", "starts", "ends", "axes", "steps"}, {"y"});
+                  }});
+  CheckGradients({"pad", {{"X", {2, 3, 4}}}, {2, 5, 7}, [](ModelBuilder& mb) {
+                    mb.Int64Initializer("pads", {6}, {0, 1, 2, 0, 1, 1});
+                    mb.Node("Pad", {"X", "pads"}, {"y"});
+                  }});
+  CheckGradients({"concat along the last axis",
+                  {{"A", {2, 3}}, {"B", {2, 1}}, {"C", {2, 2}}},
+                  {2, 6},
+                  [](ModelBuilder& mb) {
+                    auto& n = mb.Node("Concat", {"A", "B", "C"}, {"y"});
+                    ModelBuilder::Attr(n, "axis", int64_t{-1});
+                  }});
+  CheckGradients({"concat along axis 1 of 3-D",
+                  {{"A", {2, 1, 3}}, {"B", {2, 2, 3}}},
+                  {2, 3, 3},
+                  [](ModelBuilder& mb) {
+                    auto& n = mb.Node("Concat", {"A", "B"}, {"y"});
+                    ModelBuilder::Attr(n, "axis", int64_t{1});
+                  }});
+  CheckGradients({"split with an unused output", {{"X", {2, 6}}}, {2, 4}, [](ModelBuilder& mb) {
+                    mb.Int64Initializer("split", {3}, {1, 2, 3});
+                    auto& sp = mb.Node("Split", {"X", "split"}, {"a", "b", "c"});
+                    ModelBuilder::Attr(sp, "axis", int64_t{1});
+                    auto& n = mb.Node("Concat", {"c", "a"}, {"y"});
+                    ModelBuilder::Attr(n, "axis", int64_t{1});
+                  }});
+}
+
+TEST(CudaGradKernelsTest, ClipMinMaxPowAndUnaryTensorOps) {
+  SALUS_REQUIRE_GPU();
+  CheckGradients({"max of two with broadcasting",
+                  {{"A", {3, 4}}, {"B", {4}}},
+                  {3, 4},
+                  [](ModelBuilder& mb) { mb.Node("Max", {"A", "B"}, {"y"}); }});
+  CheckGradients({"min of two", {{"A", {2, 3}}, {"B", {2, 3}}}, {2, 3}, [](ModelBuilder& mb) {
+                    mb.Node("Min", {"A", "B"}, {"y"});
+                  }});
+  CheckGradients({"pow with a broadcast exponent",
+                  {{"X", {3, 4}, 0.5f, 2.f}, {"E", {4}, 0.5f, 2.5f}},
+                  {3, 4},
+                  [](ModelBuilder& mb) { mb.Node("Pow", {"X", "E"}, {"y"}); }});
+  CheckGradients({"pow of negative bases",
+                  {{"X", {3, 4}}},
+                  {3, 4},
+                  [](ModelBuilder& mb) { mb.Node("Pow", {"X", "E"}, {"y"}); },
+                  {{"E", HostTensor::FromFloats({}, {3.f})}}});
+  CheckGradients({"clip with min and max",
+                  {{"X", {4, 5}}, {"lo", {}, -0.5f, -0.5f}, {"hi", {}, 0.4f, 0.4f}},
+                  {4, 5},
+                  [](ModelBuilder& mb) { mb.Node("Clip", {"X", "lo", "hi"}, {"y"}); }});
+  CheckGradients({"clip with max only",
+                  {{"X", {4, 5}}, {"hi", {}, 0.3f, 0.3f}},
+                  {4, 5},
+                  [](ModelBuilder& mb) { mb.Node("Clip", {"X", "", "hi"}, {"y"}); }});
+  CheckGradients(Unary("Erf", {3, 4}, -2.f, 2.f));
+  CheckGradients(Unary("Reciprocal", {3, 4}, 0.5f, 2.f));
+  for (const char* approximate : {"none", "tanh"}) {
+    Case c = Unary("Gelu", {3, 4}, -3.f, 3.f, [approximate](onnx::NodeProto& n) {
+      ModelBuilder::Attr(n, "approximate", std::string(approximate));
+    });
+    c.label += std::string(" ") + approximate;
+    auto build = c.build;
+    c.build = [build](ModelBuilder& mb) {
+      mb.proto().mutable_opset_import(0)->set_version(20);
+      build(mb);
+    };
+    CheckGradients(c);
+  }
+}
+
+// BatchNormalization in training (batch statistics, the running statistics updated on the
+// device), LayerNormalization's gradient and Dropout's mask (the same on both devices).
+TEST(CudaGradKernelsTest, NormalizationAndDropout) {
+  SALUS_REQUIRE_GPU();
+  for (const Shape& xs : {Shape{4, 3, 2, 2}, Shape{5, 4}, Shape{8, 16, 8, 8}}) {
+    const int64_t c = xs[1];
+    CheckGradients({"BatchNormalization " + ShapeString(xs),
+                    {{"X", xs}, {"scale", {c}, 0.5f, 1.5f}, {"B", {c}}},
+                    xs,
+                    [c](ModelBuilder& mb) {
+                      mb.Initializer("rm", {c}, RandomFloats(c, 64));
+                      mb.Initializer("rv", {c}, RandomFloats(c, 65, 0.5f, 2.f));
+                      auto& n =
+                          mb.Node("BatchNormalization", {"X", "scale", "B", "rm", "rv"}, {"y"});
+                      ModelBuilder::Attr(n, "epsilon", 1e-3f);
+                    }},
+                   1e-3);
+  }
+  CheckGradients({"LayerNormalization axis -1",
+                  {{"X", {3, 2, 5}}, {"scale", {5}, 0.5f, 1.5f}, {"B", {5}}},
+                  {3, 2, 5},
+                  [](ModelBuilder& mb) {
+                    mb.Node("LayerNormalization", {"X", "scale", "B"}, {"y"});
+                  }});
+  CheckGradients({"LayerNormalization axis 1, no B",
+                  {{"X", {3, 2, 5}}, {"scale", {2, 5}, 0.5f, 1.5f}},
+                  {3, 2, 5},
+                  [](ModelBuilder& mb) {
+                    auto& n = mb.Node("LayerNormalization", {"X", "scale"}, {"y"});
+                    ModelBuilder::Attr(n, "axis", int64_t{1});
+                    ModelBuilder::Attr(n, "epsilon", 1e-3f);
+                  }});
+  CheckGradients({"LayerNormalization of long rows",
+                  {{"X", {64, 768}}, {"scale", {768}, 0.5f, 1.5f}, {"B", {768}}},
+                  {64, 768},
+                  [](ModelBuilder& mb) {
+                    mb.Node("LayerNormalization", {"X", "scale", "B"}, {"y"});
+                  }},
+                 1e-3);
+  // Several steps: the mask follows the iteration counter on both devices.
+  ParityOptions p;
+  const Case dropout = Unary("Dropout", {16, 64});
+  ExpectTrainingParity(CaseModel(dropout), Sgd(0.1f), p, 3);
+}
+
 // Several steps of each optimizer on a small two-layer network: the state (parameters,
 // velocities, Adam's moments and its step count, which lives on the device) tracks the CPU's.
 TEST(CudaGradKernelsTest, Optimizers) {

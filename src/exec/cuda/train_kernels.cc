@@ -1,0 +1,396 @@
+// The CUDA device's training kernels beyond grad_kernels.cc: the gradients of the tensor ops
+// (SalusGatherGrad, SalusSliceGrad, SalusConcatGrad, SalusPadGrad, SalusClipGrad,
+// SalusMinMaxGrad of two inputs, SalusPowGrad, SalusUnaryGrad), BatchNormalization's training
+// form and gradient (SalusBatchNormTrain, SalusBatchNormGrad), LayerNormalization's gradient
+// and Dropout's training form and gradient, with the CPU's semantics
+// (cpu_tensor_grad_kernels.cc, cpu_norm_kernels.cc). All hand-written (train_ops.cu), none with
+// atomics (Note [Deterministic gradients] in grad_kernels.cc). The BatchNorm running statistics
+// and Dropout's iteration counter live on the device and are updated there.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "exec/alignment.h"
+#include "exec/cpu_kernel_helpers.h"
+#include "exec/cuda/cuda_kernels.h"
+#include "exec/cuda/cuda_util.h"
+#include "exec/cuda/train_ops_launch.h"
+#include "exec/dnnl_kernel.h"
+#include "exec/shape_inference.h"
+
+namespace salus::exec::cuda {
+namespace {
+
+using KernelOr = StatusOr<std::unique_ptr<Kernel>>;
+
+std::unique_ptr<Kernel> FnKernel(CudaFnKernel::Fn fn, size_t scratch = 0) {
+  return std::make_unique<CudaFnKernel>(std::move(fn), scratch);
+}
+
+const float* F(const void* p) { return static_cast<const float*>(p); }
+float* F(void* p) { return static_cast<float*>(p); }
+float* Out(const KernelArgs& a, size_t i) {
+  return a.outputs.size() > i ? static_cast<float*>(a.outputs[i]) : nullptr;
+}
+
+Status Expect(const Node& n, bool ok, const std::string& what) {
+  return ok ? OkStatus() : InvalidArgumentError(n.Describe() + ": " + what);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-op gradients.
+
+// Inputs (indices, dY); output dData. Attribute axis (normalised).
+KernelOr GatherGrad(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_RETURN_IF_ERROR(Expect(n, n.inputs.size() >= 2 && n.output(0) != kNoValue,
+                               "expects indices, dY and an output"));
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g, {1}));
+  if (g.value(n.inputs[0]).type != DataType::kInt64) {
+    return UnimplementedError(n.Describe() + ": indices must be int64");
+  }
+  const Shape data = g.value(n.outputs[0]).shape;
+  const int64_t axis = n.GetInt("axis", 0);
+  SALUS_RETURN_IF_ERROR(
+      Expect(n, axis >= 0 && axis < static_cast<int64_t>(data.size()), "axis out of range"));
+  GatherGeometry geo;
+  for (int64_t d = 0; d < axis; ++d) geo.outer *= data[d];
+  geo.axis_dim = data[axis];
+  for (size_t d = axis + 1; d < data.size(); ++d) geo.inner *= data[d];
+  geo.count = NumElements(g.value(n.inputs[0]).shape);
+  SALUS_RETURN_IF_ERROR(
+      Expect(n, NumElements(g.value(n.inputs[1]).shape) == geo.outer * geo.count * geo.inner,
+             "dY does not match the gathered shape"));
+  const std::string what = n.Describe();
+  return FnKernel([geo, what](const KernelArgs& a) -> Status {
+    return CudaStatus(LaunchGatherGrad(geo, static_cast<const int64_t*>(a.inputs[0]),
+                                       F(a.inputs[1]), F(a.outputs[0]), StreamOf(a)),
+                      what);
+  });
+}
+
+// Input dY; output dX, zero but for the sliced positions (attributes starts and steps).
+KernelOr SliceGrad(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const Shape x = g.value(n.outputs[0]).shape;
+  const Shape y = g.value(n.inputs[0]).shape;
+  const std::vector<int64_t> starts = n.GetInts("starts"), steps = n.GetInts("steps");
+  SALUS_RETURN_IF_ERROR(
+      Expect(n, starts.size() == x.size() && steps.size() == x.size() && y.size() == x.size(),
+             "starts, steps and dY must match the input's rank"));
+  SliceMap m;
+  if (!MakeSliceMap(x, starts, steps, y, &m)) {
+    return UnimplementedError(n.Describe() + ": slices of more than " +
+                              std::to_string(kMaxIndexDims) + " non-contiguous dims");
+  }
+  const int64_t x_count = NumElements(x);
+  const std::string what = n.Describe();
+  return FnKernel([m, x_count, what](const KernelArgs& a) -> Status {
+    return CudaStatus(LaunchSliceGrad(m, x_count, F(a.inputs[0]), F(a.outputs[0]), StreamOf(a)),
+                      what);
+  });
+}
+
+// Input dY; output dX, the block of dY inside the padding (attribute pads).
+KernelOr PadGrad(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const Shape x = g.value(n.outputs[0]).shape;
+  const Shape y = g.value(n.inputs[0]).shape;
+  const std::vector<int64_t> pads = n.GetInts("pads");
+  SALUS_RETURN_IF_ERROR(Expect(n, pads.size() == 2 * x.size() && y.size() == x.size(),
+                               "pads must have 2*rank entries"));
+  for (size_t d = 0; d < x.size(); ++d) {
+    SALUS_RETURN_IF_ERROR(Expect(
+        n, pads[d] >= 0 && pads[d + x.size()] >= 0 && y[d] == x[d] + pads[d] + pads[d + x.size()],
+        "pads do not match dX and dY"));
+  }
+  const Shape ys = DenseStrides(y);
+  int64_t base = 0;
+  for (size_t d = 0; d < x.size(); ++d) base += pads[d] * ys[d];
+  IndexMap map;
+  if (!MakeIndexMap(x, {ys}, &map)) {
+    return UnimplementedError(n.Describe() + ": more than " + std::to_string(kMaxIndexDims) +
+                              " dims");
+  }
+  const std::string what = n.Describe();
+  return FnKernel([map, base, what](const KernelArgs& a) -> Status {
+    return CudaStatus(LaunchPadGrad(map, base, F(a.inputs[0]), F(a.outputs[0]), StreamOf(a)),
+                      what);
+  });
+}
+
+// Input dY; output k (absent where not needed) the k-th block of `sizes` along `axis`: one
+// strided copy each.
+KernelOr ConcatGrad(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  SALUS_RETURN_IF_ERROR(Expect(n, n.inputs.size() == 1, "expects one input"));
+  const Shape y = g.value(n.inputs[0]).shape;
+  const int64_t axis = n.GetInt("axis", 0);
+  const std::vector<int64_t> sizes = n.GetInts("sizes");
+  SALUS_RETURN_IF_ERROR(
+      Expect(n, axis >= 0 && axis < static_cast<int64_t>(y.size()), "axis out of range"));
+  SALUS_RETURN_IF_ERROR(Expect(n, sizes.size() == n.outputs.size(), "one size per output"));
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  SALUS_RETURN_IF_ERROR(Expect(n, total == y[axis], "sizes do not add up to dY's axis"));
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= y[d];
+  for (size_t d = axis + 1; d < y.size(); ++d) inner *= y[d];
+  const std::string what = n.Describe();
+  return FnKernel([sizes, outer, inner, total, what](const KernelArgs& a) -> Status {
+    const size_t row = total * inner * sizeof(float);
+    size_t offset = 0;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const size_t block = sizes[k] * inner * sizeof(float);
+      if (k < a.outputs.size() && a.outputs[k] != nullptr && block > 0 && outer > 0) {
+        SALUS_CUDA_RETURN(
+            cudaMemcpy2DAsync(a.outputs[k], block, static_cast<const char*>(a.inputs[0]) + offset,
+                              row, block, outer, cudaMemcpyDeviceToDevice, StreamOf(a)),
+            what + ": block " + std::to_string(k));
+      }
+      offset += block;
+    }
+    return OkStatus();
+  });
+}
+
+// Inputs (X, min or none, max or none, dY); outputs dX, dMin, dMax (each absent where not
+// needed). Before opset 11 the bounds are the attributes min and max.
+KernelOr ClipGrad(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_RETURN_IF_ERROR(
+      Expect(n, n.inputs.size() == 4 && n.outputs.size() == 3, "expects 4 inputs and 3 outputs"));
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const int64_t count = NumElements(g.value(n.inputs[0]).shape);
+  SALUS_RETURN_IF_ERROR(
+      Expect(n, NumElements(g.value(n.inputs[3]).shape) == count, "dY does not match X"));
+  for (size_t i = 1; i < 3; ++i) {
+    if (n.inputs[i] == kNoValue) {
+      SALUS_RETURN_IF_ERROR(Expect(n, n.outputs[i] == kNoValue, "gradient of an absent bound"));
+      continue;
+    }
+    SALUS_RETURN_IF_ERROR(
+        Expect(n, NumElements(g.value(n.inputs[i]).shape) == 1, "min and max must be scalars"));
+  }
+  const float lo = n.GetFloat("min", -std::numeric_limits<float>::infinity());
+  const float hi = n.GetFloat("max", std::numeric_limits<float>::infinity());
+  const std::string what = n.Describe();
+  return FnKernel([count, lo, hi, what](const KernelArgs& a) -> Status {
+    return CudaStatus(LaunchClipGrad(count, F(a.inputs[0]), F(a.inputs[1]), lo, F(a.inputs[2]),
+                                     hi, F(a.inputs[3]), Out(a, 0), Out(a, 1), Out(a, 2),
+                                     StreamOf(a)),
+                      what);
+  });
+}
+
+// Inputs (X_0, X_1, dY); output (in Y's shape) dY where input `input` is the first to attain
+// the min or max (forward_op), 0 elsewhere. Two inputs only on this device.
+KernelOr MinMaxGrad(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  if (n.inputs.size() != 3) {
+    return UnimplementedError(n.Describe() + ": the gradient of Min/Max of " +
+                              std::to_string(n.inputs.size() - 1) +
+                              " inputs on cuda (two are supported)");
+  }
+  const int which = static_cast<int>(n.GetInt("input", 0));
+  SALUS_RETURN_IF_ERROR(Expect(n, which == 0 || which == 1, "input out of range"));
+  const bool is_max = n.GetString("forward_op", "") == "Max";
+  const Shape out = g.value(n.outputs[0]).shape;
+  SALUS_RETURN_IF_ERROR(
+      Expect(n, g.value(n.inputs[2]).shape == out, "dY does not have the output's shape"));
+  IndexMap map;
+  if (!MakeIndexMap(out, {BroadcastStrides(g.value(n.inputs[0]).shape, out),
+                          BroadcastStrides(g.value(n.inputs[1]).shape, out)},
+                    &map)) {
+    return UnimplementedError(n.Describe() + ": more than " + std::to_string(kMaxIndexDims) +
+                              " dims");
+  }
+  const std::string what = n.Describe();
+  return FnKernel([map, is_max, which, what](const KernelArgs& a) -> Status {
+    return CudaStatus(LaunchMinMaxGrad(map, is_max, which, F(a.inputs[0]), F(a.inputs[1]),
+                                       F(a.inputs[2]), F(a.outputs[0]), StreamOf(a)),
+                      what);
+  });
+}
+
+// Inputs (X, E, dY); output (in Y's shape) dY times d(X^E)/d(input `input`). E may be int64.
+KernelOr PowGrad(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_RETURN_IF_ERROR(Expect(n, n.inputs.size() == 3, "expects X, E and dY"));
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g, {0, 2}));
+  const DataType et = g.value(n.inputs[1]).type;
+  if (et != DataType::kFloat32 && et != DataType::kInt64) {
+    return UnimplementedError(n.Describe() + ": exponent of type " + DataTypeName(et));
+  }
+  const bool wrt_exponent = n.GetInt("input", 0) == 1;
+  const Shape out = g.value(n.outputs[0]).shape;
+  SALUS_RETURN_IF_ERROR(
+      Expect(n, g.value(n.inputs[2]).shape == out, "dY does not have the output's shape"));
+  IndexMap map;
+  if (!MakeIndexMap(out, {BroadcastStrides(g.value(n.inputs[0]).shape, out),
+                          BroadcastStrides(g.value(n.inputs[1]).shape, out)},
+                    &map)) {
+    return UnimplementedError(n.Describe() + ": more than " + std::to_string(kMaxIndexDims) +
+                              " dims");
+  }
+  const bool p_int64 = et == DataType::kInt64;
+  const std::string what = n.Describe();
+  return FnKernel([map, wrt_exponent, p_int64, what](const KernelArgs& a) -> Status {
+    return CudaStatus(LaunchPowGrad(map, wrt_exponent, F(a.inputs[0]), a.inputs[1], p_int64,
+                                    F(a.inputs[2]), F(a.outputs[0]), StreamOf(a)),
+                      what);
+  });
+}
+
+// Inputs (X, dY); output dX of Erf, Gelu (attribute approximate) or Reciprocal (forward_op).
+KernelOr UnaryGradK(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const std::string fwd = n.GetString("forward_op", "");
+  UnaryGradOp op;
+  if (fwd == "Erf") {
+    op = UnaryGradOp::kErf;
+  } else if (fwd == "Reciprocal") {
+    op = UnaryGradOp::kReciprocal;
+  } else if (fwd == "Gelu") {
+    const std::string approximate = n.GetString("approximate", "none");
+    if (approximate != "none" && approximate != "tanh") {
+      return InvalidArgumentError(n.Describe() + ": approximate must be 'none' or 'tanh'");
+    }
+    op = approximate == "tanh" ? UnaryGradOp::kGeluTanh : UnaryGradOp::kGeluErf;
+  } else {
+    return UnimplementedError(n.Describe() + ": no gradient kernel for " + fwd);
+  }
+  const int64_t count = NumElements(g.value(n.inputs[0]).shape);
+  SALUS_RETURN_IF_ERROR(
+      Expect(n, NumElements(g.value(n.inputs[1]).shape) == count, "dY does not match X"));
+  const std::string what = n.Describe();
+  return FnKernel([op, count, what](const KernelArgs& a) -> Status {
+    return CudaStatus(
+        LaunchUnaryGrad(op, F(a.inputs[0]), F(a.inputs[1]), F(a.outputs[0]), count, StreamOf(a)),
+        what);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Normalisation and dropout in training.
+
+BnGeometry BnGeometryOf(const Shape& x) {
+  BnGeometry geo;
+  geo.n = x[0];
+  geo.c = x[1];
+  for (size_t d = 2; d < x.size(); ++d) geo.s *= x[d];
+  return geo;
+}
+
+// Inputs (X, scale, B, running_mean, running_var); outputs (Y, batch mean, batch variance,
+// optional copies of the updated running statistics).
+KernelOr BatchNormTrain(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const Shape& x = g.value(n.inputs[0]).shape;
+  SALUS_RETURN_IF_ERROR(Expect(n, x.size() >= 2 && n.inputs.size() == 5 &&
+                                      n.outputs.size() >= 3,
+                               "expects X of rank 2 or more, 5 inputs and 3 outputs"));
+  const BnGeometry geo = BnGeometryOf(x);
+  const float eps = n.GetFloat("epsilon", 1e-5f);
+  const float momentum = n.GetFloat("momentum", 0.9f);
+  const int64_t m = geo.n * geo.s;
+  const float unbias = static_cast<float>(m) / static_cast<float>(std::max<int64_t>(m - 1, 1));
+  const std::string what = n.Describe();
+  return FnKernel([geo, eps, momentum, unbias, what](const KernelArgs& a) -> Status {
+    return CudaStatus(LaunchBnTrain(geo, eps, momentum, unbias, F(a.inputs[0]), F(a.inputs[1]),
+                                    F(a.inputs[2]), F(a.inputs[3]), F(a.inputs[4]), Out(a, 0),
+                                    Out(a, 1), Out(a, 2), Out(a, 3), Out(a, 4), StreamOf(a)),
+                      what);
+  });
+}
+
+// Inputs (X, scale, batch mean, batch variance, dY); outputs (dX, dScale, dBias).
+KernelOr BatchNormGrad(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const Shape& x = g.value(n.inputs[0]).shape;
+  SALUS_RETURN_IF_ERROR(
+      Expect(n, x.size() >= 2 && n.inputs.size() == 5, "expects X of rank 2 or more, 5 inputs"));
+  const BnGeometry geo = BnGeometryOf(x);
+  const float eps = n.GetFloat("epsilon", 1e-5f);
+  const std::string what = n.Describe();
+  return FnKernel([geo, eps, what](const KernelArgs& a) -> Status {
+    return CudaStatus(LaunchBnGrad(geo, eps, F(a.inputs[0]), F(a.inputs[1]), F(a.inputs[2]),
+                                   F(a.inputs[3]), F(a.inputs[4]), Out(a, 0), Out(a, 1),
+                                   Out(a, 2), StreamOf(a)),
+                      what);
+  });
+}
+
+// Inputs (X, Scale, dY); outputs (dX, dScale, dBias?). Scratch: each row's mean and 1/std.
+KernelOr LayerNormGrad(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  SALUS_ASSIGN_OR_RETURN(LayerNormSpec s, LayerNormFor(g, n));
+  const std::string what = n.Describe();
+  return FnKernel(
+      [s, what](const KernelArgs& a) -> Status {
+        return CudaStatus(LaunchLayerNormGrad(s.outer, s.inner, s.epsilon, F(a.inputs[0]),
+                                              F(a.inputs[1]), F(a.inputs[2]), Out(a, 0),
+                                              Out(a, 1), Out(a, 2), F(a.scratch), StreamOf(a)),
+                          what);
+      },
+      AlignUp(2 * s.outer * sizeof(float)));
+}
+
+// Inputs (X, iteration counter: int64 in persistent memory); outputs (Y, bool mask).
+KernelOr DropoutTrain(const Node& n, const Graph& g, DeviceContext*) {
+  if (g.value(n.inputs[0]).type != DataType::kFloat32 ||
+      g.value(n.outputs[0]).type != DataType::kFloat32 ||
+      g.value(n.inputs[1]).type != DataType::kInt64 || n.output(1) == kNoValue ||
+      g.value(n.outputs[1]).type != DataType::kBool) {
+    return UnimplementedError(n.Describe() +
+                              ": expects float data, an int64 counter and a bool mask");
+  }
+  const int64_t count = NumElements(g.value(n.inputs[0]).shape);
+  const float ratio = n.GetFloat("ratio", 0.5f);
+  const uint64_t seed = static_cast<uint64_t>(n.GetInt("seed", 0));
+  const uint64_t stream_id = static_cast<uint64_t>(n.GetInt("stream", 0));
+  const std::string what = n.Describe();
+  return FnKernel([count, ratio, seed, stream_id, what](const KernelArgs& a) -> Status {
+    return CudaStatus(LaunchDropoutTrain(count, ratio, seed, stream_id, F(a.inputs[0]),
+                                         static_cast<int64_t*>(a.inputs[1]), F(a.outputs[0]),
+                                         static_cast<bool*>(a.outputs[1]), StreamOf(a)),
+                      what);
+  });
+}
+
+// Inputs (dY, mask); output dX = dY * mask / (1 - ratio).
+KernelOr DropoutGrad(const Node& n, const Graph& g, DeviceContext*) {
+  const int64_t count = NumElements(g.value(n.inputs[0]).shape);
+  const float scale = DropoutScale(n.GetFloat("ratio", 0.5f));
+  const std::string what = n.Describe();
+  return FnKernel([count, scale, what](const KernelArgs& a) -> Status {
+    return CudaStatus(LaunchDropoutGrad(count, scale, F(a.inputs[0]),
+                                        static_cast<const bool*>(a.inputs[1]), F(a.outputs[0]),
+                                        StreamOf(a)),
+                      what);
+  });
+}
+
+}  // namespace
+
+void RegisterTrainKernels(KernelRegistry* registry) {
+  const DeviceType cuda = DeviceType::kCuda;
+  registry->Register("SalusGatherGrad", cuda, KernelFactory(&GatherGrad));
+  registry->Register("SalusSliceGrad", cuda, KernelFactory(&SliceGrad));
+  registry->Register("SalusConcatGrad", cuda, KernelFactory(&ConcatGrad));
+  registry->Register("SalusPadGrad", cuda, KernelFactory(&PadGrad));
+  registry->Register("SalusClipGrad", cuda, KernelFactory(&ClipGrad));
+  registry->Register("SalusMinMaxGrad", cuda, KernelFactory(&MinMaxGrad));
+  registry->Register("SalusPowGrad", cuda, KernelFactory(&PowGrad));
+  registry->Register("SalusUnaryGrad", cuda, KernelFactory(&UnaryGradK));
+  registry->Register("SalusBatchNormTrain", cuda, KernelFactory(&BatchNormTrain));
+  registry->Register("SalusBatchNormGrad", cuda, KernelFactory(&BatchNormGrad));
+  registry->Register("SalusLayerNormGrad", cuda, KernelFactory(&LayerNormGrad));
+  registry->Register("SalusDropoutTrain", cuda, KernelFactory(&DropoutTrain));
+  registry->Register("SalusDropoutGrad", cuda, KernelFactory(&DropoutGrad));
+}
+
+}  // namespace salus::exec::cuda
