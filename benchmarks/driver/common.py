@@ -252,7 +252,8 @@ def write_report(out: Path, title: str, args: argparse.Namespace, sections: list
         f"# {title}",
         "",
         f"Run {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} on "
-        f"{os.cpu_count()} CPU cores (the CPU device); wall time {wall_s:.1f} s.",
+        f"{os.cpu_count()} CPU cores, device {getattr(args, 'device', 'cpu')}; wall time "
+        f"{wall_s:.1f} s.",
         "",
         "Parameters: " + ", ".join(f"`{k}={v}`" for k, v in params.items()),
         "",
