@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
       "fetch", po::value(&fetch), "output to fetch in inference")(
       "profile", "print seconds per op type to stderr")(
       "no-fuse", "inference: skip the graph rewrites of exec/fusion.h")(
+      "no-graphs", "launch kernel by kernel (no device graph replay on CUDA)")(
       "tf-graph", "the model is a TensorFlow GraphDef")("device", po::value(&device_name),
                                                         "cpu (default), cuda or cuda:N")(
       "warmup", po::value(&warmup), "untimed iterations")("iters", po::value(&iters),
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
   }
   o.device = *device;
   o.fuse = vm.count("no-fuse") == 0;
+  o.device_graphs = vm.count("no-graphs") == 0;
   for (const std::string& spec : inputs) {
     const size_t eq = spec.find('=');
     if (eq == std::string::npos) {
@@ -120,7 +122,10 @@ int main(int argc, char** argv) {
                         {"median_ms", times[times.size() / 2]},
                         {"min_ms", times.front()},
                         {"persistent_bytes", x.persistent_bytes()},
-                        {"ephemeral_bytes", x.ephemeral_bytes()}};
+                        {"ephemeral_bytes", x.ephemeral_bytes()},
+                        {"graph_replays", x.graph_stats().replays},
+                        {"graph_captures", x.graph_stats().captures},
+                        {"graphs_off", x.graph_stats().off}};
   std::cout << out.dump() << "\n";
   return 0;
 }

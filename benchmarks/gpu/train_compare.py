@@ -7,11 +7,13 @@ Per reference model (benchmarks/models) and batch, the median milliseconds of on
 step after warm-up, from host feeds to the loss on the host:
 
   engine   salus-exec-bench --train loss --device D: the training executable in-process (its
-           forward, backward and SGD update, lr 0.01), the feeds copied in, the loss copied out;
+           forward, backward and SGD update, lr 0.01, momentum 0.9), the feeds copied in, the
+           loss copied out; its kernels replayed as one device graph, and again launched one
+           by one (--no-graphs): the difference is the launch time the graph saves;
   PyTorch  the same architecture and loss as a torch module holding the ONNX file's
            initializers (compare.py's modules), cuDNN on, TF32 off: the feeds moved to the
-           device, zero_grad, forward, loss, backward, torch.optim.SGD(lr=0.01).step(), and
-           loss.item().
+           device, zero_grad, forward, loss, backward, torch.optim.SGD(lr=0.01,
+           momentum=0.9).step(), and loss.item().
 
 Target: engine/PyTorch <= 1.1. Writes gpu-train-<device>.json and .md under --out (default
 $OUT when set, else results/). `--device cpu` runs both on the CPU (a smoke check).
@@ -48,11 +50,11 @@ from compare import (  # noqa: E402
 )
 
 TARGET = 1.1
-LR = 0.01  # salus-exec-bench's default optimizer: SGD at 0.01, no momentum
+LR, MOMENTUM = 0.01, 0.9  # salus-exec-bench's optimizer for --train
 
 
-def engine_ms(args: argparse.Namespace, model: str, batch: int,
-              profile: bool = False) -> dict[str, Any]:
+def engine_ms(args: argparse.Namespace, model: str, batch: int, profile: bool = False,
+              graphs: bool = True) -> dict[str, Any]:
     cmd = [str(args.bin / "salus-exec-bench"), "--model", str(MODELS_DIR / f"{model}.onnx"),
            "--device", args.device, "--train", "loss", "--warmup", str(args.warmup),
            "--iters", str(args.iters)]
@@ -60,6 +62,8 @@ def engine_ms(args: argparse.Namespace, model: str, batch: int,
         cmd += ["--input", f"{name}={','.join(str(d) for d in shape)}"]
     if profile:
         cmd.append("--profile")
+    if not graphs:
+        cmd.append("--no-graphs")
     r = subprocess.run(cmd, capture_output=True, text=True, env=salus_env(), timeout=600)
     if r.returncode != 0:
         return {"error": (r.stderr.strip() or f"exit {r.returncode}").splitlines()[-1]}
@@ -96,7 +100,7 @@ def torch_ms(tb: TorchBench, model: str, feeds: dict[str, np.ndarray], warmup: i
     m = torch_module(model)
     load_onnx_weights(m, model)
     m = m.to(tb.dev).train()
-    opt = torch.optim.SGD(m.parameters(), lr=LR)
+    opt = torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM)
     host = {n: torch.from_numpy(v) for n, v in feeds.items()}
 
     def step() -> float:
@@ -120,18 +124,24 @@ def torch_ms(tb: TorchBench, model: str, feeds: dict[str, np.ndarray], warmup: i
 
 def markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
     lines = [f"# GPU benchmark: training on {env['device']} ({env.get('device_name', '?')})", "",
-             f"Median ms per training step (SGD, lr {LR}) after {env['warmup']} warm-up, of "
+             f"Median ms per training step (SGD, lr {LR}, momentum {MOMENTUM}) after "
+             f"{env['warmup']} warm-up, of "
              f"{env['iters']}; host feeds to the loss on the host. Target: engine/PyTorch <= "
              f"{TARGET}.", "", f"- torch: {env['torch']}", "",
-             "| model | batch | engine | PyTorch | engine/PyTorch | P (MiB) | E (MiB) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | batch | engine | engine, no graphs | saved by the graph | PyTorch "
+             "| engine/PyTorch | no graphs/PyTorch | P (MiB) | E (MiB) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         p = r.get("P_bytes")
         e = r.get("E_bytes")
+        saved = (r["engine_no_graphs_ms"] - r["engine_ms"]
+                 if "engine_no_graphs_ms" in r and "engine_ms" in r else None)
         lines.append(
             f"| {r['model']} | {r['batch']} | {cell(r.get('engine_ms', r.get('engine_error')))} "
+            f"| {cell(r.get('engine_no_graphs_ms'))} | {cell(saved)} "
             f"| {cell(r.get('torch_ms', r.get('torch_error')))} "
             f"| {cell(r.get('engine_vs_torch'), 2)} "
+            f"| {cell(ratio(r.get('engine_no_graphs_ms'), r.get('torch_ms')), 2)} "
             f"| {cell(p / 2**20 if p else None, 2)} | {cell(e / 2**20 if e else None, 2)} |")
     profiled = [r for r in rows if r.get("profile")]
     if profiled:
@@ -182,6 +192,10 @@ def main() -> int:
             else:
                 row["engine_ms"] = r["median_ms"]
                 row["P_bytes"], row["E_bytes"] = r["persistent_bytes"], r["ephemeral_bytes"]
+            nog = engine_ms(args, model, batch, graphs=False)
+            if "error" not in nog:
+                row["engine_no_graphs_ms"] = nog["median_ms"]
+            row["graph_replays"] = r.get("graph_replays")
             if args.profile and "error" not in r:
                 prof = engine_ms(args, model, batch, profile=True).get("profile", [])
                 row["profile"] = prof

@@ -18,10 +18,24 @@
 // moved to the device asynchronously on the stream. Fetches come back the same way. An
 // iteration ends with its stream synchronised, so the staging buffer and the lane are free
 // when Run returns and the lane may move (DESIGN.md, invariants 3 and 4).
+//
+// Note [Device graphs]: on CUDA an executable records the kernels of its iteration once, as a
+// CUDA graph captured from its stream (Capture), and from then on launches the graph (one call)
+// instead of its kernels one by one. A graph holds the addresses it was captured with, so it
+// is replayed only while the persistent base and the lane's base are the ones it was captured
+// at; when either moved (paging, a lane relocated or another lane), the iteration is captured
+// again and the executable graph updated in place (cudaGraphExecUpdate: same kernels, new
+// parameters), or replaced where the update is refused. Feeds and fetches stay outside the
+// graph, as ordinary copies on the stream. Kernels only queue work on the stream, so capturing
+// them changes nothing in what they compute: a replay gives the results of a launch, bit for
+// bit. A capture that fails (a library call that cannot be captured) turns graphs off for that
+// executable, which then launches kernel by kernel.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -59,6 +73,16 @@ struct DeviceContext {
   // Pinned host memory for feeds and fetches (Note [Staging]); grown by Staging().
   std::byte* staging = nullptr;
   size_t staging_bytes = 0;
+};
+
+// An iteration's recorded work (Note [Device graphs]).
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+  // Queues the recorded work on ctx's stream.
+  virtual Status Launch(DeviceContext* ctx) = 0;
+  // Whether the Capture that returned it updated an earlier graph in place.
+  bool updated = false;
 };
 
 // The runtime of one device: contexts, copies and (for tools and tests) plain allocations.
@@ -100,6 +124,16 @@ class DeviceRuntime {
   // Aligned to kAlignment.
   virtual StatusOr<std::byte*> Allocate(size_t bytes) = 0;
   virtual void Free(std::byte* ptr) = 0;
+
+  // Records what `enqueue` queues on ctx's stream, without running it, as a graph to launch;
+  // with `previous`, updates that graph in place when it can (Note [Device graphs]).
+  // Unimplemented on devices without graphs (the CPU).
+  virtual StatusOr<std::unique_ptr<DeviceGraph>> Capture(DeviceContext* ctx,
+                                                         const std::function<Status()>& enqueue,
+                                                         std::unique_ptr<DeviceGraph> previous) {
+    return UnimplementedError(device().name() + " has no device graphs");
+  }
+  virtual bool supports_graphs() const { return false; }
 };
 
 // The CUDA runtime of GPU `ordinal` (exec/cuda/cuda_runtime.cc); only in CUDA builds.

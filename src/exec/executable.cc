@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/logging.h"
 #include "common/thread_annotations.h"
 #include "exec/alignment.h"
 #include "exec/aten_importer.h"
@@ -262,6 +263,7 @@ Status Executable::Build(const CompileOptions& options) {
   device_ = options.device;
   SALUS_ASSIGN_OR_RETURN(runtime_, DeviceRuntime::For(device_));
   profile_ = options.profile;
+  device_graphs_ = options.device_graphs && runtime_->supports_graphs();
   max_ephemeral_bytes_ = options.max_ephemeral_bytes;
   lane_.bandwidth = options.swap_bandwidth > 0         ? options.swap_bandwidth
                     : device_.type == DeviceType::kCpu ? kCpuSwapBytesPerSecond
@@ -734,38 +736,50 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
   args.ctx = ctx;
   args.inputs.reserve(max_arity_);
   args.outputs.reserve(max_arity_);
-  for (size_t s = 0; s < steps_.size(); ++s) {
-    const Step& step = *steps_[s];
-    if (swapping) {
-      Status st = SwapAtBoundary(ctx, swap_schedule_[s], lane, swap_host);
+  auto enqueue_steps = [&]() -> Status {
+    for (size_t s = 0; s < steps_.size(); ++s) {
+      const Step& step = *steps_[s];
+      if (swapping) {
+        Status st = SwapAtBoundary(ctx, swap_schedule_[s], lane, swap_host);
+        if (!st.ok()) {
+          runtime_->Synchronize(ctx).IgnoreError();
+          return st.WithContext("swapping before " + step.node);
+        }
+      }
+      args.inputs.clear();
+      args.outputs.clear();
+      for (const Location& l : step.inputs) args.inputs.push_back(Resolve(l, persistent, lane));
+      for (const Location& l : step.outputs) args.outputs.push_back(Resolve(l, persistent, lane));
+      args.scratch = Resolve(step.scratch, persistent, lane);
+      const auto start =
+          profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+      std::optional<ScopedThreads> threads;
+      if (step.threads > 0) threads.emplace(step.threads);
+      Status st = step.kernel->Run(args);
+      threads.reset();
+      if (profile_) {
+        if (staged && st.ok()) st = runtime_->Synchronize(ctx);  // time the work, not the launch
+        step.nanos += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
+      }
       if (!st.ok()) {
+        // Leave nothing queued behind an error: the lane must be idle when Run returns. The
+        // kernel's own error is the one to report.
         runtime_->Synchronize(ctx).IgnoreError();
-        return st.WithContext("swapping before " + step.node);
+        return st.WithContext(step.node);
       }
     }
-    args.inputs.clear();
-    args.outputs.clear();
-    for (const Location& l : step.inputs) args.inputs.push_back(Resolve(l, persistent, lane));
-    for (const Location& l : step.outputs) args.outputs.push_back(Resolve(l, persistent, lane));
-    args.scratch = Resolve(step.scratch, persistent, lane);
-    const auto start =
-        profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    std::optional<ScopedThreads> threads;
-    if (step.threads > 0) threads.emplace(step.threads);
-    Status st = step.kernel->Run(args);
-    threads.reset();
-    if (profile_) {
-      if (staged && st.ok()) st = runtime_->Synchronize(ctx);  // time the work, not the launch
-      step.nanos += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::steady_clock::now() - start)
-                        .count();
-    }
+    return OkStatus();
+  };
+  if (device_graphs_ && !graphs_off_ && !swapping && !profile_) {
+    Status st = LaunchGraph(ctx, persistent, lane, enqueue_steps);
     if (!st.ok()) {
-      // Leave nothing queued behind an error: the lane must be idle when Run returns. The
-      // kernel's own error is the one to report.
       runtime_->Synchronize(ctx).IgnoreError();
-      return st.WithContext(step.node);
+      return st;
     }
+  } else {
+    SALUS_RETURN_IF_ERROR(enqueue_steps());
   }
 
   if (swapping && copier_) {
@@ -799,6 +813,37 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
     }
   }
   return OkStatus();
+}
+
+// Note [Device graphs] in device.h.
+Status Executable::LaunchGraph(DeviceContext* ctx, std::byte* persistent, std::byte* lane,
+                               const std::function<Status()>& enqueue) const {
+  if (device_graph_ == nullptr || graph_persistent_ != persistent || graph_lane_ != lane) {
+    auto captured = runtime_->Capture(ctx, enqueue, std::move(device_graph_));
+    device_graph_.reset();
+    if (!captured.ok()) {
+      graphs_off_ = true;
+      logging::Get("exec")->warn("{}: device graphs off for this executable: {}", device_.name(),
+                                 captured.status().ToString());
+      return enqueue();
+    }
+    device_graph_ = std::move(*captured);
+    (device_graph_->updated ? graph_updates_ : graph_captures_)++;
+    device_graph_->updated = false;
+    graph_persistent_ = persistent;
+    graph_lane_ = lane;
+  }
+  graph_replays_++;
+  return device_graph_->Launch(ctx);
+}
+
+GraphStats Executable::graph_stats() const {
+  GraphStats s;
+  s.captures = graph_captures_.load();
+  s.updates = graph_updates_.load();
+  s.replays = graph_replays_.load();
+  s.off = graphs_off_.load();
+  return s;
 }
 
 StatusOr<HostTensor> Executable::ReadPersistent(const std::byte* persistent,

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -80,6 +81,17 @@ struct CompileOptions {
   // Bytes/s of the host<->device copy path the swap planner assumes; 0: the device's default.
   double swap_bandwidth = 0;
   SwapCopies swap_copies = SwapCopies::kAuto;  // the CPU device; a GPU uses its stream
+  // On a device that has them (CUDA), replay the iteration's kernels as one captured graph
+  // (Note [Device graphs] in device.h). Not while swapping or profiling.
+  bool device_graphs = true;
+};
+
+// What the device graph of an executable has done (Note [Device graphs]).
+struct GraphStats {
+  uint64_t captures = 0;  // instantiated from a capture
+  uint64_t updates = 0;   // captured again and updated in place (a base moved)
+  uint64_t replays = 0;   // iterations launched as the graph
+  bool off = false;       // a capture failed: kernel by kernel from then on
 };
 
 struct TensorInfo {
@@ -139,6 +151,7 @@ class Executable {
   // nothing; each next one needs a strictly smaller lane and is expected to take longer. An
   // inference executable (or a model with nothing to swap) has only the first. Valid until
   // ReplanSwaps.
+  GraphStats graph_stats() const;
   const std::vector<SwapPoint>& SwapPoints() const { return swap_points_; }
   size_t selected_swap_point() const { return swap_point_; }
   // Runs later iterations at SwapPoints()[i]; ephemeral_bytes() becomes its E, so the lane
@@ -226,6 +239,17 @@ class Executable {
   bool profile_ = false;
   mutable std::atomic<int64_t> profiled_runs_{0};  // Runs that added to Step::nanos
   mutable std::atomic<bool> running_{false};
+
+  // Note [Device graphs]: the captured iteration, the bases it was captured at, and what it
+  // did. Touched only by the one Run in progress (running_); the counters are read by others.
+  bool device_graphs_ = false;
+  mutable std::unique_ptr<DeviceGraph> device_graph_;
+  mutable std::byte* graph_persistent_ = nullptr;
+  mutable std::byte* graph_lane_ = nullptr;
+  mutable std::atomic<bool> graphs_off_{false};
+  mutable std::atomic<uint64_t> graph_captures_{0}, graph_updates_{0}, graph_replays_{0};
+  Status LaunchGraph(DeviceContext* ctx, std::byte* persistent, std::byte* lane,
+                     const std::function<Status()>& enqueue) const;
 
   // Swapping (Note [Swapping in the executable]). The lane's buffers as the swap planner sees
   // them (values, then kernels' scratch), with each buffer's value or scratch step.

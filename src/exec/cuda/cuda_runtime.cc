@@ -21,6 +21,23 @@ using cuda::CublasStatus;
 using cuda::CudaStatus;
 using cuda::CudnnStatus;
 
+// A captured iteration, instantiated (Note [Device graphs]).
+class CudaGraph final : public DeviceGraph {
+ public:
+  explicit CudaGraph(std::string device) : device_(std::move(device)) {}
+  ~CudaGraph() override {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+  }
+  Status Launch(DeviceContext* ctx) override {
+    return CudaStatus(cudaGraphLaunch(exec_, ctx->stream),
+                      device_ + ": launching the iteration's graph");
+  }
+  cudaGraphExec_t exec_ = nullptr;
+
+ private:
+  std::string device_;
+};
+
 class CudaRuntime final : public DeviceRuntime {
  public:
   explicit CudaRuntime(int ordinal) : ordinal_(ordinal) {}
@@ -50,6 +67,10 @@ class CudaRuntime final : public DeviceRuntime {
     return CudaStatus(cudaStreamSynchronize(ctx->stream), name() + ": the iteration's kernels");
   }
   Status CheckHealth() override;
+  bool supports_graphs() const override { return true; }
+  StatusOr<std::unique_ptr<DeviceGraph>> Capture(DeviceContext* ctx,
+                                                 const std::function<Status()>& enqueue,
+                                                 std::unique_ptr<DeviceGraph> previous) override;
   uint64_t reserved_bytes() const override { return reserved_.load(); }
   StatusOr<std::byte*> Allocate(size_t bytes) override {
     SALUS_RETURN_IF_ERROR(SetDevice());
@@ -189,6 +210,40 @@ void CudaRuntime::Release(DeviceContext* ctx, bool high_priority) {
   cudaGetLastError();
   std::lock_guard<std::mutex> lock(mu_);
   free_[high_priority ? 1 : 0].push_back(ctx);
+}
+
+// Thread-local capture: other threads' work (other lanes, allocations) neither joins this
+// graph nor invalidates it.
+StatusOr<std::unique_ptr<DeviceGraph>> CudaRuntime::Capture(
+    DeviceContext* ctx, const std::function<Status()>& enqueue,
+    std::unique_ptr<DeviceGraph> previous) {
+  SALUS_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal),
+                 name() + ": starting a graph capture"));
+  const Status queued = enqueue();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(ctx->stream, &graph);
+  struct Owned {
+    cudaGraph_t g;
+    ~Owned() {
+      if (g != nullptr) cudaGraphDestroy(g);
+    }
+  } owned{graph};
+  SALUS_RETURN_IF_ERROR(queued.WithContext(name() + ": capturing the iteration"));
+  SALUS_RETURN_IF_ERROR(CudaStatus(ended, name() + ": ending a graph capture"));
+  if (previous != nullptr) {
+    auto* prev = static_cast<CudaGraph*>(previous.get());
+    cudaGraphExecUpdateResultInfo info;
+    if (cudaGraphExecUpdate(prev->exec_, graph, &info) == cudaSuccess) {
+      previous->updated = true;
+      return previous;
+    }
+    cudaGetLastError();  // the refusal is not sticky: instantiate instead
+  }
+  auto fresh = std::make_unique<CudaGraph>(name());
+  SALUS_RETURN_IF_ERROR(CudaStatus(cudaGraphInstantiate(&fresh->exec_, graph, 0),
+                                   name() + ": instantiating the iteration's graph"));
+  return std::unique_ptr<DeviceGraph>(std::move(fresh));
 }
 
 Status CudaRuntime::CheckHealth() {
