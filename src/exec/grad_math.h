@@ -46,11 +46,11 @@ inline bool EltwiseGradOpFor(const std::string& forward, float leaky_alpha, floa
     EltwiseGradOp op;
   };
   static constexpr Entry kOps[] = {
-      {"Relu", EltwiseGradOp::kRelu}, {"LeakyRelu", EltwiseGradOp::kRelu},
+      {"Relu", EltwiseGradOp::kRelu},       {"LeakyRelu", EltwiseGradOp::kRelu},
       {"Sigmoid", EltwiseGradOp::kSigmoid}, {"Tanh", EltwiseGradOp::kTanh},
-      {"Exp", EltwiseGradOp::kExp},   {"Log", EltwiseGradOp::kLog},
-      {"Sqrt", EltwiseGradOp::kSqrt}, {"Abs", EltwiseGradOp::kAbs},
-      {"Elu", EltwiseGradOp::kElu},   {"Softplus", EltwiseGradOp::kSoftplus}};
+      {"Exp", EltwiseGradOp::kExp},         {"Log", EltwiseGradOp::kLog},
+      {"Sqrt", EltwiseGradOp::kSqrt},       {"Abs", EltwiseGradOp::kAbs},
+      {"Elu", EltwiseGradOp::kElu},         {"Softplus", EltwiseGradOp::kSoftplus}};
   for (const Entry& e : kOps) {
     if (forward == e.name) {
       *op = e.op;
@@ -189,7 +189,7 @@ SALUS_HD void SgdStep(const SgdHyper& h, float lr, float* p, const float* grad, 
 
 struct AdamHyper {
   float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;
-  float weight_decay = 0.f;           // L2, added to the gradient (torch.optim.Adam)
+  float weight_decay = 0.f;            // L2, added to the gradient (torch.optim.Adam)
   float decoupled_weight_decay = 0.f;  // p -= lr * wd * p first (torch.optim.AdamW)
   bool decoupled = false;
 };

@@ -26,7 +26,6 @@ inline constexpr size_t kMaxConvWorkspaceBytes = size_t{256} << 20;
 inline constexpr float kOne = 1.f;
 inline constexpr float kZero = 0.f;
 
-
 Status RequireCudnn(const Node& n, const DeviceContext* ctx);
 
 // Describes a packed float tensor. cuDNN's legacy descriptors hold int strides, so tensors of

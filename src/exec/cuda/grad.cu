@@ -90,8 +90,8 @@ __global__ void SceWeightSumKernel(SceSpec s, const int64_t* __restrict__ labels
 }
 
 __global__ void SceGradKernel(SceSpec s, const float* __restrict__ logp,
-                              const int64_t* __restrict__ labels,
-                              const float* __restrict__ weights, const float* __restrict__ dloss,
+                              const int64_t* __restrict__ labels, const float* __restrict__ weights,
+                              const float* __restrict__ dloss,
                               const double* __restrict__ weight_sum, float* __restrict__ dx,
                               int64_t count) {
   const double wsum = *weight_sum;
@@ -193,8 +193,8 @@ cudaError_t LaunchDepthToSpaceGrad(const DepthToSpaceGeometry& g, const float* d
 }
 
 cudaError_t LaunchSceGrad(const SceSpec& s, const float* scores, const int64_t* labels,
-                          const float* weights, const float* dloss, float* logp,
-                          double* weight_sum, float* dx, cudaStream_t stream) {
+                          const float* weights, const float* dloss, float* logp, double* weight_sum,
+                          float* dx, cudaStream_t stream) {
   const int64_t rows = s.n * s.d;
   const int64_t count = rows * s.c;
   if (count <= 0) return cudaSuccess;

@@ -59,16 +59,16 @@ float* F(void* p) { return static_cast<float*>(p); }
 
 struct ConvGradSetup {
   Window win;
-  Shape conv_in;          // the input cuDNN sees: x, or x padded
-  bool padded = false;    // pads differ: the padded input lives in scratch
-  PadGeometry pad;        // x -> padded x
-  PadGeometry crop;       // padded dx -> dx
+  Shape conv_in;        // the input cuDNN sees: x, or x padded
+  bool padded = false;  // pads differ: the padded input lives in scratch
+  PadGeometry pad;      // x -> padded x
+  PadGeometry crop;     // padded dx -> dx
   size_t padded_bytes = 0;
 };
 
 StatusOr<ConvGradSetup> SetUpConvGrad(const Node& n, const Shape& xs, const Shape& ws,
-                                      const Shape& ys, TensorDesc* x, TensorDesc* y,
-                                      FilterDesc* w, ConvDesc* conv) {
+                                      const Shape& ys, TensorDesc* x, TensorDesc* y, FilterDesc* w,
+                                      ConvDesc* conv) {
   const std::string what = n.Describe();
   SALUS_RETURN_IF_ERROR(RequireConvRank(n, xs, ws));
   SALUS_ASSIGN_OR_RETURN(const int group, GroupOf(n));
@@ -112,7 +112,8 @@ class ConvGradDataKernel final : public Kernel {
       return InvalidArgumentError(n.Describe() + ": x_shape differs from the output's shape");
     }
     std::unique_ptr<ConvGradDataKernel> k(new ConvGradDataKernel(n.Describe()));
-    SALUS_ASSIGN_OR_RETURN(k->setup_, SetUpConvGrad(n, xs, ws, ys, &k->x_, &k->y_, &k->w_, &k->conv_));
+    SALUS_ASSIGN_OR_RETURN(k->setup_,
+                           SetUpConvGrad(n, xs, ws, ys, &k->x_, &k->y_, &k->w_, &k->conv_));
     cudnnHandle_t h = ctx->cudnn;
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int returned = 0;
@@ -122,12 +123,12 @@ class ConvGradDataKernel final : public Kernel {
                        k->what_ + ": data gradient algorithms");
     const ConvGradDataKernel& kr = *k;
     auto workspace = [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
-      return cudnnGetConvolutionBackwardDataWorkspaceSize(h, kr.w_.d, kr.y_.d, kr.conv_.d,
-                                                          kr.x_.d, algo, bytes);
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(h, kr.w_.d, kr.y_.d, kr.conv_.d, kr.x_.d,
+                                                          algo, bytes);
     };
-    SALUS_ASSIGN_OR_RETURN(auto choice, PickAlgorithm(perf, returned,
-                                                      CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
-                                                      workspace, k->what_));
+    SALUS_ASSIGN_OR_RETURN(
+        auto choice,
+        PickAlgorithm(perf, returned, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, workspace, k->what_));
     k->algo_ = choice.algo;
     k->workspace_bytes_ = choice.workspace_bytes;
     return std::unique_ptr<Kernel>(std::move(k));
@@ -139,8 +140,7 @@ class ConvGradDataKernel final : public Kernel {
     void* workspace = workspace_bytes_ > 0 ? scratch + setup_.padded_bytes : nullptr;
     SALUS_CUDNN_RETURN(
         cudnnConvolutionBackwardData(CudnnOf(a), &kOne, w_.d, a.inputs[1], y_.d, a.inputs[0],
-                                     conv_.d, algo_, workspace, workspace_bytes_, &kZero, x_.d,
-                                     dx),
+                                     conv_.d, algo_, workspace, workspace_bytes_, &kZero, x_.d, dx),
         what_ + ": data gradient");
     if (setup_.padded) {
       SALUS_CUDA_RETURN(LaunchPadCopy(setup_.crop, F(dx), F(a.outputs[0]), StreamOf(a)),
@@ -173,7 +173,8 @@ class ConvGradWeightsKernel final : public Kernel {
       return InvalidArgumentError(n.Describe() + ": w_shape differs from the output's shape");
     }
     std::unique_ptr<ConvGradWeightsKernel> k(new ConvGradWeightsKernel(n.Describe()));
-    SALUS_ASSIGN_OR_RETURN(k->setup_, SetUpConvGrad(n, xs, ws, ys, &k->x_, &k->y_, &k->w_, &k->conv_));
+    SALUS_ASSIGN_OR_RETURN(k->setup_,
+                           SetUpConvGrad(n, xs, ws, ys, &k->x_, &k->y_, &k->w_, &k->conv_));
     cudnnHandle_t h = ctx->cudnn;
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int returned = 0;
@@ -186,9 +187,9 @@ class ConvGradWeightsKernel final : public Kernel {
       return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, kr.x_.d, kr.y_.d, kr.conv_.d,
                                                             kr.w_.d, algo, bytes);
     };
-    SALUS_ASSIGN_OR_RETURN(auto choice, PickAlgorithm(perf, returned,
-                                                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
-                                                      workspace, k->what_));
+    SALUS_ASSIGN_OR_RETURN(
+        auto choice,
+        PickAlgorithm(perf, returned, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, workspace, k->what_));
     k->algo_ = choice.algo;
     k->workspace_bytes_ = choice.workspace_bytes;
     k->has_bias_ = n.output(1) != kNoValue;
@@ -206,21 +207,19 @@ class ConvGradWeightsKernel final : public Kernel {
     std::byte* scratch = static_cast<std::byte*>(a.scratch);
     const void* x = a.inputs[0];
     if (setup_.padded) {
-      SALUS_CUDA_RETURN(LaunchPadCopy(setup_.pad, F(x), reinterpret_cast<float*>(scratch),
-                                      StreamOf(a)),
-                        what_ + ": padding the input");
+      SALUS_CUDA_RETURN(
+          LaunchPadCopy(setup_.pad, F(x), reinterpret_cast<float*>(scratch), StreamOf(a)),
+          what_ + ": padding the input");
       x = scratch;
     }
     void* workspace = workspace_bytes_ > 0 ? scratch + setup_.padded_bytes : nullptr;
-    SALUS_CUDNN_RETURN(
-        cudnnConvolutionBackwardFilter(CudnnOf(a), &kOne, x_.d, x, y_.d, a.inputs[1], conv_.d,
-                                       algo_, workspace, workspace_bytes_, &kZero, w_.d,
-                                       a.outputs[0]),
-        what_ + ": weight gradient");
+    SALUS_CUDNN_RETURN(cudnnConvolutionBackwardFilter(CudnnOf(a), &kOne, x_.d, x, y_.d, a.inputs[1],
+                                                      conv_.d, algo_, workspace, workspace_bytes_,
+                                                      &kZero, w_.d, a.outputs[0]),
+                       what_ + ": weight gradient");
     if (has_bias_) {
-      SALUS_CUDA_RETURN(
-          LaunchSumTo(bias_map_, 1.f, F(a.inputs[1]), F(a.outputs[1]), StreamOf(a)),
-          what_ + ": bias gradient");
+      SALUS_CUDA_RETURN(LaunchSumTo(bias_map_, 1.f, F(a.inputs[1]), F(a.outputs[1]), StreamOf(a)),
+                        what_ + ": bias gradient");
     }
     return OkStatus();
   }
@@ -257,10 +256,10 @@ class SoftmaxGradKernel final : public Kernel {
     return std::unique_ptr<Kernel>(std::move(k));
   }
   Status Run(const KernelArgs& a) override {
-    SALUS_CUDNN_RETURN(cudnnSoftmaxBackward(CudnnOf(a), algo_, CUDNN_SOFTMAX_MODE_CHANNEL, &kOne,
-                                            desc_.d, a.inputs[0], desc_.d, a.inputs[1], &kZero,
-                                            desc_.d, a.outputs[0]),
-                       what_ + ": softmax gradient");
+    SALUS_CUDNN_RETURN(
+        cudnnSoftmaxBackward(CudnnOf(a), algo_, CUDNN_SOFTMAX_MODE_CHANNEL, &kOne, desc_.d,
+                             a.inputs[0], desc_.d, a.inputs[1], &kZero, desc_.d, a.outputs[0]),
+        what_ + ": softmax gradient");
     return OkStatus();
   }
 
@@ -286,10 +285,10 @@ KernelOr PoolGrad(const Node& n, const Graph& g, DeviceContext*) {
   const std::string what = n.Describe();
   return FnKernel(
       [geo, what](const KernelArgs& a) -> Status {
-        return CudaStatus(LaunchPoolGrad(geo, F(a.inputs[0]), F(a.inputs[1]),
-                                         static_cast<int64_t*>(a.scratch), F(a.outputs[0]),
-                                         StreamOf(a)),
-                          what + ": pooling gradient");
+        return CudaStatus(
+            LaunchPoolGrad(geo, F(a.inputs[0]), F(a.inputs[1]), static_cast<int64_t*>(a.scratch),
+                           F(a.outputs[0]), StreamOf(a)),
+            what + ": pooling gradient");
       },
       tap_bytes);
 }
@@ -310,8 +309,8 @@ KernelOr EltwiseGradK(const Node& n, const Graph& g, DeviceContext*) {
   const int64_t count = NumElements(g.value(n.inputs[0]).shape);
   const std::string what = n.Describe();
   return FnKernel([op, alpha, count, what](const KernelArgs& a) -> Status {
-    return CudaStatus(LaunchEltwiseGrad(op, alpha, F(a.inputs[0]), F(a.inputs[1]),
-                                        F(a.outputs[0]), count, StreamOf(a)),
+    return CudaStatus(LaunchEltwiseGrad(op, alpha, F(a.inputs[0]), F(a.inputs[1]), F(a.outputs[0]),
+                                        count, StreamOf(a)),
                       what);
   });
 }
@@ -350,9 +349,8 @@ KernelOr ExpandGrad(const Node& n, const Graph& g, DeviceContext*) {
   const float scale = n.GetFloat("scale", 1.f);
   const std::string what = n.Describe();
   return FnKernel([map, scale, what](const KernelArgs& a) -> Status {
-    return CudaStatus(LaunchBroadcastScale(map, scale, F(a.inputs[0]), F(a.outputs[0]),
-                                           StreamOf(a)),
-                      what);
+    return CudaStatus(
+        LaunchBroadcastScale(map, scale, F(a.inputs[0]), F(a.outputs[0]), StreamOf(a)), what);
   });
 }
 
@@ -380,12 +378,11 @@ KernelOr SceGrad(const Node& n, const Graph& g, DeviceContext*) {
       [s, logp_bytes, what](const KernelArgs& a) -> Status {
         std::byte* scratch = static_cast<std::byte*>(a.scratch);
         const float* weights = a.inputs.size() > 2 ? F(a.inputs[2]) : nullptr;
-        return CudaStatus(
-            LaunchSceGrad(s, F(a.inputs[0]), static_cast<const int64_t*>(a.inputs[1]), weights,
-                          F(a.inputs[3]), reinterpret_cast<float*>(scratch),
-                          reinterpret_cast<double*>(scratch + logp_bytes), F(a.outputs[0]),
-                          StreamOf(a)),
-            what);
+        return CudaStatus(LaunchSceGrad(s, F(a.inputs[0]), static_cast<const int64_t*>(a.inputs[1]),
+                                        weights, F(a.inputs[3]), reinterpret_cast<float*>(scratch),
+                                        reinterpret_cast<double*>(scratch + logp_bytes),
+                                        F(a.outputs[0]), StreamOf(a)),
+                          what);
       },
       logp_bytes + AlignUp(sizeof(double)));
 }
@@ -407,9 +404,8 @@ KernelOr SgdUpdate(const Node& n, const Graph& g, DeviceContext*) {
   return FnKernel([h, lr, lr_input, count, what](const KernelArgs& a) -> Status {
     float* v = h.momentum != 0.f ? F(a.inputs[2]) : nullptr;
     const float* rate = lr_input ? F(a.inputs.back()) : nullptr;
-    return CudaStatus(LaunchSgdUpdate(h, lr, rate, count, F(a.inputs[0]), F(a.inputs[1]), v,
-                                      StreamOf(a)),
-                      what);
+    return CudaStatus(
+        LaunchSgdUpdate(h, lr, rate, count, F(a.inputs[0]), F(a.inputs[1]), v, StreamOf(a)), what);
   });
 }
 
@@ -431,11 +427,10 @@ KernelOr AdamUpdate(const Node& n, const Graph& g, DeviceContext*) {
   return FnKernel(
       [h, lr, lr_input, count, what](const KernelArgs& a) -> Status {
         const float* rate = lr_input ? F(a.inputs[5]) : nullptr;
-        return CudaStatus(
-            LaunchAdamUpdate(h, lr, rate, count, F(a.inputs[0]), F(a.inputs[1]), F(a.inputs[2]),
-                             F(a.inputs[3]), F(a.inputs[4]), static_cast<AdamScalars*>(a.scratch),
-                             StreamOf(a)),
-            what);
+        return CudaStatus(LaunchAdamUpdate(h, lr, rate, count, F(a.inputs[0]), F(a.inputs[1]),
+                                           F(a.inputs[2]), F(a.inputs[3]), F(a.inputs[4]),
+                                           static_cast<AdamScalars*>(a.scratch), StreamOf(a)),
+                          what);
       },
       AlignUp(sizeof(AdamScalars)));
 }

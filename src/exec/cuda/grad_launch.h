@@ -38,8 +38,8 @@ cudaError_t LaunchDepthToSpaceGrad(const DepthToSpaceGeometry& g, const float* d
 // weight sum of the counted rows into *weight_sum (one block, in double, fixed order), then
 // dScores. weights may be null.
 cudaError_t LaunchSceGrad(const SceSpec& s, const float* scores, const int64_t* labels,
-                          const float* weights, const float* dloss, float* logp,
-                          double* weight_sum, float* dx, cudaStream_t stream);
+                          const float* weights, const float* dloss, float* logp, double* weight_sum,
+                          float* dx, cudaStream_t stream);
 
 // SgdStep over `count` elements; the rate is *lr_input when it is not null, else lr. v may be
 // null (no momentum).

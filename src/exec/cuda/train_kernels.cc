@@ -119,8 +119,7 @@ KernelOr PadGrad(const Node& n, const Graph& g, DeviceContext*) {
   }
   const std::string what = n.Describe();
   return FnKernel([map, base, what](const KernelArgs& a) -> Status {
-    return CudaStatus(LaunchPadGrad(map, base, F(a.inputs[0]), F(a.outputs[0]), StreamOf(a)),
-                      what);
+    return CudaStatus(LaunchPadGrad(map, base, F(a.inputs[0]), F(a.outputs[0]), StreamOf(a)), what);
   });
 }
 
@@ -180,9 +179,8 @@ KernelOr ClipGrad(const Node& n, const Graph& g, DeviceContext*) {
   const float hi = n.GetFloat("max", std::numeric_limits<float>::infinity());
   const std::string what = n.Describe();
   return FnKernel([count, lo, hi, what](const KernelArgs& a) -> Status {
-    return CudaStatus(LaunchClipGrad(count, F(a.inputs[0]), F(a.inputs[1]), lo, F(a.inputs[2]),
-                                     hi, F(a.inputs[3]), Out(a, 0), Out(a, 1), Out(a, 2),
-                                     StreamOf(a)),
+    return CudaStatus(LaunchClipGrad(count, F(a.inputs[0]), F(a.inputs[1]), lo, F(a.inputs[2]), hi,
+                                     F(a.inputs[3]), Out(a, 0), Out(a, 1), Out(a, 2), StreamOf(a)),
                       what);
   });
 }
@@ -203,8 +201,9 @@ KernelOr MinMaxGrad(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_RETURN_IF_ERROR(
       Expect(n, g.value(n.inputs[2]).shape == out, "dY does not have the output's shape"));
   IndexMap map;
-  if (!MakeIndexMap(out, {BroadcastStrides(g.value(n.inputs[0]).shape, out),
-                          BroadcastStrides(g.value(n.inputs[1]).shape, out)},
+  if (!MakeIndexMap(out,
+                    {BroadcastStrides(g.value(n.inputs[0]).shape, out),
+                     BroadcastStrides(g.value(n.inputs[1]).shape, out)},
                     &map)) {
     return UnimplementedError(n.Describe() + ": more than " + std::to_string(kMaxIndexDims) +
                               " dims");
@@ -230,8 +229,9 @@ KernelOr PowGrad(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_RETURN_IF_ERROR(
       Expect(n, g.value(n.inputs[2]).shape == out, "dY does not have the output's shape"));
   IndexMap map;
-  if (!MakeIndexMap(out, {BroadcastStrides(g.value(n.inputs[0]).shape, out),
-                          BroadcastStrides(g.value(n.inputs[1]).shape, out)},
+  if (!MakeIndexMap(out,
+                    {BroadcastStrides(g.value(n.inputs[0]).shape, out),
+                     BroadcastStrides(g.value(n.inputs[1]).shape, out)},
                     &map)) {
     return UnimplementedError(n.Describe() + ": more than " + std::to_string(kMaxIndexDims) +
                               " dims");
@@ -290,8 +290,7 @@ BnGeometry BnGeometryOf(const Shape& x) {
 KernelOr BatchNormTrain(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const Shape& x = g.value(n.inputs[0]).shape;
-  SALUS_RETURN_IF_ERROR(Expect(n, x.size() >= 2 && n.inputs.size() == 5 &&
-                                      n.outputs.size() >= 3,
+  SALUS_RETURN_IF_ERROR(Expect(n, x.size() >= 2 && n.inputs.size() == 5 && n.outputs.size() >= 3,
                                "expects X of rank 2 or more, 5 inputs and 3 outputs"));
   const BnGeometry geo = BnGeometryOf(x);
   const float eps = n.GetFloat("epsilon", 1e-5f);
@@ -317,10 +316,10 @@ KernelOr BatchNormGrad(const Node& n, const Graph& g, DeviceContext*) {
   const float eps = n.GetFloat("epsilon", 1e-5f);
   const std::string what = n.Describe();
   return FnKernel([geo, eps, what](const KernelArgs& a) -> Status {
-    return CudaStatus(LaunchBnGrad(geo, eps, F(a.inputs[0]), F(a.inputs[1]), F(a.inputs[2]),
-                                   F(a.inputs[3]), F(a.inputs[4]), Out(a, 0), Out(a, 1),
-                                   Out(a, 2), StreamOf(a)),
-                      what);
+    return CudaStatus(
+        LaunchBnGrad(geo, eps, F(a.inputs[0]), F(a.inputs[1]), F(a.inputs[2]), F(a.inputs[3]),
+                     F(a.inputs[4]), Out(a, 0), Out(a, 1), Out(a, 2), StreamOf(a)),
+        what);
   });
 }
 
@@ -332,8 +331,8 @@ KernelOr LayerNormGrad(const Node& n, const Graph& g, DeviceContext*) {
   return FnKernel(
       [s, what](const KernelArgs& a) -> Status {
         return CudaStatus(LaunchLayerNormGrad(s.outer, s.inner, s.epsilon, F(a.inputs[0]),
-                                              F(a.inputs[1]), F(a.inputs[2]), Out(a, 0),
-                                              Out(a, 1), Out(a, 2), F(a.scratch), StreamOf(a)),
+                                              F(a.inputs[1]), F(a.inputs[2]), Out(a, 0), Out(a, 1),
+                                              Out(a, 2), F(a.scratch), StreamOf(a)),
                           what);
       },
       AlignUp(2 * s.outer * sizeof(float)));
@@ -367,10 +366,10 @@ KernelOr DropoutGrad(const Node& n, const Graph& g, DeviceContext*) {
   const float scale = DropoutScale(n.GetFloat("ratio", 0.5f));
   const std::string what = n.Describe();
   return FnKernel([count, scale, what](const KernelArgs& a) -> Status {
-    return CudaStatus(LaunchDropoutGrad(count, scale, F(a.inputs[0]),
-                                        static_cast<const bool*>(a.inputs[1]), F(a.outputs[0]),
-                                        StreamOf(a)),
-                      what);
+    return CudaStatus(
+        LaunchDropoutGrad(count, scale, F(a.inputs[0]), static_cast<const bool*>(a.inputs[1]),
+                          F(a.outputs[0]), StreamOf(a)),
+        what);
   });
 }
 

@@ -24,8 +24,7 @@ cudaError_t Unary(const float* x, const float* dy, float* dx, int64_t count, cud
 
 __global__ void PowGradKernel(IndexMap map, bool wrt_exponent, const float* __restrict__ x,
                               const void* __restrict__ p, bool p_int64,
-                              const float* __restrict__ dy, float* __restrict__ dx,
-                              int64_t count) {
+                              const float* __restrict__ dy, float* __restrict__ dx, int64_t count) {
   for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
     int64_t off[kMaxIndexOperands];
     MapIndex(map, e, off);
@@ -290,8 +289,8 @@ cudaError_t LaunchPowGrad(const IndexMap& map, bool wrt_exponent, const float* x
                           bool p_int64, const float* dy, float* dx, cudaStream_t stream) {
   const int64_t count = IndexMapCount(map);
   if (count <= 0) return cudaSuccess;
-  PowGradKernel<<<BlocksFor(count), kThreads, 0, stream>>>(map, wrt_exponent, x, p, p_int64, dy,
-                                                           dx, count);
+  PowGradKernel<<<BlocksFor(count), kThreads, 0, stream>>>(map, wrt_exponent, x, p, p_int64, dy, dx,
+                                                           count);
   return cudaGetLastError();
 }
 
@@ -308,8 +307,8 @@ cudaError_t LaunchClipGrad(int64_t count, const float* x, const float* lo_ptr, f
                            const float* hi_ptr, float hi, const float* dy, float* dx, float* dmin,
                            float* dmax, cudaStream_t stream) {
   if (dx != nullptr && count > 0) {
-    ClipGradKernel<<<BlocksFor(count), kThreads, 0, stream>>>(count, x, lo_ptr, lo, hi_ptr, hi,
-                                                              dy, dx);
+    ClipGradKernel<<<BlocksFor(count), kThreads, 0, stream>>>(count, x, lo_ptr, lo, hi_ptr, hi, dy,
+                                                              dx);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
@@ -369,9 +368,8 @@ cudaError_t LaunchBnTrain(const BnGeometry& g, float eps, float momentum, float 
                           float* rv, float* y, float* bm, float* bv, float* out_rm, float* out_rv,
                           cudaStream_t stream) {
   if (g.c <= 0) return cudaSuccess;
-  BnTrainKernel<<<BlocksForRows(g.c), kThreads, 0, stream>>>(g, eps, momentum, unbias, x, scale,
-                                                             shift, rm, rv, y, bm, bv, out_rm,
-                                                             out_rv);
+  BnTrainKernel<<<BlocksForRows(g.c), kThreads, 0, stream>>>(
+      g, eps, momentum, unbias, x, scale, shift, rm, rv, y, bm, bv, out_rm, out_rv);
   return cudaGetLastError();
 }
 
@@ -389,8 +387,7 @@ cudaError_t LaunchLayerNormGrad(int64_t outer, int64_t inner, float eps, const f
                                 float* dbias, float* row_stats, cudaStream_t stream) {
   if (outer <= 0 || inner <= 0) return cudaSuccess;
   LayerNormGradRowsKernel<<<BlocksForRows(outer), kThreads, 0, stream>>>(outer, inner, eps, x,
-                                                                          scale, dy, dx,
-                                                                          row_stats);
+                                                                         scale, dy, dx, row_stats);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || (dscale == nullptr && dbias == nullptr)) return err;
   LayerNormGradColumnsKernel<<<BlocksFor(inner), kThreads, 0, stream>>>(outer, inner, x, dy,

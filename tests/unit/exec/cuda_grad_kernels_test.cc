@@ -32,7 +32,7 @@ struct Case {
   std::string label;
   std::vector<Param> params;
   Shape y_shape;
-  std::function<void(ModelBuilder&)> build;  // nodes computing "y" from the params
+  std::function<void(ModelBuilder&)> build;       // nodes computing "y" from the params
   std::map<std::string, HostTensor> inputs = {};  // fed, not differentiated
 };
 
@@ -128,10 +128,10 @@ TEST(CudaGradKernelsTest, Conv) {
                             ModelBuilder::Attr(n, "pads", std::vector<int64_t>{1, 1, 1, 1});
                           }));
   CheckGradients(ConvCase("no bias", {1, 2, 7, 7}, {3, 2, 3, 3}, false, {1, 3, 5, 5}, {}));
-  CheckGradients(ConvCase("dilated", {1, 2, 7, 7}, {3, 2, 3, 3}, false, {1, 3, 3, 3},
-                          [](onnx::NodeProto& n) {
-                            ModelBuilder::Attr(n, "dilations", std::vector<int64_t>{2, 2});
-                          }));
+  CheckGradients(
+      ConvCase("dilated", {1, 2, 7, 7}, {3, 2, 3, 3}, false, {1, 3, 3, 3}, [](onnx::NodeProto& n) {
+        ModelBuilder::Attr(n, "dilations", std::vector<int64_t>{2, 2});
+      }));
   // Pads that differ at the two ends: the padded-input path of both gradients.
   CheckGradients(ConvCase("unequal pads", {2, 3, 6, 5}, {4, 3, 3, 3}, true, {2, 4, 3, 3},
                           [](onnx::NodeProto& n) {
@@ -234,19 +234,20 @@ TEST(CudaGradKernelsTest, SoftmaxCrossEntropyLoss) {
   CheckGradients({"sce mean",
                   {{"X", {4, 5}}},
                   {},
-                  [](ModelBuilder& mb) { mb.Node("SoftmaxCrossEntropyLoss", {"X", "L"}, {"y"}); },
+                  [](ModelBuilder& mb) {
+                    mb.Node("SoftmaxCrossEntropyLoss", {"X", "L"}, {"y"});
+                  },
                   {{"L", HostTensor::FromInt64s({4}, {1, 0, 4, 2})}}});
-  CheckGradients(
-      {"sce weighted sum with ignore_index, 3-D",
-       {{"X", {4, 5, 2}}},
-       {},
-       [](ModelBuilder& mb) {
-         auto& n = mb.Node("SoftmaxCrossEntropyLoss", {"X", "L", "Wt"}, {"y"});
-         ModelBuilder::Attr(n, "reduction", std::string("sum"));
-         ModelBuilder::Attr(n, "ignore_index", int64_t{2});
-       },
-       {{"L", HostTensor::FromInt64s({4, 2}, {1, 0, 4, 2, 2, 3, 0, 1})},
-        {"Wt", HostTensor::FromFloats({5}, {0.5f, 1.f, 2.f, 1.5f, 0.2f})}}});
+  CheckGradients({"sce weighted sum with ignore_index, 3-D",
+                  {{"X", {4, 5, 2}}},
+                  {},
+                  [](ModelBuilder& mb) {
+                    auto& n = mb.Node("SoftmaxCrossEntropyLoss", {"X", "L", "Wt"}, {"y"});
+                    ModelBuilder::Attr(n, "reduction", std::string("sum"));
+                    ModelBuilder::Attr(n, "ignore_index", int64_t{2});
+                  },
+                  {{"L", HostTensor::FromInt64s({4, 2}, {1, 0, 4, 2, 2, 3, 0, 1})},
+                   {"Wt", HostTensor::FromFloats({5}, {0.5f, 1.f, 2.f, 1.5f, 0.2f})}}});
   CheckGradients({"sce none",
                   {{"X", {3, 4}}},
                   {3},
@@ -264,16 +265,16 @@ TEST(CudaGradKernelsTest, GatherSliceConcatPad) {
   CheckGradients({"gather embedding",
                   {{"X", {5, 3}}},
                   {2, 3, 3},
-                  [](ModelBuilder& mb) { mb.Node("Gather", {"X", "I"}, {"y"}); },
-                  {{"I", HostTensor::FromInt64s({2, 3}, {0, 4, 0, -1, 2, 0})}}});
-  CheckGradients({"gather axis 1 with constant indices",
-                  {{"X", {2, 4, 3}}},
-                  {2, 3, 3},
                   [](ModelBuilder& mb) {
-                    mb.Int64Initializer("I", {3}, {1, 3, 1});
-                    auto& n = mb.Node("Gather", {"X", "I"}, {"y"});
-                    ModelBuilder::Attr(n, "axis", int64_t{1});
-                  }});
+                    mb.Node("Gather", {"X", "I"}, {"y"});
+                  },
+                  {{"I", HostTensor::FromInt64s({2, 3}, {0, 4, 0, -1, 2, 0})}}});
+  CheckGradients(
+      {"gather axis 1 with constant indices", {{"X", {2, 4, 3}}}, {2, 3, 3}, [](ModelBuilder& mb) {
+         mb.Int64Initializer("I", {3}, {1, 3, 1});
+         auto& n = mb.Node("Gather", {"X", "I"}, {"y"});
+         ModelBuilder::Attr(n, "axis", int64_t{1});
+       }});
   CheckGradients({"slice with negative and strided steps",
                   {{"X", {4, 5, 6}}},
                   {2, 2, 3},
@@ -313,30 +314,36 @@ TEST(CudaGradKernelsTest, GatherSliceConcatPad) {
 
 TEST(CudaGradKernelsTest, ClipMinMaxPowAndUnaryTensorOps) {
   SALUS_REQUIRE_GPU();
-  CheckGradients({"max of two with broadcasting",
-                  {{"A", {3, 4}}, {"B", {4}}},
-                  {3, 4},
-                  [](ModelBuilder& mb) { mb.Node("Max", {"A", "B"}, {"y"}); }});
+  CheckGradients(
+      {"max of two with broadcasting", {{"A", {3, 4}}, {"B", {4}}}, {3, 4}, [](ModelBuilder& mb) {
+         mb.Node("Max", {"A", "B"}, {"y"});
+       }});
   CheckGradients({"min of two", {{"A", {2, 3}}, {"B", {2, 3}}}, {2, 3}, [](ModelBuilder& mb) {
                     mb.Node("Min", {"A", "B"}, {"y"});
                   }});
   CheckGradients({"pow with a broadcast exponent",
                   {{"X", {3, 4}, 0.5f, 2.f}, {"E", {4}, 0.5f, 2.5f}},
                   {3, 4},
-                  [](ModelBuilder& mb) { mb.Node("Pow", {"X", "E"}, {"y"}); }});
+                  [](ModelBuilder& mb) {
+                    mb.Node("Pow", {"X", "E"}, {"y"});
+                  }});
   CheckGradients({"pow of negative bases",
                   {{"X", {3, 4}}},
                   {3, 4},
-                  [](ModelBuilder& mb) { mb.Node("Pow", {"X", "E"}, {"y"}); },
+                  [](ModelBuilder& mb) {
+                    mb.Node("Pow", {"X", "E"}, {"y"});
+                  },
                   {{"E", HostTensor::FromFloats({}, {3.f})}}});
   CheckGradients({"clip with min and max",
                   {{"X", {4, 5}}, {"lo", {}, -0.5f, -0.5f}, {"hi", {}, 0.4f, 0.4f}},
                   {4, 5},
-                  [](ModelBuilder& mb) { mb.Node("Clip", {"X", "lo", "hi"}, {"y"}); }});
-  CheckGradients({"clip with max only",
-                  {{"X", {4, 5}}, {"hi", {}, 0.3f, 0.3f}},
-                  {4, 5},
-                  [](ModelBuilder& mb) { mb.Node("Clip", {"X", "", "hi"}, {"y"}); }});
+                  [](ModelBuilder& mb) {
+                    mb.Node("Clip", {"X", "lo", "hi"}, {"y"});
+                  }});
+  CheckGradients(
+      {"clip with max only", {{"X", {4, 5}}, {"hi", {}, 0.3f, 0.3f}}, {4, 5}, [](ModelBuilder& mb) {
+         mb.Node("Clip", {"X", "", "hi"}, {"y"});
+       }});
   CheckGradients(Unary("Erf", {3, 4}, -2.f, 2.f));
   CheckGradients(Unary("Reciprocal", {3, 4}, 0.5f, 2.f));
   for (const char* approximate : {"none", "tanh"}) {
@@ -359,17 +366,17 @@ TEST(CudaGradKernelsTest, NormalizationAndDropout) {
   SALUS_REQUIRE_GPU();
   for (const Shape& xs : {Shape{4, 3, 2, 2}, Shape{5, 4}, Shape{8, 16, 8, 8}}) {
     const int64_t c = xs[1];
-    CheckGradients({"BatchNormalization " + ShapeString(xs),
-                    {{"X", xs}, {"scale", {c}, 0.5f, 1.5f}, {"B", {c}}},
-                    xs,
-                    [c](ModelBuilder& mb) {
-                      mb.Initializer("rm", {c}, RandomFloats(c, 64));
-                      mb.Initializer("rv", {c}, RandomFloats(c, 65, 0.5f, 2.f));
-                      auto& n =
-                          mb.Node("BatchNormalization", {"X", "scale", "B", "rm", "rv"}, {"y"});
-                      ModelBuilder::Attr(n, "epsilon", 1e-3f);
-                    }},
-                   1e-3);
+    CheckGradients(
+        {"BatchNormalization " + ShapeString(xs),
+         {{"X", xs}, {"scale", {c}, 0.5f, 1.5f}, {"B", {c}}},
+         xs,
+         [c](ModelBuilder& mb) {
+           mb.Initializer("rm", {c}, RandomFloats(c, 64));
+           mb.Initializer("rv", {c}, RandomFloats(c, 65, 0.5f, 2.f));
+           auto& n = mb.Node("BatchNormalization", {"X", "scale", "B", "rm", "rv"}, {"y"});
+           ModelBuilder::Attr(n, "epsilon", 1e-3f);
+         }},
+        1e-3);
   }
   CheckGradients({"LayerNormalization axis -1",
                   {{"X", {3, 2, 5}}, {"scale", {5}, 0.5f, 1.5f}, {"B", {5}}},

@@ -4,6 +4,8 @@
 // checked on a machine without one. Each case is one op y = f(X) with X a trainable
 // parameter and loss sum(R * y); one SGD step at learning rate 1 leaves X - dX, and dX must
 // equal the host's computation from X and dL/dy = R.
+#include "exec/grad_math.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "exec/cuda/pool_math.h"
-#include "exec/grad_math.h"
 #include "model_builder.h"
 
 namespace salus::exec {
@@ -78,7 +79,8 @@ void ExpectNear(const std::vector<float>& want, const std::vector<float>& got,
   int bad = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     if (std::abs(want[i] - got[i]) <= atol + rtol * std::abs(want[i])) continue;
-    if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: cpu " << want[i] << ", host " << got[i];
+    if (++bad <= 5)
+      ADD_FAILURE() << what << "[" << i << "]: cpu " << want[i] << ", host " << got[i];
   }
   EXPECT_EQ(bad, 0) << what;
 }
@@ -88,10 +90,10 @@ TEST(GradMathTest, EltwiseGradientsMatchTheCpu) {
     const char* name;
     float lo, hi, alpha;
   };
-  for (const Op& op : {Op{"Relu", -1, 1, 0}, Op{"LeakyRelu", -1, 1, 0.1f}, Op{"Sigmoid", -3, 3, 0},
-                       Op{"Tanh", -3, 3, 0}, Op{"Exp", -2, 2, 0}, Op{"Log", 0.5f, 2, 0},
-                       Op{"Sqrt", 0.5f, 2, 0}, Op{"Abs", -1, 1, 0}, Op{"Elu", -2, 2, 0.7f},
-                       Op{"Softplus", -3, 3, 0}}) {
+  for (const Op& op :
+       {Op{"Relu", -1, 1, 0}, Op{"LeakyRelu", -1, 1, 0.1f}, Op{"Sigmoid", -3, 3, 0},
+        Op{"Tanh", -3, 3, 0}, Op{"Exp", -2, 2, 0}, Op{"Log", 0.5f, 2, 0}, Op{"Sqrt", 0.5f, 2, 0},
+        Op{"Abs", -1, 1, 0}, Op{"Elu", -2, 2, 0.7f}, Op{"Softplus", -3, 3, 0}}) {
     SCOPED_TRACE(op.name);
     const Shape s = {4, 25};
     const std::string name = op.name;
@@ -118,16 +120,22 @@ TEST(GradMathTest, EltwiseGradientsMatchTheCpu) {
 // Add's gradient of its broadcast operand is SalusSumTo: with A the parameter of full shape and
 // X the broadcast one, dX is R summed to X's shape.
 TEST(GradMathTest, SumToMatchesTheCpu) {
-  const std::vector<std::pair<Shape, Shape>> cases = {
-      {{3, 4}, {4}},          {{3, 4}, {3, 1}},          {{2, 3, 4, 5}, {3, 1, 5}},
-      {{2, 3, 4, 5}, {1}},    {{2, 3, 4, 5}, {2, 1, 4, 1}}, {{6, 1, 7}, {1, 7}},
-      {{4096, 8}, {8}},       {{5, 6}, {5, 6}}};
+  const std::vector<std::pair<Shape, Shape>> cases = {{{3, 4}, {4}},
+                                                      {{3, 4}, {3, 1}},
+                                                      {{2, 3, 4, 5}, {3, 1, 5}},
+                                                      {{2, 3, 4, 5}, {1}},
+                                                      {{2, 3, 4, 5}, {2, 1, 4, 1}},
+                                                      {{6, 1, 7}, {1, 7}},
+                                                      {{4096, 8}, {8}},
+                                                      {{5, 6}, {5, 6}}};
   uint32_t seed = 20;
   for (const auto& [full, small] : cases) {
     SCOPED_TRACE(ShapeString(full) + " to " + ShapeString(small));
-    Grad g = CpuGradient(small, full, seed++, [&](ModelBuilder& mb) {
-      mb.Node("Add", {"A", "X"}, {"y"});
-    }, {{"A", HostTensor::FromFloats(full, RandomFloats(NumElements(full), 5))}});
+    Grad g = CpuGradient(small, full, seed++,
+                         [&](ModelBuilder& mb) {
+                           mb.Node("Add", {"A", "X"}, {"y"});
+                         },
+                         {{"A", HostTensor::FromFloats(full, RandomFloats(NumElements(full), 5))}});
     SumToMap map;
     ASSERT_TRUE(MakeSumToMap(full, small, &map));
     ASSERT_EQ(IndexMapCount(map.out), NumElements(small));
@@ -169,9 +177,9 @@ TEST(GradMathTest, PoolingGradientsMatchTheCpu) {
       ModelBuilder::Attr(n, "pads", c.pads);
       if (c.include_pad) ModelBuilder::Attr(n, "count_include_pad", int64_t{1});
     });
-    const cuda::PoolMode mode = c.op == "MaxPool"  ? cuda::PoolMode::kMax
-                                : c.include_pad    ? cuda::PoolMode::kAverageIncludePad
-                                                   : cuda::PoolMode::kAverageExcludePad;
+    const cuda::PoolMode mode = c.op == "MaxPool" ? cuda::PoolMode::kMax
+                                : c.include_pad   ? cuda::PoolMode::kAverageIncludePad
+                                                  : cuda::PoolMode::kAverageExcludePad;
     const std::vector<int64_t> begin(c.pads.begin(), c.pads.begin() + c.kernel.size());
     const cuda::PoolGeometry geo = Geometry(mode, c.x, c.y, c.kernel, c.stride, begin);
     std::vector<int64_t> tap(cuda::PoolOutputCount(geo));
@@ -191,7 +199,8 @@ TEST(GradMathTest, PoolingGradientsMatchTheCpu) {
   std::vector<int64_t> tap(6);
   for (size_t o = 0; o < tap.size(); ++o) tap[o] = cuda::PoolTap(geo, g.x.data(), o);
   std::vector<float> host(g.x.size());
-  for (size_t i = 0; i < host.size(); ++i) host[i] = cuda::PoolGradAt(geo, g.r.data(), tap.data(), i);
+  for (size_t i = 0; i < host.size(); ++i)
+    host[i] = cuda::PoolGradAt(geo, g.r.data(), tap.data(), i);
   ExpectNear(g.dx, host, "GlobalAveragePool");
 }
 
@@ -218,13 +227,16 @@ TEST(GradMathTest, SoftmaxCrossEntropyGradientMatchesTheCpu) {
     std::vector<std::pair<std::string, HostTensor>> inputs = {
         {"L", HostTensor::FromInt64s(ls, c.labels)}};
     if (c.weighted) inputs.push_back({"Wt", HostTensor::FromFloats({5}, weights)});
-    Grad g = CpuGradient(c.x, ys, seed++, [&](ModelBuilder& mb) {
-      std::vector<std::string> in = {"X", "L"};
-      if (c.weighted) in.push_back("Wt");
-      auto& n = mb.Node("SoftmaxCrossEntropyLoss", in, {"y"});
-      ModelBuilder::Attr(n, "reduction", c.reduction);
-      if (c.ignore) ModelBuilder::Attr(n, "ignore_index", int64_t{2});
-    }, inputs);
+    Grad g = CpuGradient(
+        c.x, ys, seed++,
+        [&](ModelBuilder& mb) {
+          std::vector<std::string> in = {"X", "L"};
+          if (c.weighted) in.push_back("Wt");
+          auto& n = mb.Node("SoftmaxCrossEntropyLoss", in, {"y"});
+          ModelBuilder::Attr(n, "reduction", c.reduction);
+          if (c.ignore) ModelBuilder::Attr(n, "ignore_index", int64_t{2});
+        },
+        inputs);
     SceSpec s;
     s.n = c.x[0];
     s.c = c.x[1];
