@@ -18,6 +18,7 @@
 #include "exec/cpu_kernel_helpers.h"
 #include "exec/dnnl_kernel.h"
 #include "exec/element_math.h"
+#include "exec/grad_specs.h"
 #include "exec/kernel_registry.h"
 #include "exec/shape_inference.h"
 
@@ -317,13 +318,7 @@ KernelOr LayerNormGrad(const Node& n, const Graph& g) {
 // Inputs (X, iteration counter: int64 in persistent memory); outputs (Y, bool mask). The
 // counter is read for this iteration's key and incremented (Note [Dropout mask]).
 KernelOr DropoutTrain(const Node& n, const Graph& g) {
-  if (g.value(n.inputs[0]).type != DataType::kFloat32 ||
-      g.value(n.outputs[0]).type != DataType::kFloat32 ||
-      g.value(n.inputs[1]).type != DataType::kInt64 || n.output(1) == kNoValue ||
-      g.value(n.outputs[1]).type != DataType::kBool) {
-    return UnimplementedError(n.Describe() +
-                              ": expects float data, an int64 counter and a bool mask");
-  }
+  SALUS_RETURN_IF_ERROR(RequireDropoutTrainTypes(n, g));
   const int64_t count = NumElements(g.value(n.inputs[0]).shape);
   const float ratio = n.GetFloat("ratio", 0.5f);
   const uint64_t seed = static_cast<uint64_t>(n.GetInt("seed", 0));

@@ -11,6 +11,7 @@
 #include "exec/cpu_kernel_helpers.h"
 #include "exec/dnnl_kernel.h"
 #include "exec/element_math.h"
+#include "exec/grad_specs.h"
 #include "exec/kernel_registry.h"
 
 namespace salus::exec {
@@ -40,23 +41,8 @@ Status ExpectInputs(const Node& n, size_t count) {
 // order varies between runs, but group by target row (or sort the indices) and add in the same
 // order to give results that repeat bit for bit.
 KernelOr GatherGrad(const Node& n, const Graph& g) {
-  SALUS_RETURN_IF_ERROR(ExpectInputs(n, 2));
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g, {1}));
-  if (g.value(n.inputs[0]).type != DataType::kInt64) {
-    return UnimplementedError(n.Describe() + ": indices must be int64");
-  }
+  SALUS_ASSIGN_OR_RETURN(const GatherGeometry geo, GatherGradFor(n, g));
   const Shape data = g.value(n.outputs[0]).shape;
-  const int64_t axis = n.GetInt("axis", 0);
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, axis >= 0 && axis < static_cast<int64_t>(data.size()), "axis out of range"));
-  GatherGeometry geo;
-  for (int64_t d = 0; d < axis; ++d) geo.outer *= data[d];
-  geo.axis_dim = data[axis];
-  for (size_t d = axis + 1; d < data.size(); ++d) geo.inner *= data[d];
-  geo.count = NumElements(g.value(n.inputs[0]).shape);
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, NumElements(g.value(n.inputs[1]).shape) == geo.outer * geo.count * geo.inner,
-             "dY does not match the gathered shape"));
   const int64_t data_count = NumElements(data);
   const std::string where = n.Describe();
   return std::unique_ptr<Kernel>(new CheckedLoopKernel([=](const KernelArgs& a) {
@@ -79,20 +65,9 @@ KernelOr GatherGrad(const Node& n, const Graph& g) {
 // Input dY; output dX, zero but for the sliced positions. Attributes starts and steps: the
 // forward Slice resolved over every dim (SliceFor).
 KernelOr SliceGrad(const Node& n, const Graph& g) {
-  SALUS_RETURN_IF_ERROR(ExpectInputs(n, 1));
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  const Shape x = g.value(n.outputs[0]).shape;
-  const Shape y = g.value(n.inputs[0]).shape;
-  const std::vector<int64_t> starts = n.GetInts("starts"), steps = n.GetInts("steps");
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, starts.size() == x.size() && steps.size() == x.size() && y.size() == x.size(),
-             "starts, steps and dY must match the input's rank"));
-  SliceMap m;
-  if (!MakeSliceMap(x, starts, steps, y, &m)) {
-    return UnimplementedError(n.Describe() + ": slices of more than " +
-                              std::to_string(kMaxIndexDims) + " non-contiguous dims");
-  }
-  const int64_t x_count = NumElements(x), y_count = SliceOutputCount(m);
+  SALUS_ASSIGN_OR_RETURN(const SliceGradSpec spec, SliceGradFor(n, g));
+  const SliceMap m = spec.map;
+  const int64_t x_count = spec.x_count, y_count = SliceOutputCount(m);
   return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
     const float* dy = static_cast<const float*>(a.inputs[0]);
     float* dx = static_cast<float*>(a.outputs[0]);
@@ -104,21 +79,9 @@ KernelOr SliceGrad(const Node& n, const Graph& g) {
 // Input dY; output dX, the block of dY inside the padding. Attribute pads: Pad's (begins,
 // then ends; constant mode, non-negative).
 KernelOr PadGrad(const Node& n, const Graph& g) {
-  SALUS_RETURN_IF_ERROR(ExpectInputs(n, 1));
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  const Shape x = g.value(n.outputs[0]).shape;
-  const Shape y = g.value(n.inputs[0]).shape;
-  const std::vector<int64_t> pads = n.GetInts("pads");
-  SALUS_RETURN_IF_ERROR(Expect(n, pads.size() == 2 * x.size() && y.size() == x.size(),
-                               "pads must have 2*rank entries"));
-  for (size_t d = 0; d < x.size(); ++d) {
-    SALUS_RETURN_IF_ERROR(Expect(
-        n, pads[d] >= 0 && pads[d + x.size()] >= 0 && y[d] == x[d] + pads[d] + pads[d + x.size()],
-        "pads do not match dX and dY"));
-  }
-  const Shape ys = DenseStrides(y);
-  int64_t base = 0;
-  for (size_t d = 0; d < x.size(); ++d) base += pads[d] * ys[d];
+  SALUS_ASSIGN_OR_RETURN(const PadGradSpec spec, PadGradFor(n, g));
+  const Shape x = spec.x, ys = spec.y_strides;
+  const int64_t base = spec.base;
   return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
     const float* dy = static_cast<const float*>(a.inputs[0]);
     float* dx = static_cast<float*>(a.outputs[0]);
@@ -128,26 +91,9 @@ KernelOr PadGrad(const Node& n, const Graph& g) {
 
 // Input dY; output k (absent where not needed) the k-th block of `sizes` along `axis`.
 KernelOr ConcatGrad(const Node& n, const Graph& g) {
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  SALUS_RETURN_IF_ERROR(Expect(n, n.inputs.size() == 1, "expects one input"));
-  const Shape y = g.value(n.inputs[0]).shape;
-  const int64_t axis = n.GetInt("axis", 0);
-  const std::vector<int64_t> sizes = n.GetInts("sizes");
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, axis >= 0 && axis < static_cast<int64_t>(y.size()), "axis out of range"));
-  SALUS_RETURN_IF_ERROR(Expect(n, sizes.size() == n.outputs.size(), "one size per output"));
-  int64_t total = 0;
-  for (int64_t s : sizes) total += s;
-  SALUS_RETURN_IF_ERROR(Expect(n, total == y[axis], "sizes do not add up to dY's axis"));
-  int64_t outer = 1, inner = 1;
-  for (int64_t d = 0; d < axis; ++d) outer *= y[d];
-  for (size_t d = axis + 1; d < y.size(); ++d) inner *= y[d];
-  for (size_t k = 0; k < n.outputs.size(); ++k) {
-    if (n.outputs[k] == kNoValue) continue;
-    SALUS_RETURN_IF_ERROR(
-        Expect(n, NumElements(g.value(n.outputs[k]).shape) == outer * sizes[k] * inner,
-               "output " + std::to_string(k) + " does not match its size"));
-  }
+  SALUS_ASSIGN_OR_RETURN(const ConcatGradSpec spec, ConcatGradFor(n, g));
+  const int64_t outer = spec.outer, inner = spec.inner, total = spec.total;
+  const std::vector<int64_t> sizes = spec.sizes;
   return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
     const float* dy = static_cast<const float*>(a.inputs[0]);
     const int64_t row = total * inner;
@@ -169,20 +115,7 @@ KernelOr ConcatGrad(const Node& n, const Graph& g) {
 // and dMax: dY where X passes, and the sums of dY where min and where max was taken, added in
 // element order. Before opset 11 the bounds are the attributes min and max.
 KernelOr ClipGrad(const Node& n, const Graph& g) {
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, n.inputs.size() == 4 && n.outputs.size() == 3, "expects 4 inputs and 3 outputs"));
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  const int64_t count = NumElements(g.value(n.inputs[0]).shape);
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, NumElements(g.value(n.inputs[3]).shape) == count, "dY does not match X"));
-  for (size_t i = 1; i < 3; ++i) {
-    if (n.inputs[i] == kNoValue) {
-      SALUS_RETURN_IF_ERROR(Expect(n, n.outputs[i] == kNoValue, "gradient of an absent bound"));
-      continue;
-    }
-    SALUS_RETURN_IF_ERROR(
-        Expect(n, NumElements(g.value(n.inputs[i]).shape) == 1, "min and max must be scalars"));
-  }
+  SALUS_ASSIGN_OR_RETURN(const int64_t count, ClipGradFor(n, g));
   const float lo_attr = n.GetFloat("min", -std::numeric_limits<float>::infinity());
   const float hi_attr = n.GetFloat("max", std::numeric_limits<float>::infinity());
   return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
@@ -287,26 +220,8 @@ KernelOr PowGrad(const Node& n, const Graph& g) {
 
 // Inputs (X, dY); output dX of Erf, Gelu (attribute approximate) or Reciprocal (forward_op).
 KernelOr UnaryGradKernel(const Node& n, const Graph& g) {
-  SALUS_RETURN_IF_ERROR(ExpectInputs(n, 2));
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  const std::string fwd = n.GetString("forward_op", "");
-  UnaryGradOp op;
-  if (fwd == "Erf") {
-    op = UnaryGradOp::kErf;
-  } else if (fwd == "Reciprocal") {
-    op = UnaryGradOp::kReciprocal;
-  } else if (fwd == "Gelu") {
-    const std::string approximate = n.GetString("approximate", "none");
-    if (approximate != "none" && approximate != "tanh") {
-      return InvalidArgumentError(n.Describe() + ": approximate must be 'none' or 'tanh'");
-    }
-    op = approximate == "tanh" ? UnaryGradOp::kGeluTanh : UnaryGradOp::kGeluErf;
-  } else {
-    return UnimplementedError(n.Describe() + ": no gradient kernel for " + fwd);
-  }
+  SALUS_ASSIGN_OR_RETURN(const UnaryGradOp op, UnaryGradFor(n, g));
   const int64_t count = NumElements(g.value(n.inputs[0]).shape);
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, NumElements(g.value(n.inputs[1]).shape) == count, "dY does not match X"));
   return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
     const float* x = static_cast<const float*>(a.inputs[0]);
     const float* dy = static_cast<const float*>(a.inputs[1]);

@@ -22,6 +22,7 @@
 #include "exec/cuda/cuda_util.h"
 #include "exec/cuda/train_ops_launch.h"
 #include "exec/dnnl_kernel.h"
+#include "exec/grad_specs.h"
 #include "exec/shape_inference.h"
 
 namespace salus::exec::cuda {
@@ -48,24 +49,7 @@ Status Expect(const Node& n, bool ok, const std::string& what) {
 
 // Inputs (indices, dY); output dData. Attribute axis (normalised).
 KernelOr GatherGrad(const Node& n, const Graph& g, DeviceContext*) {
-  SALUS_RETURN_IF_ERROR(Expect(n, n.inputs.size() >= 2 && n.output(0) != kNoValue,
-                               "expects indices, dY and an output"));
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g, {1}));
-  if (g.value(n.inputs[0]).type != DataType::kInt64) {
-    return UnimplementedError(n.Describe() + ": indices must be int64");
-  }
-  const Shape data = g.value(n.outputs[0]).shape;
-  const int64_t axis = n.GetInt("axis", 0);
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, axis >= 0 && axis < static_cast<int64_t>(data.size()), "axis out of range"));
-  GatherGeometry geo;
-  for (int64_t d = 0; d < axis; ++d) geo.outer *= data[d];
-  geo.axis_dim = data[axis];
-  for (size_t d = axis + 1; d < data.size(); ++d) geo.inner *= data[d];
-  geo.count = NumElements(g.value(n.inputs[0]).shape);
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, NumElements(g.value(n.inputs[1]).shape) == geo.outer * geo.count * geo.inner,
-             "dY does not match the gathered shape"));
+  SALUS_ASSIGN_OR_RETURN(const GatherGeometry geo, GatherGradFor(n, g));
   const std::string what = n.Describe();
   return FnKernel([geo, what](const KernelArgs& a) -> Status {
     return CudaStatus(LaunchGatherGrad(geo, static_cast<const int64_t*>(a.inputs[0]),
@@ -76,19 +60,9 @@ KernelOr GatherGrad(const Node& n, const Graph& g, DeviceContext*) {
 
 // Input dY; output dX, zero but for the sliced positions (attributes starts and steps).
 KernelOr SliceGrad(const Node& n, const Graph& g, DeviceContext*) {
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  const Shape x = g.value(n.outputs[0]).shape;
-  const Shape y = g.value(n.inputs[0]).shape;
-  const std::vector<int64_t> starts = n.GetInts("starts"), steps = n.GetInts("steps");
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, starts.size() == x.size() && steps.size() == x.size() && y.size() == x.size(),
-             "starts, steps and dY must match the input's rank"));
-  SliceMap m;
-  if (!MakeSliceMap(x, starts, steps, y, &m)) {
-    return UnimplementedError(n.Describe() + ": slices of more than " +
-                              std::to_string(kMaxIndexDims) + " non-contiguous dims");
-  }
-  const int64_t x_count = NumElements(x);
+  SALUS_ASSIGN_OR_RETURN(const SliceGradSpec spec, SliceGradFor(n, g));
+  const SliceMap m = spec.map;
+  const int64_t x_count = spec.x_count;
   const std::string what = n.Describe();
   return FnKernel([m, x_count, what](const KernelArgs& a) -> Status {
     return CudaStatus(LaunchSliceGrad(m, x_count, F(a.inputs[0]), F(a.outputs[0]), StreamOf(a)),
@@ -98,22 +72,10 @@ KernelOr SliceGrad(const Node& n, const Graph& g, DeviceContext*) {
 
 // Input dY; output dX, the block of dY inside the padding (attribute pads).
 KernelOr PadGrad(const Node& n, const Graph& g, DeviceContext*) {
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  const Shape x = g.value(n.outputs[0]).shape;
-  const Shape y = g.value(n.inputs[0]).shape;
-  const std::vector<int64_t> pads = n.GetInts("pads");
-  SALUS_RETURN_IF_ERROR(Expect(n, pads.size() == 2 * x.size() && y.size() == x.size(),
-                               "pads must have 2*rank entries"));
-  for (size_t d = 0; d < x.size(); ++d) {
-    SALUS_RETURN_IF_ERROR(Expect(
-        n, pads[d] >= 0 && pads[d + x.size()] >= 0 && y[d] == x[d] + pads[d] + pads[d + x.size()],
-        "pads do not match dX and dY"));
-  }
-  const Shape ys = DenseStrides(y);
-  int64_t base = 0;
-  for (size_t d = 0; d < x.size(); ++d) base += pads[d] * ys[d];
+  SALUS_ASSIGN_OR_RETURN(const PadGradSpec spec, PadGradFor(n, g));
+  const int64_t base = spec.base;
   IndexMap map;
-  if (!MakeIndexMap(x, {ys}, &map)) {
+  if (!MakeIndexMap(spec.x, {spec.y_strides}, &map)) {
     return UnimplementedError(n.Describe() + ": more than " + std::to_string(kMaxIndexDims) +
                               " dims");
   }
@@ -126,20 +88,9 @@ KernelOr PadGrad(const Node& n, const Graph& g, DeviceContext*) {
 // Input dY; output k (absent where not needed) the k-th block of `sizes` along `axis`: one
 // strided copy each.
 KernelOr ConcatGrad(const Node& n, const Graph& g, DeviceContext*) {
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  SALUS_RETURN_IF_ERROR(Expect(n, n.inputs.size() == 1, "expects one input"));
-  const Shape y = g.value(n.inputs[0]).shape;
-  const int64_t axis = n.GetInt("axis", 0);
-  const std::vector<int64_t> sizes = n.GetInts("sizes");
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, axis >= 0 && axis < static_cast<int64_t>(y.size()), "axis out of range"));
-  SALUS_RETURN_IF_ERROR(Expect(n, sizes.size() == n.outputs.size(), "one size per output"));
-  int64_t total = 0;
-  for (int64_t s : sizes) total += s;
-  SALUS_RETURN_IF_ERROR(Expect(n, total == y[axis], "sizes do not add up to dY's axis"));
-  int64_t outer = 1, inner = 1;
-  for (int64_t d = 0; d < axis; ++d) outer *= y[d];
-  for (size_t d = axis + 1; d < y.size(); ++d) inner *= y[d];
+  SALUS_ASSIGN_OR_RETURN(const ConcatGradSpec spec, ConcatGradFor(n, g));
+  const std::vector<int64_t> sizes = spec.sizes;
+  const int64_t outer = spec.outer, inner = spec.inner, total = spec.total;
   const std::string what = n.Describe();
   return FnKernel([sizes, outer, inner, total, what](const KernelArgs& a) -> Status {
     const size_t row = total * inner * sizeof(float);
@@ -161,20 +112,7 @@ KernelOr ConcatGrad(const Node& n, const Graph& g, DeviceContext*) {
 // Inputs (X, min or none, max or none, dY); outputs dX, dMin, dMax (each absent where not
 // needed). Before opset 11 the bounds are the attributes min and max.
 KernelOr ClipGrad(const Node& n, const Graph& g, DeviceContext*) {
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, n.inputs.size() == 4 && n.outputs.size() == 3, "expects 4 inputs and 3 outputs"));
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  const int64_t count = NumElements(g.value(n.inputs[0]).shape);
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, NumElements(g.value(n.inputs[3]).shape) == count, "dY does not match X"));
-  for (size_t i = 1; i < 3; ++i) {
-    if (n.inputs[i] == kNoValue) {
-      SALUS_RETURN_IF_ERROR(Expect(n, n.outputs[i] == kNoValue, "gradient of an absent bound"));
-      continue;
-    }
-    SALUS_RETURN_IF_ERROR(
-        Expect(n, NumElements(g.value(n.inputs[i]).shape) == 1, "min and max must be scalars"));
-  }
+  SALUS_ASSIGN_OR_RETURN(const int64_t count, ClipGradFor(n, g));
   const float lo = n.GetFloat("min", -std::numeric_limits<float>::infinity());
   const float hi = n.GetFloat("max", std::numeric_limits<float>::infinity());
   const std::string what = n.Describe();
@@ -183,6 +121,23 @@ KernelOr ClipGrad(const Node& n, const Graph& g, DeviceContext*) {
                                      F(a.inputs[3]), Out(a, 0), Out(a, 1), Out(a, 2), StreamOf(a)),
                       what);
   });
+}
+
+// Inputs (A, B, dY) with dY in the output's shape: the map of the output's elements over A
+// and B broadcast to it.
+StatusOr<IndexMap> OperandsMap(const Node& n, const Graph& g) {
+  const Shape& out = g.value(n.outputs[0]).shape;
+  SALUS_RETURN_IF_ERROR(
+      Expect(n, g.value(n.inputs[2]).shape == out, "dY does not have the output's shape"));
+  IndexMap map;
+  if (!MakeIndexMap(out,
+                    {BroadcastStrides(g.value(n.inputs[0]).shape, out),
+                     BroadcastStrides(g.value(n.inputs[1]).shape, out)},
+                    &map)) {
+    return UnimplementedError(n.Describe() + ": more than " + std::to_string(kMaxIndexDims) +
+                              " dims");
+  }
+  return map;
 }
 
 // Inputs (X_0, X_1, dY); output (in Y's shape) dY where input `input` is the first to attain
@@ -197,17 +152,7 @@ KernelOr MinMaxGrad(const Node& n, const Graph& g, DeviceContext*) {
   const int which = static_cast<int>(n.GetInt("input", 0));
   SALUS_RETURN_IF_ERROR(Expect(n, which == 0 || which == 1, "input out of range"));
   const bool is_max = n.GetString("forward_op", "") == "Max";
-  const Shape out = g.value(n.outputs[0]).shape;
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, g.value(n.inputs[2]).shape == out, "dY does not have the output's shape"));
-  IndexMap map;
-  if (!MakeIndexMap(out,
-                    {BroadcastStrides(g.value(n.inputs[0]).shape, out),
-                     BroadcastStrides(g.value(n.inputs[1]).shape, out)},
-                    &map)) {
-    return UnimplementedError(n.Describe() + ": more than " + std::to_string(kMaxIndexDims) +
-                              " dims");
-  }
+  SALUS_ASSIGN_OR_RETURN(const IndexMap map, OperandsMap(n, g));
   const std::string what = n.Describe();
   return FnKernel([map, is_max, which, what](const KernelArgs& a) -> Status {
     return CudaStatus(LaunchMinMaxGrad(map, is_max, which, F(a.inputs[0]), F(a.inputs[1]),
@@ -225,17 +170,7 @@ KernelOr PowGrad(const Node& n, const Graph& g, DeviceContext*) {
     return UnimplementedError(n.Describe() + ": exponent of type " + DataTypeName(et));
   }
   const bool wrt_exponent = n.GetInt("input", 0) == 1;
-  const Shape out = g.value(n.outputs[0]).shape;
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, g.value(n.inputs[2]).shape == out, "dY does not have the output's shape"));
-  IndexMap map;
-  if (!MakeIndexMap(out,
-                    {BroadcastStrides(g.value(n.inputs[0]).shape, out),
-                     BroadcastStrides(g.value(n.inputs[1]).shape, out)},
-                    &map)) {
-    return UnimplementedError(n.Describe() + ": more than " + std::to_string(kMaxIndexDims) +
-                              " dims");
-  }
+  SALUS_ASSIGN_OR_RETURN(const IndexMap map, OperandsMap(n, g));
   const bool p_int64 = et == DataType::kInt64;
   const std::string what = n.Describe();
   return FnKernel([map, wrt_exponent, p_int64, what](const KernelArgs& a) -> Status {
@@ -247,25 +182,8 @@ KernelOr PowGrad(const Node& n, const Graph& g, DeviceContext*) {
 
 // Inputs (X, dY); output dX of Erf, Gelu (attribute approximate) or Reciprocal (forward_op).
 KernelOr UnaryGradK(const Node& n, const Graph& g, DeviceContext*) {
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  const std::string fwd = n.GetString("forward_op", "");
-  UnaryGradOp op;
-  if (fwd == "Erf") {
-    op = UnaryGradOp::kErf;
-  } else if (fwd == "Reciprocal") {
-    op = UnaryGradOp::kReciprocal;
-  } else if (fwd == "Gelu") {
-    const std::string approximate = n.GetString("approximate", "none");
-    if (approximate != "none" && approximate != "tanh") {
-      return InvalidArgumentError(n.Describe() + ": approximate must be 'none' or 'tanh'");
-    }
-    op = approximate == "tanh" ? UnaryGradOp::kGeluTanh : UnaryGradOp::kGeluErf;
-  } else {
-    return UnimplementedError(n.Describe() + ": no gradient kernel for " + fwd);
-  }
+  SALUS_ASSIGN_OR_RETURN(const UnaryGradOp op, UnaryGradFor(n, g));
   const int64_t count = NumElements(g.value(n.inputs[0]).shape);
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, NumElements(g.value(n.inputs[1]).shape) == count, "dY does not match X"));
   const std::string what = n.Describe();
   return FnKernel([op, count, what](const KernelArgs& a) -> Status {
     return CudaStatus(
@@ -340,13 +258,7 @@ KernelOr LayerNormGrad(const Node& n, const Graph& g, DeviceContext*) {
 
 // Inputs (X, iteration counter: int64 in persistent memory); outputs (Y, bool mask).
 KernelOr DropoutTrain(const Node& n, const Graph& g, DeviceContext*) {
-  if (g.value(n.inputs[0]).type != DataType::kFloat32 ||
-      g.value(n.outputs[0]).type != DataType::kFloat32 ||
-      g.value(n.inputs[1]).type != DataType::kInt64 || n.output(1) == kNoValue ||
-      g.value(n.outputs[1]).type != DataType::kBool) {
-    return UnimplementedError(n.Describe() +
-                              ": expects float data, an int64 counter and a bool mask");
-  }
+  SALUS_RETURN_IF_ERROR(RequireDropoutTrainTypes(n, g));
   const int64_t count = NumElements(g.value(n.inputs[0]).shape);
   const float ratio = n.GetFloat("ratio", 0.5f);
   const uint64_t seed = static_cast<uint64_t>(n.GetInt("seed", 0));
