@@ -1,15 +1,18 @@
 """The quick start's main job: four training jobs share one salus-server.
 
-Starts salus-server on the CPU device, submits four training jobs on real ONNX models from
-four separate Python processes at once, under FAIR and then under SRTF, and prints each
+Starts salus-server on the CPU device (or the one `--device` or $SALUS_DEVICE names, such as
+cuda:0), submits four training jobs on real ONNX models from four separate Python processes at
+once, under FAIR and then under SRTF, and prints each
 job's completion time (JCT) and a table per policy. Each job trains on a fixed, seeded
 synthetic batch and reports its first and last loss.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing as mp
+import os
 import signal
 import socket
 import subprocess
@@ -66,11 +69,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_policy(policy: str) -> list[dict]:
+def run_policy(policy: str, device: str) -> list[dict]:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     server = subprocess.Popen(
         [str(REPO / "build" / "bin" / "salus-server"), "--listen", endpoint, "--memory", "2GiB",
-         "--policy", policy, "--log-level", "warn"], stderr=subprocess.PIPE, text=True)
+         "--policy", policy, "--log-level", "warn", "--device", device],
+        stderr=subprocess.PIPE, text=True)
     assert server.stderr is not None
     watchdog = threading.Timer(60, server.kill)  # never wait forever for the ready line
     watchdog.start()
@@ -104,10 +108,14 @@ def run_policy(policy: str) -> list[dict]:
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default=os.environ.get("SALUS_DEVICE", "cpu"),
+                    help="the daemon's device: cpu (default), cuda:N ($SALUS_DEVICE)")
+    args = ap.parse_args()
     tables = {}
     for policy in ("fair", "srtf"):
         print(f"\n==> four training jobs at once under {policy.upper()}")
-        tables[policy] = run_policy(policy)
+        tables[policy] = run_policy(policy, args.device)
         for r in tables[policy]:
             print(f"  {r['job']:7} finished after {r['jct_s']:6.2f} s "
                   f"({r['iterations']} iterations, loss {r['first_loss']:.3f} -> "
