@@ -206,8 +206,8 @@ KernelOr SceGrad(const Node& n, const Graph& g) {
         }
         for (int64_t idx = 0; idx < s.n * s.c * s.d; ++idx) {
           const int64_t row = idx / (s.c * s.d) * s.d + idx % s.d;
-          dx[idx] = SceGradAt(s, logp, labels, SceGradCoef(s, labels, weights, dloss, wsum, row),
-                              idx);
+          dx[idx] =
+              SceGradAt(s, logp, labels, SceGradCoef(s, labels, weights, dloss, wsum, row), idx);
         }
       },
       scratch));

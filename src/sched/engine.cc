@@ -92,9 +92,9 @@ namespace salus::sched {
 //  - Every iteration records which sessions of the device's other lanes ran at some moment of
 //    it (LaneRec::met); a session's first `warmup` iterations are not measured (on a GPU the
 //    first iterations load kernels and library state, and took 10-25x a warm one: measured,
-//    they unpacked every pair of a hyperparam run on an H200). One that met nobody is a solo sample of its session (an EWMA of its
-//    iteration time alone); one that met k sessions is a sample of each of those k pairs, its
-//    time beside them and k.
+//    they unpacked every pair of a hyperparam run on an H200). One that met nobody is a solo sample
+//    of its session (an EWMA of its iteration time alone); one that met k sessions is a sample of
+//    each of those k pairs, its time beside them and k.
 //  - Once both members have `samples` iterations beside each other, the pair is decided if
 //    both have a time alone (solo samples, else the iteration time their spec declares,
 //    iteration_time_hint); otherwise it is probed: kept apart (never started while the other

@@ -7,9 +7,8 @@
 namespace salus::sched {
 
 StatusOr<std::unique_ptr<Policy>> PackPolicy::Create(const nlohmann::json& options) {
-  SALUS_RETURN_IF_ERROR(
-      internal::CheckPolicyOptions("pack", options,
-                                   {"introspect", "min_gain", "samples", "warmup"}));
+  SALUS_RETURN_IF_ERROR(internal::CheckPolicyOptions(
+      "pack", options, {"introspect", "min_gain", "samples", "warmup"}));
   IntrospectionOptions o;
   o.enabled = true;
   if (options.is_object()) {

@@ -214,9 +214,9 @@ void CudaRuntime::Release(DeviceContext* ctx, bool high_priority) {
 
 // Thread-local capture: other threads' work (other lanes, allocations) neither joins this
 // graph nor invalidates it.
-StatusOr<std::unique_ptr<DeviceGraph>> CudaRuntime::Capture(
-    DeviceContext* ctx, const std::function<Status()>& enqueue,
-    std::unique_ptr<DeviceGraph> previous) {
+StatusOr<std::unique_ptr<DeviceGraph>> CudaRuntime::Capture(DeviceContext* ctx,
+                                                            const std::function<Status()>& enqueue,
+                                                            std::unique_ptr<DeviceGraph> previous) {
   SALUS_RETURN_IF_ERROR(
       CudaStatus(cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal),
                  name() + ": starting a graph capture"));

@@ -127,7 +127,6 @@ Status CheckForwardShape(const ConvDesc& conv, const TensorDesc& x, const Filter
   return OkStatus();
 }
 
-
 StatusOr<PoolWindow> PoolWindowFor(const Node& n, const std::string& op, const Shape& xs,
                                    const Shape& ys) {
   const std::string what = n.Describe();

@@ -139,8 +139,7 @@ SALUS_HD int64_t PoolTap(const PoolGeometry& g, const float* x, int64_t o) {
     }
   }
   if (is_max) return chosen;
-  return g.mode == PoolMode::kAverageIncludePad ? g.kernel[0] * g.kernel[1] * g.kernel[2]
-                                                : inside;
+  return g.mode == PoolMode::kAverageIncludePad ? g.kernel[0] * g.kernel[1] * g.kernel[2] : inside;
 }
 
 // Input element `i` (row-major over [planes, in...]) of the gradient, from dy and PoolTap's

@@ -6,12 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <random>
 #include <set>
-#include <algorithm>
 #include <string>
 #include <vector>
 
