@@ -411,6 +411,19 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
     return "\n".join(head + lines + tail) + "\n"
 
 
+def checked_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str],
+                                                                              list[int]]:
+    """--device, --models and --batches checked (ap.error otherwise), and --out created."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        ap.error(f"--device {args.device}: expected cpu or cuda:N")
+    models = [m for m in args.models.split(",") if m]
+    for m in models:
+        if m not in SAMPLE:
+            ap.error(f"unknown model {m!r} (known: {', '.join(SAMPLE)})")
+    args.out.mkdir(parents=True, exist_ok=True)
+    return models, [int(b) for b in args.batches.split(",") if b]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda:0", help="cuda:N or cpu")
@@ -427,14 +440,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path,
                     default=Path(os.environ["OUT"]) if os.environ.get("OUT") else REPO / "results")
     args = ap.parse_args()
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
-        ap.error(f"--device {args.device}: expected cpu or cuda:N")
-    models = [m for m in args.models.split(",") if m]
-    for m in models:
-        if m not in SAMPLE:
-            ap.error(f"unknown model {m!r} (known: {', '.join(SAMPLE)})")
-    batches = [int(b) for b in args.batches.split(",") if b]
-    args.out.mkdir(parents=True, exist_ok=True)
+    models, batches = checked_args(ap, args)
     stem = "gpu-bench-" + args.device.replace(":", "")
 
     tb = TorchBench(args.device, args.cudnn_benchmark)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from compare import (  # noqa: E402
     SAMPLE,
     TorchBench,
     cell,
+    checked_args,
     load_onnx_weights,
     make_feeds,
     median,
@@ -167,14 +167,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path,
                     default=Path(os.environ["OUT"]) if os.environ.get("OUT") else REPO / "results")
     args = ap.parse_args()
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
-        ap.error(f"--device {args.device}: expected cpu or cuda:N")
-    models = [m for m in args.models.split(",") if m]
-    for m in models:
-        if m not in SAMPLE:
-            ap.error(f"unknown model {m!r} (known: {', '.join(SAMPLE)})")
-    batches = [int(b) for b in args.batches.split(",") if b]
-    args.out.mkdir(parents=True, exist_ok=True)
+    models, batches = checked_args(ap, args)
     stem = "gpu-train-" + args.device.replace(":", "")
     tb = TorchBench(args.device, False)
     env: dict[str, Any] = {"device": args.device, "iters": args.iters, "warmup": args.warmup,

@@ -48,10 +48,6 @@ Status RequireContext(const Node& n, const DeviceContext* ctx) {
   return OkStatus();
 }
 
-std::unique_ptr<Kernel> FnKernel(CudaFnKernel::Fn fn, size_t scratch = 0) {
-  return std::make_unique<CudaFnKernel>(std::move(fn), scratch);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Copies: the output is the input's bytes (a new shape, or Dropout outside training).
 

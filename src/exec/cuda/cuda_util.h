@@ -103,4 +103,13 @@ class CudaFnKernel : public Kernel {
   size_t scratch_;
 };
 
+// A CudaFnKernel of `fn`, as the factories return it.
+inline std::unique_ptr<Kernel> FnKernel(CudaFnKernel::Fn fn, size_t scratch = 0) {
+  return std::make_unique<CudaFnKernel>(std::move(fn), scratch);
+}
+
+// A kernel argument (KernelArgs' void pointers) as the float tensor it is.
+inline const float* F(const void* p) { return static_cast<const float*>(p); }
+inline float* F(void* p) { return static_cast<float*>(p); }
+
 }  // namespace salus::exec::cuda

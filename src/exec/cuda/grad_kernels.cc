@@ -46,13 +46,6 @@ namespace {
 
 using KernelOr = StatusOr<std::unique_ptr<Kernel>>;
 
-std::unique_ptr<Kernel> FnKernel(CudaFnKernel::Fn fn, size_t scratch = 0) {
-  return std::make_unique<CudaFnKernel>(std::move(fn), scratch);
-}
-
-const float* F(const void* p) { return static_cast<const float*>(p); }
-float* F(void* p) { return static_cast<float*>(p); }
-
 // ---------------------------------------------------------------------------------------------
 // Convolution gradients. The window is the forward Conv's (its attributes travel on the node);
 // with unequal pads the convolution is described for the padded input with no padding.

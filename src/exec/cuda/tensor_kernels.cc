@@ -39,10 +39,6 @@ namespace {
 
 using KernelOr = StatusOr<std::unique_ptr<Kernel>>;
 
-KernelOr FnKernel(CudaFnKernel::Fn fn) {
-  return std::unique_ptr<Kernel>(std::make_unique<CudaFnKernel>(std::move(fn)));
-}
-
 const Value& In(const Node& n, const Graph& g, size_t i) { return g.value(n.inputs[i]); }
 const Value& Out(const Node& n, const Graph& g, size_t i) { return g.value(n.outputs[i]); }
 

@@ -30,12 +30,6 @@ namespace {
 
 using KernelOr = StatusOr<std::unique_ptr<Kernel>>;
 
-std::unique_ptr<Kernel> FnKernel(CudaFnKernel::Fn fn, size_t scratch = 0) {
-  return std::make_unique<CudaFnKernel>(std::move(fn), scratch);
-}
-
-const float* F(const void* p) { return static_cast<const float*>(p); }
-float* F(void* p) { return static_cast<float*>(p); }
 float* Out(const KernelArgs& a, size_t i) {
   return a.outputs.size() > i ? static_cast<float*>(a.outputs[i]) : nullptr;
 }

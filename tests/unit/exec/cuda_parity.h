@@ -10,9 +10,11 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "exec/alignment.h"
@@ -110,19 +112,29 @@ inline void ExpectClose(const HostTensor& cpu, const HostTensor& gpu, const std:
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << cpu.num_elements() << " elements differ";
 }
 
-// See the file comment. Returns the CPU outputs (for further checks).
-inline std::vector<HostTensor> ExpectCudaParity(const std::string& model, CompileOptions o = {},
-                                                const ParityOptions& p = {}) {
+// `model` compiled with `o` for the CPU and for cuda:0; a null one (with a test failure) where
+// compiling failed.
+inline std::pair<std::unique_ptr<Executable>, std::unique_ptr<Executable>> CompileOnBoth(
+    const std::string& model, CompileOptions o) {
+  std::pair<std::unique_ptr<Executable>, std::unique_ptr<Executable>> both;
   o.device = Device{};
   auto cpu = Executable::Compile(model, o);
   EXPECT_TRUE(cpu.ok()) << "cpu: " << cpu.status().ToString();
-  if (!cpu.ok()) return {};
+  if (cpu.ok()) both.first = std::move(*cpu);
   o.device = Device{DeviceType::kCuda, 0};
   auto gpu = Executable::Compile(model, o);
   EXPECT_TRUE(gpu.ok()) << "cuda:0: " << gpu.status().ToString();
-  if (!gpu.ok()) return {};
-  Executable& c = **cpu;
-  Executable& g = **gpu;
+  if (gpu.ok()) both.second = std::move(*gpu);
+  return both;
+}
+
+// See the file comment. Returns the CPU outputs (for further checks).
+inline std::vector<HostTensor> ExpectCudaParity(const std::string& model, CompileOptions o = {},
+                                                const ParityOptions& p = {}) {
+  auto [cpu, gpu] = CompileOnBoth(model, o);
+  if (cpu == nullptr || gpu == nullptr) return {};
+  Executable& c = *cpu;
+  Executable& g = *gpu;
   EXPECT_EQ(c.persistent_bytes(), g.persistent_bytes());
   const std::vector<HostTensor> feeds = RandomFeeds(c, p);
 
@@ -195,23 +207,17 @@ inline Trained TrainOn(Executable& exe, const std::vector<HostTensor>& feeds, in
 // bit-identical. Returns the CPU's run.
 inline Trained ExpectTrainingParity(const std::string& model, CompileOptions o,
                                     const ParityOptions& p, int steps) {
-  o.device = Device{};
-  auto cpu = Executable::Compile(model, o);
-  EXPECT_TRUE(cpu.ok()) << "cpu: " << cpu.status().ToString();
-  if (!cpu.ok()) return {};
-  o.device = Device{DeviceType::kCuda, 0};
-  auto gpu = Executable::Compile(model, o);
-  EXPECT_TRUE(gpu.ok()) << "cuda:0: " << gpu.status().ToString();
-  if (!gpu.ok()) return {};
-  EXPECT_EQ((*cpu)->persistent_bytes(), (*gpu)->persistent_bytes());
-  const std::vector<HostTensor> feeds = RandomFeeds(**cpu, p);
-  Trained want = TrainOn(**cpu, feeds, steps, false);
-  const Trained got = TrainOn(**gpu, feeds, steps, true);
-  const Trained again = TrainOn(**gpu, feeds, steps, false);
+  auto [cpu, gpu] = CompileOnBoth(model, o);
+  if (cpu == nullptr || gpu == nullptr) return {};
+  EXPECT_EQ(cpu->persistent_bytes(), gpu->persistent_bytes());
+  const std::vector<HostTensor> feeds = RandomFeeds(*cpu, p);
+  Trained want = TrainOn(*cpu, feeds, steps, false);
+  const Trained got = TrainOn(*gpu, feeds, steps, true);
+  const Trained again = TrainOn(*gpu, feeds, steps, false);
   EXPECT_EQ(want.steps.size(), got.steps.size());
   for (size_t s = 0; s < want.steps.size() && s < got.steps.size(); ++s) {
     for (size_t i = 0; i < want.steps[s].size() && i < got.steps[s].size(); ++i) {
-      const std::string what = "step " + std::to_string(s) + " " + (*gpu)->fetches()[i].name;
+      const std::string what = "step " + std::to_string(s) + " " + gpu->fetches()[i].name;
       ExpectClose(want.steps[s][i], got.steps[s][i], what, p);
       if (s < again.steps.size()) {
         EXPECT_EQ(got.steps[s][i].bytes, again.steps[s][i].bytes)
