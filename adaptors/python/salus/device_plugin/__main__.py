@@ -1,0 +1,5 @@
+import sys
+
+from salus.device_plugin.plugin import main
+
+sys.exit(main())
