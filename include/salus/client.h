@@ -18,6 +18,9 @@
 //
 // A daemon reached over a remote (CURVE) endpoint needs Options::server_key and the client's
 // own secret key (Options::secret_key, or $SALUS_CURVE_SERVER_KEY and $SALUS_CURVE_SECRET_KEY).
+// In a pod whose node's device plugin granted it an allocation, the client acts for it
+// (Options::allocation_token, or $SALUS_ALLOCATION_TOKEN): its sessions take the allocation's
+// class, priority and memory budget.
 #pragma once
 
 #include <chrono>
@@ -116,8 +119,11 @@ struct IterationStats {
 struct ServerInfo {
   uint32_t protocol_version = 0;
   std::string server_version, device, policy, client_id;
-  std::string role;       // "user" or "admin"
-  std::string principal;  // who the daemon authenticated: "uid:1000", "curve:<key>", "tcp:<ip>"
+  std::string role;  // "user" or "admin"
+  // who the daemon authenticated: "uid:1000", "curve:<key>", "tcp:<ip>", or "alloc:<id>" for
+  // a client of an allocation
+  std::string principal;
+  std::string allocation;  // the allocation this client acts for; empty: none
 
   uint64_t capacity_bytes = 0;
   uint64_t lease_ms = 0;
@@ -133,6 +139,19 @@ struct SessionInfo {
   uint64_t persistent_bytes = 0, ephemeral_bytes = 0;
   int64_t iterations_done = 0, iterations_declared = 0;
   double avg_iteration_seconds = 0;
+  std::string allocation;  // the allocation its client acts for; empty: none
+};
+
+// A share of the daemon its administrator granted (salus.v1.Allocation, without the token).
+struct AllocationInfo {
+  std::string id;
+  uint64_t memory_bytes = 0;  // budget for the P+E of its sessions; 0: none
+  bool interactive = false;   // the latency class of its sessions
+  int32_t priority = 0;       // its sessions' priority when they ask for none
+  int32_t max_priority = 0;   // their ceiling; 0: the daemon's max_priority quota
+  std::string pod;            // "namespace/name", or empty
+  uint64_t used_bytes = 0;    // P+E of its open sessions
+  uint32_t sessions = 0, clients = 0;
 };
 
 // Sessions of other clients, as the totals an ordinary client may see.
@@ -255,6 +274,9 @@ class Client {
     // endpoint, from $SALUS_CURVE_SERVER_KEY and $SALUS_CURVE_SECRET_KEY; with a server key but
     // no secret key the client makes a key pair of its own (enough for a daemon in open mode).
     std::string server_key, secret_key;
+    // An allocation's token (Note [Allocations] in the daemon): the client acts for that
+    // allocation. Empty: $SALUS_ALLOCATION_TOKEN, if set.
+    std::string allocation_token;
   };
   static StatusOr<std::unique_ptr<Client>> Connect(const std::string& endpoint);
   static StatusOr<std::unique_ptr<Client>> Connect(const std::string& endpoint, Options options);
@@ -269,6 +291,12 @@ class Client {
   // Closes a session by id: one of this client's, or as the administrator anyone's.
   Status CloseSession(uint64_t session_id);
   Status Drain();
+  // Allocations (the administrator only, PERMISSION_DENIED otherwise): every allocation with
+  // its usage; grant (true: created, false: updated; an empty token keeps the one it has);
+  // revoke, which closes its clients' sessions and returns how many.
+  StatusOr<std::vector<AllocationInfo>> ListAllocations();
+  StatusOr<bool> GrantAllocation(const AllocationInfo& allocation, const std::string& token);
+  StatusOr<uint32_t> RevokeAllocation(const std::string& id);
   // A shared buffer of `bytes` (the daemon must run on this host and be able to read this
   // user's shared memory: NOT_FOUND or PERMISSION_DENIED otherwise). Outlived by the Client.
   StatusOr<std::unique_ptr<SharedBuffer>> CreateSharedBuffer(uint64_t bytes);

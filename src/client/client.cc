@@ -291,6 +291,12 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& endpoint, O
   v1::Request req;
   req.mutable_hello()->set_protocol_version(kProtocolVersion);
   req.mutable_hello()->set_client_name(options.name);
+  std::string allocation_token = options.allocation_token;
+  if (const char* env = std::getenv("SALUS_ALLOCATION_TOKEN");
+      allocation_token.empty() && env != nullptr) {
+    allocation_token = env;
+  }
+  req.mutable_hello()->set_allocation_token(allocation_token);
   SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl->Control(std::move(req)));
   const v1::HelloReply& h = reply.hello();
   ServerInfo& info = impl->server;
@@ -301,6 +307,7 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& endpoint, O
   info.client_id = h.client_id();
   info.role = h.role() == v1::ROLE_ADMIN ? "admin" : "user";
   info.principal = h.principal();
+  info.allocation = h.allocation();
   info.capacity_bytes = h.capacity_bytes();
   info.lease_ms = h.lease_ms();
   impl->token = h.client_token();
@@ -389,6 +396,7 @@ StatusOr<std::vector<SessionInfo>> Client::ListSessions(OtherSessions* others) {
     i.iterations_done = s.iterations_done();
     i.iterations_declared = s.iterations_declared();
     i.avg_iteration_seconds = s.avg_iteration_seconds();
+    i.allocation = s.allocation();
     out.push_back(std::move(i));
   }
   return out;
@@ -419,6 +427,48 @@ Status Client::Drain() {
   v1::Request req;
   req.mutable_drain();
   return impl_->Control(std::move(req)).status();
+}
+
+StatusOr<std::vector<AllocationInfo>> Client::ListAllocations() {
+  v1::Request req;
+  req.mutable_list_allocations();
+  SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl_->Control(std::move(req)));
+  std::vector<AllocationInfo> out;
+  for (const v1::Allocation& a : reply.list_allocations().allocations()) {
+    AllocationInfo i;
+    i.id = a.id();
+    i.memory_bytes = a.memory_bytes();
+    i.interactive = a.latency_class() == v1::LATENCY_INTERACTIVE;
+    i.priority = a.priority();
+    i.max_priority = a.max_priority();
+    i.pod = a.pod();
+    i.used_bytes = a.used_bytes();
+    i.sessions = a.sessions();
+    i.clients = a.clients();
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+StatusOr<bool> Client::GrantAllocation(const AllocationInfo& allocation, const std::string& token) {
+  v1::Request req;
+  v1::Allocation* a = req.mutable_grant_allocation()->mutable_allocation();
+  a->set_id(allocation.id);
+  a->set_token(token);
+  a->set_memory_bytes(allocation.memory_bytes);
+  a->set_latency_class(allocation.interactive ? v1::LATENCY_INTERACTIVE : v1::LATENCY_BATCH);
+  a->set_priority(allocation.priority);
+  a->set_max_priority(allocation.max_priority);
+  a->set_pod(allocation.pod);
+  SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl_->Control(std::move(req)));
+  return reply.grant_allocation().created();
+}
+
+StatusOr<uint32_t> Client::RevokeAllocation(const std::string& id) {
+  v1::Request req;
+  req.mutable_revoke_allocation()->set_id(id);
+  SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl_->Control(std::move(req)));
+  return reply.revoke_allocation().sessions_closed();
 }
 
 StatusOr<std::unique_ptr<SharedBuffer>> Client::CreateSharedBuffer(uint64_t bytes) {

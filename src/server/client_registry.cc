@@ -54,6 +54,8 @@ std::string NewToken() {
 // the client owned. A request with a forgotten token is UNAUTHENTICATED: the client says Hello
 // again and starts afresh (its old sessions are gone).
 
+std::string AllocationPrincipal(const std::string& allocation) { return "alloc:" + allocation; }
+
 uint64_t SecureRandom64() {
   uint64_t v = 0;
   FillRandom(&v, sizeof(v));
@@ -101,17 +103,21 @@ StatusOr<Quotas> Quotas::FromJson(const nlohmann::json& section) {
   return q;
 }
 
-StatusOr<ClientRef> ClientRegistry::Hello(const std::string& principal, std::string* token) {
+StatusOr<ClientRef> ClientRegistry::Hello(const std::string& principal, std::string* token,
+                                          const std::string& allocation) {
+  const std::string who = allocation.empty() ? principal : AllocationPrincipal(allocation);
   MutexLock lock(&mu_);
-  uint64_t& count = per_principal_[principal];
+  uint64_t& count = per_principal_[who];
   if (quotas_.clients_per_principal != 0 && count >= quotas_.clients_per_principal) {
     return QuotaExceeded("clients_per_principal", quotas_.clients_per_principal,
-                         fmt::format("{} has that many clients with live leases", principal));
+                         fmt::format("{} has that many clients with live leases", who));
   }
   Client c;
   c.ref.id = next_id_++;
-  c.ref.name = fmt::format("c{}/{}", c.ref.id, principal);
-  c.ref.principal = principal;
+  c.ref.name = fmt::format("c{}/{}", c.ref.id, who);
+  c.ref.principal = who;
+  c.ref.allocation = allocation;
+  c.bound_to = principal;
   c.token = NewToken();
   c.last_seen = clock_->Now();
   ++count;
@@ -132,7 +138,7 @@ StatusOr<ClientRef> ClientRegistry::Resolve(const std::string& token,
   auto t = by_token_.find(token);
   if (t != by_token_.end()) {
     Client& c = clients_.at(t->second);
-    if (c.ref.principal == principal) {
+    if (c.bound_to == principal) {
       c.last_seen = clock_->Now();
       return c.ref;
     }
@@ -175,18 +181,50 @@ std::vector<uint64_t> ClientRegistry::Expire() {
       continue;
     }
     gone.push_back(c.ref.id);
-    by_token_.erase(c.token);
-    if (auto p = per_principal_.find(c.ref.principal); p != per_principal_.end()) {
-      if (--p->second == 0) per_principal_.erase(p);
-    }
-    it = clients_.erase(it);
+    it = Erase(it);
   }
   return gone;
+}
+
+std::unordered_map<uint64_t, ClientRegistry::Client>::iterator ClientRegistry::Erase(
+    std::unordered_map<uint64_t, Client>::iterator it) {
+  const Client& c = it->second;
+  by_token_.erase(c.token);
+  if (auto p = per_principal_.find(c.ref.principal); p != per_principal_.end()) {
+    if (--p->second == 0) per_principal_.erase(p);
+  }
+  return clients_.erase(it);
+}
+
+std::vector<uint64_t> ClientRegistry::DropAllocation(const std::string& allocation) {
+  std::vector<uint64_t> gone;
+  if (allocation.empty()) return gone;
+  MutexLock lock(&mu_);
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    if (it->second.ref.allocation != allocation) {
+      ++it;
+      continue;
+    }
+    gone.push_back(it->first);
+    it = Erase(it);
+  }
+  return gone;
+}
+
+void ClientRegistry::Forget(uint64_t client) {
+  MutexLock lock(&mu_);
+  if (auto it = clients_.find(client); it != clients_.end()) Erase(it);
 }
 
 size_t ClientRegistry::Count() const {
   MutexLock lock(&mu_);
   return clients_.size();
+}
+
+size_t ClientRegistry::CountOf(const std::string& principal) const {
+  MutexLock lock(&mu_);
+  auto it = per_principal_.find(principal);
+  return it == per_principal_.end() ? 0 : it->second;
 }
 
 }  // namespace salus::server

@@ -23,6 +23,10 @@
 
 namespace salus::server {
 
+// The highest session priority the protocol allows (and the lowest, negated): under the
+// PRIORITY and FAIR policies a weight, so it is bounded.
+inline constexpr int32_t kMaxPriority = 100;
+
 // Per-client limits (0: none). See docs/operations.md, Security.
 struct Quotas {
   uint64_t sessions = 0;
@@ -47,14 +51,21 @@ struct Quotas {
 // RESOURCE_EXHAUSTED naming the quota `name` and its `limit`.
 Status QuotaExceeded(std::string_view name, uint64_t limit, std::string_view what);
 
+// "alloc:<id>": the principal of every client of allocation `id` (Note [Allocations] in
+// allocation_registry.cc).
+std::string AllocationPrincipal(const std::string& allocation);
+
 // 64 bits from the kernel's cryptographic generator.
 uint64_t SecureRandom64();
 
 // A live client, as the requests it sends resolve to.
 struct ClientRef {
-  uint64_t id = 0;        // internal, never on the wire
-  std::string name;       // public: "c<N>/<principal>"
-  std::string principal;  // "uid:1000", "curve:<key>", "tcp:127.0.0.1"
+  uint64_t id = 0;   // internal, never on the wire
+  std::string name;  // public: "c<N>/<principal>"
+  // "uid:1000", "curve:<key>", "tcp:127.0.0.1", or for a client of an allocation
+  // "alloc:<id>" (Note [Allocations] in allocation_registry.cc)
+  std::string principal;
+  std::string allocation;  // the allocation it acts for; empty: none
 };
 
 class ClientRegistry {
@@ -62,8 +73,12 @@ class ClientRegistry {
   ClientRegistry(const Clock* clock, Nanos lease, Quotas quotas)
       : clock_(clock), lease_(lease), quotas_(quotas) {}
 
-  // A new client for `principal`; its token is written to *token.
-  StatusOr<ClientRef> Hello(const std::string& principal, std::string* token) EXCLUDES(mu_);
+  // A new client for `principal` (whom the transport authenticated); its token is written to
+  // *token. With an `allocation` the client acts for it: its principal, which the
+  // clients_per_principal quota counts, is "alloc:<allocation>", while its token still works
+  // only for `principal`.
+  StatusOr<ClientRef> Hello(const std::string& principal, std::string* token,
+                            const std::string& allocation = "") EXCLUDES(mu_);
   // The live client `token` names, when it was issued to `principal`; renews its lease.
   // Anything else (empty, unknown, expired, another principal's) is UNAUTHENTICATED, and says
   // no more than that.
@@ -74,15 +89,27 @@ class ClientRegistry {
   void EndRequest(uint64_t client) EXCLUDES(mu_);
   // Forgets the clients silent for longer than the lease with nothing in flight; returns them.
   std::vector<uint64_t> Expire() EXCLUDES(mu_);
+  // Forgets the clients of `allocation` at once (it was revoked), whatever they have in
+  // flight; returns them. Their tokens are UNAUTHENTICATED from then on.
+  std::vector<uint64_t> DropAllocation(const std::string& allocation) EXCLUDES(mu_);
+  // Forgets one client at once.
+  void Forget(uint64_t client) EXCLUDES(mu_);
   size_t Count() const EXCLUDES(mu_);
+  // Live clients whose principal is `principal`.
+  size_t CountOf(const std::string& principal) const EXCLUDES(mu_);
 
  private:
   struct Client {
     ClientRef ref;
     std::string token;
+    std::string bound_to;  // the transport's principal at Hello: the token works only for it
     Nanos last_seen{0};
     uint64_t in_flight = 0;
   };
+  // Removes `it`'s token and principal count and the client; returns the next client.
+  std::unordered_map<uint64_t, Client>::iterator Erase(
+      std::unordered_map<uint64_t, Client>::iterator it) REQUIRES(mu_);
+
   const Clock* clock_;
   const Nanos lease_;
   const Quotas quotas_;

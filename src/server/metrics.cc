@@ -6,6 +6,27 @@
 
 namespace salus::server {
 
+std::string EscapeLabelValue(std::string_view value) {
+  std::string out;
+  out.reserve(value.size());
+  for (char c : value) {
+    switch (c) {
+      case '\\':
+        out += "\\\\";
+        break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
 void Histogram::Observe(double us) {
   const auto it = std::lower_bound(kBoundsUs.begin(), kBoundsUs.end(), us);
   buckets_[static_cast<size_t>(it - kBoundsUs.begin())].fetch_add(1, std::memory_order_relaxed);

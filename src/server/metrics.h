@@ -8,10 +8,15 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "sched/engine.h"
 
 namespace salus::server {
+
+// `value` as a Prometheus label value goes between its double quotes: backslash, double quote
+// and newline escaped (\\, \", \n), everything else as it is.
+std::string EscapeLabelValue(std::string_view value);
 
 // A histogram over microseconds with fixed, exponential bucket bounds.
 class Histogram {

@@ -51,7 +51,9 @@ nlohmann::json OwnSessionsOnly(const nlohmann::json& sessions, const std::set<ui
 //   they are served while draining (a client tidying up is not new work).
 // - view: ListSessions, GetStats, GetMemoryMap. Anyone may ask; what they see depends on who
 //   asks (a client sees its own sessions and the others' totals, an administrator everything).
-// - admin: Drain. Only the administrator role (PERMISSION_DENIED otherwise).
+// - admin: Drain, GrantAllocation, RevokeAllocation, ListAllocations. Only the administrator
+//   role (PERMISSION_DENIED otherwise). A request carrying the token of an allocation's client
+//   never has that role, whoever sent it (Note [Allocations] in allocation_registry.cc).
 enum class RequestClass { kOpen, kWork, kControl, kView, kAdmin, kUnknown };
 
 RequestClass Classify(v1::Request::BodyCase body) {
@@ -71,6 +73,9 @@ RequestClass Classify(v1::Request::BodyCase body) {
     case v1::Request::kGetMemoryMap:
       return RequestClass::kView;
     case v1::Request::kDrain:
+    case v1::Request::kGrantAllocation:
+    case v1::Request::kRevokeAllocation:
+    case v1::Request::kListAllocations:
       return RequestClass::kAdmin;
     case v1::Request::BODY_NOT_SET:
       break;
@@ -274,6 +279,8 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   so.host_accessible = s->providers_.front()->host_accessible();
   so.model_factory = s->o_.model_factory;
   so.metrics = &s->metrics_;
+  s->allocations_ = std::make_unique<AllocationRegistry>();
+  so.allocations = s->allocations_.get();
   if (runtime != nullptr) so.device_health = [runtime] { return runtime->CheckHealth(); };
   s->sessions_ = std::make_unique<SessionManager>(std::move(so));
   s->metrics_.SetGaugeSource([self] { return self->Gauges(); });
@@ -392,6 +399,10 @@ void Server::Handle(Call call) {
       return Fail(call, client.status());
     }
   }
+  if (caller.client && !caller.client->allocation.empty()) {
+    caller.principal = caller.client->principal;
+    caller.admin = false;
+  }
   if (cls == RequestClass::kAdmin && !caller.admin) {
     return Fail(call,
                 PermissionDeniedError(fmt::format(
@@ -477,6 +488,37 @@ StatusOr<v1::Reply> Server::Answer(const Caller& caller, const v1::Request& req)
     case v1::Request::kDrain:
       reply.mutable_drain();
       return reply;
+    case v1::Request::kGrantAllocation: {
+      SALUS_ASSIGN_OR_RETURN(const bool created,
+                             allocations_->Grant(req.grant_allocation().allocation()));
+      const v1::Allocation& a = req.grant_allocation().allocation();
+      logging::Event("server", "allocation_granted",
+                     {{"allocation", a.id()},
+                      {"created", created},
+                      {"memory_bytes", a.memory_bytes()},
+                      {"latency_class", v1::LatencyClass_Name(a.latency_class())},
+                      {"priority", a.priority()},
+                      {"max_priority", a.max_priority()},
+                      {"pod", a.pod()},
+                      {"by", caller.principal}});
+      reply.mutable_grant_allocation()->set_created(created);
+      return reply;
+    }
+    case v1::Request::kRevokeAllocation: {
+      SALUS_ASSIGN_OR_RETURN(const size_t closed,
+                             RevokeAllocation(req.revoke_allocation().id(), caller));
+      reply.mutable_revoke_allocation()->set_sessions_closed(static_cast<uint32_t>(closed));
+      return reply;
+    }
+    case v1::Request::kListAllocations: {
+      v1::ListAllocationsReply* out = reply.mutable_list_allocations();
+      for (AllocationUsage& u : allocations_->List()) {
+        u.allocation.set_clients(
+            static_cast<uint32_t>(clients_->CountOf(AllocationPrincipal(u.allocation.id()))));
+        *out->add_allocations() = std::move(u.allocation);
+      }
+      return reply;
+    }
     default:
       return InternalError(fmt::format("request kind {} has no immediate answer",
                                        static_cast<int>(req.body_case())));
@@ -502,7 +544,18 @@ StatusOr<v1::Reply> Server::Hello(const Caller& caller, const v1::Hello& hello) 
                     hello.protocol_version(), kProtocolVersion));
   }
   std::string token;
-  SALUS_ASSIGN_OR_RETURN(ClientRef client, clients_->Hello(caller.principal, &token));
+  std::string allocation;
+  if (!hello.allocation_token().empty()) {
+    SALUS_ASSIGN_OR_RETURN(AllocationTerms terms, allocations_->Resolve(hello.allocation_token()));
+    allocation = terms.id;
+  }
+  SALUS_ASSIGN_OR_RETURN(ClientRef client, clients_->Hello(caller.principal, &token, allocation));
+  if (!allocation.empty() && !allocations_->Terms(allocation).ok()) {
+    // Revoked meanwhile, after the revoke dropped the allocation's clients: so is this one.
+    clients_->Forget(client.id);
+    return UnauthenticatedError("unknown allocation token");
+  }
+  const bool admin = caller.admin && allocation.empty();
   v1::Reply reply;
   v1::HelloReply* h = reply.mutable_hello();
   h->set_protocol_version(kProtocolVersion);
@@ -512,11 +565,27 @@ StatusOr<v1::Reply> Server::Hello(const Caller& caller, const v1::Hello& hello) 
   h->set_policy(o_.policy);
   h->set_client_id(client.name);
   h->set_client_token(std::move(token));
-  h->set_role(caller.admin ? v1::ROLE_ADMIN : v1::ROLE_USER);
-  h->set_principal(caller.principal);
+  h->set_role(admin ? v1::ROLE_ADMIN : v1::ROLE_USER);
+  h->set_principal(client.principal);
+  h->set_allocation(allocation);
   h->set_lease_ms(static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(o_.lease).count()));
   return reply;
+}
+
+StatusOr<size_t> Server::RevokeAllocation(const std::string& id, const Caller& caller) {
+  // Forgotten first, so its token and any CreateSession racing this fail from now on; then its
+  // clients go and their sessions close as at a lease expiry (Note [Allocations]).
+  SALUS_RETURN_IF_ERROR(allocations_->Revoke(id));
+  size_t closed = 0;
+  const std::vector<uint64_t> dropped = clients_->DropAllocation(id);
+  for (uint64_t client : dropped) closed += sessions_->CloseClient(client, "session_revoked");
+  logging::Event("server", "allocation_revoked",
+                 {{"allocation", id},
+                  {"clients", dropped.size()},
+                  {"sessions_closed", closed},
+                  {"by", caller.principal}});
+  return closed;
 }
 
 void Server::ControlLoop() {
@@ -604,6 +673,7 @@ std::string Server::Gauges() const {
       "# HELP salus_server_shared_buffers Shared buffers registered by clients.\n"
       "# TYPE salus_server_shared_buffers gauge\nsalus_server_shared_buffers {}\n",
       sessions_->BufferCount());
+  out += AllocationGauges();
   // Memory, per device (Note [Devices] in src/sched/engine.cc): each series has a device label.
   std::string lanes_out, lane_bytes_out, region_out, capacity_out, session_out, paged_out,
       queue_out;
@@ -698,6 +768,31 @@ std::string Server::Gauges() const {
       "# TYPE salus_mem_admission_queue gauge\n" +
       queue_out;
   return out;
+}
+
+std::string Server::AllocationGauges() const {
+  std::string budget, used, sessions, iterations;
+  for (const AllocationUsage& u : allocations_->List()) {
+    const v1::Allocation& a = u.allocation;
+    const std::string labels = fmt::format("{{allocation=\"{}\",pod=\"{}\"}}",
+                                           EscapeLabelValue(a.id()), EscapeLabelValue(a.pod()));
+    budget += fmt::format("salus_alloc_memory_budget_bytes{} {}\n", labels, a.memory_bytes());
+    used += fmt::format("salus_alloc_used_bytes{} {}\n", labels, a.used_bytes());
+    sessions += fmt::format("salus_alloc_sessions{} {}\n", labels, a.sessions());
+    iterations += fmt::format("salus_alloc_iterations_total{} {}\n", labels, u.iterations);
+  }
+  return "# HELP salus_alloc_memory_budget_bytes Each allocation's memory budget (P+E of its "
+         "sessions; 0: none).\n# TYPE salus_alloc_memory_budget_bytes gauge\n" +
+         budget +
+         "# HELP salus_alloc_used_bytes P+E of each allocation's open sessions.\n"
+         "# TYPE salus_alloc_used_bytes gauge\n" +
+         used +
+         "# HELP salus_alloc_sessions Each allocation's open sessions.\n"
+         "# TYPE salus_alloc_sessions gauge\n" +
+         sessions +
+         "# HELP salus_alloc_iterations_total Iterations run by each allocation's sessions.\n"
+         "# TYPE salus_alloc_iterations_total counter\n" +
+         iterations;
 }
 
 nlohmann::json Server::StatsJson(const ClientRef* viewer) const {

@@ -30,6 +30,7 @@
 #include "device/memory_provider.h"
 #include "exec/device.h"
 #include "sched/executor.h"
+#include "server/allocation_registry.h"
 #include "server/client_registry.h"
 #include "server/metrics.h"
 #include "server/metrics_http_server.h"
@@ -124,12 +125,16 @@ class Server {
   // The reply of each kind answered at once (everything but CreateSession and RunIteration).
   StatusOr<v1::Reply> Answer(const Caller& caller, const v1::Request& req);
   StatusOr<v1::Reply> Hello(const Caller& caller, const v1::Hello& hello);
+  // Forgets allocation `id`, drops its clients and closes their sessions; returns how many.
+  StatusOr<size_t> RevokeAllocation(const std::string& id, const Caller& caller);
   bool IsAdmin(const std::string& principal) const;
   // Answers `call` with the error `s` and counts it as a failed request.
   void Fail(Call& call, const Status& s);
   void ControlLoop();
   void HousekeepingLoop();
   std::string Gauges() const;
+  // The per-allocation series (salus_alloc_*), labelled with allocation and pod.
+  std::string AllocationGauges() const;
   // Everything for an administrator (null viewer); for a client its own sessions and the
   // others' totals.
   nlohmann::json StatsJson(const ClientRef* viewer) const;
@@ -146,6 +151,7 @@ class Server {
   exec::DeviceRuntime* runtime_ = nullptr;  // the engine's GPU runtime; null on the CPU
   Metrics metrics_;
   std::unique_ptr<ClientRegistry> clients_;  // outlives every Call (their OnAnswered hooks)
+  std::unique_ptr<AllocationRegistry> allocations_;
   std::unique_ptr<RequestPacer> pacer_;
   std::unique_ptr<sched::Executor> executor_;
   std::unique_ptr<SessionManager> sessions_;

@@ -13,8 +13,6 @@
 namespace salus::server {
 namespace {
 
-// Priorities outside this range are refused (FAIR's weights would be meaningless).
-constexpr int32_t kMaxPriority = 100;
 // Session ids stay below 2^53, so any JSON reader holds them exactly.
 constexpr uint64_t kSessionIdMask = (uint64_t{1} << 53) - 1;
 
@@ -60,14 +58,35 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
     return InvalidArgumentError(
         fmt::format("priority must be in [-{0}, {0}], got {1}", kMaxPriority, req.priority()));
   }
-  if (req.priority() > 0 && static_cast<uint64_t>(req.priority()) > quota.max_priority) {
-    return QuotaExceeded("max_priority", quota.max_priority,
-                         fmt::format("this session asks for priority {}", req.priority()));
-  }
   if (!v1::LatencyClass_IsValid(req.latency_class())) {
     return InvalidArgumentError(
         fmt::format("latency_class must be BATCH (0) or INTERACTIVE (1), got {}",
                     static_cast<int>(req.latency_class())));
+  }
+  // A client of an allocation gets its class, and its priority unless the request names one;
+  // the allocation's max_priority, where it sets one, bounds it in place of the quota's.
+  int32_t priority = req.priority();
+  v1::LatencyClass latency_class = req.latency_class();
+  std::optional<AllocationTerms> terms;
+  if (!owner.allocation.empty()) {
+    if (o_.allocations == nullptr) {
+      return FailedPreconditionError("this server keeps no allocations");
+    }
+    auto t = o_.allocations->Terms(owner.allocation);
+    if (!t.ok()) return UnauthenticatedError("this client's allocation was revoked");
+    terms = std::move(*t);
+    if (priority == 0) priority = terms->priority;
+    latency_class = terms->latency_class;
+  }
+  if (terms && terms->max_priority > 0) {
+    if (priority > terms->max_priority) {
+      return ResourceExhaustedError(
+          fmt::format("allocation {} max_priority={} reached: this session asks for priority {}",
+                      terms->id, terms->max_priority, priority));
+    }
+  } else if (priority > 0 && static_cast<uint64_t>(priority) > quota.max_priority) {
+    return QuotaExceeded("max_priority", quota.max_priority,
+                         fmt::format("this session asks for priority {}", priority));
   }
   std::unique_ptr<SessionRuntime> runtime;
   switch (req.workload_case()) {
@@ -109,15 +128,16 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
   entry->name = req.name();
   entry->client = owner.id;
   entry->client_name = owner.name;
-  entry->priority = req.priority();
-  entry->latency_class = req.latency_class();
+  entry->allocation = owner.allocation;
+  entry->priority = priority;
+  entry->latency_class = latency_class;
   entry->iterations_declared = req.iterations();
   sched::SessionSpec spec;
   spec.requirement = runtime->requirement();
-  spec.requirement.lane_class = req.latency_class() == v1::LATENCY_INTERACTIVE
+  spec.requirement.lane_class = latency_class == v1::LATENCY_INTERACTIVE
                                     ? mem::LaneClass::kInteractive
                                     : mem::LaneClass::kBatch;
-  spec.priority = req.priority();
+  spec.priority = priority;
   if (req.iterations() > 0) spec.declared_iterations = req.iterations();
   if (req.duration_seconds() > 0) spec.declared_duration = FromSeconds(req.duration_seconds());
   spec.iteration_time_hint = runtime->iteration_time_hint();
@@ -142,14 +162,31 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
   {
     MutexLock lock(&mu_);
     id = NewSessionId();
+    // The allocation's budget, now that P and E are known (the registry's lock is a leaf).
+    if (terms) {
+      Status charged = o_.allocations->Reserve(
+          terms->id, id, spec.requirement.persistent_bytes + spec.requirement.ephemeral_bytes);
+      if (charged.code() == StatusCode::kNotFound) {
+        return UnauthenticatedError("this client's allocation was revoked");
+      }
+      SALUS_RETURN_IF_ERROR(charged);
+    }
     entry->id = id;
     sessions_[id] = entry;
   }
   auto admitted = o_.executor->AddSession(id, spec);
   if (!admitted.ok()) {
-    MutexLock lock(&mu_);
-    sessions_.erase(id);
+    {
+      MutexLock lock(&mu_);
+      sessions_.erase(id);
+    }
+    ReleaseCharge(*entry);
     return admitted.status();
+  }
+  if (terms && !o_.allocations->Holds(terms->id, id)) {
+    // Revoked while this session was being added: the revoke's close may have missed it.
+    Remove(id).IgnoreError();
+    return UnauthenticatedError("this client's allocation was revoked");
   }
   v1::CreateSessionReply reply;
   reply.set_session_id(id);
@@ -171,6 +208,7 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
                   {"name", entry->name},
                   {"kind", entry->runtime->kind()},
                   {"latency_class", v1::LatencyClass_Name(entry->latency_class)},
+                  {"allocation", entry->allocation},
                   {"persistent_bytes", spec.requirement.persistent_bytes},
                   {"ephemeral_bytes", spec.requirement.ephemeral_bytes},
                   {"admitted", *admitted}});
@@ -244,9 +282,13 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
     return s;
   };
   Metrics* metrics = o_.metrics;
-  auto done = [state, outputs, metrics, state_only](const Status& status,
-                                                    const sched::IterationRecord& r) {
+  AllocationRegistry* allocations = entry->allocation.empty() ? nullptr : o_.allocations;
+  auto done = [state, outputs, metrics, state_only, allocations, entry](
+                  const Status& status, const sched::IterationRecord& r) {
     if (metrics != nullptr && status.ok() && !state_only) metrics->IterationDone(r);
+    if (allocations != nullptr && status.ok() && !state_only) {
+      allocations->IterationDone(entry->allocation);
+    }
     if (!status.ok()) return state->ReplyError(status);
     v1::Reply reply;
     v1::RunIterationReply* body = reply.mutable_run_iteration();
@@ -373,12 +415,19 @@ Status SessionManager::Remove(uint64_t id) {
     // way). It is gone, as it would be a moment later: the same answer as then.
     return NotFoundError(fmt::format("session {} does not exist (its admission failed)", id));
   }
+  ReleaseCharge(*entry);
   logging::Event("server", "session_closed", {{"session", id}, {"name", entry->name}});
   if (o_.metrics != nullptr) o_.metrics->SessionClosed();
   return s;
 }
 
-size_t SessionManager::CloseClient(uint64_t client) {
+void SessionManager::ReleaseCharge(const Entry& entry) {
+  if (!entry.allocation.empty() && o_.allocations != nullptr) {
+    o_.allocations->Release(entry.allocation, entry.id);
+  }
+}
+
+size_t SessionManager::CloseClient(uint64_t client, std::string_view event) {
   std::vector<uint64_t> ids = SessionsOf(client);
   std::map<uint64_t, std::shared_ptr<SharedBuffer>> dropped;  // unmapped outside the lock
   {
@@ -389,7 +438,7 @@ size_t SessionManager::CloseClient(uint64_t client) {
     }
   }
   for (uint64_t id : ids) {
-    logging::Event("server", "lease_expired", {{"session", id}});
+    logging::Event("server", event, {{"session", id}});
     Remove(id).IgnoreError();  // closed by its owner meanwhile is fine
   }
   return ids.size();
@@ -463,6 +512,7 @@ v1::ListSessionsReply SessionManager::List(const ClientRef* viewer) const {
     info.set_ephemeral_bytes(e->runtime->requirement().ephemeral_bytes);
     info.set_iterations_declared(e->iterations_declared);
     info.set_client_id(e->client_name);
+    info.set_allocation(e->allocation);
     if (s.ok()) {
       info.set_state(WireState(s->state));
       if (s->ephemeral_bytes > 0) info.set_ephemeral_bytes(s->ephemeral_bytes);
@@ -493,10 +543,15 @@ void SessionManager::OnAdmitted(uint64_t session, uint64_t lane) {
 
 void SessionManager::OnAdmissionFailed(uint64_t session, const Status& status) {
   // The engine dropped it; its queued iterations were answered with `status` already.
+  std::shared_ptr<Entry> entry;
   {
     MutexLock lock(&mu_);
-    sessions_.erase(session);
+    if (auto it = sessions_.find(session); it != sessions_.end()) {
+      entry = std::move(it->second);
+      sessions_.erase(it);
+    }
   }
+  if (entry) ReleaseCharge(*entry);
   logging::Event("server", "admission_failed",
                  {{"session", session}, {"status", status.ToString()}});
 }

@@ -11,18 +11,23 @@
 // reader), not a sequence. When the registry forgets a client (its lease ran out), the server
 // calls CloseClient: its sessions close and its buffers go, which frees its memory and wakes
 // the admission queue; an iteration in flight finishes first (a lane is never interrupted
-// mid-iteration). The session, persistent-memory and buffer quotas are enforced here.
+// mid-iteration). The session, persistent-memory and buffer quotas are enforced here, and so
+// are the terms of an allocation a client acts for (its class, priorities and memory budget:
+// Note [Allocations] in allocation_registry.cc).
 #pragma once
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "common/clock.h"
 #include "common/thread_annotations.h"
 #include "sched/executor.h"
+#include "server/allocation_registry.h"
 #include "server/client_registry.h"
 #include "server/rpc_frontend.h"
 #include "server/session_runtime.h"
@@ -42,6 +47,9 @@ class SessionManager {
     bool host_accessible = true;  // the arena's memory may be touched by the host
     ModelFactory model_factory;   // null: model sessions are UNIMPLEMENTED
     Metrics* metrics = nullptr;   // optional
+    // The allocations clients may act for; null: a client of an allocation cannot open
+    // sessions (FAILED_PRECONDITION).
+    AllocationRegistry* allocations = nullptr;
     Quotas quotas;
     // Asked after an iteration fails: whether the device survived (a GPU fault can corrupt
     // its context). Null: the device cannot be lost (the CPU).
@@ -63,8 +71,8 @@ class SessionManager {
   Status UnregisterBuffer(const ClientRef& owner, uint64_t buffer_id) EXCLUDES(mu_);
   size_t BufferCount() const EXCLUDES(mu_);
   // Closes the sessions and drops the buffers of a client the registry forgot; returns how
-  // many sessions closed.
-  size_t CloseClient(uint64_t client) EXCLUDES(mu_);
+  // many sessions closed. `event` is what each closed session logs.
+  size_t CloseClient(uint64_t client, std::string_view event = "lease_expired") EXCLUDES(mu_);
   // Closes every session (drain).
   void CloseAll() EXCLUDES(mu_);
 
@@ -88,6 +96,7 @@ class SessionManager {
     std::string name;
     uint64_t client = 0;
     std::string client_name;  // public
+    std::string allocation;   // the allocation its P+E is charged to; empty: none
     int32_t priority = 0;
     v1::LatencyClass latency_class = v1::LATENCY_BATCH;
     int64_t iterations_declared = 0;
@@ -103,6 +112,8 @@ class SessionManager {
   Status Remove(uint64_t id) EXCLUDES(mu_);
   // A fresh random session id.
   uint64_t NewSessionId() REQUIRES(mu_);
+  // Gives back what session `entry` charged to its allocation, if anything.
+  void ReleaseCharge(const Entry& entry);
 
   Options o_;
   mutable Mutex mu_;

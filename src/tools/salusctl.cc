@@ -4,6 +4,7 @@
 //   salusctl [--endpoint EP] sessions [--json]
 //   salusctl [--endpoint EP] memory [--json]   the memory map: lanes, blocks, free ranges
 //   salusctl [--endpoint EP] close ID          close a session (the administrator: anyone's)
+//   salusctl [--endpoint EP] allocations [--json]  the allocations and their usage (admin)
 //   salusctl [--endpoint EP] drain             finish in-flight work and stop the daemon
 //   salusctl keygen PREFIX                     a CURVE key pair: PREFIX.key and PREFIX.pub
 //
@@ -158,6 +159,38 @@ int Sessions(salus::client::Client& c, bool json) {
   return 0;
 }
 
+int Allocations(salus::client::Client& c, bool json) {
+  auto list = c.ListAllocations();
+  if (!list.ok()) return Fail(list.status());
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& a : *list) {
+      out.push_back({{"id", a.id},
+                     {"pod", a.pod},
+                     {"memory_bytes", a.memory_bytes},
+                     {"used_bytes", a.used_bytes},
+                     {"latency_class", a.interactive ? "interactive" : "batch"},
+                     {"priority", a.priority},
+                     {"max_priority", a.max_priority},
+                     {"sessions", a.sessions},
+                     {"clients", a.clients}});
+    }
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%-24s %-32s %10s %10s %-11s %4s %7s %8s %7s\n", "ID", "POD", "BUDGET", "USED",
+              "CLASS", "PRIO", "MAXPRIO", "SESSIONS", "CLIENTS");
+  for (const auto& a : *list) {
+    std::printf("%-24s %-32s %10s %10s %-11s %4d %7s %8u %7u\n", a.id.c_str(),
+                a.pod.empty() ? "-" : a.pod.c_str(),
+                a.memory_bytes == 0 ? "-" : salus::FormatBytes(a.memory_bytes).c_str(),
+                salus::FormatBytes(a.used_bytes).c_str(), a.interactive ? "interactive" : "batch",
+                a.priority, a.max_priority == 0 ? "-" : std::to_string(a.max_priority).c_str(),
+                a.sessions, a.clients);
+  }
+  return 0;
+}
+
 void PrintMap(const nlohmann::json& j);
 
 int Memory(salus::client::Client& c, bool json) {
@@ -214,14 +247,16 @@ int main(int argc, char** argv) {
   std::string endpoint = DefaultEndpoint(), command, argument, server_key, secret_key;
   po::options_description desc(
       "salusctl: inspect and control a running salus-server\n\n"
-      "commands: status | sessions | memory | close ID | drain | keygen PREFIX\n\noptions");
+      "commands: status | sessions | memory | allocations | close ID | drain | keygen PREFIX\n\n"
+      "options");
   desc.add_options()("help,h", "show this help")(
       "endpoint", po::value(&endpoint), "the daemon (default $SALUS_ENDPOINT or its ipc socket)")(
       "server-key", po::value(&server_key),
       "the daemon's CURVE public key or key file, for a remote endpoint")(
       "secret-key", po::value(&secret_key), "this client's CURVE secret key or key file")(
-      "json", "print JSON (sessions, memory)")("command", po::value(&command), "the command")(
-      "argument", po::value(&argument), "the command's argument");
+      "json", "print JSON (sessions, memory, allocations)")(
+      "command", po::value(&command), "the command")("argument", po::value(&argument),
+                                                     "the command's argument");
   po::positional_options_description pos;
   pos.add("command", 1).add("argument", 1);
   po::variables_map vm;
@@ -244,7 +279,7 @@ int main(int argc, char** argv) {
     return Keygen(argument);
   }
   if (command != "status" && command != "sessions" && command != "memory" && command != "drain" &&
-      command != "close") {
+      command != "close" && command != "allocations") {
     std::cerr << "salusctl: unknown command '" << command << "'\n\n" << desc;
     return 2;
   }
@@ -259,6 +294,7 @@ int main(int argc, char** argv) {
   if (command == "status") return Status(**client);
   if (command == "sessions") return Sessions(**client, json);
   if (command == "memory") return Memory(**client, json);
+  if (command == "allocations") return Allocations(**client, json);
   if (command == "close") {
     char* end = nullptr;
     const unsigned long long id = std::strtoull(argument.c_str(), &end, 10);

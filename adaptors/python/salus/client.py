@@ -10,6 +10,10 @@ Hello makes this client on the daemon and returns its secret token, which every 
 carries: the token, not the connection, is who the client is. Over a remote tcp endpoint the
 connection is CURVE-encrypted and authenticated: the client needs the server's public key and
 a secret key of its own whose public half the daemon admits (docs/operations.md, Security).
+
+In a pod that a node's device plugin granted an allocation, Hello carries the allocation's
+token ($SALUS_ALLOCATION_TOKEN): the client then acts as the allocation (principal
+"alloc:<id>"), whose class, priority and memory budget its sessions get.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ DEFAULT_TCP = "tcp://127.0.0.1:5501"
 # Each names a Z85 key (40 characters) or a file holding one; see `Client`.
 ENV_SERVER_KEY = "SALUS_CURVE_SERVER_KEY"
 ENV_SECRET_KEY = "SALUS_CURVE_SECRET_KEY"
+# An allocation's token, handed to a pod by the node's device plugin; see `Client`.
+ENV_ALLOCATION_TOKEN = "SALUS_ALLOCATION_TOKEN"
 _Z85_KEY_CHARS = 40  # a 32-byte CURVE key in Z85
 _STAGE_ALIGN = 64
 
@@ -51,6 +57,8 @@ _DTYPES = {
     np.dtype(np.bool_): pb.BOOL,
 }
 _NP_DTYPES = {v: k for k, v in _DTYPES.items()}
+_LATENCY_CLASSES = {"batch": pb.LATENCY_BATCH, "interactive": pb.LATENCY_INTERACTIVE}
+_LATENCY_NAMES = {v: k for k, v in _LATENCY_CLASSES.items()}
 
 
 class SalusError(Exception):
@@ -97,6 +105,12 @@ def read_curve_key(value: str | bytes | os.PathLike[str]) -> bytes:
     return key.encode("ascii")
 
 
+def _latency_class(name: str) -> int:
+    if name not in _LATENCY_CLASSES:
+        raise ValueError(f"latency_class must be 'batch' or 'interactive', got {name!r}")
+    return _LATENCY_CLASSES[name]
+
+
 def _raise_for(status: pb.Status) -> None:
     if status.code != 0:
         name = _CODE_NAMES[status.code] if 0 <= status.code < len(_CODE_NAMES) else "UNKNOWN"
@@ -124,13 +138,18 @@ class Client:
     of a key file. They default to $SALUS_CURVE_SERVER_KEY and $SALUS_CURVE_SECRET_KEY for tcp
     endpoints. With a server key and no secret key the client makes a key pair for this
     connection, which only a daemon in open mode admits. A daemon that does not admit the key
-    never answers: Hello ends in DEADLINE_EXCEEDED after `timeout`."""
+    never answers: Hello ends in DEADLINE_EXCEEDED after `timeout`.
+
+    `allocation_token` (default $SALUS_ALLOCATION_TOKEN) makes this client act for the
+    allocation it names: `allocation` is then its id ("" otherwise). An unknown or revoked
+    token is refused with UNAUTHENTICATED."""
 
     def __init__(self, endpoint: str | None = None, timeout: float | None = 30.0,
                  name: str = "python", stage_from: int | None = 64 * 1024,
                  max_staging_buffers: int = 4,
                  server_key: str | bytes | os.PathLike[str] | None = None,
-                 secret_key: str | bytes | os.PathLike[str] | None = None) -> None:
+                 secret_key: str | bytes | os.PathLike[str] | None = None,
+                 allocation_token: str | None = None) -> None:
         self.endpoint = endpoint or default_endpoint()
         self._stage_from = stage_from or 0
         self._max_stages = max_staging_buffers
@@ -150,8 +169,10 @@ class Client:
         self._buffers: list[SharedBuffer] = []
         self._next_id = 1
         self._closed = False
+        if allocation_token is None:
+            allocation_token = os.environ.get(ENV_ALLOCATION_TOKEN, "")
         try:
-            self.server = self._hello(name)
+            self.server = self._hello(name, allocation_token)
         except BaseException:  # refused, or no answer (e.g. a CURVE key the daemon refuses)
             self._closed = True
             self._sock.close(0)
@@ -228,10 +249,11 @@ class Client:
         tmo = self._timeout_ms if timeout_ms == "default" else timeout_ms
         return self._await(self._send(req, frames), tmo)
 
-    def _hello(self, name: str) -> dict[str, Any]:
+    def _hello(self, name: str, allocation_token: str = "") -> dict[str, Any]:
         req = pb.Request()
         req.hello.protocol_version = PROTOCOL_VERSION
         req.hello.client_name = name
+        req.hello.allocation_token = allocation_token
         h = self._call(req)[0].hello
         self._token = h.client_token
         return {
@@ -244,6 +266,7 @@ class Client:
             "lease_ms": h.lease_ms,
             "role": "admin" if h.role == pb.ROLE_ADMIN else "user",
             "principal": h.principal,
+            "allocation": h.allocation,
         }
 
     def _beat(self, period: float) -> None:
@@ -321,11 +344,7 @@ class Client:
         cs.iterations = iterations
         cs.duration_seconds = duration
         cs.priority = priority
-        classes = {"batch": pb.LATENCY_BATCH, "interactive": pb.LATENCY_INTERACTIVE}
-        if latency_class not in classes:
-            raise ValueError(
-                f"latency_class must be 'batch' or 'interactive', got {latency_class!r}")
-        cs.latency_class = classes[latency_class]
+        cs.latency_class = _latency_class(latency_class)
         cs.name = name
         cs.admission_timeout_seconds = admission_timeout
         cs.device = device
@@ -351,6 +370,7 @@ class Client:
                 "iterations_done": s.iterations_done,
                 "iterations_declared": s.iterations_declared,
                 "avg_iteration_seconds": s.avg_iteration_seconds,
+                "allocation": s.allocation,
             })
         return out
 
@@ -464,6 +484,51 @@ class Client:
         req.session_id = session_id
         req.close_session.SetInParent()
         self._call(req)
+
+    @property
+    def allocation(self) -> str:
+        """The id of the allocation this client acts for, or "" when it presented no token."""
+        return str(self.server["allocation"])
+
+    # -- allocations (the administrator only; PERMISSION_DENIED otherwise) ----------------
+    def grant_allocation(self, id: str, token: str, memory_bytes: int = 0,
+                         latency_class: str = "batch", priority: int = 0,
+                         max_priority: int = 0, pod: str = "") -> bool:
+        """Grants allocation `id`: a client that presents `token` (32 characters or more) in
+        Hello acts for it; its sessions get `latency_class`, `priority` when they ask for
+        none, at most `max_priority` (0: the daemon's quota), and together at most
+        `memory_bytes` of P+E (0: no budget). Granting an existing id updates it (`token` must
+        be its own, or "" to keep it). Returns whether it was created. INVALID_ARGUMENT names
+        a bad field."""
+        req = pb.Request()
+        a = req.grant_allocation.allocation
+        a.id = id
+        a.token = token
+        a.memory_bytes = memory_bytes
+        a.latency_class = _latency_class(latency_class)
+        a.priority = priority
+        a.max_priority = max_priority
+        a.pod = pod
+        return bool(self._call(req)[0].grant_allocation.created)
+
+    def revoke_allocation(self, id: str) -> int:
+        """Forgets allocation `id`: its clients are dropped and their sessions closed; returns
+        how many sessions closed. NOT_FOUND for an unknown id."""
+        req = pb.Request()
+        req.revoke_allocation.id = id
+        return int(self._call(req)[0].revoke_allocation.sessions_closed)
+
+    def list_allocations(self) -> list[dict[str, Any]]:
+        """Every allocation: id, memory_bytes, latency_class ("batch" or "interactive"),
+        priority, max_priority, pod, used_bytes (P+E of its open sessions), sessions,
+        clients. Never a token."""
+        req = pb.Request()
+        req.list_allocations.SetInParent()
+        return [{"id": a.id, "memory_bytes": a.memory_bytes,
+                 "latency_class": _LATENCY_NAMES.get(a.latency_class, "batch"),
+                 "priority": a.priority, "max_priority": a.max_priority, "pod": a.pod,
+                 "used_bytes": a.used_bytes, "sessions": a.sessions, "clients": a.clients}
+                for a in self._call(req)[0].list_allocations.allocations]
 
     def drain(self) -> None:
         """Asks the daemon to finish what it holds and exit; needs the administrator role
@@ -691,13 +756,15 @@ def connect(endpoint: str | None = None, timeout: float | None = 30.0,
             name: str = "python", stage_from: int | None = 64 * 1024,
             max_staging_buffers: int = 4,
             server_key: str | bytes | os.PathLike[str] | None = None,
-            secret_key: str | bytes | os.PathLike[str] | None = None) -> Client:
+            secret_key: str | bytes | os.PathLike[str] | None = None,
+            allocation_token: str | None = None) -> Client:
     """Connects to a salus-server (default: $SALUS_ENDPOINT or tcp://127.0.0.1:5501).
 
     Feeds of `stage_from` bytes or more are staged in shared memory when the daemon can map
     it (see `Client`); None sends every feed in a frame. `server_key` and `secret_key` (Z85
     or key files; default $SALUS_CURVE_SERVER_KEY, $SALUS_CURVE_SECRET_KEY) make a CURVE
-    connection to a remote endpoint."""
+    connection to a remote endpoint. `allocation_token` (default $SALUS_ALLOCATION_TOKEN)
+    makes the client act for that allocation."""
     return Client(endpoint, timeout=timeout, name=name, stage_from=stage_from,
                   max_staging_buffers=max_staging_buffers, server_key=server_key,
-                  secret_key=secret_key)
+                  secret_key=secret_key, allocation_token=allocation_token)
