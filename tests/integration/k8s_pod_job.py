@@ -15,33 +15,19 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "adaptors" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
+from mlp_job import create, feeds  # noqa: E402
 
 import salus  # noqa: E402
-
-MODELS = Path(__file__).resolve().parents[2] / "benchmarks" / "models"
-
-
-def create(client: salus.Client, name: str) -> salus.Session:
-    return client.create_session(model=MODELS / "mlp.onnx", mode="train",
-                                 inputs={"x": (16, 784), "labels": (16,)}, loss="loss",
-                                 optimizer={"type": "sgd", "lr": 0.05, "momentum": 0.9},
-                                 name=name)
-
-
-def feeds(job: int, step: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(700 * job + step)
-    return {"x": rng.standard_normal((16, 784), dtype=np.float32),
-            "labels": rng.integers(0, 10, 16).astype(np.int64)}
 
 
 def train(session: salus.Session, job: int, steps: int, ready: str = "",
           hold: str = "") -> list[float]:
     out = []
     for i in range(steps):
-        out.append(float(session.run(feeds=feeds(job, i), fetches=["loss"], timeout=300)["loss"]))
+        batch = feeds(job, i, seed=700)
+        out.append(float(session.run(feeds=batch, fetches=["loss"], timeout=300)["loss"]))
         if i == 0 and ready:
             Path(ready).write_text("ready")
         if i == 0 and hold:

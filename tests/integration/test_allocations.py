@@ -16,6 +16,7 @@ import subprocess
 import urllib.request
 
 import pytest
+from mlp_job import code_of
 from salus_daemon import CTL, Daemon
 from test_daemon import mlp_feeds, mlp_session, wait_for
 
@@ -31,15 +32,6 @@ OTHER_TOKEN = "u" * 40
 def _no_inherited_token(monkeypatch: pytest.MonkeyPatch) -> None:
     """A token in the test's own environment would turn the administrator into a user."""
     monkeypatch.delenv("SALUS_ALLOCATION_TOKEN", raising=False)
-
-
-def code_of(fn) -> str:  # noqa: ANN001
-    """The SalusError code `fn()` raises, or "OK"."""
-    try:
-        fn()
-    except salus.SalusError as e:
-        return e.code
-    return "OK"
 
 
 def error_of(fn) -> salus.SalusError:  # noqa: ANN001

@@ -23,7 +23,8 @@ from typing import Any
 
 import grpc
 import pytest
-from k8s_pod_job import create, train
+from k8s_pod_job import train
+from mlp_job import create
 from salus_daemon import REPO, Daemon
 
 import salus

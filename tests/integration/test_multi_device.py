@@ -7,28 +7,19 @@ import re
 import subprocess
 import urllib.request
 
+import mlp_job
 import numpy as np
 import pytest
-from salus_daemon import MODELS, SERVER, Daemon
+from mlp_job import create
+from salus_daemon import SERVER, Daemon
 
 import salus
 
 STEPS = 4
 
 
-def create(client: salus.Client, name: str, device: str = "",
-           admission_timeout: float = 0.0) -> salus.Session:
-    return client.create_session(model=MODELS / "mlp.onnx", mode="train",
-                                 inputs={"x": (16, 784), "labels": (16,)}, loss="loss",
-                                 optimizer={"type": "sgd", "lr": 0.05, "momentum": 0.9},
-                                 name=name, device=device,
-                                 admission_timeout=admission_timeout)
-
-
 def feeds(job: int, step: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(500 * job + step)
-    return {"x": rng.standard_normal((16, 784), dtype=np.float32),
-            "labels": rng.integers(0, 10, 16).astype(np.int64)}
+    return mlp_job.feeds(job, step, seed=500)
 
 
 def losses(s: salus.Session, job: int) -> list[float]:

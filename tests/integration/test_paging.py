@@ -12,26 +12,13 @@ import threading
 import time
 import urllib.request
 
-import numpy as np
-from salus_daemon import MODELS, Daemon
+from mlp_job import create, feeds
+from salus_daemon import Daemon
 
 import salus
 
 STEPS = 6
 SESSIONS = 3
-
-
-def create(client: salus.Client, name: str) -> salus.Session:
-    return client.create_session(model=MODELS / "mlp.onnx", mode="train",
-                                 inputs={"x": (16, 784), "labels": (16,)}, loss="loss",
-                                 optimizer={"type": "sgd", "lr": 0.05, "momentum": 0.9},
-                                 name=name)
-
-
-def feeds(job: int, step: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(1000 * job + step)
-    return {"x": rng.standard_normal((16, 784), dtype=np.float32),
-            "labels": rng.integers(0, 10, 16).astype(np.int64)}
 
 
 def train(endpoint: str, job: int, out: dict[int, list[float]]) -> None:
@@ -89,7 +76,7 @@ KILLED_CLIENT = """
 import sys
 sys.path.insert(0, sys.argv[2])
 import salus
-from test_paging import create, feeds
+from mlp_job import create, feeds
 c = salus.connect(sys.argv[1])
 s = create(c, "doomed")
 s.run(feeds=feeds(9, 0), fetches=["loss"])

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
+from mlp_job import code_of
 from salus_daemon import CTL, SERVER, Daemon, free_port
 from test_daemon import FEED_BYTES, mlp_feeds, mlp_session, wait_for
 
@@ -39,15 +40,6 @@ def synthetic(client: salus.Client, p: int = MiB, e: int = MiB, t: float = 0.0,
     return client.create_session(
         synthetic={"persistent_bytes": p, "ephemeral_bytes": e, "iteration_seconds": t},
         **kw)  # type: ignore[arg-type]
-
-
-def code_of(fn) -> str:  # noqa: ANN001
-    """The SalusError code `fn()` raises, or "OK"."""
-    try:
-        fn()
-    except salus.SalusError as e:
-        return e.code
-    return "OK"
 
 
 class Raw:
