@@ -91,19 +91,6 @@ KernelOr BatchNorm(const Node& n, const Graph& g) {
 // compiler vectorises, rows accumulate in double, and channels run in parallel (the order of
 // every addition is fixed, whatever the thread count). Statistics are two-pass (the mean, then
 // the squared deviations from it).
-struct BatchNormGeometry {
-  int64_t n = 1, c = 1, s = 1;  // X as [n, c, s]
-  int64_t per_channel() const { return n * s; }
-};
-
-BatchNormGeometry BatchNormGeometryOf(const Shape& x) {
-  BatchNormGeometry geo;
-  geo.n = x[0];
-  geo.c = x[1];
-  for (size_t d = 2; d < x.size(); ++d) geo.s *= x[d];
-  return geo;
-}
-
 // Sum over channel c of f(value index): rows of s floats, each reduced in float, in double.
 template <typename RowSum>
 double ChannelSum(const BatchNormGeometry& geo, int64_t c, RowSum row_sum) {

@@ -19,18 +19,6 @@ namespace {
 
 using KernelOr = StatusOr<std::unique_ptr<Kernel>>;
 
-Status Expect(const Node& n, bool ok, const std::string& what) {
-  return ok ? OkStatus() : InvalidArgumentError(n.Describe() + ": " + what);
-}
-
-Status ExpectInputs(const Node& n, size_t count) {
-  if (n.inputs.size() < count || n.outputs.empty() || n.outputs[0] == kNoValue) {
-    return InvalidArgumentError(n.Describe() + ": expects " + std::to_string(count) +
-                                " inputs and an output");
-  }
-  return OkStatus();
-}
-
 // Inputs (indices, dY); output dData. Attribute axis (normalised). dData is zero but for the
 // sums of the dY rows gathered from each table row, added in output order, so the result does
 // not depend on scheduling (Note [Deterministic scatter-add]).
@@ -163,11 +151,11 @@ KernelOr MinMaxGrad(const Node& n, const Graph& g) {
   const size_t k = n.inputs.size() - 1;
   const int64_t which = n.GetInt("input", 0);
   SALUS_RETURN_IF_ERROR(
-      Expect(n, which >= 0 && which < static_cast<int64_t>(k), "input out of range"));
+      ExpectNode(n, which >= 0 && which < static_cast<int64_t>(k), "input out of range"));
   const bool is_max = n.GetString("forward_op", "") == "Max";
   const Shape out = g.value(n.outputs[0]).shape;
   SALUS_RETURN_IF_ERROR(
-      Expect(n, g.value(n.inputs[k]).shape == out, "dY does not have the output's shape"));
+      ExpectNode(n, g.value(n.inputs[k]).shape == out, "dY does not have the output's shape"));
   std::vector<Shape> strides;
   for (size_t i = 0; i < k; ++i)
     strides.push_back(BroadcastStrides(g.value(n.inputs[i]).shape, out));
@@ -201,7 +189,7 @@ KernelOr PowGrad(const Node& n, const Graph& g) {
   const bool wrt_exponent = n.GetInt("input", 0) == 1;
   const Shape out = g.value(n.outputs[0]).shape;
   SALUS_RETURN_IF_ERROR(
-      Expect(n, g.value(n.inputs[2]).shape == out, "dY does not have the output's shape"));
+      ExpectNode(n, g.value(n.inputs[2]).shape == out, "dY does not have the output's shape"));
   const std::vector<Shape> strides = {BroadcastStrides(g.value(n.inputs[0]).shape, out),
                                       BroadcastStrides(g.value(n.inputs[1]).shape, out)};
   return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {

@@ -551,6 +551,21 @@ SALUS_HD T ApplyMin(T u, T v) {
   return (u < v || u != u) ? u : v;
 }
 
+// BatchNormalization's view of X: [n, c, s], s the elements of one channel of one sample.
+struct BatchNormGeometry {
+  int64_t n = 1, c = 1, s = 1;
+  SALUS_HD int64_t per_channel() const { return n * s; }
+};
+
+// Host-only: the geometry of X of `shape` (N, C, spatial dims...).
+inline BatchNormGeometry BatchNormGeometryOf(const std::vector<int64_t>& shape) {
+  BatchNormGeometry geo;
+  geo.n = shape[0];
+  geo.c = shape[1];
+  for (size_t d = 2; d < shape.size(); ++d) geo.s *= shape[d];
+  return geo;
+}
+
 // Gather along one axis: data viewed as [outer, axis_dim, inner], the indices flattened to
 // `count`, the output [outer, count, inner].
 struct GatherGeometry {

@@ -5,7 +5,9 @@
 // Unimplemented for what no kernel takes.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "exec/element_math.h"
@@ -13,6 +15,11 @@
 #include "salus/status.h"
 
 namespace salus::exec {
+
+// InvalidArgument "<node>: <what>" unless `ok`.
+Status ExpectNode(const Node& n, bool ok, const std::string& what);
+// InvalidArgument unless the node has at least `count` inputs and an output.
+Status ExpectInputs(const Node& n, size_t count);
 
 // SalusGatherGrad: inputs (int64 indices, float dY), output dData; attribute axis (normalised).
 StatusOr<GatherGeometry> GatherGradFor(const Node& n, const Graph& g);

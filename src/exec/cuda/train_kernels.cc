@@ -34,10 +34,6 @@ float* Out(const KernelArgs& a, size_t i) {
   return a.outputs.size() > i ? static_cast<float*>(a.outputs[i]) : nullptr;
 }
 
-Status Expect(const Node& n, bool ok, const std::string& what) {
-  return ok ? OkStatus() : InvalidArgumentError(n.Describe() + ": " + what);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Tensor-op gradients.
 
@@ -122,7 +118,7 @@ KernelOr ClipGrad(const Node& n, const Graph& g, DeviceContext*) {
 StatusOr<IndexMap> OperandsMap(const Node& n, const Graph& g) {
   const Shape& out = g.value(n.outputs[0]).shape;
   SALUS_RETURN_IF_ERROR(
-      Expect(n, g.value(n.inputs[2]).shape == out, "dY does not have the output's shape"));
+      ExpectNode(n, g.value(n.inputs[2]).shape == out, "dY does not have the output's shape"));
   IndexMap map;
   if (!MakeIndexMap(out,
                     {BroadcastStrides(g.value(n.inputs[0]).shape, out),
@@ -144,7 +140,7 @@ KernelOr MinMaxGrad(const Node& n, const Graph& g, DeviceContext*) {
                               " inputs on cuda (two are supported)");
   }
   const int which = static_cast<int>(n.GetInt("input", 0));
-  SALUS_RETURN_IF_ERROR(Expect(n, which == 0 || which == 1, "input out of range"));
+  SALUS_RETURN_IF_ERROR(ExpectNode(n, which == 0 || which == 1, "input out of range"));
   const bool is_max = n.GetString("forward_op", "") == "Max";
   SALUS_ASSIGN_OR_RETURN(const IndexMap map, OperandsMap(n, g));
   const std::string what = n.Describe();
@@ -157,7 +153,7 @@ KernelOr MinMaxGrad(const Node& n, const Graph& g, DeviceContext*) {
 
 // Inputs (X, E, dY); output (in Y's shape) dY times d(X^E)/d(input `input`). E may be int64.
 KernelOr PowGrad(const Node& n, const Graph& g, DeviceContext*) {
-  SALUS_RETURN_IF_ERROR(Expect(n, n.inputs.size() == 3, "expects X, E and dY"));
+  SALUS_RETURN_IF_ERROR(ExpectNode(n, n.inputs.size() == 3, "expects X, E and dY"));
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g, {0, 2}));
   const DataType et = g.value(n.inputs[1]).type;
   if (et != DataType::kFloat32 && et != DataType::kInt64) {
@@ -189,22 +185,15 @@ KernelOr UnaryGradK(const Node& n, const Graph& g, DeviceContext*) {
 // ---------------------------------------------------------------------------------------------
 // Normalisation and dropout in training.
 
-BnGeometry BnGeometryOf(const Shape& x) {
-  BnGeometry geo;
-  geo.n = x[0];
-  geo.c = x[1];
-  for (size_t d = 2; d < x.size(); ++d) geo.s *= x[d];
-  return geo;
-}
-
 // Inputs (X, scale, B, running_mean, running_var); outputs (Y, batch mean, batch variance,
 // optional copies of the updated running statistics).
 KernelOr BatchNormTrain(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const Shape& x = g.value(n.inputs[0]).shape;
-  SALUS_RETURN_IF_ERROR(Expect(n, x.size() >= 2 && n.inputs.size() == 5 && n.outputs.size() >= 3,
-                               "expects X of rank 2 or more, 5 inputs and 3 outputs"));
-  const BnGeometry geo = BnGeometryOf(x);
+  SALUS_RETURN_IF_ERROR(ExpectNode(n,
+                                   x.size() >= 2 && n.inputs.size() == 5 && n.outputs.size() >= 3,
+                                   "expects X of rank 2 or more, 5 inputs and 3 outputs"));
+  const BatchNormGeometry geo = BatchNormGeometryOf(x);
   const float eps = n.GetFloat("epsilon", 1e-5f);
   const float momentum = n.GetFloat("momentum", 0.9f);
   const int64_t m = geo.n * geo.s;
@@ -222,9 +211,9 @@ KernelOr BatchNormTrain(const Node& n, const Graph& g, DeviceContext*) {
 KernelOr BatchNormGrad(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const Shape& x = g.value(n.inputs[0]).shape;
-  SALUS_RETURN_IF_ERROR(
-      Expect(n, x.size() >= 2 && n.inputs.size() == 5, "expects X of rank 2 or more, 5 inputs"));
-  const BnGeometry geo = BnGeometryOf(x);
+  SALUS_RETURN_IF_ERROR(ExpectNode(n, x.size() >= 2 && n.inputs.size() == 5,
+                                   "expects X of rank 2 or more, 5 inputs"));
+  const BatchNormGeometry geo = BatchNormGeometryOf(x);
   const float eps = n.GetFloat("epsilon", 1e-5f);
   const std::string what = n.Describe();
   return FnKernel([geo, eps, what](const KernelArgs& a) -> Status {

@@ -134,11 +134,11 @@ __global__ void DropoutGradKernel(int64_t count, float scale, const float* __res
 }
 
 // Element t of channel ch's n * s values.
-__device__ __forceinline__ int64_t ChannelIndex(const BnGeometry& g, int64_t ch, int64_t t) {
+__device__ __forceinline__ int64_t ChannelIndex(const BatchNormGeometry& g, int64_t ch, int64_t t) {
   return ((t / g.s) * g.c + ch) * g.s + t % g.s;
 }
 
-__global__ void BnTrainKernel(BnGeometry g, float eps, float momentum, float unbias,
+__global__ void BnTrainKernel(BatchNormGeometry g, float eps, float momentum, float unbias,
                               const float* __restrict__ x, const float* __restrict__ scale,
                               const float* __restrict__ shift, float* rm, float* rv,
                               float* __restrict__ y, float* bm, float* bv, float* out_rm,
@@ -172,7 +172,7 @@ __global__ void BnTrainKernel(BnGeometry g, float eps, float momentum, float unb
   }
 }
 
-__global__ void BnGradKernel(BnGeometry g, float eps, const float* __restrict__ x,
+__global__ void BnGradKernel(BatchNormGeometry g, float eps, const float* __restrict__ x,
                              const float* __restrict__ scale, const float* __restrict__ bm,
                              const float* __restrict__ bv, const float* __restrict__ dy,
                              float* __restrict__ dx, float* dscale, float* dbias) {
@@ -363,7 +363,7 @@ cudaError_t LaunchDropoutGrad(int64_t count, float scale, const float* dy, const
   return cudaGetLastError();
 }
 
-cudaError_t LaunchBnTrain(const BnGeometry& g, float eps, float momentum, float unbias,
+cudaError_t LaunchBnTrain(const BatchNormGeometry& g, float eps, float momentum, float unbias,
                           const float* x, const float* scale, const float* shift, float* rm,
                           float* rv, float* y, float* bm, float* bv, float* out_rm, float* out_rv,
                           cudaStream_t stream) {
@@ -373,7 +373,7 @@ cudaError_t LaunchBnTrain(const BnGeometry& g, float eps, float momentum, float 
   return cudaGetLastError();
 }
 
-cudaError_t LaunchBnGrad(const BnGeometry& g, float eps, const float* x, const float* scale,
+cudaError_t LaunchBnGrad(const BatchNormGeometry& g, float eps, const float* x, const float* scale,
                          const float* bm, const float* bv, const float* dy, float* dx,
                          float* dscale, float* dbias, cudaStream_t stream) {
   if (g.c <= 0) return cudaSuccess;

@@ -61,16 +61,13 @@ cudaError_t LaunchDropoutGrad(int64_t count, float scale, const float* dy, const
 // BatchNormalization over [n, c, s] in a training compile: one block per channel computes the
 // batch mean and biased variance (two passes, double), writes y, the batch statistics, and
 // updates the running statistics in place (copies into out_rm / out_rv when not null).
-struct BnGeometry {
-  int64_t n = 0, c = 0, s = 1;
-};
-cudaError_t LaunchBnTrain(const BnGeometry& g, float eps, float momentum, float unbias,
+cudaError_t LaunchBnTrain(const BatchNormGeometry& g, float eps, float momentum, float unbias,
                           const float* x, const float* scale, const float* shift, float* rm,
                           float* rv, float* y, float* bm, float* bv, float* out_rm, float* out_rv,
                           cudaStream_t stream);
 // Its gradient from the saved batch statistics: dbias = sum dY, dscale = sum dY x^, dx (each
 // may be null), one block per channel.
-cudaError_t LaunchBnGrad(const BnGeometry& g, float eps, const float* x, const float* scale,
+cudaError_t LaunchBnGrad(const BatchNormGeometry& g, float eps, const float* x, const float* scale,
                          const float* bm, const float* bv, const float* dy, float* dx,
                          float* dscale, float* dbias, cudaStream_t stream);
 

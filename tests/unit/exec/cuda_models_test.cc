@@ -67,6 +67,27 @@ CompileOptions Inference(const std::string& model, int64_t batch) {
   return o;  // fetches: every graph output, as the daemon compiles inference sessions
 }
 
+// Training with SGD (rate 0.01, momentum 0.9) on a batch of `batch`, minimising "loss".
+CompileOptions SgdTraining(const std::string& model, int64_t batch) {
+  CompileOptions o = Inference(model, batch);
+  o.mode = Mode::kTraining;
+  o.loss = "loss";
+  o.optimizer.learning_rate = 0.01f;
+  o.optimizer.momentum = 0.9f;
+  return o;
+}
+
+// Losses and parameters within 1e-3 relative of the CPU's, the optimizer state within
+// `state_norm_rtol` of its norm.
+ParityOptions TrainingParity(double state_norm_rtol) {
+  ParityOptions p;
+  p.int_hi = kClasses;
+  p.rtol = 1e-3;
+  p.atol = 1e-4;
+  p.state_norm_rtol = state_norm_rtol;
+  return p;
+}
+
 struct ModelCase {
   std::string model;
   int64_t batch;
@@ -187,16 +208,8 @@ TEST(CudaModelsTrainingTest, TrainingMatchesCpu) {
     const std::string model = name;
     const std::string bytes = ReadModel(model);
     ASSERT_FALSE(bytes.empty()) << "cannot read " << ModelsDir() << "/" << model << ".onnx";
-    ParityOptions p;
-    p.int_hi = kClasses;
-    p.rtol = 1e-3;
-    p.atol = 1e-4;
-    p.state_norm_rtol = 1e-2;
-    CompileOptions o = Inference(model, 8);
-    o.mode = Mode::kTraining;
-    o.loss = "loss";
-    o.optimizer.learning_rate = 0.01f;
-    o.optimizer.momentum = 0.9f;
+    const ParityOptions p = TrainingParity(1e-2);
+    CompileOptions o = SgdTraining(model, 8);
     {
       SCOPED_TRACE(model + " sgd");
       const testing::Trained cpu = testing::ExpectTrainingParity(bytes, o, p, kSteps);
@@ -222,19 +235,9 @@ TEST(CudaModelsTrainingTest, ExportedModelsTrainingMatchesCpu) {
     SCOPED_TRACE(model);
     const std::string bytes = ReadModel(model);
     ASSERT_FALSE(bytes.empty()) << "cannot read " << ModelsDir() << "/" << model << ".onnx";
-    ParityOptions p;
-    p.int_hi = kClasses;
-    p.rtol = 1e-3;
-    p.atol = 1e-4;
     // Through BatchNorm, velocities spread further (1.4% of their norm seen on MobileNetV2
     // after 10 steps, its parameters and losses within 1e-3).
-    p.state_norm_rtol = 3e-2;
-    CompileOptions o = Inference(model, 4);
-    o.mode = Mode::kTraining;
-    o.loss = "loss";
-    o.optimizer.learning_rate = 0.01f;
-    o.optimizer.momentum = 0.9f;
-    testing::ExpectTrainingParity(bytes, o, p, 10);
+    testing::ExpectTrainingParity(bytes, SgdTraining(model, 4), TrainingParity(3e-2), 10);
   }
 }
 
