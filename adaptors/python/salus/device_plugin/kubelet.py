@@ -46,8 +46,6 @@ def device_plugin_handler(servicer: Any) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(_DEVICE_PLUGIN, {
         "GetDevicePluginOptions": _unary(servicer.GetDevicePluginOptions, dp.Empty),
         "ListAndWatch": _stream(servicer.ListAndWatch, dp.Empty),
-        "GetPreferredAllocation": _unary(servicer.GetPreferredAllocation,
-                                         dp.PreferredAllocationRequest),
         "Allocate": _unary(servicer.Allocate, dp.AllocateRequest),
         "PreStartContainer": _unary(servicer.PreStartContainer, dp.PreStartContainerRequest),
     })
@@ -113,7 +111,5 @@ class DevicePluginStub(_Stub):
         self.GetDevicePluginOptions = self._unary("GetDevicePluginOptions",
                                                   dp.DevicePluginOptions)
         self.ListAndWatch = self._stream("ListAndWatch", dp.ListAndWatchResponse)
-        self.GetPreferredAllocation = self._unary("GetPreferredAllocation",
-                                                  dp.PreferredAllocationResponse)
         self.Allocate = self._unary("Allocate", dp.AllocateResponse)
         self.PreStartContainer = self._unary("PreStartContainer", dp.PreStartContainerResponse)

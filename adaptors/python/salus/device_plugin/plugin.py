@@ -238,19 +238,6 @@ class ResourceServicer:
     def ListAndWatch(self, request: dp.Empty, context: grpc.ServicerContext) -> Iterator[Any]:
         yield from self.plugin.watch_devices(context)
 
-    def GetPreferredAllocation(self, request: Any, context: grpc.ServicerContext) -> Any:
-        # Units are interchangeable: any choice is as good.
-        out = dp.PreferredAllocationResponse()
-        for c in request.container_requests:
-            chosen = list(c.must_include_deviceIDs)
-            for d in c.available_deviceIDs:
-                if len(chosen) >= c.allocation_size:
-                    break
-                if d not in chosen:
-                    chosen.append(d)
-            out.container_responses.add(deviceIDs=chosen)
-        return out
-
     def Allocate(self, request: dp.AllocateRequest, context: grpc.ServicerContext) -> Any:
         out = dp.AllocateResponse()
         for c in request.container_requests:
@@ -303,18 +290,21 @@ class DevicePlugin:
                     devices=[dp.Device(ID=i, health=health) for i in self.unit_ids()])
             yield reply
 
-    def refresh_capacity(self) -> None:
-        """Units from the daemon's capacity (or --memory), health from reaching it."""
+    def refresh_capacity(self) -> list[dict] | None:
+        """Units from the daemon's capacity (or --memory), health from reaching it; returns the
+        daemon's allocations (an administrator's request, so it shows the plugin may grant),
+        None when the daemon cannot be reached."""
         try:
             capacity = self.daemon.call(lambda c: c.server["capacity_bytes"])
-            self.daemon.call(lambda c: c.list_allocations())  # the administrator's request works
+            held = self.daemon.call(lambda c: c.list_allocations())
         except (salus.SalusError, OSError) as e:
             log.warning("event: daemon_unreachable %s",
                         json.dumps({"daemon": self.o.daemon, "error": str(e)}))
             self.set_state(self.units, False)
-            return
+            return None
         memory = self.o.memory_bytes or capacity
         self.set_state(min(memory // self.o.unit_bytes, MAX_UNITS), True)
+        return held
 
     # -- allocations ---------------------------------------------------------------------
     def allocate(self, spec: ResourceSpec, device_ids: list[str]) -> Any:
@@ -403,7 +393,7 @@ class DevicePlugin:
         return owners
 
     def reconcile(self) -> None:
-        self.refresh_capacity()
+        listed = self.refresh_capacity()
         owners = self.pods_by_unit()
         now = time.time()
         to_grant: list[Allocation] = []
@@ -430,12 +420,10 @@ class DevicePlugin:
             self.ledger.save()
         for alloc, why in to_revoke:
             self.revoke(alloc, why)
-        if not self.healthy:
+        if listed is None:
             return
-        try:
-            held = {a["id"]: a for a in self.daemon.call(lambda c: c.list_allocations())}
-        except (salus.SalusError, OSError):
-            return
+        revoked = {alloc.id for alloc, _ in to_revoke}
+        held = {a["id"]: a for a in listed if a["id"] not in revoked}
         with self.ledger.lock:
             known = dict(self.ledger.allocations)
         for alloc in known.values():
