@@ -15,9 +15,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import pytest
 from k8s_pod_job import train
 from mlp_job import create
 from salus_daemon import REPO, Daemon
+from test_daemon import wait_for
 
 import salus
 from salus._generated.k8s import deviceplugin_v1beta1_pb2 as dp
@@ -35,16 +35,6 @@ from salus.device_plugin import kubelet
 BATCH = "salus.ai/gpu-memory"
 INTERACTIVE = "salus.ai/gpu-memory-interactive"
 POD_JOB = Path(__file__).with_name("k8s_pod_job.py")
-
-
-def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class FakeKubelet:
@@ -83,7 +73,7 @@ class FakeKubelet:
 
     def plugin(self, request: dp.RegisterRequest) -> kubelet.DevicePluginStub:
         path = self.dir / request.endpoint
-        wait_for(f"{path}", path.exists)
+        wait_for(path.exists, f"{path}")
         return kubelet.DevicePluginStub(kubelet.unix_channel(str(path)))
 
     def stop(self) -> None:
@@ -288,14 +278,14 @@ def test_pods_train_through_the_mount_and_wait_for_each_other(daemon_factory,  #
 
     ready, hold = node.root / "a.ready", node.root / "a.hold"
     pod_a = run_pod(node, a, "--job 0 --name pod-a", f"--ready {ready} --hold {hold}")
-    wait_for("pod a's first step", ready.exists, timeout=120)
+    wait_for(ready.exists, "pod a's first step", 120)
     pod_b = run_pod(node, b, "--job 1 --name pod-b")
 
     def b_waits() -> bool:
         with salus.connect(node.daemon.admin_endpoint) as c:
             return any(s["name"] == "pod-b" and s["state"] == "WAITING" for s in c.sessions())
 
-    wait_for("pod b's session to wait for memory", b_waits, timeout=120)
+    wait_for(b_waits, "pod b's session to wait for memory", 120)
     assert pod_b.poll() is None  # waiting, not failed
     hold.write_text("go")
     ra, rb = finish(pod_a), finish(pod_b)
@@ -325,15 +315,15 @@ def test_names_the_pod_and_reclaims_its_share_when_it_is_gone(node_factory) -> N
     train(session, 0, 2)
 
     node.pod_resources.pods["team-a/trainer-0"] = [(BATCH, ids)]
-    wait_for("the pod's name at the daemon",
-             lambda: node.allocations()[aid]["pod"] == "team-a/trainer-0")
+    wait_for(lambda: node.allocations()[aid]["pod"] == "team-a/trainer-0",
+             "the pod's name at the daemon")
     lines = metric_lines(node.daemon, "salus_alloc_memory_budget_bytes")
     assert any(f'allocation="{aid}"' in ln and 'pod="team-a/trainer-0"' in ln
                and ln.endswith(f" {2 * unit}") for ln in lines), lines
 
     # The pod is gone: its allocation is revoked, its session closed, its token dead.
     del node.pod_resources.pods["team-a/trainer-0"]
-    wait_for("the revocation", lambda: aid not in node.allocations())
+    wait_for(lambda: aid not in node.allocations(), "the revocation")
     with pytest.raises(salus.SalusError):
         train(session, 0, 1)
     job.close()
@@ -347,7 +337,7 @@ def test_names_the_pod_and_reclaims_its_share_when_it_is_gone(node_factory) -> N
 def test_an_allocation_no_pod_claims_is_revoked_after_the_grace_period(node_factory) -> None:  # noqa: ANN001
     node = node_factory(4 << 20, 1 << 20, "--grace-seconds", "1")
     orphan = node.allocate(BATCH, ["unit-00003"]).envs["SALUS_ALLOCATION"]
-    wait_for("the orphan's revocation", lambda: "no pod claimed it" in node.log_text())
+    wait_for(lambda: "no pod claimed it" in node.log_text(), "the orphan's revocation")
     assert orphan not in node.allocations()
 
 
@@ -356,14 +346,14 @@ def test_a_restarted_plugin_keeps_its_allocations(node_factory) -> None:  # noqa
     got = node.allocate(BATCH, ["unit-00000"])
     aid = got.envs["SALUS_ALLOCATION"]
     node.pod_resources.pods["ns/p"] = [(BATCH, ["unit-00000"])]
-    wait_for("the pod's name", lambda: node.allocations()[aid]["pod"] == "ns/p")
+    wait_for(lambda: node.allocations()[aid]["pod"] == "ns/p", "the pod's name")
     state = json.loads((node.root / "state" / "plugin.json").read_text())
     assert [a["id"] for a in state["allocations"]] == [aid]
     assert oct((node.root / "state" / "plugin.json").stat().st_mode & 0o777) == "0o600"
     # The daemon forgets it (as after a restart): the plugin grants it again, same token.
     with salus.connect(node.daemon.admin_endpoint) as c:
         c.revoke_allocation(aid)
-    wait_for("the grant again", lambda: aid in node.allocations())
+    wait_for(lambda: aid in node.allocations(), "the grant again")
     with salus.connect(node.daemon.admin_endpoint,
                        allocation_token=got.envs["SALUS_ALLOCATION_TOKEN"]) as c:
         assert c.allocation == aid
