@@ -28,6 +28,8 @@ sys.path.insert(0, str(REPO / "adaptors" / "python"))
 import salus  # noqa: E402
 
 MODELS = REPO / "benchmarks" / "models"
+# The daemon: the build's, or salus-server in $SALUS_BIN (binaries built elsewhere).
+SERVER = Path(os.environ.get("SALUS_BIN", REPO / "build" / "bin")) / "salus-server"
 
 # name, model file, input shapes, iterations
 JOBS = [
@@ -72,7 +74,7 @@ def free_port() -> int:
 def run_policy(policy: str, device: str) -> list[dict]:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     server = subprocess.Popen(
-        [str(REPO / "build" / "bin" / "salus-server"), "--listen", endpoint, "--memory", "2GiB",
+        [str(SERVER), "--listen", endpoint, "--memory", "2GiB",
          "--policy", policy, "--log-level", "warn", "--device", device],
         stderr=subprocess.PIPE, text=True)
     assert server.stderr is not None

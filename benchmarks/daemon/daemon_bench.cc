@@ -1,7 +1,9 @@
 // daemon_bench: what the daemon costs, measured against a real salus-server process.
 //
 //   build/benchmarks/daemon_bench [--server build/bin/salus-server] [--models benchmarks/models]
-//                                 [--json FILE]
+//                                 [--device cpu|cuda:N] [--json FILE]
+//
+// Every daemon it starts runs on --device, and the in-process runs of part 2 use it too.
 //
 // 1. round trip of an empty iteration (a synthetic session with P = E = 0 and no work) over
 //    ipc and over tcp;
@@ -9,7 +11,8 @@
 //    the same executable run in this process, measured in alternating blocks so both see the
 //    same machine load;
 // 3. the switch gap between two sessions sharing one lane (FAIR, single lane), each always
-//    with an iteration queued;
+//    with an iteration queued: synthetic sessions (P = E = 1 MiB, 2 ms of sleep), then two
+//    training sessions of the MLP (batch 64) whose iterations run on the device;
 // 4. the daemon's resident memory with 500 idle sessions.
 // Medians (and p90) are reported; the machine is shared, so only side-by-side ratios count.
 #include <signal.h>
@@ -64,13 +67,14 @@ double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(
 
 class Daemon {
  public:
-  Daemon(const std::string& server, const std::vector<std::string>& args) {
+  Daemon(const std::string& server, const salus::exec::Device& device,
+         const std::vector<std::string>& args) {
     dir_ = std::filesystem::temp_directory_path() / ("salus-bench-" + std::to_string(getpid()));
     std::filesystem::create_directories(dir_);
     ipc_ = "ipc://" + (dir_ / "s.sock").string();
     tcp_ = "tcp://127.0.0.1:" + std::to_string(20000 + getpid() % 20000);
-    std::vector<std::string> argv = {server, "--listen",    ipc_,  "--listen",
-                                     tcp_,   "--log-level", "warn"};
+    std::vector<std::string> argv = {server,        "--listen", ipc_,       "--listen",   tcp_,
+                                     "--log-level", "warn",     "--device", device.name()};
     argv.insert(argv.end(), args.begin(), args.end());
     pid_ = fork();
     if (pid_ == 0) {
@@ -198,7 +202,7 @@ struct ModelRun {
   std::unique_ptr<salus::exec::Executable> exe;
   std::vector<Tensor> feeds;
   std::vector<const void*> feed_ptrs;
-  std::unique_ptr<std::byte, decltype(&std::free)> p{nullptr, &std::free}, e{nullptr, &std::free};
+  salus::exec::DeviceBuffer p, e;
   std::vector<float> loss = std::vector<float>(1);
 };
 
@@ -227,19 +231,18 @@ std::vector<Tensor> Feeds(const Classifier& m, int64_t batch) {
   return {Tensor::Floats("x", shape, x), Tensor::Int64s("labels", {batch}, y)};
 }
 
-ModelRun Compile(const Classifier& m, const std::string& model, int64_t batch) {
+ModelRun Compile(const Classifier& m, const std::string& model, int64_t batch,
+                 const salus::exec::Device& device) {
   salus::exec::CompileOptions o;
+  o.device = device;
   o.input_shapes = {{"x", XShape(m, batch)}, {"labels", {batch}}};
   o.mode = salus::exec::Mode::kTraining;
   o.loss = "loss";
   o.optimizer.learning_rate = 0.01f;
   ModelRun r;
   r.exe = Must(salus::exec::Executable::Compile(model, o));
-  auto alloc = [](uint64_t n) {
-    return static_cast<std::byte*>(std::aligned_alloc(256, (n / 256 + 1) * 256));
-  };
-  r.p.reset(alloc(r.exe->persistent_bytes()));
-  r.e.reset(alloc(r.exe->ephemeral_bytes()));
+  r.p = Must(salus::exec::DeviceBuffer::Allocate(r.exe->runtime(), r.exe->persistent_bytes()));
+  r.e = Must(salus::exec::DeviceBuffer::Allocate(r.exe->runtime(), r.exe->ephemeral_bytes()));
   Must(r.exe->InitializePersistent(r.p.get()));
   r.feeds = Feeds(m, batch);
   for (const auto& info : r.exe->inputs()) {
@@ -257,14 +260,15 @@ double RunLocal(ModelRun& r) {
   return Ms(Clock::now() - t0);
 }
 
-nlohmann::json Overhead(const Daemon& d, const std::string& models, const Classifier& m) {
+nlohmann::json Overhead(const Daemon& d, const salus::exec::Device& device,
+                        const std::string& models, const Classifier& m) {
   const std::string model = ReadFile(models + "/" + m.name + ".onnx");
   // Calibrate the batch so one in-process iteration takes about 10 ms.
   // The batch used is the measured one closest to 10 ms (by ratio), never an unmeasured guess.
   int64_t batch = 16, best = 16;
   double best_error = 1e9;
   for (int round = 0; round < 10; ++round) {
-    ModelRun r = Compile(m, model, batch);
+    ModelRun r = Compile(m, model, batch, device);
     std::vector<double> t;
     for (int i = 0; i < 15; ++i) t.push_back(RunLocal(r));
     const double ms = Percentile(t, 0.5);
@@ -275,7 +279,7 @@ nlohmann::json Overhead(const Daemon& d, const std::string& models, const Classi
         std::clamp<int64_t>(static_cast<int64_t>(static_cast<double>(batch) * 10.0 / ms), 8, 8192);
   }
   batch = best;
-  ModelRun local = Compile(m, model, batch);
+  ModelRun local = Compile(m, model, batch, device);
   // Two clients: one that sends every feed in a frame, one as connected by default, which
   // stages large feeds in shared memory it owns (a copy per iteration).
   Client::Options frames_only;
@@ -471,20 +475,19 @@ nlohmann::json ZmqEchoAfterWork(const std::string& endpoint) {
   return {{"median_us", Percentile(us, 0.5)}, {"p90_us", Percentile(us, 0.9)}};
 }
 
-nlohmann::json SwitchGap(const std::string& server) {
-  Daemon d(server,
-           {"--memory", "1GiB", "--policy", "fair", "--policy-options", "{\"single_lane\":true}"});
+// Two sessions made by `options` share the daemon's one lane, each in its own thread always
+// with an iteration queued, until one has run 600; the gaps after each one's first 50.
+nlohmann::json SwitchGap(const Daemon& d, const char* what, const SessionOptions& options,
+                         const std::vector<Tensor>& feeds) {
   std::atomic<bool> stop{false};
   std::vector<double> gaps[2];
   std::vector<std::thread> threads;
   for (int k = 0; k < 2; ++k) {
     threads.emplace_back([&, k] {
       auto c = MustConnect(d.ipc());
-      SessionOptions o;
-      o.synthetic = salus::client::Synthetic{1 << 20, 1 << 20, 0.002};
-      auto s = Must(c->CreateSession(o));
+      auto s = Must(c->CreateSession(options));
       for (int i = 0; i < 600 && !stop; ++i) {
-        Must(s->Run());
+        Must(s->Run(feeds, {}));
         if (i >= 50) gaps[k].push_back(s->last_stats().switch_gap_us);
       }
       stop = true;
@@ -494,15 +497,34 @@ nlohmann::json SwitchGap(const std::string& server) {
   std::vector<double> all = gaps[0];
   all.insert(all.end(), gaps[1].begin(), gaps[1].end());
   std::printf(
-      "switch gap, two sessions sharing one lane: median %.1f us, p90 %.1f us (%zu samples)\n",
-      Percentile(all, 0.5), Percentile(all, 0.9), all.size());
+      "switch gap, two %s sessions sharing one lane: median %.1f us, p90 %.1f us (%zu "
+      "samples)\n",
+      what, Percentile(all, 0.5), Percentile(all, 0.9), all.size());
   return {{"median_us", Percentile(all, 0.5)},
           {"p90_us", Percentile(all, 0.9)},
           {"samples", all.size()}};
 }
 
-nlohmann::json IdleSessions(const std::string& server) {
-  Daemon d(server, {"--memory", "4GiB", "--policy", "pack"});
+nlohmann::json SwitchGaps(const std::string& server, const salus::exec::Device& device,
+                          const std::string& models) {
+  Daemon d(server, device,
+           {"--memory", "1GiB", "--policy", "fair", "--policy-options", "{\"single_lane\":true}"});
+  SessionOptions synthetic;
+  synthetic.synthetic = salus::client::Synthetic{1 << 20, 1 << 20, 0.002};
+  nlohmann::json out = SwitchGap(d, "synthetic", synthetic, {});
+  const Classifier mlp{"mlp", {784}};
+  constexpr int64_t kBatch = 64;
+  SessionOptions training;
+  training.model = ReadFile(models + "/mlp.onnx");
+  training.inputs = {{"x", XShape(mlp, kBatch)}, {"labels", {kBatch}}};
+  training.loss = "loss";
+  training.optimizer.lr = 0.01;
+  out["mlp_training"] = SwitchGap(d, "MLP training", training, Feeds(mlp, kBatch));
+  return out;
+}
+
+nlohmann::json IdleSessions(const std::string& server, const salus::exec::Device& device) {
+  Daemon d(server, device, {"--memory", "4GiB", "--policy", "pack"});
   auto c = MustConnect(d.ipc());
   const uint64_t before = d.Rss();
   std::vector<std::unique_ptr<salus::client::Session>> sessions;
@@ -528,7 +550,8 @@ nlohmann::json IdleSessions(const std::string& server) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string server = "build/bin/salus-server", models = "benchmarks/models", json_out, only;
+  std::string server = "build/bin/salus-server", models = "benchmarks/models", json_out, only,
+              device_name = "cpu";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--server")
@@ -539,18 +562,26 @@ int main(int argc, char** argv) {
       json_out = argv[i + 1];
     else if (flag == "--only")
       only = argv[i + 1];
+    else if (flag == "--device")
+      device_name = argv[i + 1];
     else {
       std::fprintf(stderr,
-                   "usage: daemon_bench [--server PATH] [--models DIR] [--json FILE] "
-                   "[--only round_trip|overhead|switch_gap|idle_sessions]\n");
+                   "usage: daemon_bench [--server PATH] [--models DIR] [--device cpu|cuda:N] "
+                   "[--json FILE] [--only round_trip|overhead|switch_gap|idle_sessions]\n");
       return 2;
     }
   }
+  const auto parsed = salus::exec::ParseDevice(device_name);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "daemon_bench: --device: %s\n", parsed.status().ToString().c_str());
+    return 2;
+  }
+  const salus::exec::Device device = *parsed;
   salus::EnsurePassiveOpenMpWait(argv);  // as the daemon: Note [OpenMP wait policy]
   auto want = [&](const char* part) { return only.empty() || only == part; };
   nlohmann::json out;
   if (want("round_trip") || want("overhead")) {
-    Daemon d(server, {"--memory", "2GiB", "--policy", "fair"});
+    Daemon d(server, device, {"--memory", "2GiB", "--policy", "fair"});
     if (want("round_trip")) {
       out["round_trip"] = RoundTrip(d);
       out["heartbeat"] = HeartbeatRoundTrip(d);
@@ -558,12 +589,13 @@ int main(int argc, char** argv) {
     }
     if (want("overhead")) out["zmq_echo_after_work"] = ZmqEchoAfterWork(d.ipc() + ".echo2");
     if (want("overhead")) {
-      out["overhead"] = nlohmann::json::array(
-          {Overhead(d, models, {"mlp", {784}}), Overhead(d, models, {"resnet", {3, 32, 32}})});
+      out["overhead"] =
+          nlohmann::json::array({Overhead(d, device, models, {"mlp", {784}}),
+                                 Overhead(d, device, models, {"resnet", {3, 32, 32}})});
     }
   }
-  if (want("switch_gap")) out["switch_gap"] = SwitchGap(server);
-  if (want("idle_sessions")) out["idle_sessions"] = IdleSessions(server);
+  if (want("switch_gap")) out["switch_gap"] = SwitchGaps(server, device, models);
+  if (want("idle_sessions")) out["idle_sessions"] = IdleSessions(server, device);
   if (!json_out.empty()) std::ofstream(json_out) << out.dump(2) << "\n";
   return 0;
 }

@@ -3,12 +3,12 @@
 // time against the unswapped plan, measured side by side in one run.
 //
 //   salus-swap-bench [--models mlp,lenet5,...] [--warmup 5] [--iters 20] [--bandwidth B/s]
-//                    [--estimated] [--copies auto|thread|inline]
+//                    [--estimated] [--copies auto|thread|inline] [--device cpu|cuda:N]
 //
-// Each model is compiled for training (SGD, momentum 0.9) with profiling on and run `warmup`
-// iterations; the points are then planned again from the measured step times (without
-// --estimated). The timed iterations go round-robin over the points on one executable
-// (SelectSwapPoint before each), so every point sees the same machine load; each point's
+// Each model is compiled for training (SGD, momentum 0.9) on --device and run `warmup`
+// iterations; without --estimated these are profiled and the points are then planned again
+// from the measured step times. The timed iterations go round-robin over the points on one
+// executable (SelectSwapPoint before each), so every point sees the same machine load; each point's
 // median is compared with the unswapped point's. Prints one JSON line per model and a
 // Markdown table. Inputs are seeded: floats in [-1, 1), int64 inputs in [0, 10).
 #include <algorithm>
@@ -88,9 +88,10 @@ std::string ReadModel(const ModelSpec& spec) {
   return ss.str();
 }
 
-// Training with SGD and momentum at the spec's shapes, copies as asked.
-CompileOptions TrainingOptions(const ModelSpec& spec, SwapCopies copies) {
+// Training with SGD and momentum at the spec's shapes on `device`, copies as asked.
+CompileOptions TrainingOptions(const ModelSpec& spec, const Device& device, SwapCopies copies) {
   CompileOptions o;
+  o.device = device;
   o.mode = Mode::kTraining;
   o.loss = "loss";
   o.optimizer.learning_rate = 0.01f;
@@ -101,11 +102,13 @@ CompileOptions TrainingOptions(const ModelSpec& spec, SwapCopies copies) {
 }
 
 // Benchmarks one model; false (with a message) when it cannot run.
-bool Bench(const ModelSpec& spec, int warmup, int iters, double bandwidth, bool estimated,
-           SwapCopies copies, nlohmann::json* out) {
+// Profiles the warm-up only for re-planning from measured step times: on a GPU, profiling
+// synchronises after every step.
+bool Bench(const ModelSpec& spec, const Device& device, int warmup, int iters, double bandwidth,
+           bool estimated, SwapCopies copies, nlohmann::json* out) {
   const std::string model = ReadModel(spec);
-  CompileOptions o = TrainingOptions(spec, copies);
-  o.profile = true;
+  CompileOptions o = TrainingOptions(spec, device, copies);
+  o.profile = !estimated;
   o.swap_bandwidth = bandwidth;
   const auto compile_start = std::chrono::steady_clock::now();
   auto exe = Executable::Compile(model, o);
@@ -204,10 +207,10 @@ bool Bench(const ModelSpec& spec, int warmup, int iters, double bandwidth, bool 
 // point 0, then all at their lowest point (their copies sharing the device's copy path, Note
 // [Shared copy path]), alternating for `rounds`; the median wall time of `iters` iterations
 // each, side by side.
-bool BenchJobs(const ModelSpec& spec, int jobs, int iters, int rounds, SwapCopies copies,
-               nlohmann::json* out) {
+bool BenchJobs(const ModelSpec& spec, const Device& device, int jobs, int iters, int rounds,
+               SwapCopies copies, nlohmann::json* out) {
   const std::string model = ReadModel(spec);
-  const CompileOptions o = TrainingOptions(spec, copies);
+  const CompileOptions o = TrainingOptions(spec, device, copies);
   struct Job {
     std::unique_ptr<Executable> x;
     std::optional<DeviceBuffer> persistent, lane;
@@ -275,7 +278,7 @@ bool BenchJobs(const ModelSpec& spec, int jobs, int iters, int rounds, SwapCopie
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string models, copies = "auto";
+  std::string models, copies = "auto", device_name = "cpu";
   int warmup = 5, iters = 20, jobs = 0, rounds = 5;
   double bandwidth = 0;
   po::options_description desc("salus-swap-bench");
@@ -287,7 +290,8 @@ int main(int argc, char** argv) {
       "copies", po::value(&copies), "auto, thread or inline (CompileOptions::swap_copies)")(
       "jobs", po::value(&jobs),
       "N > 0: N sessions of each model train at once, all unswapped vs all at the lowest point")(
-      "rounds", po::value(&rounds), "with --jobs: alternating rounds of each (median)");
+      "rounds", po::value(&rounds), "with --jobs: alternating rounds of each (median)")(
+      "device", po::value(&device_name), "cpu (default) or cuda:N");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -303,6 +307,11 @@ int main(int argc, char** argv) {
     std::cerr << "--copies: auto, thread or inline\n";
     return 2;
   }
+  auto device = ParseDevice(device_name);
+  if (!device.ok()) {
+    std::cerr << "--device: " << device.status() << "\n";
+    return 2;
+  }
   std::vector<std::string> names;
   std::stringstream list(models);
   for (std::string n; std::getline(list, n, ',');) names.push_back(n);
@@ -314,13 +323,14 @@ int main(int argc, char** argv) {
     }
     nlohmann::json j;
     if (jobs > 0) {
-      if (!BenchJobs(spec, jobs, std::max(iters, 1), std::max(rounds, 1), modes.at(copies), &j)) {
+      if (!BenchJobs(spec, *device, jobs, std::max(iters, 1), std::max(rounds, 1), modes.at(copies),
+                     &j)) {
         return 1;
       }
       std::cout << j.dump() << "\n" << std::flush;
       continue;
     }
-    if (!Bench(spec, warmup, std::max(iters, 1), bandwidth, vm.count("estimated") > 0,
+    if (!Bench(spec, *device, warmup, std::max(iters, 1), bandwidth, vm.count("estimated") > 0,
                modes.at(copies), &j)) {
       return 1;
     }

@@ -241,6 +241,42 @@ TEST(CudaModelsTrainingTest, ExportedModelsTrainingMatchesCpu) {
   }
 }
 
+// Swapping activations to host memory on the GPU (Note [Swapping in the executable]): each model
+// trains 4 steps unswapped and at the lowest ephemeral size the swap planner offers, the
+// swapped run moving between lanes; its losses and whole persistent state stay bit-identical
+// to the unswapped run's, and its lane is smaller.
+TEST(CudaSwapTest, LowestPointTrainsBitIdentically) {
+  SALUS_REQUIRE_GPU();
+  for (const char* name : {"mlp", "lenet5", "resnet", "espcn"}) {
+    const std::string model = name;
+    SCOPED_TRACE(model);
+    const std::string bytes = ReadModel(model);
+    CompileOptions o = SgdTraining(model, 8);
+    o.device = Device{DeviceType::kCuda, 0};
+    auto plain = Executable::Compile(bytes, o);
+    auto swapped = Executable::Compile(bytes, o);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    ASSERT_TRUE(swapped.ok()) << swapped.status();
+    const size_t points = (*swapped)->SwapPoints().size();
+    ASSERT_GE(points, 2u) << "nothing to swap";
+    ASSERT_TRUE((*swapped)->SelectSwapPoint(points - 1).ok());
+    EXPECT_LT((*swapped)->ephemeral_bytes(), (*plain)->ephemeral_bytes());
+    ParityOptions p;
+    p.int_hi = kClasses;
+    const std::vector<HostTensor> feeds = RandomFeeds(**plain, p);
+    const testing::Trained want = testing::TrainOn(**plain, feeds, 4, false);
+    const testing::Trained got = testing::TrainOn(**swapped, feeds, 4, true);
+    ASSERT_EQ(want.steps.size(), got.steps.size());
+    for (size_t s = 0; s < want.steps.size(); ++s) {
+      EXPECT_EQ(want.steps[s][0].bytes, got.steps[s][0].bytes) << "step " << s;
+    }
+    ASSERT_EQ(want.state.size(), got.state.size());
+    for (const auto& [state, value] : want.state) {
+      EXPECT_EQ(value.bytes, got.state.at(state).bytes) << state;
+    }
+  }
+}
+
 // Note [Device graphs]: an executable replaying its captured iteration gives, bit for bit, what
 // one launching kernel by kernel gives: in the lane it was captured in, after the lane moved
 // (the graph updated in place or captured again), and back. Inference of two models and 5
