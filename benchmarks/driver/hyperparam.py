@@ -4,6 +4,10 @@ lanes as memory allows, measuring the packed pairs and unpacking those slower to
 introspective packing) and against PACK that always packs (`pack-always`,
 {"introspect": false}).
 
+A --models entry may name several models joined by `+` (`resnet:32+espcn:1`): its jobs then
+alternate between them, so different models share the device at once (job k trains the
+(k mod n)-th), each job still about --work seconds alone.
+
 For each model (by default a compute-heavy one, resnet at batch 32, and a light one, espcn
 at batch 1, whose iterations are short enough that the device idles during the client's round
 trip, as the paper's superres_128 leaves a P100 idle) the iteration time alone, as the client
@@ -37,9 +41,13 @@ POLICIES: dict[str, tuple[str, dict[str, Any] | None]] = {
 PAPER_GAIN = {"resnet": ("resnet50_50", 1.07), "espcn": ("superres_128", 2.38)}
 
 
+DEFAULT_MODELS = "resnet:32,espcn:1"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", default="resnet:32,espcn:1",
-                   help="comma-separated MODEL:BATCH (default a heavy and a light one)")
+    p.add_argument("--models", default=DEFAULT_MODELS,
+                   help="comma-separated MODEL:BATCH (default a heavy and a light one), or "
+                        "MODEL:BATCH+MODEL:BATCH for jobs of different models at once")
     p.add_argument("--jobs", type=int, default=4, help="jobs per model")
     p.add_argument("--work", type=float, default=5.0, help="seconds each job takes alone")
     p.add_argument("--rounds", type=int, default=3,
@@ -50,17 +58,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def smoke(args: argparse.Namespace) -> None:
     args.jobs, args.work, args.rounds = 2, 1.0, 1
-    args.models = "resnet:8,espcn:1"
+    if args.models == DEFAULT_MODELS:  # models named on the command line are kept
+        args.models = "resnet:8,espcn:1"
 
 
-def _models(text: str) -> list[tuple[str, int]]:
+Group = list[tuple[str, int]]  # the (model, batch) of a --models entry, jobs alternating
+
+
+def _models(text: str) -> list[Group]:
     out = []
-    for item in text.split(","):
-        name, _, batch = item.partition(":")
-        if name not in common.MODEL_SPECS or not batch.isdigit():
-            raise SystemExit(f"hyperparam: bad --models entry {item!r} (MODEL:BATCH)")
-        out.append((name, int(batch)))
+    for entry in text.split(","):
+        group = []
+        for item in entry.split("+"):
+            name, _, batch = item.partition(":")
+            if name not in common.MODEL_SPECS or not batch.isdigit():
+                raise SystemExit(f"hyperparam: bad --models entry {item!r} (MODEL:BATCH)")
+            group.append((name, int(batch)))
+        out.append(group)
     return out
+
+
+def _label(group: Group) -> tuple[str, str]:
+    """The group's model and batch columns: `resnet+espcn`, `32+1`."""
+    return "+".join(m for m, _ in group), "+".join(str(b) for _, b in group)
 
 
 def run(args: argparse.Namespace) -> list[str]:
@@ -72,38 +92,41 @@ def run(args: argparse.Namespace) -> list[str]:
         policies = [common.server_policy(args.endpoint)]
     rows: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
-    iters: dict[str, int] = {}
-    alone_ms: dict[str, float] = {}
+    iters: dict[tuple[str, int], int] = {}
+    alone_ms: dict[tuple[str, int], float] = {}
     with tqdm(total=args.rounds * len(models) * len(policies) * args.jobs, desc="hyperparam",
               unit="job") as bar:
         for rnd in range(args.rounds):
-            for model, batch in models:
+            for group in models:
+                model, batch = _label(group)
                 for policy in policies:
                     bar.set_postfix_str(f"round {rnd + 1} {model} {policy}")
                     name, options = POLICIES.get(policy, (policy, None))
                     with common.device(args, name, policy_options=options) as endpoint:
-                        if model not in iters:
-                            it_s = common.calibrate(endpoint, model, batch, iterations=20)
-                            iters[model] = max(2, round(args.work / it_s))
-                            alone_ms[model] = it_s * 1e3
-                        makespan, jobs = _batch(endpoint, model, batch, args.jobs, iters[model],
-                                                bar)
+                        for key in group:
+                            if key not in iters:
+                                it_s = common.calibrate(endpoint, key[0], key[1], iterations=20)
+                                iters[key] = max(2, round(args.work / it_s))
+                                alone_ms[key] = it_s * 1e3
+                        makespan, jobs = _batch(endpoint, group, args.jobs, iters, bar)
                     rows.append({"round": rnd + 1, "model": model, "batch": batch,
                                  "policy": policy, "jobs": args.jobs,
-                                 "iterations": iters[model],
-                                 "alone_iteration_ms": alone_ms[model], "makespan_s": makespan,
+                                 "iterations": "+".join(str(iters[k]) for k in group),
+                                 "alone_iteration_ms": "+".join(f"{alone_ms[k]:.3g}"
+                                                                for k in group),
+                                 "makespan_s": makespan,
                                  "avg_jct_s": sum(j["jct_s"] for j in jobs) / len(jobs),
                                  "admitted_at_once": sum(j["state_at_create"] == "ADMITTED"
                                                          for j in jobs),
                                  "max_concurrent_jobs": _max_concurrent(jobs)})
-                    records += [dict(j, round=rnd + 1, model=model, policy=policy)
-                                for j in jobs]
+                    records += [dict(j, round=rnd + 1, policy=policy) for j in jobs]
     common.write_csv(args.out / "makespan.csv", rows)
     common.write_csv(args.out / "jobs.csv", records,
                      ["round", "model", "policy", "job", "lr", "first_start_s", "jct_s", "lane",
                       "state_at_create", "lane_at_create"])
     gains = []
-    for model, batch in models:
+    for group in models:
+        model, batch = _label(group)
         paper = PAPER_GAIN.get(model, ("", float("nan")))
         med = {p: common.median([r["makespan_s"] for r in rows
                                  if r["model"] == model and r["policy"] == p]) for p in policies}
@@ -131,12 +154,11 @@ def run(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def _batch(endpoint: str, model: str, batch: int, n_jobs: int, iters: int,
+def _batch(endpoint: str, group: Group, n_jobs: int, iters: dict[tuple[str, int], int],
            bar: tqdm) -> tuple[float, list[dict[str, Any]]]:
     import salus
 
-    spec = common.MODEL_SPECS[model]
-    feeds = spec.feeds(batch, seed=0)
+    feeds = {key: common.MODEL_SPECS[key[0]].feeds(key[1], seed=0) for key in group}
     out: list[dict[str, Any]] = []
     # Every job's session exists before any job runs: the daemon's answers to the creations
     # (admitted or waiting, and on which lane) then say how many jobs it put on the device at
@@ -145,6 +167,9 @@ def _batch(endpoint: str, model: str, batch: int, n_jobs: int, iters: int,
     t0 = time.monotonic()
 
     def job(k: int) -> Any:
+        key = group[k % len(group)]
+        model, batch = key
+
         def body() -> None:
             lr = 0.01 * (k + 1)
             c = salus.connect(endpoint, timeout=None, name=f"hp{k}")
@@ -154,7 +179,7 @@ def _batch(endpoint: str, model: str, batch: int, n_jobs: int, iters: int,
                     s = c.create_session(model=spec_.path, mode="train",
                                          inputs=spec_.shapes(batch), loss=spec_.loss,
                                          optimizer={"type": "sgd", "lr": lr},
-                                         iterations=iters, name=f"{model}-lr{lr:g}")
+                                         iterations=iters[key], name=f"{model}-lr{lr:g}")
                 except BaseException:
                     created.abort()
                     raise
@@ -162,8 +187,8 @@ def _batch(endpoint: str, model: str, batch: int, n_jobs: int, iters: int,
                 created.wait()
                 lanes: set[int] = set()
                 first_start = float("nan")
-                for i in range(iters):
-                    s.run(feeds=feeds)
+                for i in range(iters[key]):
+                    s.run(feeds=feeds[key])
                     st = s.last_stats
                     assert st is not None
                     lanes.add(st.lane)
@@ -171,7 +196,8 @@ def _batch(endpoint: str, model: str, batch: int, n_jobs: int, iters: int,
                         first_start = time.monotonic() - t0 - st.run_us / 1e6
                 end = time.monotonic() - t0
                 s.close()
-                out.append({"job": k, "lr": lr, "first_start_s": first_start, "jct_s": end,
+                out.append({"job": k, "model": model, "lr": lr, "first_start_s": first_start,
+                            "jct_s": end,
                             "lane": "+".join(str(x) for x in sorted(lanes)),
                             "state_at_create": state, "lane_at_create": lane_at_create})
                 bar.update(1)

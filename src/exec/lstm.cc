@@ -122,6 +122,35 @@ StatusOr<LstmSpec> LstmForwardSpec(const Node& n, const Graph& g) {
   return LstmFor(n, g, n.input(0), n.input(1), n.input(2), n.input(3), n.input(5), n.input(6));
 }
 
+StatusOr<LstmSpec> LstmGradSpec(const Node& n, const Graph& g) {
+  SALUS_ASSIGN_OR_RETURN(LstmSpec spec, LstmFor(n, g, n.input(0), n.input(1), n.input(2),
+                                                n.input(3), n.input(4), n.input(5)));
+  const Shape state = spec.StateShape();
+  const Shape grads_in[] = {spec.YShape(), state, state};
+  for (size_t i = 0; i < 3; ++i) {
+    const ValueId id = n.input(6 + i);
+    if (id != kNoValue &&
+        (g.value(id).shape != grads_in[i] || g.value(id).type != DataType::kFloat32)) {
+      return InvalidArgumentError(n.Describe() + ": gradient input " + std::to_string(6 + i) +
+                                  " is " + ShapeString(g.value(id).shape) + ", expected float " +
+                                  ShapeString(grads_in[i]));
+    }
+  }
+  for (size_t i = 0; i < n.outputs.size(); ++i) {
+    if (n.outputs[i] == kNoValue) continue;
+    if (n.input(i) == kNoValue) {
+      return InvalidArgumentError(n.Describe() + ": output " + std::to_string(i) +
+                                  " is the gradient of an absent input");
+    }
+    if (g.value(n.outputs[i]).shape != g.value(n.input(i)).shape) {
+      return InvalidArgumentError(n.Describe() + ": output " + std::to_string(i) + " is " +
+                                  ShapeString(g.value(n.outputs[i]).shape) + ", expected " +
+                                  ShapeString(g.value(n.input(i)).shape));
+    }
+  }
+  return spec;
+}
+
 Status InferLstmShapes(Graph* graph, const Node& n) {
   Graph& g = *graph;
   SALUS_ASSIGN_OR_RETURN(LstmSpec s, LstmForwardSpec(n, g));

@@ -51,6 +51,11 @@ StatusOr<LstmSpec> LstmFor(const Node& n, const Graph& g, ValueId x, ValueId w, 
 // LstmFor for forward LSTM node `n`, refusing its inputs sequence_lens and P.
 StatusOr<LstmSpec> LstmForwardSpec(const Node& n, const Graph& g);
 
+// LstmFor for SalusLstmGrad node `n` (inputs X, W, R, B, initial_h, initial_c, dY, dY_h, dY_c;
+// outputs dX, dW, dR, dB, d_initial_h, d_initial_c): also checks that each gradient input is a
+// float of its forward output's shape, and each output has the shape of a present input.
+StatusOr<LstmSpec> LstmGradSpec(const Node& n, const Graph& g);
+
 // Shape inference of forward LSTM node `n` of `graph`: sets its outputs' types and shapes.
 Status InferLstmShapes(Graph* graph, const Node& n);
 

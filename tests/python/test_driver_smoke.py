@@ -244,6 +244,22 @@ def test_interactive(tmp_path: Path) -> None:
     assert (out / "report.md").read_text().count("target") >= 2
 
 
+def test_hyperparam_different_models_at_once(tmp_path: Path) -> None:
+    out = drive(tmp_path, "hyperparam", "--models", "mlp:8+lenet5:8", "--policies", "fifo,pack")
+    [gain] = rows(out / "gain.csv")
+    assert (gain["model"], gain["batch"]) == ("mlp+lenet5", "8+8")
+    assert positive(gain["fifo_makespan_s"]) and positive(gain["pack_makespan_s"])
+    jobs = rows(out / "jobs.csv")
+    for policy in ("fifo", "pack"):
+        mine = sorted((j for j in jobs if j["policy"] == policy), key=lambda j: int(j["job"]))
+        assert [j["model"] for j in mine] == ["mlp", "lenet5"], mine
+    # PACK puts the two models on the device at once, FIFO one after the other.
+    pack = [j for j in jobs if j["policy"] == "pack"]
+    assert [j["state_at_create"] for j in pack] == ["ADMITTED", "ADMITTED"], pack
+    fifo = [j for j in jobs if j["policy"] == "fifo"]
+    assert sorted(j["state_at_create"] for j in fifo) == ["ADMITTED", "WAITING"], fifo
+
+
 def test_hyperparam(tmp_path: Path) -> None:
     out = drive(tmp_path, "hyperparam")
     gains = rows(out / "gain.csv")

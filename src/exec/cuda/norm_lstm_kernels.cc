@@ -8,6 +8,8 @@
 //                       (h·R^T) and norm_lstm.cu's cell kernel (element_math.h's
 //                       LstmCellForward, the biases added as the CPU adds them), which also
 //                       writes Y; initial and final states by small copy kernels.
+//   SalusLstmGrad       the CPU's loop kernel on cuBLAS and norm_lstm.cu's kernels (Note [LSTM
+//                       backward on cuda]).
 // Row-major data meets column-major cuBLAS through reduce_math.h's RowMajorGemm. Every size and
 // offset is fixed when the kernel is built; Run only queues work on the context's stream.
 #include <cublas_v2.h>
@@ -16,6 +18,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -86,6 +89,26 @@ Status RequireInt(const Node& n, std::initializer_list<int64_t> values) {
   return OkStatus();
 }
 
+// Row-major C[m, n] = op(A)·op(B) + beta·C, as cpu_lstm_kernels.cc's Sgemm: A is [m, k] ([k, m]
+// when trans_a) with rows lda floats apart, B [k, n] ([n, k] when trans_b) with ldb, C with ldc
+// (packed, n, where k is 0). Sizes were checked against cuBLAS's int when the kernel was built.
+Status Sgemm(cublasHandle_t h, cudaStream_t stream, const std::string& what, bool trans_a,
+             bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+             const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return OkStatus();
+  if (k == 0) {  // an empty sum: C = beta·C
+    if (beta != 0.f) return OkStatus();
+    SALUS_CUDA_RETURN(cudaMemsetAsync(c, 0, m * n * sizeof(float), stream), what + ": zeroing");
+    return OkStatus();
+  }
+  const float one = 1.f;
+  return CublasStatus(
+      cublasSgemm(h, Op(trans_b), Op(trans_a), static_cast<int>(n), static_cast<int>(m),
+                  static_cast<int>(k), &one, b, static_cast<int>(ldb), a, static_cast<int>(lda),
+                  &beta, c, static_cast<int>(ldc)),
+      what + ": cublasSgemm");
+}
+
 // Row-major C[m, n] = A[m, k] · B[n, k]^T (beta 0) with the leading dims of packed matrices.
 Status SgemmTransB(cublasHandle_t h, const CublasGemmShape& s, const float* a, const float* b,
                    float* c, const std::string& what) {
@@ -95,6 +118,55 @@ Status SgemmTransB(cublasHandle_t h, const CublasGemmShape& s, const float* a, c
                                   static_cast<int>(s.ld_first), a, static_cast<int>(s.ld_second),
                                   &zero, c, static_cast<int>(s.ld_out)),
                       what + ": cublasSgemm");
+}
+
+// The geometry of direction d of `s`. LstmSpec's offsets are linear in their indices: bases and
+// strides are differences.
+LstmGeometry GeometryOf(const LstmSpec& s, int64_t d) {
+  LstmGeometry geo;
+  geo.batch = s.batch;
+  geo.hidden = s.hidden;
+  geo.row_t = s.Row(1, 0) - s.Row(0, 0);
+  geo.row_b = s.Row(0, 1) - s.Row(0, 0);
+  geo.y_base = s.YOffset(0, d, 0);
+  geo.y_t = s.YOffset(1, d, 0) - geo.y_base;
+  geo.y_b = s.YOffset(0, d, 1) - geo.y_base;
+  geo.state_base = s.StateOffset(d, 0);
+  geo.state_b = s.StateOffset(d, 1) - geo.state_base;
+  return geo;
+}
+
+// Float buffers in a kernel's scratch after the cuBLAS workspace, each aligned.
+class ScratchPlan {
+ public:
+  size_t Add(int64_t floats) {
+    const size_t offset = bytes_;
+    bytes_ += AlignUp(static_cast<uint64_t>(floats) * sizeof(float));
+    return offset;
+  }
+  size_t bytes() const { return bytes_; }
+  static float* At(const KernelArgs& a, size_t offset) {
+    return reinterpret_cast<float*>(static_cast<std::byte*>(a.scratch) + offset);
+  }
+
+ private:
+  size_t bytes_ = kCublasWorkspaceBytes;
+};
+
+// As blas_kernels.cc's WithWorkspace: host scalars, and the scratch as the handle's workspace
+// for `body`'s cuBLAS calls only (Note [cuBLAS workspace]).
+Status WithCublasWorkspace(const KernelArgs& a, const std::string& what,
+                           const std::function<Status(cublasHandle_t)>& body) {
+  cublasHandle_t handle = CublasOf(a);
+  SALUS_CUBLAS_RETURN(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST),
+                      what + ": cuBLAS pointer mode");
+  SALUS_CUBLAS_RETURN(cublasSetWorkspace(handle, a.scratch, kCublasWorkspaceBytes),
+                      what + ": cuBLAS workspace");
+  const Status done = body(handle);
+  const Status reset =
+      CublasStatus(cublasSetWorkspace(handle, nullptr, 0), what + ": cuBLAS workspace reset");
+  SALUS_RETURN_IF_ERROR(done);
+  return reset;
 }
 
 // Inputs (X, W, R, B, sequence_lens, initial_h, initial_c, P); outputs (Y, Y_h, Y_c).
@@ -108,11 +180,6 @@ class LstmKernel final : public Kernel {
 
  private:
   LstmKernel(std::string what, const LstmSpec& s) : what_(std::move(what)), s_(s) {}
-  float* At(const KernelArgs& a, size_t offset) const {
-    return reinterpret_cast<float*>(static_cast<std::byte*>(a.scratch) + offset);
-  }
-  // The geometry of direction d.
-  LstmGeometry GeometryOf(int64_t d) const;
   Status RunDirection(const KernelArgs& a, cublasHandle_t handle, int64_t d) const;
 
   std::string what_;
@@ -140,33 +207,13 @@ KernelOr LstmKernel::Create(const Node& n, const Graph& g, DeviceContext*) {
   for (const CublasGemmShape& m : {k->input_gemm_, k->recurrent_gemm_}) {
     SALUS_RETURN_IF_ERROR(RequireInt(n, {m.m, m.n, m.k, m.ld_first, m.ld_second, m.ld_out}));
   }
-  size_t at = kCublasWorkspaceBytes;
-  auto add = [&at](int64_t floats) {
-    const size_t offset = at;
-    at += AlignUp(static_cast<uint64_t>(floats) * sizeof(float));
-    return offset;
-  };
-  k->gx_ = add(rows * g4);
-  k->gh_ = add(s.batch * g4);
-  k->h_ = add(s.batch * s.hidden);
-  k->c_ = add(s.batch * s.hidden);
-  k->bytes_ = at;
+  ScratchPlan plan;
+  k->gx_ = plan.Add(rows * g4);
+  k->gh_ = plan.Add(s.batch * g4);
+  k->h_ = plan.Add(s.batch * s.hidden);
+  k->c_ = plan.Add(s.batch * s.hidden);
+  k->bytes_ = plan.bytes();
   return std::unique_ptr<Kernel>(std::move(k));
-}
-
-LstmGeometry LstmKernel::GeometryOf(int64_t d) const {
-  // LstmSpec's offsets are linear in their indices: bases and strides are differences.
-  LstmGeometry geo;
-  geo.batch = s_.batch;
-  geo.hidden = s_.hidden;
-  geo.row_t = s_.Row(1, 0) - s_.Row(0, 0);
-  geo.row_b = s_.Row(0, 1) - s_.Row(0, 0);
-  geo.y_base = s_.YOffset(0, d, 0);
-  geo.y_t = s_.YOffset(1, d, 0) - geo.y_base;
-  geo.y_b = s_.YOffset(0, d, 1) - geo.y_base;
-  geo.state_base = s_.StateOffset(d, 0);
-  geo.state_b = s_.StateOffset(d, 1) - geo.state_base;
-  return geo;
 }
 
 Status LstmKernel::RunDirection(const KernelArgs& a, cublasHandle_t handle, int64_t d) const {
@@ -181,11 +228,11 @@ Status LstmKernel::RunDirection(const KernelArgs& a, cublasHandle_t handle, int6
   const float* bias = s_.has_b ? in(3) : nullptr;
   const float* wb = bias != nullptr ? bias + d * 2 * g4 : nullptr;
   const float* rb = wb != nullptr ? wb + g4 : nullptr;
-  float* gx = At(a, gx_);
-  float* gh = At(a, gh_);
-  float* h = At(a, h_);
-  float* c = At(a, c_);
-  const LstmGeometry geo = GeometryOf(d);
+  float* gx = ScratchPlan::At(a, gx_);
+  float* gh = ScratchPlan::At(a, gh_);
+  float* h = ScratchPlan::At(a, h_);
+  float* c = ScratchPlan::At(a, c_);
+  const LstmGeometry geo = GeometryOf(s_, d);
 
   if (rows > 0 && s_.input > 0) {
     SALUS_RETURN_IF_ERROR(
@@ -216,19 +263,148 @@ Status LstmKernel::RunDirection(const KernelArgs& a, cublasHandle_t handle, int6
 
 Status LstmKernel::Run(const KernelArgs& a) {
   if (s_.hidden == 0 || s_.batch == 0) return OkStatus();  // every output is empty
-  cublasHandle_t handle = CublasOf(a);
-  // As blas_kernels.cc's WithWorkspace: host scalars, and the scratch as the handle's workspace
-  // for these calls only (Note [cuBLAS workspace]).
-  SALUS_CUBLAS_RETURN(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST),
-                      what_ + ": cuBLAS pointer mode");
-  SALUS_CUBLAS_RETURN(cublasSetWorkspace(handle, a.scratch, kCublasWorkspaceBytes),
-                      what_ + ": cuBLAS workspace");
-  Status done = OkStatus();
-  for (int64_t d = 0; d < s_.dirs && done.ok(); ++d) done = RunDirection(a, handle, d);
-  const Status reset =
-      CublasStatus(cublasSetWorkspace(handle, nullptr, 0), what_ + ": cuBLAS workspace reset");
-  SALUS_RETURN_IF_ERROR(done);
-  return reset;
+  return WithCublasWorkspace(a, what_, [&](cublasHandle_t handle) {
+    for (int64_t d = 0; d < s_.dirs; ++d) SALUS_RETURN_IF_ERROR(RunDirection(a, handle, d));
+    return OkStatus();
+  });
+}
+
+// Note [LSTM backward on cuda]
+// The CPU's loop kernel (Note [LSTM backward]) step for step, per direction: the forward is
+// recomputed into the scratch (X·W^T for every step at once, then per step h·R^T and
+// LaunchLstmCellTrain, whose cell math is the forward kernel's, keeping every step's activated
+// gates in `act`, cell state in `cs` and previous hidden state in `hp`); the steps are then
+// walked backwards (LaunchLstmCellBackward, then dh = dG_t·R over the rows of time t, `ldz`
+// floats apart); dX (accumulated over directions), dW and dR are one cublasSgemm each over
+// every step's dG, and dB a column sum in double. Scratch: the cuBLAS workspace, act
+// [rows, 4H], cs and hp [rows, H], gh [batch, 4H], and h, c, dh, dc [batch, H]; reused by each
+// direction.
+//
+// Inputs (X, W, R, B, initial_h, initial_c, dY, dY_h, dY_c); outputs (dX, dW, dR, dB,
+// d_initial_h, d_initial_c), each absent where not needed.
+class LstmGradKernel final : public Kernel {
+ public:
+  static KernelOr Create(const Node& n, const Graph& g, DeviceContext*);
+  size_t scratch_bytes() const override { return bytes_; }
+  Status Run(const KernelArgs& a) override;
+
+ private:
+  LstmGradKernel(std::string what, const LstmSpec& s) : what_(std::move(what)), s_(s) {}
+  Status RunDirection(const KernelArgs& a, cublasHandle_t handle, int64_t d) const;
+
+  std::string what_;
+  LstmSpec s_;
+  CublasGemmShape input_gemm_, recurrent_gemm_;
+  size_t act_ = 0, cs_ = 0, hp_ = 0, gh_ = 0, h_ = 0, c_ = 0, dh_ = 0, dc_ = 0, bytes_ = 0;
+};
+
+KernelOr LstmGradKernel::Create(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_ASSIGN_OR_RETURN(LstmSpec s, LstmGradSpec(n, g));
+  std::unique_ptr<LstmGradKernel> k(new LstmGradKernel(n.Describe(), s));
+  const int64_t rows = s.seq * s.batch, g4 = 4 * s.hidden;
+  k->input_gemm_ = RowMajorGemm(rows, g4, s.input, false, true);
+  k->recurrent_gemm_ = RowMajorGemm(s.batch, g4, s.hidden, false, true);
+  const int64_t ldz = (s.Row(0, 1) - s.Row(0, 0)) * g4;
+  SALUS_RETURN_IF_ERROR(RequireInt(n, {rows, g4, s.input, s.hidden, s.batch, ldz}));
+  ScratchPlan plan;
+  k->act_ = plan.Add(rows * g4);
+  k->cs_ = plan.Add(rows * s.hidden);
+  k->hp_ = plan.Add(rows * s.hidden);
+  k->gh_ = plan.Add(s.batch * g4);
+  for (size_t* buffer : {&k->h_, &k->c_, &k->dh_, &k->dc_}) *buffer = plan.Add(s.batch * s.hidden);
+  k->bytes_ = plan.bytes();
+  return std::unique_ptr<Kernel>(std::move(k));
+}
+
+Status LstmGradKernel::RunDirection(const KernelArgs& a, cublasHandle_t handle, int64_t d) const {
+  cudaStream_t stream = StreamOf(a);
+  auto in = [&](size_t i) {
+    return i < a.inputs.size() ? static_cast<const float*>(a.inputs[i]) : nullptr;
+  };
+  auto out = [&](size_t i) {
+    return i < a.outputs.size() ? static_cast<float*>(a.outputs[i]) : nullptr;
+  };
+  const int64_t hs = s_.hidden, g4 = 4 * hs, rows = s_.seq * s_.batch, input = s_.input;
+  const float* x = in(0);
+  const float* w = in(1) + d * g4 * input;
+  const float* r = in(2) + d * g4 * hs;
+  const float* wb = s_.has_b ? in(3) + d * 2 * g4 : nullptr;
+  const float* rb = wb != nullptr ? wb + g4 : nullptr;
+  const float* h0 = s_.has_h0 ? in(4) : nullptr;
+  const float* c0 = s_.has_c0 ? in(5) : nullptr;
+  float* act = ScratchPlan::At(a, act_);
+  float* cs = ScratchPlan::At(a, cs_);
+  float* hp = ScratchPlan::At(a, hp_);
+  float* gh = ScratchPlan::At(a, gh_);
+  float* h = ScratchPlan::At(a, h_);
+  float* c = ScratchPlan::At(a, c_);
+  float* dh = ScratchPlan::At(a, dh_);
+  float* dc = ScratchPlan::At(a, dc_);
+  const LstmGeometry geo = GeometryOf(s_, d);
+  const int64_t ldz = geo.row_b * g4;
+  auto time_of = [&](int64_t step) { return s_.Backwards(d) ? s_.seq - 1 - step : step; };
+
+  // The forward, again.
+  if (rows > 0 && input > 0) {
+    SALUS_RETURN_IF_ERROR(SgemmTransB(handle, input_gemm_, x, w, act, what_ + ": X·W^T"));
+  } else if (rows > 0) {
+    SALUS_CUDA_RETURN(cudaMemsetAsync(act, 0, rows * g4 * sizeof(float), stream),
+                      what_ + ": zeroing X·W^T");
+  }
+  SALUS_CUDA_RETURN(LaunchLstmLoadState(geo, h0, h, stream), what_ + ": initial h");
+  SALUS_CUDA_RETURN(LaunchLstmLoadState(geo, c0, c, stream), what_ + ": initial c");
+  for (int64_t step = 0; step < s_.seq && s_.batch > 0; ++step) {
+    SALUS_RETURN_IF_ERROR(SgemmTransB(handle, recurrent_gemm_, h, r, gh, what_ + ": h·R^T"));
+    SALUS_CUDA_RETURN(
+        LaunchLstmCellTrain(geo, time_of(step), act, gh, wb, rb, h, c, hp, cs, stream),
+        what_ + ": cell");
+  }
+
+  // Backpropagation through time.
+  SALUS_CUDA_RETURN(LaunchLstmLoadState(geo, in(7), dh, stream), what_ + ": dY_h");
+  SALUS_CUDA_RETURN(LaunchLstmLoadState(geo, in(8), dc, stream), what_ + ": dY_c");
+  SALUS_CUDA_RETURN(LaunchLstmLoadState(geo, c0, c, stream), what_ + ": initial c");
+  for (int64_t step = s_.seq - 1; step >= 0 && s_.batch > 0; --step) {
+    const int64_t t = time_of(step);
+    SALUS_CUDA_RETURN(LaunchLstmCellBackward(geo, t, step > 0 ? time_of(step - 1) : -1, act, cs, c,
+                                             in(6), dh, dc, stream),
+                      what_ + ": cell gradient");
+    SALUS_RETURN_IF_ERROR(Sgemm(handle, stream, what_ + ": dG·R", false, false, s_.batch, hs, g4,
+                                act + t * geo.row_t * g4, ldz, r, hs, 0.f, dh, hs));
+  }
+  if (out(4) != nullptr) {
+    SALUS_CUDA_RETURN(LaunchLstmStoreState(geo, dh, out(4), stream), what_ + ": d_initial_h");
+  }
+  if (out(5) != nullptr) {
+    SALUS_CUDA_RETURN(LaunchLstmStoreState(geo, dc, out(5), stream), what_ + ": d_initial_c");
+  }
+
+  // The gradients of X, W, R and B over every step at once.
+  if (out(0) != nullptr) {
+    SALUS_RETURN_IF_ERROR(Sgemm(handle, stream, what_ + ": dX", false, false, rows, input, g4, act,
+                                g4, w, input, d == 0 ? 0.f : 1.f, out(0), input));
+  }
+  if (out(1) != nullptr) {
+    SALUS_RETURN_IF_ERROR(Sgemm(handle, stream, what_ + ": dW", true, false, g4, input, rows, act,
+                                g4, x, input, 0.f, out(1) + d * g4 * input, input));
+  }
+  if (out(2) != nullptr) {
+    SALUS_RETURN_IF_ERROR(Sgemm(handle, stream, what_ + ": dR", true, false, g4, hs, rows, act, g4,
+                                hp, hs, 0.f, out(2) + d * g4 * hs, hs));
+  }
+  if (out(3) != nullptr) {
+    SALUS_CUDA_RETURN(LaunchLstmBiasGrad(rows, g4, act, out(3) + d * 2 * g4, stream),
+                      what_ + ": dB");
+  }
+  return OkStatus();
+}
+
+Status LstmGradKernel::Run(const KernelArgs& a) {
+  if (s_.hidden == 0) return OkStatus();  // every output is empty
+  return WithCublasWorkspace(a, what_, [&](cublasHandle_t handle) {
+    for (int64_t d = 0; d < s_.dirs; ++d) SALUS_RETURN_IF_ERROR(RunDirection(a, handle, d));
+    return OkStatus();
+  });
 }
 
 }  // namespace
@@ -237,6 +413,7 @@ void RegisterNormLstmKernels(KernelRegistry* registry) {
   const DeviceType cuda = DeviceType::kCuda;
   registry->Register("LayerNormalization", cuda, KernelFactory(&LayerNorm));
   registry->Register("LSTM", cuda, KernelFactory(&LstmKernel::Create));
+  registry->Register("SalusLstmGrad", cuda, KernelFactory(&LstmGradKernel::Create));
 }
 
 }  // namespace salus::exec::cuda

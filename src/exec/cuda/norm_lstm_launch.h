@@ -55,4 +55,26 @@ cudaError_t LaunchLstmCell(const LstmGeometry& g, int64_t t, const float* gx, co
                            const float* wb, const float* rb, float* h, float* c, float* y,
                            cudaStream_t stream);
 
+// The backward kernel's recomputation of step t (SalusLstmGrad, Note [LSTM backward on cuda]):
+// LaunchLstmCell's math, keeping what the backward steps need, all in rows (t, b) of X's row
+// order: the activated gates i, o, f, g overwrite that row's input projections in gx
+// ([rows, 4H]), the previous hidden state goes to hp and the new cell state to cs ([rows, H]).
+cudaError_t LaunchLstmCellTrain(const LstmGeometry& g, int64_t t, float* gx, const float* gh,
+                                const float* wb, const float* rb, float* h, float* c, float* hp,
+                                float* cs, cudaStream_t stream);
+
+// One backward step at time t: for every batch b and unit j, LstmCellBackward of row (t, b)'s
+// activated gates in act, its cell state in cs, the previous cell state (cs at row (t_prev, b),
+// or c0[b * H + j] when t_prev < 0), dh[b * H + j] plus Y's gradient at (t, b) when dy is not
+// null, and dc[b * H + j]. The gates' pre-activation gradients overwrite the gates in act; dc
+// becomes the previous cell state's gradient. dh is left for the recurrent product to replace.
+cudaError_t LaunchLstmCellBackward(const LstmGeometry& g, int64_t t, int64_t t_prev, float* act,
+                                   const float* cs, const float* c0, const float* dy, float* dh,
+                                   float* dc, cudaStream_t stream);
+
+// db[k] = db[g4 + k] = the sum over rows r of dg[r * g4 + k], in double with the rows in order
+// (the gradient of B's Wb and Rb halves).
+cudaError_t LaunchLstmBiasGrad(int64_t rows, int64_t g4, const float* dg, float* db,
+                               cudaStream_t stream);
+
 }  // namespace salus::exec::cuda

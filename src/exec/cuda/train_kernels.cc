@@ -1,6 +1,6 @@
 // The CUDA device's training kernels beyond grad_kernels.cc: the gradients of the tensor ops
 // (SalusGatherGrad, SalusSliceGrad, SalusConcatGrad, SalusPadGrad, SalusClipGrad,
-// SalusMinMaxGrad of two inputs, SalusPowGrad, SalusUnaryGrad), BatchNormalization's training
+// SalusMinMaxGrad, SalusPowGrad, SalusUnaryGrad), BatchNormalization's training
 // form and gradient (SalusBatchNormTrain, SalusBatchNormGrad), LayerNormalization's gradient
 // and Dropout's training form and gradient, with the CPU's semantics
 // (cpu_tensor_grad_kernels.cc, cpu_norm_kernels.cc). All hand-written (train_ops.cu), none with
@@ -113,42 +113,73 @@ KernelOr ClipGrad(const Node& n, const Graph& g, DeviceContext*) {
   });
 }
 
-// Inputs (A, B, dY) with dY in the output's shape: the map of the output's elements over A
-// and B broadcast to it.
-StatusOr<IndexMap> OperandsMap(const Node& n, const Graph& g) {
-  const Shape& out = g.value(n.outputs[0]).shape;
-  SALUS_RETURN_IF_ERROR(
-      ExpectNode(n, g.value(n.inputs[2]).shape == out, "dY does not have the output's shape"));
+// The map of the elements of `out` over operands of shapes a and b broadcast to it.
+StatusOr<IndexMap> PairMap(const Node& n, const Shape& out, const Shape& a, const Shape& b) {
   IndexMap map;
-  if (!MakeIndexMap(out,
-                    {BroadcastStrides(g.value(n.inputs[0]).shape, out),
-                     BroadcastStrides(g.value(n.inputs[1]).shape, out)},
-                    &map)) {
+  if (!MakeIndexMap(out, {BroadcastStrides(a, out), BroadcastStrides(b, out)}, &map)) {
     return UnimplementedError(n.Describe() + ": more than " + std::to_string(kMaxIndexDims) +
                               " dims");
   }
   return map;
 }
 
-// Inputs (X_0, X_1, dY); output (in Y's shape) dY where input `input` is the first to attain
-// the min or max (forward_op), 0 elsewhere. Two inputs only on this device.
+// Inputs (A, B, dY) with dY in the output's shape: the map of the output's elements over A
+// and B broadcast to it.
+StatusOr<IndexMap> OperandsMap(const Node& n, const Graph& g) {
+  const Shape& out = g.value(n.outputs[0]).shape;
+  SALUS_RETURN_IF_ERROR(
+      ExpectNode(n, g.value(n.inputs[2]).shape == out, "dY does not have the output's shape"));
+  return PairMap(n, out, g.value(n.inputs[0]).shape, g.value(n.inputs[1]).shape);
+}
+
+// Inputs (X_0 .. X_{k-1}, dY); output (in Y's shape) dY where input `input` is the first to
+// attain the min or max (forward_op), 0 elsewhere. Two inputs take one kernel; more take an
+// arg scan over the inputs in order (LaunchMinMaxArgStep) into the scratch (the extreme so far
+// and its input, each in the output's shape), then the selection.
 KernelOr MinMaxGrad(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_RETURN_IF_ERROR(ExpectInputs(n, 3));
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  if (n.inputs.size() != 3) {
-    return UnimplementedError(n.Describe() + ": the gradient of Min/Max of " +
-                              std::to_string(n.inputs.size() - 1) +
-                              " inputs on cuda (two are supported)");
-  }
+  const size_t k = n.inputs.size() - 1;
   const int which = static_cast<int>(n.GetInt("input", 0));
-  SALUS_RETURN_IF_ERROR(ExpectNode(n, which == 0 || which == 1, "input out of range"));
+  SALUS_RETURN_IF_ERROR(
+      ExpectNode(n, which >= 0 && static_cast<size_t>(which) < k, "input out of range"));
   const bool is_max = n.GetString("forward_op", "") == "Max";
-  SALUS_ASSIGN_OR_RETURN(const IndexMap map, OperandsMap(n, g));
   const std::string what = n.Describe();
-  return FnKernel([map, is_max, which, what](const KernelArgs& a) -> Status {
-    return CudaStatus(LaunchMinMaxGrad(map, is_max, which, F(a.inputs[0]), F(a.inputs[1]),
-                                       F(a.inputs[2]), F(a.outputs[0]), StreamOf(a)),
-                      what);
-  });
+  if (k == 2) {
+    SALUS_ASSIGN_OR_RETURN(const IndexMap map, OperandsMap(n, g));
+    return FnKernel([map, is_max, which, what](const KernelArgs& a) -> Status {
+      return CudaStatus(LaunchMinMaxGrad(map, is_max, which, F(a.inputs[0]), F(a.inputs[1]),
+                                         F(a.inputs[2]), F(a.outputs[0]), StreamOf(a)),
+                        what);
+    });
+  }
+  const Shape& out = g.value(n.outputs[0]).shape;
+  SALUS_RETURN_IF_ERROR(
+      ExpectNode(n, g.value(n.inputs[k]).shape == out, "dY does not have the output's shape"));
+  std::vector<IndexMap> steps;  // step i - 1 combines the extreme so far with input i
+  for (size_t i = 1; i < k; ++i) {
+    SALUS_ASSIGN_OR_RETURN(IndexMap map, PairMap(n, out, i == 1 ? g.value(n.inputs[0]).shape : out,
+                                                 g.value(n.inputs[i]).shape));
+    steps.push_back(map);
+  }
+  const int64_t count = NumElements(out);
+  const size_t arg_offset = AlignUp(static_cast<uint64_t>(count) * sizeof(float));
+  const size_t scratch = arg_offset + AlignUp(static_cast<uint64_t>(count) * sizeof(int32_t));
+  return FnKernel(
+      [steps, is_max, which, k, count, arg_offset, what](const KernelArgs& a) -> Status {
+        float* best = F(a.scratch);
+        auto* arg = reinterpret_cast<int32_t*>(static_cast<std::byte*>(a.scratch) + arg_offset);
+        for (size_t i = 1; i < k; ++i) {
+          SALUS_CUDA_RETURN(LaunchMinMaxArgStep(steps[i - 1], is_max, static_cast<int>(i),
+                                                i == 1 ? F(a.inputs[0]) : best, F(a.inputs[i]),
+                                                best, arg, StreamOf(a)),
+                            what);
+        }
+        return CudaStatus(
+            LaunchMinMaxArgGrad(count, which, arg, F(a.inputs[k]), F(a.outputs[0]), StreamOf(a)),
+            what);
+      },
+      scratch);
 }
 
 // Inputs (X, E, dY); output (in Y's shape) dY times d(X^E)/d(input `input`). E may be int64.

@@ -46,6 +46,31 @@ __global__ void MinMaxGradKernel(IndexMap map, bool is_max, int which, const flo
   }
 }
 
+__global__ void MinMaxArgStepKernel(IndexMap map, bool is_max, int index, const float* prev,
+                                    const float* __restrict__ x, float* best,
+                                    int32_t* __restrict__ arg, int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    int64_t off[kMaxIndexOperands];
+    MapIndex(map, e, off);
+    float extreme = prev[off[0]];
+    int32_t at = index == 1 ? 0 : arg[e];
+    const float v = x[off[1]];
+    if (MinMaxReplaces(is_max, v, extreme)) {
+      extreme = v;
+      at = index;
+    }
+    best[e] = extreme;
+    arg[e] = at;
+  }
+}
+
+__global__ void MinMaxArgGradKernel(int64_t count, int which, const int32_t* __restrict__ arg,
+                                    const float* __restrict__ dy, float* __restrict__ dx) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    dx[e] = arg[e] == which ? dy[e] : 0.f;
+  }
+}
+
 __device__ __forceinline__ float Bound(const float* ptr, float value) {
   return ptr != nullptr ? *ptr : value;
 }
@@ -291,6 +316,22 @@ cudaError_t LaunchPowGrad(const IndexMap& map, bool wrt_exponent, const float* x
   if (count <= 0) return cudaSuccess;
   PowGradKernel<<<BlocksFor(count), kThreads, 0, stream>>>(map, wrt_exponent, x, p, p_int64, dy, dx,
                                                            count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMinMaxArgStep(const IndexMap& map, bool is_max, int index, const float* prev,
+                                const float* x, float* best, int32_t* arg, cudaStream_t stream) {
+  const int64_t count = IndexMapCount(map);
+  if (count <= 0) return cudaSuccess;
+  MinMaxArgStepKernel<<<BlocksFor(count), kThreads, 0, stream>>>(map, is_max, index, prev, x, best,
+                                                                 arg, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMinMaxArgGrad(int64_t count, int which, const int32_t* arg, const float* dy,
+                                float* dx, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  MinMaxArgGradKernel<<<BlocksFor(count), kThreads, 0, stream>>>(count, which, arg, dy, dx);
   return cudaGetLastError();
 }
 

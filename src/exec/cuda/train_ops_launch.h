@@ -30,6 +30,17 @@ cudaError_t LaunchPowGrad(const IndexMap& map, bool wrt_exponent, const float* x
 cudaError_t LaunchMinMaxGrad(const IndexMap& map, bool is_max, int which, const float* a,
                              const float* b, const float* dy, float* dx, cudaStream_t stream);
 
+// Min/Max of more inputs, one at a time as the CPU takes them: step `index` (1, 2, ...) combines
+// the extreme so far (`prev` through operand 0 of map: input 0 broadcast at step 1, then `best`
+// itself) with input `index` (x, operand 1), keeping the extreme in best and the first input
+// attaining it in arg, both in the output's shape.
+cudaError_t LaunchMinMaxArgStep(const IndexMap& map, bool is_max, int index, const float* prev,
+                                const float* x, float* best, int32_t* arg, cudaStream_t stream);
+
+// dx[e] = dy[e] where arg[e] == which, 0 elsewhere, over `count` elements.
+cudaError_t LaunchMinMaxArgGrad(int64_t count, int which, const int32_t* arg, const float* dy,
+                                float* dx, cudaStream_t stream);
+
 // Clip's gradient: dx (may be null) dY where x lies in [lo, hi]; dmin and dmax (may be null)
 // the sums of dY where the bound was taken (one block, in double). The bounds are read from
 // lo_ptr / hi_ptr (device scalars) when not null, else lo / hi.

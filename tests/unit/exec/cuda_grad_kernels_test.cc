@@ -321,6 +321,18 @@ TEST(CudaGradKernelsTest, ClipMinMaxPowAndUnaryTensorOps) {
   CheckGradients({"min of two", {{"A", {2, 3}}, {"B", {2, 3}}}, {2, 3}, [](ModelBuilder& mb) {
                     mb.Node("Min", {"A", "B"}, {"y"});
                   }});
+  CheckGradients({"max of three with broadcasting",
+                  {{"A", {3, 4}}, {"B", {4}}, {"C", {3, 1}}},
+                  {3, 4},
+                  [](ModelBuilder& mb) {
+                    mb.Node("Max", {"A", "B", "C"}, {"y"});
+                  }});
+  CheckGradients({"min of four",
+                  {{"A", {2, 3}}, {"B", {2, 3}}, {"C", {2, 3}}, {"D", {2, 3}}},
+                  {2, 3},
+                  [](ModelBuilder& mb) {
+                    mb.Node("Min", {"A", "B", "C", "D"}, {"y"});
+                  }});
   CheckGradients({"pow with a broadcast exponent",
                   {{"X", {3, 4}, 0.5f, 2.f}, {"E", {4}, 0.5f, 2.5f}},
                   {3, 4},
@@ -357,6 +369,53 @@ TEST(CudaGradKernelsTest, ClipMinMaxPowAndUnaryTensorOps) {
       build(mb);
     };
     CheckGradients(c);
+  }
+}
+
+// SalusLstmGrad (Note [LSTM backward on cuda]): every input of the LSTM a parameter, in each
+// direction and both layouts, with and without B and the initial states; y is Y, or Y_h + Y_c
+// (the gradients of the final states).
+TEST(CudaGradKernelsTest, Lstm) {
+  SALUS_REQUIRE_GPU();
+  struct Config {
+    std::string direction;
+    int64_t layout;
+    bool bias_and_states;
+  };
+  constexpr int64_t kSeq = 5, kBatch = 3, kInput = 4, kHidden = 6;
+  for (const Config& c :
+       {Config{"forward", 0, true}, Config{"reverse", 1, false}, Config{"bidirectional", 0, true},
+        Config{"bidirectional", 1, true}, Config{"forward", 1, false}}) {
+    const int64_t dirs = c.direction == "bidirectional" ? 2 : 1;
+    const Shape x = c.layout ? Shape{kBatch, kSeq, kInput} : Shape{kSeq, kBatch, kInput};
+    const Shape state = c.layout ? Shape{kBatch, dirs, kHidden} : Shape{dirs, kBatch, kHidden};
+    const Shape y =
+        c.layout ? Shape{kBatch, kSeq, dirs, kHidden} : Shape{kSeq, dirs, kBatch, kHidden};
+    std::vector<Param> params = {{"X", x},
+                                 {"W", {dirs, 4 * kHidden, kInput}, -0.5f, 0.5f},
+                                 {"R", {dirs, 4 * kHidden, kHidden}, -0.5f, 0.5f}};
+    std::vector<std::string> inputs = {"X", "W", "R"};
+    if (c.bias_and_states) {
+      params.push_back({"B", {dirs, 8 * kHidden}, -0.5f, 0.5f});
+      params.push_back({"h0", state});
+      params.push_back({"c0", state});
+      inputs.insert(inputs.end(), {"B", "", "h0", "c0"});
+    }
+    const std::string label = "LSTM " + c.direction + " layout " + std::to_string(c.layout) +
+                              (c.bias_and_states ? " with B and initial states" : "");
+    auto lstm = [c, inputs](ModelBuilder& mb, const std::vector<std::string>& outputs) {
+      auto& n = mb.Node("LSTM", inputs, outputs);
+      ModelBuilder::Attr(n, "hidden_size", kHidden);
+      ModelBuilder::Attr(n, "direction", c.direction);
+      ModelBuilder::Attr(n, "layout", c.layout);
+    };
+    CheckGradients({label + ", Y", params, y, [lstm](ModelBuilder& mb) { lstm(mb, {"y"}); }}, 1e-3);
+    CheckGradients({label + ", Y_h + Y_c", params, state,
+                    [lstm](ModelBuilder& mb) {
+                      lstm(mb, {"", "yh", "yc"});
+                      mb.Node("Add", {"yh", "yc"}, {"y"});
+                    }},
+                   1e-3);
   }
 }
 

@@ -226,18 +226,20 @@ TEST(CudaModelsTrainingTest, TrainingMatchesCpu) {
 
 // The models exported by PyTorch train on cuda:0 as on the CPU: BatchNorm (ResNet-18,
 // MobileNetV2 with ReLU6), attention with embeddings, LayerNorm and GELU (the Transformer
-// encoder, GPT). 10 steps of SGD with momentum at batch 4, as TrainingMatchesCpu compares.
-// The LSTM's gradient has no CUDA kernel yet.
+// encoder, GPT), and the LSTM classifier (SalusLstmGrad). 10 steps of SGD with momentum at
+// batch 4, as TrainingMatchesCpu compares; MobileNetV2 5 steps: at batch 4 its BatchNorms
+// normalise as few as 4 values per channel, and its trajectory is chaotic past that. Two CPU
+// runs differing only in their thread count (1 and 4) already disagree on 461 of its 51,402
+// parameters beyond 1e-3 after 10 steps, and on none after 5.
 TEST(CudaModelsTrainingTest, ExportedModelsTrainingMatchesCpu) {
   SALUS_REQUIRE_GPU();
-  for (const char* name : {"resnet18", "mobilenetv2", "transformer", "gpt"}) {
+  for (const char* name : {"resnet18", "mobilenetv2", "transformer", "gpt", "lstm"}) {
     const std::string model = name;
     SCOPED_TRACE(model);
     const std::string bytes = ReadModel(model);
     ASSERT_FALSE(bytes.empty()) << "cannot read " << ModelsDir() << "/" << model << ".onnx";
-    // Through BatchNorm, velocities spread further (1.4% of their norm seen on MobileNetV2
-    // after 10 steps, its parameters and losses within 1e-3).
-    testing::ExpectTrainingParity(bytes, SgdTraining(model, 4), TrainingParity(3e-2), 10);
+    const int steps = model == "mobilenetv2" ? 5 : 10;
+    testing::ExpectTrainingParity(bytes, SgdTraining(model, 4), TrainingParity(3e-2), steps);
   }
 }
 
