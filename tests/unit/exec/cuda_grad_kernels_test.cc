@@ -391,10 +391,11 @@ TEST(CudaGradKernelsTest, Lstm) {
     const Shape state = c.layout ? Shape{kBatch, dirs, kHidden} : Shape{dirs, kBatch, kHidden};
     const Shape y =
         c.layout ? Shape{kBatch, kSeq, dirs, kHidden} : Shape{kSeq, dirs, kBatch, kHidden};
+    // The recurrence weights are "Wr": "R" weighs the loss (CaseModel).
     std::vector<Param> params = {{"X", x},
                                  {"W", {dirs, 4 * kHidden, kInput}, -0.5f, 0.5f},
-                                 {"R", {dirs, 4 * kHidden, kHidden}, -0.5f, 0.5f}};
-    std::vector<std::string> inputs = {"X", "W", "R"};
+                                 {"Wr", {dirs, 4 * kHidden, kHidden}, -0.5f, 0.5f}};
+    std::vector<std::string> inputs = {"X", "W", "Wr"};
     if (c.bias_and_states) {
       params.push_back({"B", {dirs, 8 * kHidden}, -0.5f, 0.5f});
       params.push_back({"h0", state});
