@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -860,6 +861,14 @@ StatusOr<HostTensor> Executable::ReadPersistent(const std::byte* persistent,
                                              persistent + locations_[id].offset, t.bytes.size()));
   SALUS_RETURN_IF_ERROR(runtime_->Synchronize(ctx));
   return t;
+}
+
+bool DeviceGraphsByDefault() {
+  static const bool on = [] {
+    const char* env = std::getenv("SALUS_DEVICE_GRAPHS");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return on;
 }
 
 }  // namespace salus::exec

@@ -51,6 +51,11 @@ enum class Mode { kInference, kTraining };
 // a core from them.
 enum class SwapCopies { kAuto, kThread, kInline };
 
+// CompileOptions::device_graphs' default: on, unless the environment sets SALUS_DEVICE_GRAPHS=0
+// (for tools that cannot follow graph launches: compute-sanitizer crashes inside the launch of a
+// captured training iteration). Read once per process.
+bool DeviceGraphsByDefault();
+
 struct CompileOptions {
   Device device;  // the CPU unless set
   // Shapes of graph inputs, batch included (required where the model's dims are symbolic).
@@ -83,7 +88,7 @@ struct CompileOptions {
   SwapCopies swap_copies = SwapCopies::kAuto;  // the CPU device; a GPU uses its stream
   // On a device that has them (CUDA), replay the iteration's kernels as one captured graph
   // (Note [Device graphs] in device.h). Not while swapping or profiling.
-  bool device_graphs = true;
+  bool device_graphs = DeviceGraphsByDefault();
 };
 
 // What the device graph of an executable has done (Note [Device graphs]).
