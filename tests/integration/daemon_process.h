@@ -1,6 +1,7 @@
 // A real salus-server child process on an ipc endpoint in a fresh directory, for the C++
 // integration tests; SIGTERM (a drain) when the object goes. SALUS_SERVER_BIN names the
-// binary of the same build tree.
+// binary of the same build tree; $SALUS_SERVER, when set, another (a copy of the test run
+// elsewhere, as on the GPU machine).
 #pragma once
 
 #include <signal.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -18,16 +20,19 @@ namespace salus::testing {
 
 class DaemonProcess {
  public:
-  explicit DaemonProcess(const char* policy = "pack", const char* name = "salus-it") {
+  explicit DaemonProcess(const char* policy = "pack", const char* name = "salus-it",
+                         const char* device = "cpu") {
     dir_ = std::filesystem::temp_directory_path() /
            (std::string(name) + "-" + std::to_string(getpid()));
     std::filesystem::create_directories(dir_);
     endpoint_ = "ipc://" + (dir_ / "salus.sock").string();
+    const char* env = std::getenv("SALUS_SERVER");
+    const char* server = env != nullptr && *env != '\0' ? env : SALUS_SERVER_BIN;
     pid_ = fork();
     if (pid_ == 0) {
       prctl(PR_SET_PDEATHSIG, SIGTERM);  // a test that dies (a sanitizer abort) leaves no daemon
-      execl(SALUS_SERVER_BIN, SALUS_SERVER_BIN, "--listen", endpoint_.c_str(), "--memory", "2GiB",
-            "--policy", policy, "--log-level", "warn", static_cast<char*>(nullptr));
+      execl(server, server, "--listen", endpoint_.c_str(), "--memory", "2GiB", "--policy", policy,
+            "--log-level", "warn", "--device", device, static_cast<char*>(nullptr));
       _exit(127);
     }
   }

@@ -1,5 +1,6 @@
 // Several client processes train real models through one salus-server at once; each must
-// reach exactly the losses of the same executable run in-process (within 1e-6).
+// reach exactly the losses of the same executable run in-process (within 1e-6): on the CPU,
+// and on cuda:0 where there is a usable GPU (labelled gpu; skipped otherwise).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "daemon_process.h"
+#include "exec/device.h"
 #include "exec/executable.h"
 #include "salus/client.h"
 
@@ -75,8 +77,9 @@ salus::client::Optimizer Sgd() {
   return o;
 }
 
-std::vector<float> TrainInProcess(const ModelCase& c) {
+std::vector<float> TrainInProcess(const ModelCase& c, const salus::exec::Device& device) {
   salus::exec::CompileOptions o;
+  o.device = device;
   for (const auto& [name, dims] : c.inputs) o.input_shapes[name] = dims;
   o.mode = salus::exec::Mode::kTraining;
   o.loss = "loss";
@@ -86,13 +89,14 @@ std::vector<float> TrainInProcess(const ModelCase& c) {
       salus::exec::Executable::Compile(ReadFile(std::string(SALUS_MODELS_DIR "/") + c.file), o);
   EXPECT_TRUE(exe.ok()) << exe.status();
   if (!exe.ok()) return {};
-  auto aligned = [](uint64_t n) {
-    return std::unique_ptr<std::byte, decltype(&std::free)>(
-        static_cast<std::byte*>(std::aligned_alloc(256, ((n + 255) / 256 + 1) * 256)), &std::free);
-  };
-  auto persistent = aligned((*exe)->persistent_bytes());
-  auto lane = aligned((*exe)->ephemeral_bytes());
-  if (salus::Status st = (*exe)->InitializePersistent(persistent.get()); !st.ok()) {
+  auto persistent =
+      salus::exec::DeviceBuffer::Allocate((*exe)->runtime(), (*exe)->persistent_bytes());
+  auto lane = salus::exec::DeviceBuffer::Allocate((*exe)->runtime(), (*exe)->ephemeral_bytes());
+  if (!persistent.ok() || !lane.ok()) {
+    ADD_FAILURE() << (persistent.ok() ? lane.status() : persistent.status());
+    return {};
+  }
+  if (salus::Status st = (*exe)->InitializePersistent(persistent->get()); !st.ok()) {
     ADD_FAILURE() << st;
     return {};
   }
@@ -107,7 +111,7 @@ std::vector<float> TrainInProcess(const ModelCase& c) {
     }
     float loss = 0;
     std::vector<void*> fetches = {&loss};
-    EXPECT_TRUE((*exe)->Run(persistent.get(), lane.get(), ptrs, fetches).ok());
+    EXPECT_TRUE((*exe)->Run(persistent->get(), lane->get(), ptrs, fetches).ok());
     losses.push_back(loss);
   }
   return losses;
@@ -177,8 +181,10 @@ int TrainThroughDaemon(const std::string& endpoint, const TrainingRun& run, int 
   return (*session)->Close().ok() ? 0 : 14;
 }
 
-TEST(TrainingThroughDaemon, ConcurrentClientsMatchInProcessLosses) {
-  salus::testing::DaemonProcess daemon;
+// The runs of ConcurrentClientsMatchInProcessLosses on a daemon of `device`, each compared
+// with the same executable trained in-process on `device`.
+void ExpectDaemonMatchesInProcess(const salus::exec::Device& device) {
+  salus::testing::DaemonProcess daemon("pack", "salus-it", device.name().c_str());
   ASSERT_TRUE(daemon.WaitReady());
   struct Child {
     pid_t pid;
@@ -217,7 +223,7 @@ TEST(TrainingThroughDaemon, ConcurrentClientsMatchInProcessLosses) {
   for (size_t i = 0; i < children.size(); ++i) {
     const ModelCase& c = *runs[i].c;
     SCOPED_TRACE(runs[i].Describe());
-    const std::vector<float> local = TrainInProcess(c);
+    const std::vector<float> local = TrainInProcess(c, device);
     ASSERT_EQ(remote[i].size(), static_cast<size_t>(kSteps)) << c.file;
     ASSERT_EQ(local.size(), static_cast<size_t>(kSteps));
     for (int s = 0; s < kSteps; ++s) {
@@ -227,6 +233,18 @@ TEST(TrainingThroughDaemon, ConcurrentClientsMatchInProcessLosses) {
     EXPECT_LT(local.back(), local.front()) << c.file << " did not learn";
   }
   EXPECT_EQ(daemon.Stop(), 0) << "the daemon did not drain cleanly";
+}
+
+TEST(TrainingThroughDaemon, ConcurrentClientsMatchInProcessLosses) {
+  ExpectDaemonMatchesInProcess(salus::exec::Device{});
+}
+
+TEST(TrainingThroughDaemon, CudaDaemonMatchesInProcessOnCuda) {
+  const salus::exec::Device gpu{salus::exec::DeviceType::kCuda, 0};
+  auto rt = salus::exec::DeviceRuntime::For(gpu);
+  if (!rt.ok()) GTEST_SKIP() << "needs a GPU: " << rt.status();
+  if (auto ctx = (*rt)->ThreadContext(); !ctx.ok()) GTEST_SKIP() << "needs a GPU: " << ctx.status();
+  ExpectDaemonMatchesInProcess(gpu);
 }
 
 }  // namespace
