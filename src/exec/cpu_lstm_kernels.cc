@@ -27,6 +27,7 @@
 #include "exec/element_math.h"
 #include "exec/kernel_registry.h"
 #include "exec/lstm.h"
+#include "exec/scratch_layout.h"
 
 namespace salus::exec {
 namespace {
@@ -52,23 +53,6 @@ Status Sgemm(const std::string& who, bool trans_a, bool trans_b, int64_t m, int6
   }
   return OkStatus();
 }
-
-// Float buffers carved out of a kernel's scratch, each aligned to kAlignment.
-class ScratchLayout {
- public:
-  size_t Add(int64_t floats) {
-    const size_t offset = bytes_;
-    bytes_ += AlignUp(static_cast<uint64_t>(floats) * sizeof(float));
-    return offset;
-  }
-  size_t bytes() const { return bytes_; }
-  static float* At(void* scratch, size_t offset) {
-    return reinterpret_cast<float*>(static_cast<std::byte*>(scratch) + offset);
-  }
-
- private:
-  size_t bytes_ = 0;
-};
 
 // Note [LSTM cell rows]
 // A step's cell math runs one batch row at a time over the H elements of each gate block, a

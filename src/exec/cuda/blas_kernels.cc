@@ -54,8 +54,7 @@ using KernelOr = StatusOr<std::unique_ptr<Kernel>>;
 // keep their partial sums there). 4 MiB is the figure for Ampere and a compromise on Hopper:
 // these are FP32 GEMMs without tensor cores (CUBLAS_PEDANTIC_MATH), which gain least from a large
 // workspace, while every lane of every session running a model with a matmul pays the workspace
-// in its E.
-constexpr size_t kCublasWorkspaceBytes = size_t{4} << 20;
+// in its E. (kCublasWorkspaceBytes and WithCublasWorkspace: cuda_util.h.)
 
 // Unimplemented unless the listed inputs (every present one when empty) and the outputs are
 // float32, with the CPU's message.
@@ -94,23 +93,6 @@ cublasOperation_t Op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_O
 const float* In(const KernelArgs& a, size_t i) { return static_cast<const float*>(a.inputs[i]); }
 float* Out(const KernelArgs& a, size_t i) { return static_cast<float*>(a.outputs[i]); }
 
-// Runs `calls` (cuBLAS calls on the handle it is given) with the kernel's scratch as the
-// handle's workspace (Note [cuBLAS workspace]).
-template <typename Calls>
-Status WithWorkspace(const KernelArgs& args, const std::string& what, Calls calls) {
-  cublasHandle_t handle = CublasOf(args);
-  // alpha and beta are host values; set every time, as the mode belongs to the shared handle.
-  SALUS_CUBLAS_RETURN(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST),
-                      what + ": cuBLAS pointer mode");
-  SALUS_CUBLAS_RETURN(cublasSetWorkspace(handle, args.scratch, kCublasWorkspaceBytes),
-                      what + ": cuBLAS workspace");
-  const Status done = calls(handle);
-  const Status reset =
-      CublasStatus(cublasSetWorkspace(handle, nullptr, 0), what + ": cuBLAS workspace reset");
-  SALUS_RETURN_IF_ERROR(done);
-  return reset;
-}
-
 // Y[M, N] = alpha * op(A) op(B) + beta * C, C broadcast.
 KernelOr Gemm(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
@@ -147,7 +129,7 @@ KernelOr Gemm(const Node& n, const Graph& g, DeviceContext*) {
         }
         if (multiply) {
           const float gemm_beta = has_c ? 1.f : 0.f;
-          SALUS_RETURN_IF_ERROR(WithWorkspace(args, what, [&](cublasHandle_t h) {
+          SALUS_RETURN_IF_ERROR(WithCublasWorkspace(args, what, [&](cublasHandle_t h) {
             return CublasStatus(
                 cublasSgemm(h, Op(s.trans_first), Op(s.trans_second), static_cast<int>(s.m),
                             static_cast<int>(s.n), static_cast<int>(s.k), &alpha, In(args, 1),
@@ -187,7 +169,7 @@ KernelOr MatMul(const Node& n, const Graph& g, DeviceContext*) {
         const float* a = In(args, 0);
         const float* b = In(args, 1);
         const float one = 1.f, zero = 0.f;
-        return WithWorkspace(args, what, [&](cublasHandle_t h) -> Status {
+        return WithCublasWorkspace(args, what, [&](cublasHandle_t h) -> Status {
           for (int64_t o = 0; o < l.outer; ++o) {
             int64_t a_at = 0, b_at = 0;
             l.OuterOffsets(o, &a_at, &b_at);

@@ -45,6 +45,28 @@ inline cudaStream_t StreamOf(const KernelArgs& a) { return a.ctx->stream; }
 inline cudnnHandle_t CudnnOf(const KernelArgs& a) { return a.ctx->cudnn; }
 inline cublasHandle_t CublasOf(const KernelArgs& a) { return a.ctx->cublas; }
 
+// The cuBLAS workspace at the start of the scratch of a kernel calling cuBLAS (Note [cuBLAS
+// workspace] in blas_kernels.cc says why 4 MiB).
+constexpr size_t kCublasWorkspaceBytes = size_t{4} << 20;
+
+// Runs `calls` (cuBLAS calls on the handle it is given) with host scalars and the first
+// kCublasWorkspaceBytes of the kernel's scratch as the handle's workspace, reset after them: the
+// handle is the context's, shared by every kernel (Note [cuBLAS workspace]).
+template <typename Calls>
+Status WithCublasWorkspace(const KernelArgs& args, const std::string& what, Calls calls) {
+  cublasHandle_t handle = CublasOf(args);
+  // alpha and beta are host values; set every time, as the mode belongs to the shared handle.
+  SALUS_CUBLAS_RETURN(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST),
+                      what + ": cuBLAS pointer mode");
+  SALUS_CUBLAS_RETURN(cublasSetWorkspace(handle, args.scratch, kCublasWorkspaceBytes),
+                      what + ": cuBLAS workspace");
+  const Status done = calls(handle);
+  const Status reset =
+      CublasStatus(cublasSetWorkspace(handle, nullptr, 0), what + ": cuBLAS workspace reset");
+  SALUS_RETURN_IF_ERROR(done);
+  return reset;
+}
+
 // RAII cuDNN descriptors.
 struct TensorDesc {
   cudnnTensorDescriptor_t d = nullptr;

@@ -18,7 +18,6 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -31,6 +30,7 @@
 #include "exec/cuda/norm_lstm_launch.h"
 #include "exec/cuda/reduce_math.h"
 #include "exec/lstm.h"
+#include "exec/scratch_layout.h"
 #include "exec/shape_inference.h"
 
 namespace salus::exec::cuda {
@@ -71,10 +71,6 @@ KernelOr LayerNorm(const Node& n, const Graph& g, DeviceContext*) {
 
 // ---------------------------------------------------------------------------------------------
 // LSTM.
-
-// As blas_kernels.cc's Note [cuBLAS workspace]: the kernel's scratch starts with this much
-// workspace, handed to the handle for the kernel's own cuBLAS calls only.
-constexpr size_t kCublasWorkspaceBytes = size_t{4} << 20;
 
 cublasOperation_t Op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
@@ -136,39 +132,6 @@ LstmGeometry GeometryOf(const LstmSpec& s, int64_t d) {
   return geo;
 }
 
-// Float buffers in a kernel's scratch after the cuBLAS workspace, each aligned.
-class ScratchPlan {
- public:
-  size_t Add(int64_t floats) {
-    const size_t offset = bytes_;
-    bytes_ += AlignUp(static_cast<uint64_t>(floats) * sizeof(float));
-    return offset;
-  }
-  size_t bytes() const { return bytes_; }
-  static float* At(const KernelArgs& a, size_t offset) {
-    return reinterpret_cast<float*>(static_cast<std::byte*>(a.scratch) + offset);
-  }
-
- private:
-  size_t bytes_ = kCublasWorkspaceBytes;
-};
-
-// As blas_kernels.cc's WithWorkspace: host scalars, and the scratch as the handle's workspace
-// for `body`'s cuBLAS calls only (Note [cuBLAS workspace]).
-Status WithCublasWorkspace(const KernelArgs& a, const std::string& what,
-                           const std::function<Status(cublasHandle_t)>& body) {
-  cublasHandle_t handle = CublasOf(a);
-  SALUS_CUBLAS_RETURN(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST),
-                      what + ": cuBLAS pointer mode");
-  SALUS_CUBLAS_RETURN(cublasSetWorkspace(handle, a.scratch, kCublasWorkspaceBytes),
-                      what + ": cuBLAS workspace");
-  const Status done = body(handle);
-  const Status reset =
-      CublasStatus(cublasSetWorkspace(handle, nullptr, 0), what + ": cuBLAS workspace reset");
-  SALUS_RETURN_IF_ERROR(done);
-  return reset;
-}
-
 // Inputs (X, W, R, B, sequence_lens, initial_h, initial_c, P); outputs (Y, Y_h, Y_c).
 // Scratch: the cuBLAS workspace, the input projections gx [seq * batch, 4H], the recurrent
 // projection gh [batch, 4H], and the running states h and c [batch, H]; reused by each direction.
@@ -207,7 +170,7 @@ KernelOr LstmKernel::Create(const Node& n, const Graph& g, DeviceContext*) {
   for (const CublasGemmShape& m : {k->input_gemm_, k->recurrent_gemm_}) {
     SALUS_RETURN_IF_ERROR(RequireInt(n, {m.m, m.n, m.k, m.ld_first, m.ld_second, m.ld_out}));
   }
-  ScratchPlan plan;
+  ScratchLayout plan(kCublasWorkspaceBytes);
   k->gx_ = plan.Add(rows * g4);
   k->gh_ = plan.Add(s.batch * g4);
   k->h_ = plan.Add(s.batch * s.hidden);
@@ -228,10 +191,10 @@ Status LstmKernel::RunDirection(const KernelArgs& a, cublasHandle_t handle, int6
   const float* bias = s_.has_b ? in(3) : nullptr;
   const float* wb = bias != nullptr ? bias + d * 2 * g4 : nullptr;
   const float* rb = wb != nullptr ? wb + g4 : nullptr;
-  float* gx = ScratchPlan::At(a, gx_);
-  float* gh = ScratchPlan::At(a, gh_);
-  float* h = ScratchPlan::At(a, h_);
-  float* c = ScratchPlan::At(a, c_);
+  float* gx = ScratchLayout::At(a.scratch, gx_);
+  float* gh = ScratchLayout::At(a.scratch, gh_);
+  float* h = ScratchLayout::At(a.scratch, h_);
+  float* c = ScratchLayout::At(a.scratch, c_);
   const LstmGeometry geo = GeometryOf(s_, d);
 
   if (rows > 0 && s_.input > 0) {
@@ -306,7 +269,7 @@ KernelOr LstmGradKernel::Create(const Node& n, const Graph& g, DeviceContext*) {
   k->recurrent_gemm_ = RowMajorGemm(s.batch, g4, s.hidden, false, true);
   const int64_t ldz = (s.Row(0, 1) - s.Row(0, 0)) * g4;
   SALUS_RETURN_IF_ERROR(RequireInt(n, {rows, g4, s.input, s.hidden, s.batch, ldz}));
-  ScratchPlan plan;
+  ScratchLayout plan(kCublasWorkspaceBytes);
   k->act_ = plan.Add(rows * g4);
   k->cs_ = plan.Add(rows * s.hidden);
   k->hp_ = plan.Add(rows * s.hidden);
@@ -332,14 +295,14 @@ Status LstmGradKernel::RunDirection(const KernelArgs& a, cublasHandle_t handle, 
   const float* rb = wb != nullptr ? wb + g4 : nullptr;
   const float* h0 = s_.has_h0 ? in(4) : nullptr;
   const float* c0 = s_.has_c0 ? in(5) : nullptr;
-  float* act = ScratchPlan::At(a, act_);
-  float* cs = ScratchPlan::At(a, cs_);
-  float* hp = ScratchPlan::At(a, hp_);
-  float* gh = ScratchPlan::At(a, gh_);
-  float* h = ScratchPlan::At(a, h_);
-  float* c = ScratchPlan::At(a, c_);
-  float* dh = ScratchPlan::At(a, dh_);
-  float* dc = ScratchPlan::At(a, dc_);
+  float* act = ScratchLayout::At(a.scratch, act_);
+  float* cs = ScratchLayout::At(a.scratch, cs_);
+  float* hp = ScratchLayout::At(a.scratch, hp_);
+  float* gh = ScratchLayout::At(a.scratch, gh_);
+  float* h = ScratchLayout::At(a.scratch, h_);
+  float* c = ScratchLayout::At(a.scratch, c_);
+  float* dh = ScratchLayout::At(a.scratch, dh_);
+  float* dc = ScratchLayout::At(a.scratch, dc_);
   const LstmGeometry geo = GeometryOf(s_, d);
   const int64_t ldz = geo.row_b * g4;
   auto time_of = [&](int64_t step) { return s_.Backwards(d) ? s_.seq - 1 - step : step; };

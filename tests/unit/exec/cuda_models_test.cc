@@ -266,16 +266,8 @@ TEST(CudaSwapTest, LowestPointTrainsBitIdentically) {
     ParityOptions p;
     p.int_hi = kClasses;
     const std::vector<HostTensor> feeds = RandomFeeds(**plain, p);
-    const testing::Trained want = testing::TrainOn(**plain, feeds, 4, false);
-    const testing::Trained got = testing::TrainOn(**swapped, feeds, 4, true);
-    ASSERT_EQ(want.steps.size(), got.steps.size());
-    for (size_t s = 0; s < want.steps.size(); ++s) {
-      EXPECT_EQ(want.steps[s][0].bytes, got.steps[s][0].bytes) << "step " << s;
-    }
-    ASSERT_EQ(want.state.size(), got.state.size());
-    for (const auto& [state, value] : want.state) {
-      EXPECT_EQ(value.bytes, got.state.at(state).bytes) << state;
-    }
+    testing::ExpectBitIdentical(testing::TrainOn(**plain, feeds, 4, false),
+                                testing::TrainOn(**swapped, feeds, 4, true));
   }
 }
 
@@ -306,16 +298,8 @@ TEST(CudaGraphsTest, ReplayIsBitIdenticalToKernelLaunches) {
     p.int_hi = kClasses;
     const std::vector<HostTensor> feeds = RandomFeeds(**launched, p);
     if (training) {
-      const testing::Trained want = testing::TrainOn(**launched, feeds, 5, true);
-      const testing::Trained got = testing::TrainOn(**replayed, feeds, 5, true);
-      ASSERT_EQ(want.steps.size(), got.steps.size());
-      for (size_t s = 0; s < want.steps.size(); ++s) {
-        EXPECT_EQ(want.steps[s][0].bytes, got.steps[s][0].bytes) << "step " << s;
-      }
-      ASSERT_EQ(want.state.size(), got.state.size());
-      for (const auto& [state, value] : want.state) {
-        EXPECT_EQ(value.bytes, got.state.at(state).bytes) << state;
-      }
+      testing::ExpectBitIdentical(testing::TrainOn(**launched, feeds, 5, true),
+                                  testing::TrainOn(**replayed, feeds, 5, true));
       const GraphStats g = (*replayed)->graph_stats();
       EXPECT_FALSE(g.off);
       EXPECT_EQ(g.replays, 5u);

@@ -201,6 +201,20 @@ inline Trained TrainOn(Executable& exe, const std::vector<HostTensor>& feeds, in
   return t;
 }
 
+// Two runs' losses (every step's first fetch) and final states, bit for bit.
+inline void ExpectBitIdentical(const Trained& want, const Trained& got) {
+  ASSERT_EQ(want.steps.size(), got.steps.size());
+  for (size_t s = 0; s < want.steps.size(); ++s) {
+    EXPECT_EQ(want.steps[s][0].bytes, got.steps[s][0].bytes) << "step " << s;
+  }
+  ASSERT_EQ(want.state.size(), got.state.size());
+  for (const auto& [state, value] : want.state) {
+    auto g = got.state.find(state);
+    ASSERT_NE(g, got.state.end()) << state;
+    EXPECT_EQ(value.bytes, g->second.bytes) << state;
+  }
+}
+
 // A training compile of `model` (o.mode kTraining, its loss and optimizer set) on the CPU and on
 // cuda:0, `steps` steps on the same random feeds: every step's fetches and the final state
 // match the CPU's within p's tolerance; and two GPU runs, one moving between lanes, are
