@@ -526,18 +526,35 @@ KernelOr Pad(const Node& n, const Graph& g) {
     pads = n.GetInts("pads");
     value = n.GetFloat("value", 0.f);
   }
-  // Each output element from element_math.h's PadSourceIndex, as on the CUDA device; a scatter
-  // of the input into the filled output only where that map cannot hold the padding (the CUDA
-  // device refuses those).
+  // Row by row of element_math.h's PadMap, whose innermost dim is a contiguous run in both
+  // tensors: a row is the pad value, or the value around one copied input run (the run's
+  // start from PadSourceIndex, as the CUDA device maps each element). A scatter of the input
+  // into the filled output only where that map cannot hold the padding (the CUDA device
+  // refuses those).
   PadMap map;
   if (MakePadMap(x, pads, &map)) {
     return std::unique_ptr<Kernel>(new LoopKernel([map, value](const KernelArgs& a) {
       float* out = static_cast<float*>(a.outputs[0]);
       const float* in = static_cast<const float*>(a.inputs[0]);
       const int64_t count = PadOutputCount(map);
-      for (int64_t o = 0; o < count; ++o) {
-        const int64_t src = PadSourceIndex(map, o);
-        out[o] = src < 0 ? value : in[src];
+      if (map.rank == 0) {  // one element, no padding
+        if (count > 0) out[0] = in[0];
+        return;
+      }
+      const int64_t row = map.out[map.rank - 1], run = map.in[map.rank - 1];
+      const int64_t begin = map.begin[map.rank - 1];
+      const int64_t rows = row > 0 ? count / row : 0;
+#pragma omp parallel for schedule(static) if (count >= (int64_t{1} << 16))
+      for (int64_t r = 0; r < rows; ++r) {
+        float* o = out + r * row;
+        const int64_t src = run > 0 ? PadSourceIndex(map, r * row + begin) : -1;
+        if (src < 0) {
+          std::fill(o, o + row, value);
+          continue;
+        }
+        std::fill(o, o + begin, value);
+        std::memcpy(o + begin, in + src, run * sizeof(float));
+        std::fill(o + begin + run, o + row, value);
       }
     }));
   }

@@ -598,6 +598,7 @@ TEST(PadTest, MatchesTheCpuAndTheReference) {
       {"rank 5", {2, 1, 3, 2, 2}, {0, 1, 0, 1, 0, 1, 0, 0, 2, 1}},
       {"an empty input is all padding", {0, 3}, {1, 1, 0, 1}},
       {"a scalar", {}, {}},
+      {"rows split over threads", {8, 64, 130}, {0, 1, 2, 0, 2, 3}},
   };
   for (const PadForm form : {PadForm::kInputs, PadForm::kInputsNoValue, PadForm::kAttributes}) {
     const float value = form == PadForm::kInputsNoValue ? 0.f : -7.5f;
