@@ -47,12 +47,13 @@ int64_t MultiplyAdds(const Graph& g, const Node& n) {
 }  // namespace
 
 int StepThreads(const Graph& g, const Node& n, int max_threads) {
+  const int64_t factor = max_threads <= 2 ? kTwoThreadFactor : 1;
   const int64_t macs = MultiplyAdds(g, n);
-  if (macs >= 0) return macs < kSerialMultiplyAdds ? 1 : max_threads;
+  if (macs >= 0) return macs < kSerialMultiplyAdds * factor ? 1 : max_threads;
   int64_t elements = 0;
   for (ValueId v : n.inputs) elements += Elements(g, v);
   for (ValueId v : n.outputs) elements += Elements(g, v);
-  return elements < kSerialElements ? 1 : max_threads;
+  return elements < kSerialElements * factor ? 1 : max_threads;
 }
 
 ScopedThreads::ScopedThreads(int threads) : saved_(omp_get_max_threads()) {

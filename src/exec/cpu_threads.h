@@ -15,9 +15,15 @@ namespace salus::exec {
 // for memory-bound ops, and its multiply-adds for convolutions and products; an LSTM wakes the
 // threads at every time step, so its work is one step's. The step is created (oneDNN fixes its
 // partitioning then) and run with that count. The thresholds are about 100 microseconds of one
-// core's work: a Conv's region and the reorders around it each wake the threads.
+// core's work: a Conv's region and the reorders around it each wake the threads. With only two
+// threads they are four times higher (kTwoThreadFactor): a step gains at most half its time
+// there, and the second core is the one the daemon's I/O and its clients share. On the 2-core
+// development machine the training steps of the PyTorch Transformer encoder and CNN took 8.9
+// and 6.9 ms with the base thresholds, 6.8 and 5.3 ms with four times them (one thread: 6.9
+// and 6.0 ms).
 inline constexpr int64_t kSerialElements = int64_t{1} << 18;  // read + written, 1 MiB of floats
 inline constexpr int64_t kSerialMultiplyAdds = int64_t{1} << 23;
+inline constexpr int64_t kTwoThreadFactor = 4;
 
 // The threads node `n` of `g` runs on, at most `max_threads`.
 int StepThreads(const Graph& g, const Node& n, int max_threads);
