@@ -134,4 +134,13 @@ inline std::unique_ptr<Kernel> FnKernel(CudaFnKernel::Fn fn, size_t scratch = 0)
 inline const float* F(const void* p) { return static_cast<const float*>(p); }
 inline float* F(void* p) { return static_cast<float*>(p); }
 
+// Input or output i as a float tensor, or null where the run has none at i (an absent optional
+// argument past the last one bound).
+inline const float* FloatIn(const KernelArgs& a, size_t i) {
+  return i < a.inputs.size() ? static_cast<const float*>(a.inputs[i]) : nullptr;
+}
+inline float* FloatOut(const KernelArgs& a, size_t i) {
+  return i < a.outputs.size() ? static_cast<float*>(a.outputs[i]) : nullptr;
+}
+
 }  // namespace salus::exec::cuda

@@ -58,13 +58,10 @@ KernelOr LayerNorm(const Node& n, const Graph& g, DeviceContext*) {
   const bool bias = n.input(2) != kNoValue;
   const std::string what = n.Describe();
   return std::unique_ptr<Kernel>(new CudaFnKernel([geo, bias, what](const KernelArgs& a) {
-    auto out = [&](size_t i) {
-      return i < a.outputs.size() ? static_cast<float*>(a.outputs[i]) : nullptr;
-    };
     return CudaStatus(LaunchLayerNorm(geo, static_cast<const float*>(a.inputs[0]),
                                       static_cast<const float*>(a.inputs[1]),
                                       bias ? static_cast<const float*>(a.inputs[2]) : nullptr,
-                                      out(0), out(1), out(2), StreamOf(a)),
+                                      FloatOut(a, 0), FloatOut(a, 1), FloatOut(a, 2), StreamOf(a)),
                       what);
   }));
 }
@@ -181,14 +178,8 @@ KernelOr LstmKernel::Create(const Node& n, const Graph& g, DeviceContext*) {
 
 Status LstmKernel::RunDirection(const KernelArgs& a, cublasHandle_t handle, int64_t d) const {
   cudaStream_t stream = StreamOf(a);
-  auto in = [&](size_t i) {
-    return i < a.inputs.size() ? static_cast<const float*>(a.inputs[i]) : nullptr;
-  };
-  auto out = [&](size_t i) {
-    return i < a.outputs.size() ? static_cast<float*>(a.outputs[i]) : nullptr;
-  };
   const int64_t hs = s_.hidden, g4 = 4 * hs, rows = s_.seq * s_.batch;
-  const float* bias = s_.has_b ? in(3) : nullptr;
+  const float* bias = s_.has_b ? FloatIn(a, 3) : nullptr;
   const float* wb = bias != nullptr ? bias + d * 2 * g4 : nullptr;
   const float* rb = wb != nullptr ? wb + g4 : nullptr;
   float* gx = ScratchLayout::At(a.scratch, gx_);
@@ -198,28 +189,28 @@ Status LstmKernel::RunDirection(const KernelArgs& a, cublasHandle_t handle, int6
   const LstmGeometry geo = GeometryOf(s_, d);
 
   if (rows > 0 && s_.input > 0) {
-    SALUS_RETURN_IF_ERROR(
-        SgemmTransB(handle, input_gemm_, in(0), in(1) + d * g4 * s_.input, gx, what_ + ": X·W^T"));
+    SALUS_RETURN_IF_ERROR(SgemmTransB(handle, input_gemm_, FloatIn(a, 0),
+                                      FloatIn(a, 1) + d * g4 * s_.input, gx, what_ + ": X·W^T"));
   } else if (rows > 0) {
     SALUS_CUDA_RETURN(cudaMemsetAsync(gx, 0, rows * g4 * sizeof(float), stream),
                       what_ + ": zeroing X·W^T");
   }
-  SALUS_CUDA_RETURN(LaunchLstmLoadState(geo, s_.has_h0 ? in(5) : nullptr, h, stream),
+  SALUS_CUDA_RETURN(LaunchLstmLoadState(geo, s_.has_h0 ? FloatIn(a, 5) : nullptr, h, stream),
                     what_ + ": initial h");
-  SALUS_CUDA_RETURN(LaunchLstmLoadState(geo, s_.has_c0 ? in(6) : nullptr, c, stream),
+  SALUS_CUDA_RETURN(LaunchLstmLoadState(geo, s_.has_c0 ? FloatIn(a, 6) : nullptr, c, stream),
                     what_ + ": initial c");
-  const float* r = in(2) + d * g4 * hs;
+  const float* r = FloatIn(a, 2) + d * g4 * hs;
   for (int64_t step = 0; step < s_.seq && s_.batch > 0; ++step) {
     const int64_t t = s_.Backwards(d) ? s_.seq - 1 - step : step;
     SALUS_RETURN_IF_ERROR(SgemmTransB(handle, recurrent_gemm_, h, r, gh, what_ + ": h·R^T"));
-    SALUS_CUDA_RETURN(LaunchLstmCell(geo, t, gx, gh, wb, rb, h, c, out(0), stream),
+    SALUS_CUDA_RETURN(LaunchLstmCell(geo, t, gx, gh, wb, rb, h, c, FloatOut(a, 0), stream),
                       what_ + ": cell");
   }
-  if (out(1) != nullptr) {
-    SALUS_CUDA_RETURN(LaunchLstmStoreState(geo, h, out(1), stream), what_ + ": Y_h");
+  if (FloatOut(a, 1) != nullptr) {
+    SALUS_CUDA_RETURN(LaunchLstmStoreState(geo, h, FloatOut(a, 1), stream), what_ + ": Y_h");
   }
-  if (out(2) != nullptr) {
-    SALUS_CUDA_RETURN(LaunchLstmStoreState(geo, c, out(2), stream), what_ + ": Y_c");
+  if (FloatOut(a, 2) != nullptr) {
+    SALUS_CUDA_RETURN(LaunchLstmStoreState(geo, c, FloatOut(a, 2), stream), what_ + ": Y_c");
   }
   return OkStatus();
 }
@@ -267,7 +258,7 @@ KernelOr LstmGradKernel::Create(const Node& n, const Graph& g, DeviceContext*) {
   const int64_t rows = s.seq * s.batch, g4 = 4 * s.hidden;
   k->input_gemm_ = RowMajorGemm(rows, g4, s.input, false, true);
   k->recurrent_gemm_ = RowMajorGemm(s.batch, g4, s.hidden, false, true);
-  const int64_t ldz = (s.Row(0, 1) - s.Row(0, 0)) * g4;
+  const int64_t ldz = GeometryOf(s, 0).row_b * g4;  // the BPTT product's row stride
   SALUS_RETURN_IF_ERROR(RequireInt(n, {rows, g4, s.input, s.hidden, s.batch, ldz}));
   ScratchLayout plan(kCublasWorkspaceBytes);
   k->act_ = plan.Add(rows * g4);
@@ -281,20 +272,14 @@ KernelOr LstmGradKernel::Create(const Node& n, const Graph& g, DeviceContext*) {
 
 Status LstmGradKernel::RunDirection(const KernelArgs& a, cublasHandle_t handle, int64_t d) const {
   cudaStream_t stream = StreamOf(a);
-  auto in = [&](size_t i) {
-    return i < a.inputs.size() ? static_cast<const float*>(a.inputs[i]) : nullptr;
-  };
-  auto out = [&](size_t i) {
-    return i < a.outputs.size() ? static_cast<float*>(a.outputs[i]) : nullptr;
-  };
   const int64_t hs = s_.hidden, g4 = 4 * hs, rows = s_.seq * s_.batch, input = s_.input;
-  const float* x = in(0);
-  const float* w = in(1) + d * g4 * input;
-  const float* r = in(2) + d * g4 * hs;
-  const float* wb = s_.has_b ? in(3) + d * 2 * g4 : nullptr;
+  const float* x = FloatIn(a, 0);
+  const float* w = FloatIn(a, 1) + d * g4 * input;
+  const float* r = FloatIn(a, 2) + d * g4 * hs;
+  const float* wb = s_.has_b ? FloatIn(a, 3) + d * 2 * g4 : nullptr;
   const float* rb = wb != nullptr ? wb + g4 : nullptr;
-  const float* h0 = s_.has_h0 ? in(4) : nullptr;
-  const float* c0 = s_.has_c0 ? in(5) : nullptr;
+  const float* h0 = s_.has_h0 ? FloatIn(a, 4) : nullptr;
+  const float* c0 = s_.has_c0 ? FloatIn(a, 5) : nullptr;
   float* act = ScratchLayout::At(a.scratch, act_);
   float* cs = ScratchLayout::At(a.scratch, cs_);
   float* hp = ScratchLayout::At(a.scratch, hp_);
@@ -324,39 +309,41 @@ Status LstmGradKernel::RunDirection(const KernelArgs& a, cublasHandle_t handle, 
   }
 
   // Backpropagation through time.
-  SALUS_CUDA_RETURN(LaunchLstmLoadState(geo, in(7), dh, stream), what_ + ": dY_h");
-  SALUS_CUDA_RETURN(LaunchLstmLoadState(geo, in(8), dc, stream), what_ + ": dY_c");
+  SALUS_CUDA_RETURN(LaunchLstmLoadState(geo, FloatIn(a, 7), dh, stream), what_ + ": dY_h");
+  SALUS_CUDA_RETURN(LaunchLstmLoadState(geo, FloatIn(a, 8), dc, stream), what_ + ": dY_c");
   SALUS_CUDA_RETURN(LaunchLstmLoadState(geo, c0, c, stream), what_ + ": initial c");
   for (int64_t step = s_.seq - 1; step >= 0 && s_.batch > 0; --step) {
     const int64_t t = time_of(step);
     SALUS_CUDA_RETURN(LaunchLstmCellBackward(geo, t, step > 0 ? time_of(step - 1) : -1, act, cs, c,
-                                             in(6), dh, dc, stream),
+                                             FloatIn(a, 6), dh, dc, stream),
                       what_ + ": cell gradient");
     SALUS_RETURN_IF_ERROR(Sgemm(handle, stream, what_ + ": dG·R", false, false, s_.batch, hs, g4,
                                 act + t * geo.row_t * g4, ldz, r, hs, 0.f, dh, hs));
   }
-  if (out(4) != nullptr) {
-    SALUS_CUDA_RETURN(LaunchLstmStoreState(geo, dh, out(4), stream), what_ + ": d_initial_h");
+  if (FloatOut(a, 4) != nullptr) {
+    SALUS_CUDA_RETURN(LaunchLstmStoreState(geo, dh, FloatOut(a, 4), stream),
+                      what_ + ": d_initial_h");
   }
-  if (out(5) != nullptr) {
-    SALUS_CUDA_RETURN(LaunchLstmStoreState(geo, dc, out(5), stream), what_ + ": d_initial_c");
+  if (FloatOut(a, 5) != nullptr) {
+    SALUS_CUDA_RETURN(LaunchLstmStoreState(geo, dc, FloatOut(a, 5), stream),
+                      what_ + ": d_initial_c");
   }
 
   // The gradients of X, W, R and B over every step at once.
-  if (out(0) != nullptr) {
+  if (FloatOut(a, 0) != nullptr) {
     SALUS_RETURN_IF_ERROR(Sgemm(handle, stream, what_ + ": dX", false, false, rows, input, g4, act,
-                                g4, w, input, d == 0 ? 0.f : 1.f, out(0), input));
+                                g4, w, input, d == 0 ? 0.f : 1.f, FloatOut(a, 0), input));
   }
-  if (out(1) != nullptr) {
+  if (FloatOut(a, 1) != nullptr) {
     SALUS_RETURN_IF_ERROR(Sgemm(handle, stream, what_ + ": dW", true, false, g4, input, rows, act,
-                                g4, x, input, 0.f, out(1) + d * g4 * input, input));
+                                g4, x, input, 0.f, FloatOut(a, 1) + d * g4 * input, input));
   }
-  if (out(2) != nullptr) {
+  if (FloatOut(a, 2) != nullptr) {
     SALUS_RETURN_IF_ERROR(Sgemm(handle, stream, what_ + ": dR", true, false, g4, hs, rows, act, g4,
-                                hp, hs, 0.f, out(2) + d * g4 * hs, hs));
+                                hp, hs, 0.f, FloatOut(a, 2) + d * g4 * hs, hs));
   }
-  if (out(3) != nullptr) {
-    SALUS_CUDA_RETURN(LaunchLstmBiasGrad(rows, g4, act, out(3) + d * 2 * g4, stream),
+  if (FloatOut(a, 3) != nullptr) {
+    SALUS_CUDA_RETURN(LaunchLstmBiasGrad(rows, g4, act, FloatOut(a, 3) + d * 2 * g4, stream),
                       what_ + ": dB");
   }
   return OkStatus();

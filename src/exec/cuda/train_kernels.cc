@@ -30,10 +30,6 @@ namespace {
 
 using KernelOr = StatusOr<std::unique_ptr<Kernel>>;
 
-float* Out(const KernelArgs& a, size_t i) {
-  return a.outputs.size() > i ? static_cast<float*>(a.outputs[i]) : nullptr;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Tensor-op gradients.
 
@@ -107,9 +103,10 @@ KernelOr ClipGrad(const Node& n, const Graph& g, DeviceContext*) {
   const float hi = n.GetFloat("max", std::numeric_limits<float>::infinity());
   const std::string what = n.Describe();
   return FnKernel([count, lo, hi, what](const KernelArgs& a) -> Status {
-    return CudaStatus(LaunchClipGrad(count, F(a.inputs[0]), F(a.inputs[1]), lo, F(a.inputs[2]), hi,
-                                     F(a.inputs[3]), Out(a, 0), Out(a, 1), Out(a, 2), StreamOf(a)),
-                      what);
+    return CudaStatus(
+        LaunchClipGrad(count, F(a.inputs[0]), F(a.inputs[1]), lo, F(a.inputs[2]), hi,
+                       F(a.inputs[3]), FloatOut(a, 0), FloatOut(a, 1), FloatOut(a, 2), StreamOf(a)),
+        what);
   });
 }
 
@@ -231,10 +228,11 @@ KernelOr BatchNormTrain(const Node& n, const Graph& g, DeviceContext*) {
   const float unbias = static_cast<float>(m) / static_cast<float>(std::max<int64_t>(m - 1, 1));
   const std::string what = n.Describe();
   return FnKernel([geo, eps, momentum, unbias, what](const KernelArgs& a) -> Status {
-    return CudaStatus(LaunchBnTrain(geo, eps, momentum, unbias, F(a.inputs[0]), F(a.inputs[1]),
-                                    F(a.inputs[2]), F(a.inputs[3]), F(a.inputs[4]), Out(a, 0),
-                                    Out(a, 1), Out(a, 2), Out(a, 3), Out(a, 4), StreamOf(a)),
-                      what);
+    return CudaStatus(
+        LaunchBnTrain(geo, eps, momentum, unbias, F(a.inputs[0]), F(a.inputs[1]), F(a.inputs[2]),
+                      F(a.inputs[3]), F(a.inputs[4]), FloatOut(a, 0), FloatOut(a, 1),
+                      FloatOut(a, 2), FloatOut(a, 3), FloatOut(a, 4), StreamOf(a)),
+        what);
   });
 }
 
@@ -250,7 +248,7 @@ KernelOr BatchNormGrad(const Node& n, const Graph& g, DeviceContext*) {
   return FnKernel([geo, eps, what](const KernelArgs& a) -> Status {
     return CudaStatus(
         LaunchBnGrad(geo, eps, F(a.inputs[0]), F(a.inputs[1]), F(a.inputs[2]), F(a.inputs[3]),
-                     F(a.inputs[4]), Out(a, 0), Out(a, 1), Out(a, 2), StreamOf(a)),
+                     F(a.inputs[4]), FloatOut(a, 0), FloatOut(a, 1), FloatOut(a, 2), StreamOf(a)),
         what);
   });
 }
@@ -262,10 +260,11 @@ KernelOr LayerNormGrad(const Node& n, const Graph& g, DeviceContext*) {
   const std::string what = n.Describe();
   return FnKernel(
       [s, what](const KernelArgs& a) -> Status {
-        return CudaStatus(LaunchLayerNormGrad(s.outer, s.inner, s.epsilon, F(a.inputs[0]),
-                                              F(a.inputs[1]), F(a.inputs[2]), Out(a, 0), Out(a, 1),
-                                              Out(a, 2), F(a.scratch), StreamOf(a)),
-                          what);
+        return CudaStatus(
+            LaunchLayerNormGrad(s.outer, s.inner, s.epsilon, F(a.inputs[0]), F(a.inputs[1]),
+                                F(a.inputs[2]), FloatOut(a, 0), FloatOut(a, 1), FloatOut(a, 2),
+                                F(a.scratch), StreamOf(a)),
+            what);
       },
       AlignUp(2 * s.outer * sizeof(float)));
 }
