@@ -17,6 +17,7 @@ class CudaMemoryProvider final : public MemoryProvider {
   explicit CudaMemoryProvider(int ordinal) : ordinal_(ordinal) {}
 
   std::string name() const override;
+  std::string kind() const override { return "cuda"; }
   bool host_accessible() const override { return false; }
   uint64_t alignment() const override { return kCudaAlignment; }
 

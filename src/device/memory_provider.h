@@ -25,6 +25,10 @@ class MemoryProvider {
 
   // "host", "fake" or "cuda:0".
   virtual std::string name() const = 0;
+  // The kind of memory it hands out, the same for every provider whose memory another can
+  // copy state to and from through host memory: "host", "fake", "cuda" (every GPU: pinned host
+  // memory of one is usable by all). Sessions move only between devices of one kind.
+  virtual std::string kind() const { return name(); }
   // Whether host code may read and write the addresses it returns.
   virtual bool host_accessible() const = 0;
   // Every range it returns starts at a multiple of this.

@@ -64,13 +64,15 @@ namespace salus::sched {
 // its device's arena to host memory (MemoryManager::PageOut, a Transfer on the copy path),
 // and when that copy ends it leaves that manager (Emigrate) and enters the target's, resident
 // (Immigrate), its state copied in by a second Transfer; it runs there once that copy ends.
-// Through host memory, two copies of P: the CPU devices' memory is host memory anyway, and
-// peer copies between GPUs wait for GPU daemons with several devices. Meanwhile it is paged
-// out, with a reason naming its target. If the target has lost its room by the time the copy
+// Through host memory, two copies of P, on each device's own copy path (between GPUs too: the
+// pinned host memory one GPU's provider pages out to is usable by every GPU). Meanwhile it is
+// paged out, with a reason naming its target. If the target has lost its room by the time the copy
 // out ends, the move is undone: the session stays paged out on its own device and pages back
 // in there when it runs (so paged-out sessions are paged in even without overcommit). Only
-// devices whose memory is of one kind (their providers share a name) exchange sessions:
-// host memory one provider allocated, the other frees.
+// devices whose memory is of one kind (MemoryProvider::kind: the CPU devices, or the GPUs)
+// exchange sessions; host memory one provider allocated goes back to it (Immigrate). A model
+// session that lands on another GPU is compiled for it before its next iteration there
+// (server/model_runtime.h).
 //
 // Defragmentation is the one reason the engine moves sessions by itself: when a session
 // waits (for its device, or for any) and some device would admit it once one resident
@@ -490,11 +492,11 @@ mem::Requirement Engine::HeldLocked(const SessionRec& s) {
 }
 
 std::optional<size_t> Engine::TargetLocked(const mem::Requirement& req, size_t except) const {
-  const std::string kind = devices_[except].memory->provider().name();
+  const std::string kind = devices_[except].memory->provider().kind();
   std::optional<size_t> best;
   mem::AdmissionPreview best_p;
   for (size_t i = 0; i < devices_.size(); ++i) {
-    if (i == except || devices_[i].memory->provider().name() != kind) continue;
+    if (i == except || devices_[i].memory->provider().kind() != kind) continue;
     const mem::AdmissionPreview p = devices_[i].memory->Preview(req);
     if (!p.resident) continue;
     const bool join = p.step == mem::AdmissionDecision::Step::kJoin;
@@ -663,7 +665,7 @@ Status Engine::Migrate(SessionId id, size_t device) {
       return FailedPreconditionError(
           fmt::format("session {} is on {} already", id, devices_[device].name));
     }
-    if (devices_[device].memory->provider().name() != MemoryOf(s).provider().name()) {
+    if (devices_[device].memory->provider().kind() != MemoryOf(s).provider().kind()) {
       return FailedPreconditionError(fmt::format("{} and {} do not share a kind of memory",
                                                  devices_[s.device].name, devices_[device].name));
     }

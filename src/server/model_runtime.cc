@@ -9,6 +9,8 @@
 #include <cstring>
 #include <set>
 
+#include "common/clock.h"
+#include "common/logging.h"
 #include "common/units.h"
 
 namespace salus::server {
@@ -100,23 +102,67 @@ Status CheckTfOutputs(const v1::ModelSpec& spec) {
   return OkStatus();
 }
 
-}  // namespace
-
-ModelRuntime::ModelRuntime(std::unique_ptr<exec::Executable> exe) : exe_(std::move(exe)) {
-  for (const auto& i : exe_->inputs()) inputs_.push_back(Spec(i));
-  for (const auto& f : exe_->fetches()) outputs_.push_back(Spec(f));
+std::vector<v1::TensorSpec> StateSpecs(const exec::Executable& exe) {
   // Every parameter and state value has a place in the persistent block (constants may be
   // folded away, and ONNX inference compiles its weights as constants).
-  for (const exec::Value& v : exe_->graph().values()) {
+  std::vector<v1::TensorSpec> out;
+  for (const exec::Value& v : exe.graph().values()) {
     if (v.kind != exec::ValueKind::kParameter && v.kind != exec::ValueKind::kState) continue;
     if (ToWire(v.type) == v1::DATA_TYPE_UNSPECIFIED) continue;
     v1::TensorSpec s;
     s.set_name(v.name);
     s.set_dtype(ToWire(v.type));
     for (int64_t d : v.shape) s.add_shape(d);
-    state_.push_back(std::move(s));
+    out.push_back(std::move(s));
   }
+  return out;
 }
+
+bool SameSpecs(const std::vector<v1::TensorSpec>& a, const std::vector<v1::TensorSpec>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const v1::TensorSpec& x, const v1::TensorSpec& y) {
+                      return x.SerializeAsString() == y.SerializeAsString();
+                    });
+}
+
+}  // namespace
+
+// What a model compiles from, kept while the session may land on a device with other kernels.
+struct ModelRuntime::Source {
+  enum class Format { kOnnx, kTf, kAten };
+  Format format = Format::kOnnx;
+  std::string bytes;
+  exec::CompileOptions options;
+
+  StatusOr<std::unique_ptr<exec::Executable>> Compile(const exec::Device& device) const {
+    exec::CompileOptions o = options;
+    o.device = device;
+    switch (format) {
+      case Format::kAten:
+        return exec::Executable::CompileAten(bytes, o);
+      case Format::kTf:
+        return exec::Executable::CompileTf(bytes, o);
+      case Format::kOnnx:
+        break;
+    }
+    return exec::Executable::Compile(bytes, o);
+  }
+};
+
+ModelRuntime::ModelRuntime(std::unique_ptr<exec::Executable> exe, std::vector<exec::Device> devices,
+                           std::unique_ptr<Source> source)
+    : exe_(std::move(exe)), devices_(std::move(devices)), source_(std::move(source)) {
+  for (const auto& i : exe_->inputs()) inputs_.push_back(Spec(i));
+  for (const auto& f : exe_->fetches()) outputs_.push_back(Spec(f));
+  state_ = StateSpecs(*exe_);
+  const std::vector<exec::SwapPoint>& points = exe_->SwapPoints();
+  requirement_ = {exe_->persistent_bytes(),
+                  points.empty() ? exe_->ephemeral_bytes() : points.front().ephemeral_bytes};
+  for (size_t i = 1; i < points.size(); ++i)
+    requirement_.smaller_ephemeral.push_back(points[i].ephemeral_bytes);
+}
+
+ModelRuntime::~ModelRuntime() = default;
 
 const v1::TensorSpec* ModelRuntime::Find(const std::vector<v1::TensorSpec>& specs,
                                          const std::string& name) {
@@ -127,8 +173,13 @@ const v1::TensorSpec* ModelRuntime::Find(const std::vector<v1::TensorSpec>& spec
 }
 
 StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec& spec,
-                                                             const exec::Device& device,
+                                                             std::vector<exec::Device> devices,
+                                                             size_t compile_for,
                                                              uint64_t max_folded_bytes) {
+  if (compile_for >= devices.size()) {
+    return InvalidArgumentError(
+        fmt::format("model runtime: device {} of {}", compile_for, devices.size()));
+  }
   const bool tf = !spec.tf_graph().empty();
   const bool aten = !spec.aten_graph().empty();
   if (static_cast<int>(tf) + static_cast<int>(aten) + static_cast<int>(!spec.onnx().empty()) > 1) {
@@ -139,8 +190,8 @@ StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec
   if (!tf && !aten && spec.onnx().empty()) {
     return InvalidArgumentError("the model has no onnx, tf_graph or aten_graph bytes");
   }
-  exec::CompileOptions o;
-  o.device = device;
+  auto source = std::make_unique<Source>();
+  exec::CompileOptions& o = source->options;
   o.max_folded_bytes = max_folded_bytes;
   for (const v1::InputShape& in : spec.inputs()) {
     if (in.name().empty()) return InvalidArgumentError("an input shape has no name");
@@ -167,8 +218,9 @@ StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec
     }
     o.mode = exec::Mode::kInference;
     o.input_shapes.clear();
-    SALUS_ASSIGN_OR_RETURN(auto exe, exec::Executable::CompileAten(spec.aten_graph(), o));
-    return std::unique_ptr<ModelRuntime>(new ModelRuntime(std::move(exe)));
+    source->format = Source::Format::kAten;
+    source->bytes = spec.aten_graph();
+    return Build(std::move(source), std::move(devices), compile_for);
   }
   if (tf) {
     // A TensorFlow graph carries its own gradients and variable updates: it always compiles
@@ -181,8 +233,9 @@ StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec
     SALUS_RETURN_IF_ERROR(CheckTfOutputs(spec));
     o.mode = exec::Mode::kInference;
     o.fetches.assign(spec.outputs().begin(), spec.outputs().end());
-    SALUS_ASSIGN_OR_RETURN(auto exe, exec::Executable::CompileTf(spec.tf_graph(), o));
-    return std::unique_ptr<ModelRuntime>(new ModelRuntime(std::move(exe)));
+    source->format = Source::Format::kTf;
+    source->bytes = spec.tf_graph();
+    return Build(std::move(source), std::move(devices), compile_for);
   }
 
   if (!spec.outputs().empty()) {
@@ -217,8 +270,56 @@ StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec
       o.fetches.push_back(out.name());
     }
   }
-  SALUS_ASSIGN_OR_RETURN(auto exe, exec::Executable::Compile(spec.onnx(), o));
-  return std::unique_ptr<ModelRuntime>(new ModelRuntime(std::move(exe)));
+  source->format = Source::Format::kOnnx;
+  source->bytes = spec.onnx();
+  return Build(std::move(source), std::move(devices), compile_for);
+}
+
+StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Build(std::unique_ptr<Source> source,
+                                                            std::vector<exec::Device> devices,
+                                                            size_t compile_for) {
+  SALUS_ASSIGN_OR_RETURN(auto exe, source->Compile(devices[compile_for]));
+  // The source is kept only where a move could need another compile.
+  const bool one_kernel_device = std::all_of(
+      devices.begin(), devices.end(), [&](const exec::Device& d) { return d == devices.front(); });
+  if (one_kernel_device) source.reset();
+  return std::unique_ptr<ModelRuntime>(
+      new ModelRuntime(std::move(exe), std::move(devices), std::move(source)));
+}
+
+Status ModelRuntime::FollowDevice(const sched::Dispatch& d) {
+  if (d.device >= devices_.size()) {
+    return InternalError(fmt::format("session {} was dispatched on device {}, of {}", d.session,
+                                     d.device, devices_.size()));
+  }
+  const exec::Device& want = devices_[d.device];
+  if (exe_->device() == want) return OkStatus();
+  if (source_ == nullptr) {
+    return InternalError(
+        fmt::format("session {} cannot be compiled again for {}", d.session, want.name()));
+  }
+  const Nanos start = SteadyClock::Get()->Now();
+  auto exe = source_->Compile(want);
+  if (!exe.ok()) return exe.status().WithContext(fmt::format("compiling for {}", want.name()));
+  // Its persistent block moved here byte for byte: the layouts must be one.
+  std::vector<v1::TensorSpec> inputs, outputs;
+  for (const auto& i : (*exe)->inputs()) inputs.push_back(Spec(i));
+  for (const auto& f : (*exe)->fetches()) outputs.push_back(Spec(f));
+  if ((*exe)->persistent_bytes() != exe_->persistent_bytes() || !SameSpecs(inputs, inputs_) ||
+      !SameSpecs(outputs, outputs_) || !SameSpecs(StateSpecs(**exe), state_)) {
+    return FailedPreconditionError(fmt::format(
+        "session {}: the model compiled for {} does not lay out its state as on {} ({} and {} of "
+        "persistent memory)",
+        d.session, want.name(), exe_->device().name(), FormatBytes((*exe)->persistent_bytes()),
+        FormatBytes(exe_->persistent_bytes())));
+  }
+  logging::Event("server", "session_recompiled",
+                 {{"session", d.session},
+                  {"from", exe_->device().name()},
+                  {"to", want.name()},
+                  {"seconds", ToSeconds(SteadyClock::Get()->Now() - start)}});
+  exe_ = std::move(*exe);
+  return OkStatus();
 }
 
 Status ModelRuntime::Validate(const std::vector<HostTensor>& feeds,
@@ -280,15 +381,6 @@ Status ModelRuntime::Validate(const std::vector<HostTensor>& feeds,
   return OkStatus();
 }
 
-mem::Requirement ModelRuntime::requirement() const {
-  const std::vector<exec::SwapPoint>& points = exe_->SwapPoints();
-  mem::Requirement r{exe_->persistent_bytes(),
-                     points.empty() ? exe_->ephemeral_bytes() : points.front().ephemeral_bytes};
-  for (size_t i = 1; i < points.size(); ++i)
-    r.smaller_ephemeral.push_back(points[i].ephemeral_bytes);
-  return r;
-}
-
 Status ModelRuntime::FitLane(uint64_t lane_bytes) {
   // The fastest point whose E fits the lane: points run from the largest E, fastest, down.
   const std::vector<exec::SwapPoint>& points = exe_->SwapPoints();
@@ -310,6 +402,7 @@ Status ModelRuntime::Run(const sched::Dispatch& d, const std::vector<HostTensor>
       (d.lane_memory.address == nullptr && exe_->ephemeral_bytes() > 0)) {
     return FailedPreconditionError("model sessions need host-accessible memory on this device");
   }
+  SALUS_RETURN_IF_ERROR(FollowDevice(d));
   // Interactive lanes run on high-priority streams (Note [Device contexts] in exec/device.h).
   SALUS_ASSIGN_OR_RETURN(
       exec::DeviceContext * ctx,

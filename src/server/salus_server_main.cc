@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
   if (!folded.ok()) return Fail(folded.status());
   auto devices = salus::server::DeviceNames(o.device);
   if (!devices.ok()) return Fail(devices.status().WithContext("--device"));
-  o.model_factory = salus::server::MakeModelFactory(salus::server::KernelDevice(*devices), *folded);
+  o.model_factory = salus::server::MakeModelFactory(*devices, *folded);
 
   // Block the drain signals in every thread; one thread waits for them.
   sigset_t signals;

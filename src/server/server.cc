@@ -172,9 +172,14 @@ StatusOr<std::vector<std::string>> DeviceNames(const std::string& device) {
   return names;
 }
 
-std::string KernelDevice(const std::vector<std::string>& devices) {
-  if (devices.empty() || devices.front().rfind("cpu", 0) == 0) return "cpu";
-  return devices.front();
+std::string KernelDevice(const std::string& device) {
+  return device.rfind("cpu", 0) == 0 ? "cpu" : device;
+}
+
+uint64_t Server::ReservedBytes() const {
+  uint64_t bytes = 0;
+  for (const exec::DeviceRuntime* rt : runtimes_) bytes += rt->reserved_bytes();
+  return bytes;
 }
 
 StatusOr<uint64_t> DefaultMemory(const std::string& device) {
@@ -201,25 +206,27 @@ StatusOr<uint64_t> DefaultMemory(const std::string& device) {
 
 StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   SALUS_ASSIGN_OR_RETURN(std::vector<std::string> devices, DeviceNames(options.device));
-  if (devices.size() > 1 && devices.front().rfind("cuda", 0) == 0) {
-    // A model session's executable, streams and handles belong to one GPU; one daemon per GPU
-    // until sessions are compiled for the GPU they are placed on.
-    return UnimplementedError(fmt::format(
-        "device '{}': several GPUs in one daemon are not supported yet; run one salus-server "
-        "per GPU",
-        options.device));
+  // A GPU daemon brings up the engine's device runtime of each GPU first: the CUDA context and
+  // the first lane context (stream, cuDNN and cuBLAS handles) take device memory outside the
+  // arena, so the default arena is sized from what is free after them (Note [Device
+  // contexts]). Each GPU's arena is its own free memory unless --memory gives one size for all.
+  std::vector<exec::DeviceRuntime*> runtimes;
+  std::vector<uint64_t> capacities;
+  for (const std::string& name : devices) {
+    if (auto d = exec::ParseDevice(name); d.ok() && d->type == exec::DeviceType::kCuda) {
+      SALUS_ASSIGN_OR_RETURN(exec::DeviceRuntime * runtime, exec::DeviceRuntime::For(*d));
+      SALUS_RETURN_IF_ERROR(runtime->ThreadContext().status().WithContext(name));
+      runtimes.push_back(runtime);
+    }
   }
-  // A GPU daemon brings up the engine's device runtime first: the CUDA context and the first
-  // lane context (stream, cuDNN and cuBLAS handles) take device memory outside the arena, so
-  // the default arena is sized from what is free after them (Note [Device contexts]).
-  exec::DeviceRuntime* runtime = nullptr;
-  if (auto d = exec::ParseDevice(devices.front()); d.ok() && d->type == exec::DeviceType::kCuda) {
-    SALUS_ASSIGN_OR_RETURN(runtime, exec::DeviceRuntime::For(*d));
-    SALUS_RETURN_IF_ERROR(runtime->ThreadContext().status());
+  for (const std::string& name : devices) {
+    uint64_t capacity = options.memory;
+    if (capacity == 0) {
+      SALUS_ASSIGN_OR_RETURN(capacity, DefaultMemory(name));
+    }
+    capacities.push_back(capacity);
   }
-  if (options.memory == 0) {
-    SALUS_ASSIGN_OR_RETURN(options.memory, DefaultMemory(devices.front()));
-  }
+  if (options.memory == 0) options.memory = capacities.front();
   if (options.listen.empty()) options.listen = DefaultEndpoints();
   if (options.lease <= Nanos(0)) return InvalidArgumentError("the client lease must be positive");
   // Note [Principals] (rpc_frontend.cc): what may be reached from elsewhere speaks CURVE.
@@ -247,12 +254,12 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   CurveServer curve{sec.curve_secret_key, sec.client_keys, sec.open};
   curve.allowed.insert(curve.allowed.end(), sec.admin_keys.begin(), sec.admin_keys.end());
   std::unique_ptr<Server> s(new Server(std::move(options)));
-  s->runtime_ = runtime;
+  s->runtimes_ = runtimes;
   SALUS_ASSIGN_OR_RETURN(auto policy, sched::CreatePolicy(s->o_.policy, s->o_.policy_options));
   std::vector<sched::DeviceSpec> specs;
-  for (const std::string& name : devices) {
-    SALUS_ASSIGN_OR_RETURN(auto provider, device::CreateMemoryProvider(KernelDevice({name})));
-    specs.push_back({name, provider.get(), s->o_.memory, s->o_.overcommit});
+  for (size_t d = 0; d < devices.size(); ++d) {
+    SALUS_ASSIGN_OR_RETURN(auto provider, device::CreateMemoryProvider(KernelDevice(devices[d])));
+    specs.push_back({devices[d], provider.get(), capacities[d], s->o_.overcommit});
     s->providers_.push_back(std::move(provider));
   }
   s->device_names_ = devices;
@@ -281,7 +288,12 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   so.metrics = &s->metrics_;
   s->allocations_ = std::make_unique<AllocationRegistry>();
   so.allocations = s->allocations_.get();
-  if (runtime != nullptr) so.device_health = [runtime] { return runtime->CheckHealth(); };
+  if (!runtimes.empty()) {
+    so.device_health = [runtimes] {
+      for (exec::DeviceRuntime* rt : runtimes) SALUS_RETURN_IF_ERROR(rt->CheckHealth());
+      return OkStatus();
+    };
+  }
   s->sessions_ = std::make_unique<SessionManager>(std::move(so));
   s->metrics_.SetGaugeSource([self] { return self->Gauges(); });
 
@@ -724,7 +736,7 @@ std::string Server::Gauges() const {
       "# HELP salus_device_reserved_bytes Device memory outside the arena held by the engine's "
       "contexts (streams, cuDNN and cuBLAS handles), as measured when each was created.\n"
       "# TYPE salus_device_reserved_bytes gauge\nsalus_device_reserved_bytes {}\n",
-      runtime_ ? runtime_->reserved_bytes() : 0);
+      ReservedBytes());
   out += fmt::format(
       "# HELP salus_device_lost Whether the device was lost to a fault (1) or not (0).\n"
       "# TYPE salus_device_lost gauge\nsalus_device_lost {}\n",
@@ -823,7 +835,7 @@ nlohmann::json Server::StatsJson(const ClientRef* viewer) const {
     lanes += device_lanes;
   }
   nlohmann::json out = {{"device", o_.device},
-                        {"device_reserved_bytes", runtime_ ? runtime_->reserved_bytes() : 0},
+                        {"device_reserved_bytes", ReservedBytes()},
                         {"device_lost", sessions_->DeviceLost().ToString()},
                         {"policy", o_.policy},
                         {"capacity_bytes", capacity},

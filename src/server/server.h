@@ -82,8 +82,9 @@ std::vector<std::string> DefaultEndpoints();
 // GPU the machine has; a comma list, each of its items one device. INVALID_ARGUMENT naming the
 // offending item; a list may not mix CPU and GPU devices, nor name one twice.
 StatusOr<std::vector<std::string>> DeviceNames(const std::string& device);
-// The device model sessions compile for: "cpu" for CPU devices, else the (only) GPU.
-std::string KernelDevice(const std::vector<std::string>& devices);
+// The device a model session placed on `device` (one of DeviceNames) runs its kernels on:
+// "cpu" for every CPU device ("cpu", "cpu:1"), else the GPU itself ("cuda:1").
+std::string KernelDevice(const std::string& device);
 
 // The arena a device gets without --memory: on the CPU 8 GiB of address space (pages are
 // committed only when touched); on a GPU its free memory less a reserve for the runtime.
@@ -148,7 +149,9 @@ class Server {
   std::vector<std::string> device_names_;
   std::vector<std::unique_ptr<device::MemoryProvider>> providers_;
   std::vector<const mem::MemoryManager*> memory_;
-  exec::DeviceRuntime* runtime_ = nullptr;  // the engine's GPU runtime; null on the CPU
+  std::vector<exec::DeviceRuntime*> runtimes_;  // each GPU's runtime; none on the CPU
+  // Device memory the GPUs' runtimes hold outside the arenas (DeviceRuntime::reserved_bytes).
+  uint64_t ReservedBytes() const;
   Metrics metrics_;
   std::unique_ptr<ClientRegistry> clients_;  // outlives every Call (their OnAnswered hooks)
   std::unique_ptr<AllocationRegistry> allocations_;

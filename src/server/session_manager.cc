@@ -88,6 +88,19 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
     return QuotaExceeded("max_priority", quota.max_priority,
                          fmt::format("this session asks for priority {}", priority));
   }
+  std::optional<size_t> pinned;
+  if (!req.device().empty()) {
+    const sched::Engine& engine = o_.executor->engine();
+    pinned = engine.DeviceIndex(req.device());
+    if (!pinned) {
+      std::string names;
+      for (size_t d = 0; d < engine.device_count(); ++d) {
+        names += (d == 0 ? "" : ", ") + engine.device_name(d);
+      }
+      return InvalidArgumentError(
+          fmt::format("no device '{}' in this daemon (it has {})", req.device(), names));
+    }
+  }
   std::unique_ptr<SessionRuntime> runtime;
   switch (req.workload_case()) {
     case v1::CreateSession::kSynthetic: {
@@ -100,7 +113,7 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
         return UnimplementedError("this server cannot run model sessions");
       }
       SALUS_RETURN_IF_ERROR(DeviceLost());
-      SALUS_ASSIGN_OR_RETURN(runtime, o_.model_factory(req.model()));
+      SALUS_ASSIGN_OR_RETURN(runtime, o_.model_factory(req.model(), pinned));
       break;
     }
     default:
@@ -144,18 +157,7 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
   if (req.admission_timeout_seconds() > 0) {
     spec.admission_timeout = FromSeconds(req.admission_timeout_seconds());
   }
-  if (!req.device().empty()) {
-    const sched::Engine& engine = o_.executor->engine();
-    spec.device = engine.DeviceIndex(req.device());
-    if (!spec.device) {
-      std::string names;
-      for (size_t d = 0; d < engine.device_count(); ++d) {
-        names += (d == 0 ? "" : ", ") + engine.device_name(d);
-      }
-      return InvalidArgumentError(
-          fmt::format("no device '{}' in this daemon (it has {})", req.device(), names));
-    }
-  }
+  spec.device = pinned;
   entry->runtime = std::move(runtime);
 
   uint64_t id = 0;

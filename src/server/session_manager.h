@@ -39,8 +39,9 @@ class Metrics;
 
 class SessionManager {
  public:
-  using ModelFactory =
-      std::function<StatusOr<std::unique_ptr<SessionRuntime>>(const v1::ModelSpec&)>;
+  // Compiles a model; for the engine's device `device` when the session is pinned to one.
+  using ModelFactory = std::function<StatusOr<std::unique_ptr<SessionRuntime>>(
+      const v1::ModelSpec&, std::optional<size_t> device)>;
 
   struct Options {
     sched::Executor* executor = nullptr;

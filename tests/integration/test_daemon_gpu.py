@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+import mlp_job
 import numpy as np
 import pytest
 from salus_daemon import MODELS, REPO, SERVER, Daemon
@@ -396,3 +397,47 @@ def test_sigterm_drains_in_flight_gpu_iterations_and_exits_zero(gpu_daemon: Daem
         assert gpu_daemon.proc.wait(60) == 0
     assert held["result"] == "ok"
     assert any("event: draining" in line for line in gpu_daemon.log)
+
+
+def mlp_losses(s: salus.Session, steps: range) -> list[float]:
+    return [float(s.run(feeds=mlp_job.feeds(0, i, seed=700), fetches=["loss"])["loss"])
+            for i in steps]
+
+
+def test_every_gpu_trains_and_a_session_moves_between_gpus(
+        daemon_factory: Callable[..., Daemon]) -> None:
+    """`--device cuda:all`: a session pinned to each GPU trains as on a one-GPU daemon. With two
+    GPUs or more, a session the engine moves from cuda:0 to cuda:1 mid-training (to let in one
+    pinned to cuda:0) is compiled again for cuda:1 and keeps its losses."""
+    with salus.connect(daemon_factory("--device", GPU).endpoint) as c:
+        ref = mlp_job.create(c, "ref")
+        expected = mlp_losses(ref, range(4))
+        info = next(x for x in c.sessions() if x["session_id"] == ref.id)
+        need = info["persistent_bytes"] + info["ephemeral_bytes"]
+    with salus.connect(daemon_factory("--device", "cuda:all").endpoint) as c:
+        gpus = [x["device"] for x in c.stats()["devices"]]
+        assert gpus[0] == GPU
+        for gpu in gpus:
+            s = mlp_job.create(c, gpu, device=gpu)
+            assert s.device == gpu
+            # Identical GPUs give identical bits; other models of GPU may differ in the last.
+            np.testing.assert_allclose(mlp_losses(s, range(4)), expected, rtol=1e-5,
+                                       err_msg=f"losses on {gpu}")
+            s.close()
+    if len(gpus) < 2:
+        return  # one GPU: nothing to move to
+    capacity = (need * 3 // 2 // 256) * 256  # one session per GPU
+    d = daemon_factory("--device", f"{gpus[0]},{gpus[1]}", "--paging-quantum-ms", "0",
+                       memory=f"{capacity}B", policy="fair")
+    with salus.connect(d.endpoint) as c:
+        a = mlp_job.create(c, "a")
+        assert a.device == gpus[0]
+        got = mlp_losses(a, range(2))
+        w = mlp_job.create(c, "w", device=gpus[0])
+        assert w.state == "WAITING"
+        mlp_losses(w, range(2))
+        got += mlp_losses(a, range(2, 4))
+        np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg="the moved session's losses")
+        info = {x["name"]: x for x in c.sessions()}
+        assert (info["a"]["device"], info["a"]["migrations"]) == (gpus[1], 1)
+    assert any("session_recompiled" in line for line in d.log)
