@@ -195,8 +195,9 @@ class Engine {
     // not asked for an iteration for page_out_idle.
     Nanos paging_quantum = std::chrono::seconds(1);
     Nanos page_out_idle = std::chrono::milliseconds(50);
-    // Note [Migration]: whether the engine moves sessions between devices by itself to let
-    // waiting ones in (Migrate and introspective packing move them regardless).
+    // Note [Migration]: whether the engine moves sessions between devices by itself, to let
+    // waiting ones in or to a device with no session (Migrate and introspective packing move
+    // them regardless).
     bool defragment = true;
     // A session that waited was admitted, or gave up (DEADLINE_EXCEEDED). Called without the
     // engine's lock, on the thread whose call caused it.
@@ -360,8 +361,10 @@ class Engine {
   Status MigrateLocked(SessionRec& s, size_t to, const std::string& why, Notices* notices)
       REQUIRES(mu_);
   void FinishMigrationLocked(SessionRec& s, Nanos now, Notices* notices) REQUIRES(mu_);
-  // Note [Migration]: moves one session when that lets a waiting session in.
+  // Note [Migration]: moves one session when that lets a waiting session in, or, when nothing
+  // waits, to a device with no session from one with several (SpreadLocked).
   void DefragmentLocked(Nanos now, Notices* notices) REQUIRES(mu_);
+  void SpreadLocked(Nanos now, Notices* notices) REQUIRES(mu_);
   // Note [Introspective packing].
   struct PairRec {
     enum class State : uint8_t { kMeasuring, kProbing, kKept, kApart };

@@ -62,7 +62,9 @@ int main(int argc, char** argv) {
       "devices", po::value(&opts.devices)->default_value(1),
       "identical devices of --capacity each, with their own compute and copy path; the engine "
       "places, moves and unpacks jobs across them")(
-      "no-defragment", "the engine does not move jobs between devices to let waiting ones in")(
+      "no-defragment",
+      "the engine does not move jobs between devices by itself (to let waiting ones in, or to "
+      "an idle device)")(
       "interference", po::value(&opts.interference)->default_value(0.0),
       "each iteration runs slower by this factor per other iteration beside it on its device, "
       "beyond sharing compute (what introspective packing detects; 0: none)")(

@@ -66,7 +66,7 @@ struct SimOptions {
   int swap_points = 4;
   double swap_overlap = 0.5;
   // Devices (Note [Simulated devices]): how many identical devices of `capacity`, whether the
-  // engine moves sessions to let waiting ones in (Engine::Options::defragment), and how much
+  // engine moves sessions by itself (Engine::Options::defragment), and how much
   // each iteration slows per other iteration running on its device beside it (on top of the
   // compute contention; 0: none), what introspective packing detects.
   int devices = 1;

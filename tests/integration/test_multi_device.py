@@ -140,3 +140,27 @@ def test_bad_device_lists_are_refused_at_startup(device: str) -> None:
                        capture_output=True, text=True, timeout=30)
     assert r.returncode != 0
     assert "device" in r.stderr and device.split(",")[-1].split(":")[0] in r.stderr
+
+
+def test_sessions_packed_on_one_device_spread_to_an_idle_one(daemon_factory) -> None:  # noqa: ANN001
+    alone = daemon_factory()
+    expected = []
+    with salus.connect(alone.endpoint) as c:
+        for job in range(2):
+            s = create(c, f"ref{job}")
+            expected.append(losses(s, job))
+            s.close()
+    d = daemon_factory("--device", "cpu:2", "--paging-quantum-ms", "0", policy="fair")
+    with salus.connect(d.endpoint) as c:
+        a, b = create(c, "a"), create(c, "b")
+        # Memory-first placement: b fits best beside a.
+        assert (a.device, b.device) == ("cpu:0", "cpu:0")
+        got = [[], []]
+        for i in range(STEPS):
+            for job, s in enumerate((a, b)):
+                got[job].append(float(s.run(feeds=feeds(job, i), fetches=["loss"])["loss"]))
+        assert got == expected
+        info = {s["name"]: s for s in c.sessions()}
+        # Nothing waited and cpu:1 had no session: the engine moved one there, once.
+        assert {info["a"]["device"], info["b"]["device"]} == {"cpu:0", "cpu:1"}
+        assert info["a"]["migrations"] + info["b"]["migrations"] == 1

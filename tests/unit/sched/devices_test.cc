@@ -22,10 +22,11 @@ constexpr uint64_t G = kGiB;
 
 class DevicesHarness {
  public:
-  DevicesHarness(std::string_view policy, std::vector<uint64_t> capacities,
-                 double overcommit = 1.0) {
+  DevicesHarness(std::string_view policy, std::vector<uint64_t> capacities, double overcommit = 1.0,
+                 bool defragment = true) {
     Engine::Options o;
     o.clock = &clock_;
+    o.defragment = defragment;
     o.policy = std::move(*CreatePolicy(policy));
     std::vector<DeviceSpec> specs;
     for (size_t i = 0; i < capacities.size(); ++i) {
@@ -109,6 +110,61 @@ TEST(EngineDevicesTest, PlacementPrefersJoiningALane) {
   ASSERT_TRUE(*even.Add(1, 1 * G, 1 * G));
   EXPECT_EQ(even.DeviceOf(1), 0u);
   h.CheckSafety();
+}
+
+// Runs every session's iterations back to back, each taking `each`, for `rounds` rounds,
+// finishing every copy the engine asks for at once.
+void RunRounds(DevicesHarness& h, const std::vector<SessionId>& ids, int rounds, Nanos each) {
+  for (int r = 0; r < rounds; ++r) {
+    for (SessionId id : ids) ASSERT_TRUE(h.engine_->RequestIteration(id).ok());
+    for (int pass = 0; pass < 4; ++pass) {
+      for (const mem::Transfer& tr : h.engine_->TakeTransfers()) {
+        ASSERT_TRUE(h.engine_->FinishTransfer(tr, OkStatus(), Nanos(0)).ok());
+      }
+      std::vector<Dispatch> ds = h.engine_->DispatchReady();
+      h.clock_.Advance(each);
+      for (const Dispatch& d : ds) ASSERT_TRUE(h.engine_->Complete(d).ok());
+    }
+    h.CheckSafety();
+  }
+}
+
+// Placement is memory-first, so two sessions that fit one device share it beside an idle one;
+// once they have been resident for a paging quantum, with nothing waiting, the engine moves
+// one (the smaller P) to the device with no session, and no further (Note [Migration]).
+TEST(EngineDevicesTest, ADeviceWithNoSessionTakesOneFromABusyOne) {
+  for (const char* policy : {"srtf", "pack", "fair"}) {
+    SCOPED_TRACE(policy);
+    DevicesHarness h(policy, {10 * G, 10 * G});
+    ASSERT_TRUE(*h.Add(1, 2 * G, 1 * G));
+    ASSERT_TRUE(*h.Add(2, 1 * G, 1 * G));
+    ASSERT_EQ(h.DeviceOf(1), 0u);
+    ASSERT_EQ(h.DeviceOf(2), 0u);  // best fit: beside 1
+    RunRounds(h, {1, 2}, 2, std::chrono::milliseconds(100));
+    EXPECT_EQ(h.engine_->Migrations().started, 0u);  // 0.8 s, within the quantum: no move yet
+    RunRounds(h, {1, 2}, 12, std::chrono::milliseconds(100));
+    EXPECT_EQ(h.DeviceOf(1), 0u);
+    EXPECT_EQ(h.DeviceOf(2), 1u);  // the smaller P moved
+    EXPECT_EQ(h.engine_->Migrations().finished, 1u);
+    RunRounds(h, {1, 2}, 20, std::chrono::milliseconds(100));
+    EXPECT_EQ(h.engine_->Migrations().started, 1u);  // one each: nothing more to spread
+  }
+}
+
+// Pinned sessions stay where their clients put them, and without the engine's own moves
+// nothing spreads.
+TEST(EngineDevicesTest, PinnedSessionsAndNoMovesDoNotSpread) {
+  DevicesHarness pinned("fair", {10 * G, 10 * G});
+  ASSERT_TRUE(*pinned.Add(1, 1 * G, 1 * G, 0));
+  ASSERT_TRUE(*pinned.Add(2, 1 * G, 1 * G, 0));
+  RunRounds(pinned, {1, 2}, 30, std::chrono::milliseconds(100));
+  EXPECT_EQ(pinned.engine_->Migrations().started, 0u);
+  DevicesHarness off("fair", {10 * G, 10 * G}, 1.0, /*defragment=*/false);
+  ASSERT_TRUE(*off.Add(1, 1 * G, 1 * G));
+  ASSERT_TRUE(*off.Add(2, 1 * G, 1 * G));
+  RunRounds(off, {1, 2}, 30, std::chrono::milliseconds(100));
+  EXPECT_EQ(off.engine_->Migrations().started, 0u);
+  EXPECT_EQ(off.DeviceOf(2), 0u);
 }
 
 TEST(EngineDevicesTest, BestFitKeepsTheLargerHoleForALargerJob) {
@@ -577,8 +633,9 @@ TEST(EngineIntrospectionTest, WarmUpIterationsAreNotMeasured) {
 }
 
 // With another device free, unpacking moves one of the pair there, and both run at full speed.
+// (The engine's own moves are off: spreading would move one there first.)
 TEST(EngineIntrospectionTest, UnpackingMovesASessionToAFreeDevice) {
-  DevicesHarness h("pack", {8 * G, 8 * G});
+  DevicesHarness h("pack", {8 * G, 8 * G}, 1.0, /*defragment=*/false);
   ASSERT_TRUE(*h.Add(1, 1 * G, 2 * G));
   ASSERT_TRUE(*h.Add(2, 2 * G, 2 * G));
   ASSERT_EQ(h.DeviceOf(1), 0u);
