@@ -38,6 +38,17 @@ def one_session_per_device(daemon_factory) -> tuple[Daemon, int]:  # noqa: ANN00
     return daemon_factory("--device", "cpu:2", memory=f"{capacity}B", policy="pack"), need
 
 
+def alone_losses(daemon_factory) -> list[list[float]]:  # noqa: ANN001
+    """Jobs 0 and 1 trained one after the other on a one-device daemon."""
+    with salus.connect(daemon_factory().endpoint) as c:
+        out = []
+        for job in range(2):
+            s = create(c, f"ref{job}")
+            out.append(losses(s, job))
+            s.close()
+        return out
+
+
 def metric_lines(daemon: Daemon, name: str) -> list[str]:
     text = urllib.request.urlopen(
         f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
@@ -45,14 +56,7 @@ def metric_lines(daemon: Daemon, name: str) -> list[str]:
 
 
 def test_sessions_spread_over_devices_and_train_as_alone(daemon_factory) -> None:  # noqa: ANN001
-    alone = daemon_factory()
-    expected = []
-    with salus.connect(alone.endpoint) as c:
-        for job in range(2):
-            s = create(c, f"ref{job}")
-            expected.append(losses(s, job))
-            s.close()
-
+    expected = alone_losses(daemon_factory)
     d, _ = one_session_per_device(daemon_factory)
     with salus.connect(d.endpoint) as c:
         a, b = create(c, "a"), create(c, "b")
@@ -143,13 +147,7 @@ def test_bad_device_lists_are_refused_at_startup(device: str) -> None:
 
 
 def test_sessions_packed_on_one_device_spread_to_an_idle_one(daemon_factory) -> None:  # noqa: ANN001
-    alone = daemon_factory()
-    expected = []
-    with salus.connect(alone.endpoint) as c:
-        for job in range(2):
-            s = create(c, f"ref{job}")
-            expected.append(losses(s, job))
-            s.close()
+    expected = alone_losses(daemon_factory)
     d = daemon_factory("--device", "cpu:2", "--paging-quantum-ms", "0", policy="fair")
     with salus.connect(d.endpoint) as c:
         a, b = create(c, "a"), create(c, "b")
