@@ -76,15 +76,20 @@ Status CudaMemoryProvider::FreeHost(std::byte* ptr, uint64_t bytes) {
   return OkStatus();
 }
 
-Status CudaMemoryProvider::Copy(void* dst, const void* src, uint64_t bytes, bool to_host) {
-  if (bytes == 0) return OkStatus();
-  std::lock_guard<std::mutex> lock(copy_mu_);
+int CudaMemoryProvider::PrepareCopyLocked() {
   cudaError_t err = cudaSetDevice(ordinal_);
   if (err == cudaSuccess && copy_stream_ == nullptr) {
     cudaStream_t s = nullptr;
     err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     copy_stream_ = s;
   }
+  return static_cast<int>(err);
+}
+
+Status CudaMemoryProvider::Copy(void* dst, const void* src, uint64_t bytes, bool to_host) {
+  if (bytes == 0) return OkStatus();
+  std::lock_guard<std::mutex> lock(copy_mu_);
+  cudaError_t err = static_cast<cudaError_t>(PrepareCopyLocked());
   const auto stream = static_cast<cudaStream_t>(copy_stream_);
   if (err == cudaSuccess) {
     err = cudaMemcpyAsync(dst, src, bytes,
@@ -105,6 +110,42 @@ Status CudaMemoryProvider::CopyToHost(std::byte* host, const std::byte* device, 
 
 Status CudaMemoryProvider::CopyToDevice(std::byte* device, const std::byte* host, uint64_t bytes) {
   return Copy(device, host, bytes, false);
+}
+
+bool CudaMemoryProvider::CanCopyToPeer(const MemoryProvider& to) const {
+  return dynamic_cast<const CudaMemoryProvider*>(&to) != nullptr;
+}
+
+Status CudaMemoryProvider::CopyToPeer(std::byte* dst, MemoryProvider& to, const std::byte* src,
+                                      uint64_t bytes) {
+  auto* peer = dynamic_cast<CudaMemoryProvider*>(&to);
+  if (peer == nullptr) {
+    return FailedPreconditionError(
+        fmt::format("{} cannot copy into {}'s memory directly", name(), to.name()));
+  }
+  if (bytes == 0) return OkStatus();
+  std::lock_guard<std::mutex> lock(copy_mu_);
+  cudaError_t err = static_cast<cudaError_t>(PrepareCopyLocked());
+  if (err == cudaSuccess && peer->ordinal_ != ordinal_ && !peers_.contains(peer->ordinal_)) {
+    // Once per pair: where the GPUs can reach each other, the copy skips the host.
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, ordinal_, peer->ordinal_) == cudaSuccess && can != 0) {
+      const cudaError_t enabled = cudaDeviceEnablePeerAccess(peer->ordinal_, 0);
+      if (enabled != cudaSuccess) cudaGetLastError();  // already enabled, or refused: staged
+    }
+    peers_.insert(peer->ordinal_);
+  }
+  const auto stream = static_cast<cudaStream_t>(copy_stream_);
+  if (err == cudaSuccess) {
+    err = cudaMemcpyPeerAsync(dst, peer->ordinal_, src, ordinal_, bytes, stream);
+  }
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return InternalError(fmt::format("{}: copying {} to {} failed: {}", name(), FormatBytes(bytes),
+                                     peer->name(), Describe(err)));
+  }
+  return OkStatus();
 }
 
 }  // namespace salus::device

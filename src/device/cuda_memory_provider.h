@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <set>
 
 #include "device/memory_provider.h"
 
@@ -32,16 +33,26 @@ class CudaMemoryProvider final : public MemoryProvider {
   // waits for that stream alone: kernels on the compute streams keep running meanwhile.
   Status CopyToHost(std::byte* host, const std::byte* device, uint64_t bytes) override;
   Status CopyToDevice(std::byte* device, const std::byte* host, uint64_t bytes) override;
+  // Between two GPUs: cudaMemcpyPeerAsync on this provider's copy stream, with peer access
+  // enabled first where the two GPUs support it (the copy then goes over NVLink or PCIe
+  // without the host; the driver stages it through host memory otherwise).
+  bool CanCopyToPeer(const MemoryProvider& to) const override;
+  Status CopyToPeer(std::byte* dst, MemoryProvider& to, const std::byte* src,
+                    uint64_t bytes) override;
   ~CudaMemoryProvider() override;
 
   int ordinal() const { return ordinal_; }
 
  private:
   Status Copy(void* dst, const void* src, uint64_t bytes, bool to_host);
+  // Sets the device on the calling thread and creates the copy stream at the first copy
+  // (held copy_mu_); a CUDA error code, 0 on success.
+  int PrepareCopyLocked();
 
   const int ordinal_;
   std::mutex copy_mu_;           // copies are serialized on the one copy path
   void* copy_stream_ = nullptr;  // cudaStream_t, guarded by copy_mu_
+  std::set<int> peers_;          // GPUs whose memory this one may reach, guarded by copy_mu_
 };
 
 }  // namespace salus::device

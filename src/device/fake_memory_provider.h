@@ -44,6 +44,13 @@ class FakeMemoryProvider final : public MemoryProvider {
   Status FreeHost(std::byte* ptr, uint64_t bytes) override EXCLUDES(mu_);
   Status CopyToHost(std::byte* host, const std::byte* device, uint64_t bytes) override;
   Status CopyToDevice(std::byte* device, const std::byte* host, uint64_t bytes) override;
+  // Between fake devices, as between GPUs: a peer copy, which moves nothing either.
+  bool CanCopyToPeer(const MemoryProvider& to) const override {
+    return dynamic_cast<const FakeMemoryProvider*>(&to) != nullptr;
+  }
+  Status CopyToPeer(std::byte*, MemoryProvider&, const std::byte*, uint64_t) override {
+    return OkStatus();
+  }
 
   uint64_t live_bytes() const EXCLUDES(mu_);
   uint64_t live_host_bytes() const EXCLUDES(mu_);

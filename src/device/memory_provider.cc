@@ -73,6 +73,16 @@ Status MemoryProvider::CopyToDevice(std::byte* device, const std::byte* host, ui
   return OkStatus();
 }
 
+Status MemoryProvider::CopyToPeer(std::byte* dst, MemoryProvider& to, const std::byte* src,
+                                  uint64_t bytes) {
+  if (!CanCopyToPeer(to)) {
+    return FailedPreconditionError(
+        fmt::format("{} cannot copy into {}'s memory directly", name(), to.name()));
+  }
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+  return OkStatus();
+}
+
 StatusOr<std::unique_ptr<MemoryProvider>> CreateMemoryProvider(std::string_view name) {
   if (name == "cpu" || name == "host") {
     return std::unique_ptr<MemoryProvider>(std::make_unique<HostMemoryProvider>());

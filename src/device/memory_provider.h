@@ -53,6 +53,17 @@ class MemoryProvider {
   // FailedPrecondition for memory that is not host-accessible. Thread-safe.
   virtual Status CopyToHost(std::byte* host, const std::byte* device, uint64_t bytes);
   virtual Status CopyToDevice(std::byte* device, const std::byte* host, uint64_t bytes);
+  // Whether CopyToPeer can copy from this provider's memory into `to`'s in one copy.
+  virtual bool CanCopyToPeer(const MemoryProvider& to) const {
+    return host_accessible() && to.host_accessible();
+  }
+  // A blocking copy of `bytes` from this provider's memory at `src` into `to`'s at `dst`, on
+  // the calling thread (a move between devices, Note [Migration] in src/sched/engine.cc). The
+  // default copies with memcpy between host-accessible memories and is FailedPrecondition
+  // otherwise; between GPUs it is a peer copy (direct where the GPUs have peer access, staged
+  // by the driver otherwise). Thread-safe.
+  virtual Status CopyToPeer(std::byte* dst, MemoryProvider& to, const std::byte* src,
+                            uint64_t bytes);
 };
 
 // A provider by the name a configuration uses: "cpu" or "host", "fake", "cuda" (= "cuda:0")

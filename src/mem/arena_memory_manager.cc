@@ -599,7 +599,7 @@ bool ArenaMemoryManager::Pageable(const Session& s) const {
          (lane->second.iteration_session && *lane->second.iteration_session != s.id);
 }
 
-void ArenaMemoryManager::BeginPageOut(Session& s, std::byte* host) {
+void ArenaMemoryManager::BeginPageOut(Session& s, std::byte* host, std::optional<PeerCopy> peer) {
   const uint64_t p = s.req.persistent_bytes;
   const uint64_t offset = s.block_offset;
   RemoveBlock(s);
@@ -622,11 +622,12 @@ void ArenaMemoryManager::BeginPageOut(Session& s, std::byte* host) {
   m.size = p;
   m.host = host;
   m.ready = true;
+  m.peer = peer;
   moving_.emplace(m.id, m);
 }
 
-void ArenaMemoryManager::BeginPageIn(Session& s) {
-  if (s.fresh || s.req.persistent_bytes == 0 || s.host == nullptr) {
+void ArenaMemoryManager::BeginPageIn(Session& s, bool incoming) {
+  if (s.req.persistent_bytes == 0 || (!incoming && (s.fresh || s.host == nullptr))) {
     s.residence = Residence::kResident;
     s.fresh = false;
     if (s.host != nullptr) FreeHost(s.host, s.req.persistent_bytes);
@@ -642,10 +643,13 @@ void ArenaMemoryManager::BeginPageIn(Session& s) {
   m.size = s.req.persistent_bytes;
   m.host = s.host;
   m.ready = !s.block_pending;
+  m.incoming = incoming;
+  m.issued = incoming && m.ready;  // the other manager's copy may write it from now on
   moving_.emplace(m.id, m);
 }
 
-StatusOr<AdmissionEvents> ArenaMemoryManager::PageOut(SessionId session) {
+StatusOr<AdmissionEvents> ArenaMemoryManager::PageOut(SessionId session,
+                                                      std::optional<PeerCopy> to) {
   AdmissionEvents events;
   MutexLock lock(&mu_);
   const auto it = sessions_.find(session);
@@ -659,12 +663,12 @@ StatusOr<AdmissionEvents> ArenaMemoryManager::PageOut(SessionId session) {
         s.residence == Residence::kResident ? " but mid-iteration or not yet placed" : ""));
   }
   std::byte* host = nullptr;
-  if (s.req.persistent_bytes > 0) {
+  if (s.req.persistent_bytes > 0 && !to) {
     auto h = AllocateHost(s.req.persistent_bytes);
     if (!h.ok()) return h.status().WithContext(fmt::format("paging session {} out", session));
     host = *h;
   }
-  BeginPageOut(s, host);
+  BeginPageOut(s, host, to);
   events.admitted = RetryQueue();
   DcheckInvariants();
   return events;
@@ -700,7 +704,31 @@ StatusOr<Emigrant> ArenaMemoryManager::Emigrate(SessionId session) {
   return e;
 }
 
-StatusOr<std::optional<Grant>> ArenaMemoryManager::Immigrate(const Emigrant& emigrant) {
+StatusOr<Emigrant> ArenaMemoryManager::Prospect(SessionId session) const {
+  MutexLock lock(&mu_);
+  const auto it = sessions_.find(session);
+  if (it == sessions_.end()) {
+    return NotFoundError(fmt::format("prospect: session {} is not admitted", session));
+  }
+  Emigrant e;
+  e.session = session;
+  e.req = it->second.req;
+  e.declared = it->second.declared;
+  return e;
+}
+
+std::optional<PeerCopy> ArenaMemoryManager::Incoming(SessionId session) const {
+  MutexLock lock(&mu_);
+  for (const auto& [id, m] : moving_) {
+    if (m.session != session || !m.incoming || m.released) continue;
+    if (!m.ready) return std::nullopt;
+    return PeerCopy{base_ + m.offset, 0, id};
+  }
+  return std::nullopt;
+}
+
+StatusOr<std::optional<Grant>> ArenaMemoryManager::Immigrate(const Emigrant& emigrant,
+                                                             bool incoming) {
   MutexLock lock(&mu_);
   if (sessions_.contains(emigrant.session) ||
       std::any_of(waiting_.begin(), waiting_.end(),
@@ -723,7 +751,7 @@ StatusOr<std::optional<Grant>> ArenaMemoryManager::Immigrate(const Emigrant& emi
       emigrant.host_provider != options_.provider) {
     foreign_host_.emplace(s.host, emigrant.host_provider);
   }
-  BeginPageIn(s);
+  BeginPageIn(s, incoming);
   DcheckInvariants();
   return std::optional<Grant>(g);
 }
@@ -798,9 +826,15 @@ std::vector<Transfer> ArenaMemoryManager::TakeTransfers() {
   MutexLock lock(&mu_);
   std::vector<Transfer> out;
   for (auto& [id, m] : moving_) {
-    if (!m.ready || m.issued) continue;
+    if (!m.ready || m.issued || m.incoming) continue;
     m.issued = true;
-    out.push_back(Transfer{id, m.session, m.to_host, base_ + m.offset, m.host, m.size});
+    Transfer t{id, m.session, m.to_host, base_ + m.offset, m.host, m.size};
+    if (m.peer) {
+      t.peer = m.peer->address;
+      t.peer_device = m.peer->device;
+      t.peer_transfer = m.peer->transfer;
+    }
+    out.push_back(t);
   }
   return out;
 }
@@ -817,7 +851,7 @@ StatusOr<AdmissionEvents> ArenaMemoryManager::FinishTransfer(uint64_t transfer,
     const Moving m = it->second;
     moving_.erase(it);
     if (m.released) {
-      FreeHost(m.host, m.size);
+      if (m.host != nullptr) FreeHost(m.host, m.size);
     } else {
       Session& s = sessions_.at(m.session);
       if (m.to_host) {
@@ -825,7 +859,7 @@ StatusOr<AdmissionEvents> ArenaMemoryManager::FinishTransfer(uint64_t transfer,
         ++page_outs_;
         paged_out_bytes_ += m.size;
       } else {
-        FreeHost(s.host, m.size);
+        if (s.host != nullptr) FreeHost(s.host, m.size);
         s.host = nullptr;
         s.residence = Residence::kResident;
         ++page_ins_;

@@ -66,9 +66,13 @@ class ArenaMemoryManager final : public MemoryManager {
   ArenaSnapshot Snapshot() const override EXCLUDES(mu_);
   AdmissionPreview Preview(const Requirement& req,
                            std::span<const SessionId> page_out = {}) const override EXCLUDES(mu_);
-  StatusOr<AdmissionEvents> PageOut(SessionId session) override EXCLUDES(mu_);
+  StatusOr<AdmissionEvents> PageOut(SessionId session, std::optional<PeerCopy> to) override
+      EXCLUDES(mu_);
   StatusOr<Emigrant> Emigrate(SessionId session) override EXCLUDES(mu_);
-  StatusOr<std::optional<Grant>> Immigrate(const Emigrant& emigrant) override EXCLUDES(mu_);
+  StatusOr<Emigrant> Prospect(SessionId session) const override EXCLUDES(mu_);
+  StatusOr<std::optional<Grant>> Immigrate(const Emigrant& emigrant, bool incoming) override
+      EXCLUDES(mu_);
+  std::optional<PeerCopy> Incoming(SessionId session) const override EXCLUDES(mu_);
   device::MemoryProvider& provider() const override { return *options_.provider; }
   double overcommit() const override { return options_.overcommit; }
 
@@ -99,6 +103,10 @@ class ArenaMemoryManager final : public MemoryManager {
     bool ready = false;     // may run: (page-in) its block is placed
     bool issued = false;    // handed out by TakeTransfers
     bool released = false;  // its session was released meanwhile
+    // A page-in whose copy another manager runs (Immigrate incoming): never handed out here;
+    // issued once its block is placed.
+    bool incoming = false;
+    std::optional<PeerCopy> peer;  // a page-out straight into another manager's block
   };
 
   struct Lane {
@@ -181,10 +189,11 @@ class ArenaMemoryManager final : public MemoryManager {
   // Places `s`'s block and puts it in a lane as `d` says (admission or page-in).
   void Enter(Session& s, const AdmissionDecision& d) REQUIRES(mu_);
   // Begins paging resident `s` out (its lane left, its block copied to `host`).
-  void BeginPageOut(Session& s, std::byte* host) REQUIRES(mu_);
+  void BeginPageOut(Session& s, std::byte* host, std::optional<PeerCopy> peer = std::nullopt)
+      REQUIRES(mu_);
   // Makes `s`, just placed in the region and a lane, resident: at once when it has nothing to
-  // copy in, else paging in from s.host.
-  void BeginPageIn(Session& s) REQUIRES(mu_);
+  // copy in, else paging in from s.host (or, `incoming`, by another manager's peer copy).
+  void BeginPageIn(Session& s, bool incoming = false) REQUIRES(mu_);
   bool Pageable(const Session& s) const REQUIRES(mu_);
   // Takes `s`'s block out of the region; its range stays in use while `busy_until_lane` (a
   // lane mid-iteration) or a copy needs it.

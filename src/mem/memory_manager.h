@@ -125,14 +125,29 @@ std::string_view ResidenceName(Residence r);  // "resident", "paging out", ...
 
 // One copy of a persistent block between the arena and host memory, for the caller to run
 // (device::MemoryProvider::CopyToHost / CopyToDevice) and report with FinishTransfer.
+// A move's copy goes straight into the target's block instead (`peer` set: one copy, run with
+// device::MemoryProvider::CopyToPeer, Note [Migration] in src/sched/engine.cc).
 struct Transfer {
   uint64_t id = 0;  // unique within its manager
   SessionId session = 0;
   bool to_host = true;  // page-out; false: page-in
   std::byte* device = nullptr;
-  std::byte* host = nullptr;
+  std::byte* host = nullptr;  // null for a peer copy
   uint64_t bytes = 0;
   size_t device_index = 0;  // its manager's index among an engine's devices (set by the engine)
+  // A peer copy (to_host): the block it fills in device `peer_device`'s arena, whose manager
+  // finishes its incoming transfer `peer_transfer` when this copy ends.
+  std::byte* peer = nullptr;
+  size_t peer_device = 0;
+  uint64_t peer_transfer = 0;
+};
+
+// Where a session arriving by a peer copy lands (MemoryManager::Incoming): its block's
+// address and the transfer id its manager finishes when the copy ends.
+struct PeerCopy {
+  std::byte* address = nullptr;
+  size_t device = 0;  // the engine's index of that manager (set by the engine)
+  uint64_t transfer = 0;
 };
 
 // What one call did to sessions waiting for admission: those it admitted, in queue order,
@@ -309,13 +324,24 @@ class MemoryManager {
   // Starts paging a resident session out with no session paged in (between its iterations;
   // FAILED_PRECONDITION otherwise, NOT_FOUND for a session not admitted); its copy is a
   // Transfer. Waiting sessions admitted into the room it leaves are in the events.
-  virtual StatusOr<AdmissionEvents> PageOut(SessionId session) = 0;
+  // With `to`, the copy goes straight into another manager's block (a peer Transfer, no host
+  // memory): the session's state arrives there as it leaves here.
+  virtual StatusOr<AdmissionEvents> PageOut(SessionId session,
+                                            std::optional<PeerCopy> to = std::nullopt) = 0;
   // A paged-out session (its copy out finished) leaves this manager with its host memory.
   virtual StatusOr<Emigrant> Emigrate(SessionId session) = 0;
+  // What Emigrate would hand on for a resident session (its requirements; no host memory),
+  // changing nothing: what a peer move Immigrates with. NOT_FOUND for a session not admitted.
+  virtual StatusOr<Emigrant> Prospect(SessionId session) const = 0;
   // Admits a session that left another manager, resident now, and queues the copy of its
   // state in (a Transfer; until it ends the session is kPagingIn). nullopt, and nothing
-  // changes, when the rule does not admit it now; ALREADY_EXISTS for a live id.
-  virtual StatusOr<std::optional<Grant>> Immigrate(const Emigrant& emigrant) = 0;
+  // changes, when the rule does not admit it now; ALREADY_EXISTS for a live id. `incoming`:
+  // its state arrives by a peer copy the other manager runs (Incoming says where) instead.
+  virtual StatusOr<std::optional<Grant>> Immigrate(const Emigrant& emigrant,
+                                                   bool incoming = false) = 0;
+  // An incoming session's block and transfer, once its block is placed (nullopt while it
+  // waits for its range, or for a session not incoming). Its FinishTransfer ends the copy.
+  virtual std::optional<PeerCopy> Incoming(SessionId session) const = 0;
   virtual device::MemoryProvider& provider() const = 0;
   virtual double overcommit() const = 0;
 };

@@ -60,19 +60,26 @@ namespace salus::sched {
 // one device every session goes to its manager exactly as before placement existed.
 
 // Note [Migration]
-// Between its iterations a session can move to another device: the engine pages it out of
-// its device's arena to host memory (MemoryManager::PageOut, a Transfer on the copy path),
-// and when that copy ends it leaves that manager (Emigrate) and enters the target's, resident
-// (Immigrate), its state copied in by a second Transfer; it runs there once that copy ends.
-// Through host memory, two copies of P, on each device's own copy path (between GPUs too: the
-// pinned host memory one GPU's provider pages out to is usable by every GPU). Meanwhile it is
-// paged out, with a reason naming its target. If the target has lost its room by the time the copy
-// out ends, the move is undone: the session stays paged out on its own device and pages back
-// in there when it runs (so paged-out sessions are paged in even without overcommit). Only
-// devices whose memory is of one kind (MemoryProvider::kind: the CPU devices, or the GPUs)
-// exchange sessions; host memory one provider allocated goes back to it (Immigrate). A model
-// session that lands on another GPU is compiled for it before its next iteration there
-// (server/model_runtime.h).
+// Between its iterations a session can move to another device. Where the two providers copy
+// into each other (MemoryProvider::CanCopyToPeer: two CPU devices, two GPUs), it takes one
+// copy: the target admits it resident at once (Immigrate, incoming: its block placed and in a
+// lane, kPagingIn), the source pages it out straight into that block (PageOut with a PeerCopy:
+// one Transfer on the source's copy path, MemoryProvider::CopyToPeer; between GPUs a peer copy,
+// direct over NVLink or PCIe where they have peer access), and when that copy ends the
+// target's incoming transfer ends with it and the session leaves the source (Emigrate, with
+// nothing in host memory). It belongs to the target from the start (copying, with a reason
+// naming its source), and both blocks count until the copy ends. Where the target's block
+// cannot be placed at once (its range is busy), or peer moves are off (Options::peer_moves),
+// the move goes through host memory instead, in two copies: the engine pages it out to host
+// memory (PageOut), and when that copy ends it leaves that manager (Emigrate) and enters the
+// target's, resident (Immigrate), its state copied in by a second Transfer; it runs there once
+// that copy ends. Meanwhile it is paged out, with a reason naming its target. If the target
+// has lost its room by the time the copy out ends, the move is undone: the session stays
+// paged out on its own device and pages back in there when it runs (so paged-out sessions are
+// paged in even without overcommit). Only devices whose memory is of one kind
+// (MemoryProvider::kind: the CPU devices, or the GPUs) exchange sessions; host memory one
+// provider allocated goes back to it (Immigrate). A model session that lands on another GPU
+// is compiled for it before its next iteration there (server/model_runtime.h).
 //
 // The engine moves sessions by itself for two reasons. Spreading: when nothing waits, a device
 // holds no session, and another holds two or more (placement is memory-first, so light load
@@ -150,7 +157,8 @@ Engine::Engine(Options options)
       paging_quantum_(options.paging_quantum),
       page_out_idle_(options.page_out_idle),
       introspection_(policy_->introspection()),
-      defragment_(options.defragment) {}
+      defragment_(options.defragment),
+      peer_moves_(options.peer_moves) {}
 
 Engine::~Engine() = default;
 
@@ -368,7 +376,7 @@ void Engine::ApplyEventsLocked(size_t device, mem::AdmissionEvents events, Notic
     // Its admission failed, or (paging) its state was lost and the memory released it.
     SessionRec& s = it->second;
     const LaneId lane = s.lane;
-    if (s.migrate_to) --migrations_in_flight_;
+    if (s.migrate_to || s.moving_from) --migrations_in_flight_;
     ForgetPairsLocked(s);
     if (s.state != SessionState::kWaiting) DetachLocked(s);
     sessions_.erase(it);
@@ -516,8 +524,93 @@ std::optional<size_t> Engine::TargetLocked(const mem::Requirement& req, size_t e
   return best;
 }
 
+StatusOr<bool> Engine::MoveByPeerLocked(SessionRec& s, size_t to, const std::string& why,
+                                        Notices* notices) {
+  const size_t from = s.device;
+  mem::MemoryManager& target = *devices_[to].memory;
+  SALUS_ASSIGN_OR_RETURN(mem::Emigrant e, MemoryOf(s).Prospect(s.id));
+  SALUS_ASSIGN_OR_RETURN(std::optional<mem::Grant> grant, target.Immigrate(e, /*incoming=*/true));
+  if (!grant) return false;
+  auto undo = [&] {
+    auto undone = target.Release(s.id);
+    if (undone.ok()) ApplyEventsLocked(to, std::move(*undone), notices);
+  };
+  std::optional<mem::PeerCopy> dst = target.Incoming(s.id);
+  if (!dst) {  // its block waits for its range
+    undo();
+    return false;
+  }
+  dst->device = to;
+  auto out = MemoryOf(s).PageOut(s.id, *dst);
+  if (!out.ok()) {
+    undo();
+    return out.status();
+  }
+  const LaneId lane = s.lane;
+  DetachLocked(s);
+  s.lane = 0;
+  LeaveLaneLocked(s.id, lane);
+  const Nanos now = clock_->Now();
+  s.device = to;
+  s.moving_from = from;
+  s.state = SessionState::kAdmitted;
+  s.copying = true;
+  s.reason =
+      fmt::format("moving from {}{}: its state is being copied in", devices_[from].name, why);
+  s.resident_since = now;
+  s.iterations_at_resident = s.iterations_done;
+  s.migrations++;
+  JoinLaneLocked(s, grant->lane);
+  migration_stats_.started++;
+  ++migrations_in_flight_;
+  logging::Event("sched", "migrating",
+                 {{"session", s.id},
+                  {"from", devices_[from].name},
+                  {"to", devices_[to].name},
+                  {"why", why},
+                  {"copy", "peer"}});
+  ApplyEventsLocked(from, std::move(*out), notices);
+  RetryUnplacedLocked(notices);
+  return true;
+}
+
+void Engine::FinishPeerMoveLocked(const mem::Transfer& t, const Status& copy, Notices* notices) {
+  // The target's incoming transfer ends with the copy (a failed copy loses the session
+  // there, and that is reported once, from there); the session then leaves the source, where
+  // it is paged out with nothing in host memory.
+  auto in = devices_[t.peer_device].memory->FinishTransfer(t.peer_transfer, copy);
+  if (in.ok()) {
+    ApplyEventsLocked(t.peer_device, std::move(*in), notices);
+  } else {
+    logging::Get("sched")->error("session {}: incoming transfer {} on {}: {}", t.session,
+                                 t.peer_transfer, devices_[t.peer_device].name,
+                                 in.status().ToString());
+  }
+  auto left = devices_[t.device_index].memory->Emigrate(t.session);
+  if (left.ok()) ApplyEventsLocked(t.device_index, std::move(left->events), notices);
+  auto it = sessions_.find(t.session);
+  if (it == sessions_.end() || !it->second.moving_from) return;  // released or lost meanwhile
+  SessionRec& s = it->second;
+  s.moving_from.reset();
+  --migrations_in_flight_;
+  s.copying = false;
+  s.reason.clear();
+  migration_stats_.finished++;
+  logging::Event("sched", "migrated",
+                 {{"session", s.id},
+                  {"from", devices_[t.device_index].name},
+                  {"to", devices_[s.device].name},
+                  {"copy", "peer"}});
+  RefreshViewLocked(s);
+}
+
 Status Engine::MigrateLocked(SessionRec& s, size_t to, const std::string& why, Notices* notices) {
   const size_t from = s.device;
+  if (peer_moves_ && s.spec.requirement.persistent_bytes > 0 &&
+      MemoryOf(s).provider().CanCopyToPeer(devices_[to].memory->provider())) {
+    SALUS_ASSIGN_OR_RETURN(const bool moved, MoveByPeerLocked(s, to, why, notices));
+    if (moved) return OkStatus();
+  }
   SALUS_ASSIGN_OR_RETURN(mem::AdmissionEvents events, MemoryOf(s).PageOut(s.id));
   const LaneId lane = s.lane;
   DetachLocked(s);
@@ -885,14 +978,19 @@ MigrationStats Engine::Migrations() const {
 
 Status Engine::ReleaseLocked(SessionId id, Notices* notices) {
   SessionRec& s = sessions_.at(id);
-  if (s.migrate_to) --migrations_in_flight_;
+  if (s.migrate_to || s.moving_from) --migrations_in_flight_;
   ForgetPairsLocked(s);
   const LaneId lane = s.lane;
   const size_t device = s.device;
+  const std::optional<size_t> source = s.moving_from;
   DetachLocked(s);
   sessions_.erase(id);
   paged_out_.erase(id);
   if (lane != 0) LeaveLaneLocked(id, lane);
+  if (source) {  // a peer copy is moving it: it is still paging out there
+    auto left = devices_[*source].memory->Release(id);
+    if (left.ok()) ApplyEventsLocked(*source, std::move(*left), notices);
+  }
   auto events = devices_[device].memory->Release(id);
   if (!events.ok()) return events.status();
   ApplyEventsLocked(device, std::move(*events), notices);
@@ -1435,15 +1533,23 @@ Status Engine::FinishTransfer(const mem::Transfer& t, const Status& copy, Nanos 
     if (t.device_index >= devices_.size()) {
       return InvalidArgumentError(fmt::format("transfer {}: no device {}", t.id, t.device_index));
     }
-    auto events = devices_[t.device_index].memory->FinishTransfer(t.id, copy);
+    // A peer copy's loss is the target's to report (FinishPeerMoveLocked): for the source the
+    // block is done with either way.
+    const bool peer = t.peer != nullptr;
+    if (peer && t.peer_device >= devices_.size()) {
+      return InvalidArgumentError(
+          fmt::format("transfer {}: no peer device {}", t.id, t.peer_device));
+    }
+    auto events = devices_[t.device_index].memory->FinishTransfer(t.id, peer ? OkStatus() : copy);
     st = events.status();
     if (st.ok()) {
       paging_stats_.copies++;
       paging_stats_.copied_bytes += t.bytes;
       paging_stats_.copy_time += took;
+      if (peer) FinishPeerMoveLocked(t, copy, &notices);
     }
     auto it = sessions_.find(t.session);
-    if (st.ok() && it != sessions_.end()) {
+    if (st.ok() && !peer && it != sessions_.end()) {
       SessionRec& s = it->second;
       s.copying = false;
       if (s.migrate_to && t.to_host) {

@@ -199,6 +199,10 @@ class Engine {
     // waiting ones in or to a device with no session (Migrate and introspective packing move
     // them regardless).
     bool defragment = true;
+    // Note [Migration]: moves between devices whose providers copy into each other directly
+    // (MemoryProvider::CanCopyToPeer: CPU devices, GPUs) take one peer copy; off, every move
+    // goes through host memory (two copies).
+    bool peer_moves = true;
     // A session that waited was admitted, or gave up (DEADLINE_EXCEEDED). Called without the
     // engine's lock, on the thread whose call caused it.
     std::function<void(SessionId, LaneId)> on_admitted;
@@ -292,6 +296,8 @@ class Engine {
     uint64_t page_outs = 0;
     uint64_t granted_ephemeral = 0;
     std::optional<size_t> migrate_to;  // Note [Migration]: its copy out is moving it there
+    // Note [Migration]: a peer copy from this device is filling its block here.
+    std::optional<size_t> moving_from;
     uint64_t migrations = 0;
     // Note [Introspective packing]: its iteration time with no other lane of its device
     // running (EWMA, < 0 until measured), and the sessions it has a pair record with.
@@ -359,6 +365,13 @@ class Engine {
   // What the session holds: P and the E it was granted.
   static mem::Requirement HeldLocked(const SessionRec& s);
   Status MigrateLocked(SessionRec& s, size_t to, const std::string& why, Notices* notices)
+      REQUIRES(mu_);
+  // Note [Migration]: the move in one peer copy; false, with nothing changed, where the
+  // target's block cannot be placed at once (the move then goes through host memory).
+  StatusOr<bool> MoveByPeerLocked(SessionRec& s, size_t to, const std::string& why,
+                                  Notices* notices) REQUIRES(mu_);
+  // The peer copy `t` of a move ended with `copy`.
+  void FinishPeerMoveLocked(const mem::Transfer& t, const Status& copy, Notices* notices)
       REQUIRES(mu_);
   void FinishMigrationLocked(SessionRec& s, Nanos now, Notices* notices) REQUIRES(mu_);
   // Note [Migration]: moves one session when that lets a waiting session in, or, when nothing
@@ -442,6 +455,7 @@ class Engine {
   MigrationStats migration_stats_ GUARDED_BY(mu_);
   const IntrospectionOptions introspection_;
   const bool defragment_;
+  const bool peer_moves_;
   std::map<PairKey, PairRec> pairs_ GUARDED_BY(mu_);
   IntrospectionStats introspection_stats_ GUARDED_BY(mu_);
   size_t migrations_in_flight_ GUARDED_BY(mu_) = 0;

@@ -46,8 +46,9 @@
 // sched/engine.cc) and unpacking (Note [Introspective packing]) jobs as in the daemon. Each
 // device has its own compute and its own copy path: the compute model above applies per
 // device (the utilization of the iterations running on it), and a device's paging and swap
-// copies queue on its own path; a move's copy out runs on the source's path and its copy in
-// on the target's. `interference` slows each iteration by a further factor of
+// copies queue on its own path; a move is one peer copy on the source's path (fake devices
+// copy into each other as GPUs do), or, through host memory, a copy out on the source's path
+// and a copy in on the target's. `interference` slows each iteration by a further factor of
 // 1 + interference × (k − 1) while k run on its device, the cache and bandwidth contention
 // that makes packed compute-bound jobs lose on real devices and that introspective packing
 // detects. With one device and no interference the replay is the one before devices existed.

@@ -23,10 +23,11 @@ constexpr uint64_t G = kGiB;
 class DevicesHarness {
  public:
   DevicesHarness(std::string_view policy, std::vector<uint64_t> capacities, double overcommit = 1.0,
-                 bool defragment = true) {
+                 bool defragment = true, bool peer_moves = true) {
     Engine::Options o;
     o.clock = &clock_;
     o.defragment = defragment;
+    o.peer_moves = peer_moves;
     o.policy = std::move(*CreatePolicy(policy));
     std::vector<DeviceSpec> specs;
     for (size_t i = 0; i < capacities.size(); ++i) {
@@ -266,9 +267,10 @@ TEST(EngineDevicesTest, DispatchesNameTheirDevice) {
 TEST(EngineDevicesTest, RandomLoadKeepsEveryDeviceSafe) {
   uint64_t moves = 0;
   for (const char* policy : {"fifo", "srtf", "pack", "fair"}) {
-    for (const double overcommit : {1.0, 1.5}) {
-      SCOPED_TRACE(std::string(policy) + " overcommit " + std::to_string(overcommit));
-      DevicesHarness h(policy, {4 * G, 6 * G, 8 * G}, overcommit);
+    for (const auto& [overcommit, peer] : {std::pair{1.0, true}, {1.5, true}, {1.0, false}}) {
+      SCOPED_TRACE(std::string(policy) + " overcommit " + std::to_string(overcommit) +
+                   (peer ? ", peer moves" : ", moves through host memory"));
+      DevicesHarness h(policy, {4 * G, 6 * G, 8 * G}, overcommit, true, peer);
       std::mt19937_64 rng(7);
       std::map<SessionId, int> left;  // iterations left, for admitted sessions
       std::set<SessionId> live;
@@ -364,8 +366,10 @@ int RunCopies(Engine& engine) {
   for (auto ts = engine.TakeTransfers(); !ts.empty(); ts = engine.TakeTransfers()) {
     for (const mem::Transfer& t : ts) {
       device::MemoryProvider& p = engine.provider(t.device_index);
-      const Status copy = t.to_host ? p.CopyToHost(t.host, t.device, t.bytes)
-                                    : p.CopyToDevice(t.device, t.host, t.bytes);
+      const Status copy = t.peer != nullptr ? p.CopyToPeer(t.peer, engine.provider(t.peer_device),
+                                                           t.device, t.bytes)
+                          : t.to_host       ? p.CopyToHost(t.host, t.device, t.bytes)
+                                            : p.CopyToDevice(t.device, t.host, t.bytes);
       EXPECT_TRUE(copy.ok()) << copy;
       EXPECT_TRUE(engine.FinishTransfer(t, copy, seconds(0)).ok());
       ++n;
@@ -375,11 +379,22 @@ int RunCopies(Engine& engine) {
 }
 
 // A moved session's persistent state arrives byte for byte in the other device's arena, and it
-// runs there.
+// runs there: by one peer copy into the target's block (host arenas copy into each other), or,
+// with peer moves off, through host memory (out, then in).
+void MoveKeepsState(bool peer);
+
 TEST(EngineMigrationTest, AMovedSessionKeepsItsStateAndRunsOnTheTarget) {
+  for (const bool peer : {true, false}) {
+    SCOPED_TRACE(peer ? "peer copy" : "through host memory");
+    MoveKeepsState(peer);
+  }
+}
+
+void MoveKeepsState(bool peer) {
   ManualClock clock;
   Engine::Options o;
   o.clock = &clock;
+  o.peer_moves = peer;
   o.policy = std::move(*CreatePolicy("fair"));
   auto a = std::move(*device::CreateMemoryProvider("host"));
   auto b = std::move(*device::CreateMemoryProvider("host"));
@@ -403,16 +418,27 @@ TEST(EngineMigrationTest, AMovedSessionKeepsItsStateAndRunsOnTheTarget) {
   EXPECT_EQ(engine->Migrate(1, 2).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(engine->Migrate(1, 1).ok());
   SessionInfo info = *engine->Session(1);
-  EXPECT_EQ(info.state, SessionState::kPagedOut);
-  EXPECT_EQ(info.migrating_to, 1u);
-  EXPECT_NE(info.reason.find("cpu:1"), std::string::npos) << info.reason;
+  if (peer) {  // placed on the target at once, its block filled from the source's
+    EXPECT_EQ(info.state, SessionState::kAdmitted);
+    EXPECT_EQ(info.device, 1u);
+    EXPECT_TRUE(info.copying);
+    EXPECT_NE(info.reason.find("from cpu:0"), std::string::npos) << info.reason;
+    EXPECT_GT(engine->memory(1).CommittedBytes(), 0u);
+  } else {
+    EXPECT_EQ(info.state, SessionState::kPagedOut);
+    EXPECT_EQ(info.migrating_to, 1u);
+    EXPECT_NE(info.reason.find("cpu:1"), std::string::npos) << info.reason;
+  }
   EXPECT_EQ(engine->memory(0).CommittedBytes(), 0u);
+  // Mid-move it neither moves again nor runs.
+  EXPECT_EQ(engine->Migrate(1, 0).code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE(engine->RequestIteration(1).ok());
   EXPECT_TRUE(engine->DispatchReady().empty());  // its state is on its way
-  EXPECT_EQ(RunCopies(*engine), 2);              // out of cpu:0, into cpu:1
+  EXPECT_EQ(RunCopies(*engine), peer ? 1 : 2);   // one into cpu:1, or out of cpu:0 and in
   info = *engine->Session(1);
   EXPECT_EQ(info.device, 1u);
   EXPECT_EQ(info.state, SessionState::kAdmitted);
+  EXPECT_FALSE(info.copying);
   EXPECT_EQ(info.migrations, 1u);
   EXPECT_FALSE(info.migrating_to.has_value());
   ds = engine->DispatchReady();
@@ -428,6 +454,87 @@ TEST(EngineMigrationTest, AMovedSessionKeepsItsStateAndRunsOnTheTarget) {
   EXPECT_TRUE(engine->memory(1).CheckInvariants().ok());
 }
 
+// Two host devices and a session of `p` bytes on device 0, between iterations, for the peer
+// move tests.
+struct PeerMove {
+  PeerMove() {
+    Engine::Options o;
+    o.clock = &clock;
+    o.policy = std::move(*CreatePolicy("fair"));
+    for (int i = 0; i < 2; ++i)
+      providers.push_back(std::move(*device::CreateMemoryProvider("host")));
+    o.devices = std::move(*MakeDevices(
+        *o.policy, &clock,
+        {{"cpu:0", providers[0].get(), 8 * kMiB}, {"cpu:1", providers[1].get(), 8 * kMiB}}));
+    o.on_admission_failed = [this](SessionId id, const Status& st) { failed.emplace_back(id, st); };
+    engine = std::move(*Engine::Create(std::move(o)));
+    SessionSpec spec;
+    spec.requirement = {2 * kMiB, 1 * kMiB};
+    EXPECT_TRUE(*engine->AddSession(1, spec));
+  }
+  void CheckBoth() const {
+    for (size_t d = 0; d < 2; ++d) {
+      const Status st = engine->memory(d).CheckInvariants();
+      EXPECT_TRUE(st.ok()) << "device " << d << ": " << st;
+    }
+  }
+  ManualClock clock;
+  std::vector<std::unique_ptr<device::MemoryProvider>> providers;
+  std::unique_ptr<Engine> engine;
+  std::vector<std::pair<SessionId, Status>> failed;
+};
+
+// Closed while its peer copy is in flight: both devices let it go, the copy still ends (its
+// ranges stay in use until then), and both arenas are empty afterwards.
+TEST(EngineMigrationTest, ASessionClosedMidPeerMoveLeavesBothDevices) {
+  PeerMove m;
+  ASSERT_TRUE(m.engine->Migrate(1, 1).ok());
+  std::vector<mem::Transfer> ts = m.engine->TakeTransfers();
+  ASSERT_EQ(ts.size(), 1u);
+  ASSERT_NE(ts[0].peer, nullptr);
+  ASSERT_TRUE(m.engine->RemoveSession(1).ok());
+  m.CheckBoth();
+  device::MemoryProvider& p = m.engine->provider(0);
+  ASSERT_TRUE(p.CopyToPeer(ts[0].peer, m.engine->provider(1), ts[0].device, ts[0].bytes).ok());
+  ASSERT_TRUE(m.engine->FinishTransfer(ts[0], OkStatus(), seconds(0)).ok());
+  EXPECT_TRUE(m.engine->TakeTransfers().empty());
+  EXPECT_EQ(m.engine->memory(0).CommittedBytes(), 0u);
+  EXPECT_EQ(m.engine->memory(1).CommittedBytes(), 0u);
+  EXPECT_TRUE(m.engine->Sessions().empty());
+  EXPECT_TRUE(m.failed.empty());
+  m.CheckBoth();
+}
+
+// A peer copy that fails loses the session's state: it is failed once (INTERNAL), on neither
+// device afterwards.
+TEST(EngineMigrationTest, AFailedPeerCopyFailsTheSessionOnce) {
+  PeerMove m;
+  ASSERT_TRUE(m.engine->Migrate(1, 1).ok());
+  std::vector<mem::Transfer> ts = m.engine->TakeTransfers();
+  ASSERT_EQ(ts.size(), 1u);
+  ASSERT_TRUE(
+      m.engine->FinishTransfer(ts[0], InternalError("the link went down"), seconds(0)).ok());
+  ASSERT_EQ(m.failed.size(), 1u);
+  EXPECT_EQ(m.failed[0].first, 1u);
+  EXPECT_EQ(m.failed[0].second.code(), StatusCode::kInternal);
+  EXPECT_NE(m.failed[0].second.message().find("link went down"), std::string::npos)
+      << m.failed[0].second;
+  EXPECT_FALSE(m.engine->Session(1).ok());
+  EXPECT_EQ(m.engine->memory(0).CommittedBytes(), 0u);
+  EXPECT_EQ(m.engine->memory(1).CommittedBytes(), 0u);
+  EXPECT_EQ(m.engine->Migrations().finished, 0u);
+  m.CheckBoth();
+  // Later moves work.
+  SessionSpec spec;
+  spec.requirement = {1 * kMiB, 1 * kMiB};
+  ASSERT_TRUE(*m.engine->AddSession(2, spec));
+  ASSERT_TRUE(m.engine->Migrate(2, 1).ok());
+  EXPECT_EQ(RunCopies(*m.engine), 1);
+  EXPECT_EQ(m.engine->Session(2)->device, 1u);
+  EXPECT_EQ(m.engine->Migrations().finished, 1u);
+  m.CheckBoth();
+}
+
 // A waiting session that would fit a device once an idle session left it: the engine moves
 // that session to a device with room (after the paging quantum), and admits the waiting one.
 TEST(EngineMigrationTest, DefragmentingMoveAdmitsAWaitingSession) {
@@ -441,11 +548,12 @@ TEST(EngineMigrationTest, DefragmentingMoveAdmitsAWaitingSession) {
   h.clock_.Advance(seconds(1));
   EXPECT_TRUE(h.engine_->DispatchReady().empty());
   EXPECT_EQ(h.engine_->Migrations().started, 1u);
-  EXPECT_EQ(h.engine_->Session(1)->migrating_to, 1u);
+  EXPECT_EQ(h.DeviceOf(1), 1u);  // a peer move: on the target at once, its state copying in
+  EXPECT_TRUE(h.engine_->Session(1)->copying);
   EXPECT_EQ(h.admitted_later_, (std::vector<SessionId>{3}));  // into the room 1 left
   EXPECT_EQ(h.DeviceOf(3), 0u);
-  EXPECT_EQ(RunCopies(*h.engine_), 2);
-  EXPECT_EQ(h.DeviceOf(1), 1u);
+  EXPECT_EQ(RunCopies(*h.engine_), 1);
+  EXPECT_FALSE(h.engine_->Session(1)->copying);
   EXPECT_EQ(h.engine_->Migrations().finished, 1u);
   EXPECT_EQ(h.DeviceOf(2), 1u);
   h.CheckSafety();
@@ -471,10 +579,11 @@ TEST(EngineMigrationTest, PinnedSessionsAreNotMoved) {
   EXPECT_EQ(h.engine_->Session(3)->state, SessionState::kWaiting);
 }
 
-// The target lost its room while the copy out ran: the move is undone, and the session pages
-// back in on its own device when it runs (no overcommit needed).
+// Through host memory, the target lost its room while the copy out ran: the move is undone,
+// and the session pages back in on its own device when it runs (no overcommit needed). (A
+// peer move holds the target's room from its start.)
 TEST(EngineMigrationTest, AMoveWhoseTargetFilledUpIsUndone) {
-  DevicesHarness h("fair", {4 * G, 4 * G});
+  DevicesHarness h("fair", {4 * G, 4 * G}, 1.0, true, /*peer_moves=*/false);
   ASSERT_TRUE(*h.Add(1, 2 * G, 1 * G, 0));
   ASSERT_TRUE(h.engine_->Migrate(1, 1).ok());
   ASSERT_TRUE(*h.Add(2, 2 * G, 1 * G, 1));  // takes device 1's room meanwhile
