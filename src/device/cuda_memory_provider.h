@@ -52,7 +52,7 @@ class CudaMemoryProvider final : public MemoryProvider {
   const int ordinal_;
   std::mutex copy_mu_;           // copies are serialized on the one copy path
   void* copy_stream_ = nullptr;  // cudaStream_t, guarded by copy_mu_
-  std::set<int> peers_;          // GPUs whose memory this one may reach, guarded by copy_mu_
+  std::set<int> peers_;  // GPUs whose peer access was set up (or found absent), guarded by copy_mu_
 };
 
 }  // namespace salus::device

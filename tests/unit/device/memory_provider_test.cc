@@ -85,6 +85,34 @@ TEST(FakeMemoryProviderTest, DeviceSizeLimitsLiveBytes) {
   EXPECT_TRUE(fake.Allocate(8 * kGiB).ok());
 }
 
+// Moves between CPU devices copy one host arena into the other (Note [Migration]); the fake
+// devices copy into each other as GPUs do, moving nothing; host and fake memory do not mix.
+TEST(MemoryProviderTest, PeerCopies) {
+  auto a = CreateMemoryProvider("host");
+  auto b = CreateMemoryProvider("host");
+  auto fake = CreateMemoryProvider("fake");
+  ASSERT_TRUE(a.ok() && b.ok() && fake.ok());
+  EXPECT_EQ((*a)->kind(), "host");
+  EXPECT_EQ((*fake)->kind(), "fake");
+  auto src = (*a)->Allocate(kMiB);
+  auto dst = (*b)->Allocate(kMiB);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  for (uint64_t i = 0; i < kMiB; ++i) (*src)[i] = static_cast<std::byte>(i * 31 + 7);
+  ASSERT_TRUE((*a)->CanCopyToPeer(**b));
+  ASSERT_TRUE((*a)->CopyToPeer(*dst, **b, *src, kMiB).ok());
+  EXPECT_EQ(std::memcmp(*src, *dst, kMiB), 0);
+  EXPECT_FALSE((*a)->CanCopyToPeer(**fake));
+  EXPECT_FALSE((*fake)->CanCopyToPeer(**a));
+  EXPECT_EQ((*a)->CopyToPeer(*dst, **fake, *src, kMiB).code(), StatusCode::kFailedPrecondition);
+  auto f1 = (*fake)->Allocate(kMiB);
+  ASSERT_TRUE(f1.ok());
+  EXPECT_TRUE((*fake)->CanCopyToPeer(**fake));
+  EXPECT_TRUE((*fake)->CopyToPeer(*f1, **fake, *f1, kMiB).ok());
+  EXPECT_TRUE((*fake)->Free(*f1, kMiB).ok());
+  EXPECT_TRUE((*a)->Free(*src, kMiB).ok());
+  EXPECT_TRUE((*b)->Free(*dst, kMiB).ok());
+}
+
 TEST(CreateMemoryProviderTest, ByName) {
   for (const char* name : {"cpu", "host"}) {
     auto p = CreateMemoryProvider(name);
