@@ -158,7 +158,9 @@ Engine::Engine(Options options)
       page_out_idle_(options.page_out_idle),
       introspection_(policy_->introspection()),
       defragment_(options.defragment),
-      peer_moves_(options.peer_moves) {}
+      peer_moves_(options.peer_moves) {
+  lost_.assign(devices_.size(), OkStatus());
+}
 
 Engine::~Engine() = default;
 
@@ -413,6 +415,15 @@ StatusOr<bool> Engine::AddSession(SessionId id, const SessionSpec& spec) {
       return InvalidArgumentError(fmt::format("session {}: no device {} (the daemon has {})", id,
                                               *spec.device, devices_.size()));
     }
+    if (spec.device && !lost_[*spec.device].ok()) {
+      return UnavailableError(fmt::format("session {}: {} was lost: {}", id,
+                                          devices_[*spec.device].name,
+                                          lost_[*spec.device].message()));
+    }
+    if (std::all_of(lost_.begin(), lost_.end(), [](const Status& l) { return !l.ok(); })) {
+      return UnavailableError(
+          fmt::format("session {}: every device was lost: {}", id, lost_.front().message()));
+    }
     // Note [Devices]: its pinned device, the only one, or where it fits best now.
     std::optional<size_t> device = spec.device;
     if (!device && devices_.size() == 1) device = 0;
@@ -469,6 +480,7 @@ std::optional<size_t> Engine::PlaceLocked(const mem::Requirement& req) const {
   std::optional<size_t> best;
   mem::AdmissionPreview best_p;
   for (size_t i = 0; i < devices_.size(); ++i) {
+    if (!lost_[i].ok()) continue;
     const mem::AdmissionPreview p = devices_[i].memory->Preview(req);
     if (!p.now) continue;
     if (!best || rank(p) < rank(best_p) ||
@@ -511,7 +523,7 @@ std::optional<size_t> Engine::TargetLocked(const mem::Requirement& req, size_t e
   std::optional<size_t> best;
   mem::AdmissionPreview best_p;
   for (size_t i = 0; i < devices_.size(); ++i) {
-    if (i == except || devices_[i].memory->provider().kind() != kind) continue;
+    if (i == except || !lost_[i].ok() || devices_[i].memory->provider().kind() != kind) continue;
     const mem::AdmissionPreview p = devices_[i].memory->Preview(req);
     if (!p.resident) continue;
     const bool join = p.step == mem::AdmissionDecision::Step::kJoin;
@@ -602,6 +614,29 @@ void Engine::FinishPeerMoveLocked(const mem::Transfer& t, const Status& copy, No
                   {"to", devices_[s.device].name},
                   {"copy", "peer"}});
   RefreshViewLocked(s);
+}
+
+Status Engine::SetDeviceLost(size_t device, const Status& why) {
+  MutexLock lock(&mu_);
+  if (device >= devices_.size()) {
+    return InvalidArgumentError(
+        fmt::format("no device {} (the daemon has {})", device, devices_.size()));
+  }
+  if (lost_[device].ok()) {
+    lost_[device] = why.ok() ? UnavailableError("lost") : why;
+    logging::Event("sched", "device_lost",
+                   {{"device", devices_[device].name}, {"status", lost_[device].ToString()}});
+  }
+  return OkStatus();
+}
+
+Status Engine::DeviceLost(size_t device) const {
+  MutexLock lock(&mu_);
+  if (device >= devices_.size()) {
+    return InvalidArgumentError(
+        fmt::format("no device {} (the daemon has {})", device, devices_.size()));
+  }
+  return lost_[device];
 }
 
 Status Engine::MigrateLocked(SessionRec& s, size_t to, const std::string& why, Notices* notices) {
@@ -698,8 +733,9 @@ void Engine::SpreadLocked(Nanos now, Notices* notices) {
   const auto busiest = std::max_element(placed.begin(), placed.end());
   if (*busiest < 2) return;
   const size_t from = static_cast<size_t>(busiest - placed.begin());
+  if (!lost_[from].ok()) return;
   for (size_t to = 0; to < devices_.size(); ++to) {
-    if (placed[to] != 0 ||
+    if (placed[to] != 0 || !lost_[to].ok() ||
         devices_[to].memory->provider().kind() != devices_[from].memory->provider().kind()) {
       continue;
     }
@@ -755,7 +791,7 @@ void Engine::DefragmentLocked(Nanos now, Notices* notices) {
   for (const SessionId w : waiting) {
     const SessionRec& in = sessions_.at(w);
     for (size_t a = 0; a < devices_.size(); ++a) {
-      if (in.device != kUnplaced && in.device != a) continue;
+      if ((in.device != kUnplaced && in.device != a) || !lost_[a].ok()) continue;
       candidates.clear();
       for (const auto& [id, s] : sessions_) {
         // A session its client pinned stays where it was put.
@@ -807,6 +843,12 @@ Status Engine::Migrate(SessionId id, size_t device) {
     if (s.device == device) {
       return FailedPreconditionError(
           fmt::format("session {} is on {} already", id, devices_[device].name));
+    }
+    for (const size_t d : {s.device, device}) {
+      if (!lost_[d].ok()) {
+        return FailedPreconditionError(fmt::format("session {} cannot move: {} was lost: {}", id,
+                                                   devices_[d].name, lost_[d].message()));
+      }
     }
     if (devices_[device].memory->provider().kind() != MemoryOf(s).provider().kind()) {
       return FailedPreconditionError(fmt::format("{} and {} do not share a kind of memory",

@@ -245,6 +245,14 @@ class Engine {
   // when the two devices' memory is not of one kind; INVALID_ARGUMENT for an unknown device.
   Status Migrate(SessionId id, size_t device) EXCLUDES(mu_);
   MigrationStats Migrations() const EXCLUDES(mu_);
+  // Takes `device` out of service for good (a GPU whose context a fault corrupted, Note
+  // [Devices]): no session is placed on it, moved to it or moved off it from now on, and one
+  // pinned to it is refused with UNAVAILABLE naming the device and `why`. Sessions already
+  // there stay until their owners close them (their iterations fail with the device's error,
+  // which the caller reports). INVALID_ARGUMENT for an unknown device.
+  Status SetDeviceLost(size_t device, const Status& why) EXCLUDES(mu_);
+  // OK, or why `device` was lost.
+  Status DeviceLost(size_t device) const EXCLUDES(mu_);
   IntrospectionStats Introspection() const EXCLUDES(mu_);
 
   StatusOr<SessionInfo> Session(SessionId id) const EXCLUDES(mu_);
@@ -443,6 +451,7 @@ class Engine {
   std::unordered_map<SessionId, SessionRec> sessions_ GUARDED_BY(mu_);
   std::map<LaneId, LaneRec> lanes_ GUARDED_BY(mu_);
   std::vector<SessionId> unplaced_ GUARDED_BY(mu_);  // waiting for any device, in order
+  std::vector<Status> lost_ GUARDED_BY(mu_);         // per device: OK, or why it was lost
   uint64_t next_admit_seq_ GUARDED_BY(mu_) = 0;
   size_t running_ GUARDED_BY(mu_) = 0;
   std::vector<SessionView> anticipated_ GUARDED_BY(mu_);    // scratch of DispatchReady

@@ -178,7 +178,7 @@ std::string KernelDevice(const std::string& device) {
 
 uint64_t Server::ReservedBytes() const {
   uint64_t bytes = 0;
-  for (const exec::DeviceRuntime* rt : runtimes_) bytes += rt->reserved_bytes();
+  for (const exec::DeviceRuntime* rt : runtimes_) bytes += rt != nullptr ? rt->reserved_bytes() : 0;
   return bytes;
 }
 
@@ -210,13 +210,12 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   // the first lane context (stream, cuDNN and cuBLAS handles) take device memory outside the
   // arena, so the default arena is sized from what is free after them (Note [Device
   // contexts]). Each GPU's arena is its own free memory unless --memory gives one size for all.
-  std::vector<exec::DeviceRuntime*> runtimes;
+  std::vector<exec::DeviceRuntime*> runtimes(devices.size(), nullptr);  // by device; null: CPU
   std::vector<uint64_t> capacities;
-  for (const std::string& name : devices) {
-    if (auto d = exec::ParseDevice(name); d.ok() && d->type == exec::DeviceType::kCuda) {
-      SALUS_ASSIGN_OR_RETURN(exec::DeviceRuntime * runtime, exec::DeviceRuntime::For(*d));
-      SALUS_RETURN_IF_ERROR(runtime->ThreadContext().status().WithContext(name));
-      runtimes.push_back(runtime);
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (auto d = exec::ParseDevice(devices[i]); d.ok() && d->type == exec::DeviceType::kCuda) {
+      SALUS_ASSIGN_OR_RETURN(runtimes[i], exec::DeviceRuntime::For(*d));
+      SALUS_RETURN_IF_ERROR(runtimes[i]->ThreadContext().status().WithContext(devices[i]));
     }
   }
   for (const std::string& name : devices) {
@@ -288,10 +287,11 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   so.metrics = &s->metrics_;
   s->allocations_ = std::make_unique<AllocationRegistry>();
   so.allocations = s->allocations_.get();
-  if (!runtimes.empty()) {
-    so.device_health = [runtimes] {
-      for (exec::DeviceRuntime* rt : runtimes) SALUS_RETURN_IF_ERROR(rt->CheckHealth());
-      return OkStatus();
+  if (std::any_of(runtimes.begin(), runtimes.end(), [](auto* rt) { return rt != nullptr; })) {
+    so.device_health = [runtimes](size_t device) {
+      return device < runtimes.size() && runtimes[device] != nullptr
+                 ? runtimes[device]->CheckHealth()
+                 : OkStatus();
     };
   }
   s->sessions_ = std::make_unique<SessionManager>(std::move(so));
@@ -737,10 +737,13 @@ std::string Server::Gauges() const {
       "contexts (streams, cuDNN and cuBLAS handles), as measured when each was created.\n"
       "# TYPE salus_device_reserved_bytes gauge\nsalus_device_reserved_bytes {}\n",
       ReservedBytes());
-  out += fmt::format(
+  out +=
       "# HELP salus_device_lost Whether the device was lost to a fault (1) or not (0).\n"
-      "# TYPE salus_device_lost gauge\nsalus_device_lost {}\n",
-      sessions_->DeviceLost().ok() ? 0 : 1);
+      "# TYPE salus_device_lost gauge\n";
+  for (size_t d = 0; d < device_names_.size(); ++d) {
+    out += fmt::format("salus_device_lost{{device=\"{}\"}} {}\n", device_names_[d],
+                       executor_->engine().DeviceLost(d).ok() ? 0 : 1);
+  }
   out +=
       "# HELP salus_mem_session_bytes Persistent bytes of each admitted session, resident in the "
       "arena or paged out to host memory.\n# TYPE salus_mem_session_bytes gauge\n" +
@@ -812,6 +815,7 @@ nlohmann::json Server::StatsJson(const ClientRef* viewer) const {
   if (viewer != nullptr) own = sessions_->SessionsOf(viewer->id);
   uint64_t capacity = 0, committed = 0;
   size_t waiting = 0, lanes = 0;
+  std::string lost;  // "device: status" of each lost device
   nlohmann::json devices = nlohmann::json::array();
   for (size_t d = 0; d < memory_.size(); ++d) {
     const mem::MemoryManager& mem = *memory_[d];
@@ -823,7 +827,12 @@ nlohmann::json Server::StatsJson(const ClientRef* viewer) const {
       memory["other_sessions"] = others;
     }
     const size_t device_lanes = mem.Lanes().size();
+    const Status device_lost = executor_->engine().DeviceLost(d);
+    if (!device_lost.ok()) {
+      lost += (lost.empty() ? "" : "; ") + device_names_[d] + ": " + device_lost.ToString();
+    }
     devices.push_back({{"device", device_names_[d]},
+                       {"lost", device_lost.ToString()},
                        {"capacity_bytes", mem.capacity()},
                        {"committed_bytes", mem.CommittedBytes()},
                        {"waiting", mem.WaitingCount()},
@@ -836,7 +845,7 @@ nlohmann::json Server::StatsJson(const ClientRef* viewer) const {
   }
   nlohmann::json out = {{"device", o_.device},
                         {"device_reserved_bytes", ReservedBytes()},
-                        {"device_lost", sessions_->DeviceLost().ToString()},
+                        {"device_lost", lost.empty() ? std::string("OK") : lost},
                         {"policy", o_.policy},
                         {"capacity_bytes", capacity},
                         {"committed_bytes", committed},

@@ -149,7 +149,7 @@ class Server {
   std::vector<std::string> device_names_;
   std::vector<std::unique_ptr<device::MemoryProvider>> providers_;
   std::vector<const mem::MemoryManager*> memory_;
-  std::vector<exec::DeviceRuntime*> runtimes_;  // each GPU's runtime; none on the CPU
+  std::vector<exec::DeviceRuntime*> runtimes_;  // by device: its GPU runtime; null on the CPU
   // Device memory the GPUs' runtimes hold outside the arenas (DeviceRuntime::reserved_bytes).
   uint64_t ReservedBytes() const;
   Metrics metrics_;

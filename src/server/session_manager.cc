@@ -112,8 +112,16 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
       if (!o_.model_factory) {
         return UnimplementedError("this server cannot run model sessions");
       }
-      SALUS_RETURN_IF_ERROR(DeviceLost());
-      SALUS_ASSIGN_OR_RETURN(runtime, o_.model_factory(req.model(), pinned));
+      // Compiled for its pin, or for the first device still in service (Note [Devices] in
+      // sched/engine.cc: a lost device takes no sessions).
+      const sched::Engine& engine = o_.executor->engine();
+      std::optional<size_t> compile_for = pinned;
+      for (size_t d = 0; !compile_for && d < engine.device_count(); ++d) {
+        if (engine.DeviceLost(d).ok()) compile_for = d;
+      }
+      if (!compile_for) return engine.DeviceLost(0);
+      SALUS_RETURN_IF_ERROR(engine.DeviceLost(*compile_for));
+      SALUS_ASSIGN_OR_RETURN(runtime, o_.model_factory(req.model(), *compile_for));
       break;
     }
     default:
@@ -223,8 +231,14 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
   auto owned = Owned(owner, id);
   if (!owned.ok()) return call.ReplyError(owned.status());
   std::shared_ptr<Entry> entry = std::move(*owned);
-  if (Status lost = DeviceLost(); !lost.ok() && entry->runtime->kind() == "model") {
-    return call.ReplyError(lost);
+  if (entry->runtime->kind() == "model") {
+    // A session on a lost device is refused at once (its iterations would fail).
+    const sched::Engine& engine = o_.executor->engine();
+    if (auto info = engine.Session(id); info.ok() && info->device) {
+      if (Status lost = engine.DeviceLost(*info->device); !lost.ok()) {
+        return call.ReplyError(lost);
+      }
+    }
   }
 
   // Decode and check the feeds against their frames and buffers before anything is queued.
@@ -265,7 +279,7 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
                buffers](const sched::Dispatch& d) {
     if (buffers.empty()) {
       Status s = entry->runtime->Run(d, feeds, fetches, state_only, outputs.get());
-      return s.ok() ? s : CheckDevice(s);
+      return s.ok() ? s : CheckDevice(s, d.device);
     }
     for (const auto& b : buffers) SALUS_RETURN_IF_ERROR(b->CheckIntact());
     Status s;
@@ -273,7 +287,7 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
       SharedReadScope guard(buffers);
       s = entry->runtime->Run(d, feeds, fetches, state_only, outputs.get());
     }
-    if (!s.ok()) s = CheckDevice(s);
+    if (!s.ok()) s = CheckDevice(s, d.device);
     for (const auto& b : buffers) {
       if (b->faulted()) {
         return DataLossError(
@@ -558,31 +572,19 @@ void SessionManager::OnAdmissionFailed(uint64_t session, const Status& status) {
                  {{"session", session}, {"status", status.ToString()}});
 }
 
-Status SessionManager::DeviceLost() const {
-  MutexLock lock(&mu_);
-  return device_lost_;
-}
-
-Status SessionManager::CheckDevice(const Status& iteration) {
+Status SessionManager::CheckDevice(const Status& iteration, size_t device) {
   if (!o_.device_health) return iteration;
-  {
-    MutexLock lock(&mu_);
-    if (!device_lost_.ok()) return device_lost_;
-  }
-  Status health = o_.device_health();
+  sched::Engine& engine = o_.executor->engine();
+  if (Status lost = engine.DeviceLost(device); !lost.ok()) return lost;
+  Status health = o_.device_health(device);
   if (health.ok()) return iteration;
-  bool first = false;
-  {
-    MutexLock lock(&mu_);
-    if (device_lost_.ok()) {
-      device_lost_ = health;
-      first = true;
-    }
-  }
-  if (first) {
+  if (engine.DeviceLost(device).ok()) {
     logging::Event("server", "device_lost",
-                   {{"status", health.ToString()}, {"iteration", iteration.ToString()}});
+                   {{"device", engine.device_name(device)},
+                    {"status", health.ToString()},
+                    {"iteration", iteration.ToString()}});
   }
+  engine.SetDeviceLost(device, health).IgnoreError();
   return Status(health.code(),
                 health.message() + "; the failing iteration: " + iteration.ToString());
 }

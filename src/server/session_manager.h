@@ -52,9 +52,9 @@ class SessionManager {
     // sessions (FAILED_PRECONDITION).
     AllocationRegistry* allocations = nullptr;
     Quotas quotas;
-    // Asked after an iteration fails: whether the device survived (a GPU fault can corrupt
-    // its context). Null: the device cannot be lost (the CPU).
-    std::function<Status()> device_health;
+    // Asked after an iteration fails on the engine's device `device`: whether it survived (a
+    // GPU fault can corrupt its context). Null: no device can be lost (the CPU).
+    std::function<Status(size_t device)> device_health;
   };
 
   explicit SessionManager(Options options) : o_(std::move(options)) {}
@@ -76,9 +76,6 @@ class SessionManager {
   size_t CloseClient(uint64_t client, std::string_view event = "lease_expired") EXCLUDES(mu_);
   // Closes every session (drain).
   void CloseAll() EXCLUDES(mu_);
-
-  // Set once the device is lost: every later iteration and model session is refused with it.
-  Status DeviceLost() const EXCLUDES(mu_);
 
   // What `viewer` may see: its own sessions in full and the others' as totals; with a null
   // viewer (an administrator) every session in full.
@@ -104,9 +101,10 @@ class SessionManager {
     std::unique_ptr<SessionRuntime> runtime;
   };
 
-  // After a failed iteration: checks the device; when it is lost, records that (once) and
-  // returns the status every session gets from now on; otherwise returns `iteration`.
-  Status CheckDevice(const Status& iteration) EXCLUDES(mu_);
+  // After an iteration failed on the engine's device `device`: checks the device; when it is
+  // lost, takes it out of service (Engine::SetDeviceLost) and returns the status every
+  // session on it gets from now on; otherwise returns `iteration`.
+  Status CheckDevice(const Status& iteration, size_t device);
   // `owner`'s session `id`, or NOT_FOUND (the same for a session that is someone else's).
   StatusOr<std::shared_ptr<Entry>> Owned(const ClientRef& owner, uint64_t id) const EXCLUDES(mu_);
   // Removes session `id`, whoever owns it.
@@ -118,7 +116,6 @@ class SessionManager {
 
   Options o_;
   mutable Mutex mu_;
-  Status device_lost_ GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<Entry>> sessions_ GUARDED_BY(mu_);
   uint64_t next_buffer_id_ GUARDED_BY(mu_) = 1;
   // A feed in a shared buffer: checked against the buffer, which joins `buffers` (distinct).

@@ -150,9 +150,9 @@ def test_sessions_packed_on_one_device_spread_to_an_idle_one(daemon_factory) -> 
     expected = alone_losses(daemon_factory)
     d = daemon_factory("--device", "cpu:2", "--paging-quantum-ms", "0", policy="fair")
     with salus.connect(d.endpoint) as c:
+        # Memory-first placement puts b beside a on cpu:0 (best fit); with a paging quantum of
+        # 0, one of them may already have moved by the time b's reply is built.
         a, b = create(c, "a"), create(c, "b")
-        # Memory-first placement: b fits best beside a.
-        assert (a.device, b.device) == ("cpu:0", "cpu:0")
         got = [[], []]
         for i in range(STEPS):
             for job, s in enumerate((a, b)):

@@ -168,6 +168,41 @@ TEST(EngineDevicesTest, PinnedSessionsAndNoMovesDoNotSpread) {
   EXPECT_EQ(off.DeviceOf(2), 0u);
 }
 
+// A device lost to a fault is out of service: nothing is placed on it, moved to it or off it;
+// a pin to it is refused with the reason; the others go on.
+TEST(EngineDevicesTest, ALostDeviceIsOutOfService) {
+  DevicesHarness h("fair", {10 * G, 10 * G});
+  ASSERT_TRUE(*h.Add(1, 1 * G, 1 * G));
+  ASSERT_EQ(h.DeviceOf(1), 0u);
+  ASSERT_TRUE(*h.Add(2, 1 * G, 1 * G));
+  ASSERT_EQ(h.DeviceOf(2), 0u);
+  ASSERT_TRUE(h.engine_->SetDeviceLost(0, UnavailableError("cuda:0: illegal address")).ok());
+  EXPECT_EQ(h.engine_->SetDeviceLost(2, UnavailableError("x")).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(h.engine_->DeviceLost(0).code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(h.engine_->DeviceLost(1).ok());
+  // Device 1 is idle and device 0 holds two, but nothing spreads off a lost device.
+  h.clock_.Advance(seconds(5));
+  h.engine_->DispatchReady();
+  EXPECT_EQ(h.engine_->Migrations().started, 0u);
+  // Placement takes the other device, even where device 0 would fit best.
+  ASSERT_TRUE(*h.Add(3, 1 * G, 1 * G));
+  EXPECT_EQ(h.DeviceOf(3), 1u);
+  auto pinned = h.Add(4, 1 * G, 1 * G, 0);
+  EXPECT_EQ(pinned.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(pinned.status().message().find("illegal address"), std::string::npos)
+      << pinned.status();
+  // No move off it (its memory cannot be read) or onto it.
+  EXPECT_EQ(h.engine_->Migrate(1, 1).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(h.engine_->Migrate(3, 0).code(), StatusCode::kFailedPrecondition);
+  // Its sessions stay until closed; with every device lost, nothing is admitted.
+  EXPECT_EQ(h.DeviceOf(1), 0u);
+  ASSERT_TRUE(h.engine_->SetDeviceLost(1, UnavailableError("cuda:1: ECC")).ok());
+  EXPECT_EQ(h.Add(5, 1 * G, 1 * G).status().code(), StatusCode::kUnavailable);
+  for (SessionId id : {1, 2, 3}) EXPECT_TRUE(h.engine_->RemoveSession(id).ok());
+  h.CheckSafety();
+}
+
 TEST(EngineDevicesTest, BestFitKeepsTheLargerHoleForALargerJob) {
   DevicesHarness h("pack", {10 * G, 10 * G});
   ASSERT_TRUE(*h.Add(1, 5 * G, 1 * G, 0));  // device 0: 4 GiB left
