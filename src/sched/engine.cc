@@ -543,20 +543,23 @@ StatusOr<bool> Engine::MoveByPeerLocked(SessionRec& s, size_t to, const std::str
   SALUS_ASSIGN_OR_RETURN(mem::Emigrant e, MemoryOf(s).Prospect(s.id));
   SALUS_ASSIGN_OR_RETURN(std::optional<mem::Grant> grant, target.Immigrate(e, /*incoming=*/true));
   if (!grant) return false;
-  auto undo = [&] {
+  std::optional<mem::PeerCopy> dst = target.Incoming(s.id);
+  mem::AdmissionEvents out_events;
+  Status out_status;
+  if (dst) {
+    dst->device = to;
+    auto out = MemoryOf(s).PageOut(s.id, *dst);
+    if (out.ok()) {
+      out_events = std::move(*out);
+    } else {
+      out_status = out.status();
+    }
+  }
+  if (!dst || !out_status.ok()) {  // its block waits for its range, or the page-out failed
     auto undone = target.Release(s.id);
     if (undone.ok()) ApplyEventsLocked(to, std::move(*undone), notices);
-  };
-  std::optional<mem::PeerCopy> dst = target.Incoming(s.id);
-  if (!dst) {  // its block waits for its range
-    undo();
+    if (!out_status.ok()) return out_status;
     return false;
-  }
-  dst->device = to;
-  auto out = MemoryOf(s).PageOut(s.id, *dst);
-  if (!out.ok()) {
-    undo();
-    return out.status();
   }
   const LaneId lane = s.lane;
   DetachLocked(s);
@@ -581,7 +584,7 @@ StatusOr<bool> Engine::MoveByPeerLocked(SessionRec& s, size_t to, const std::str
                   {"to", devices_[to].name},
                   {"why", why},
                   {"copy", "peer"}});
-  ApplyEventsLocked(from, std::move(*out), notices);
+  ApplyEventsLocked(from, std::move(out_events), notices);
   RetryUnplacedLocked(notices);
   return true;
 }
