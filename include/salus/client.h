@@ -30,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "salus/status.h"
@@ -290,6 +291,10 @@ class Client {
   StatusOr<std::string> MemoryMapJson();
   // Closes a session by id: one of this client's, or as the administrator anyone's.
   Status CloseSession(uint64_t session_id);
+  // Moves a session, between its iterations, to the daemon's device `device` ("cpu:1",
+  // "cuda:1"); the administrator only. Returns the devices it left and went to.
+  StatusOr<std::pair<std::string, std::string>> MoveSession(uint64_t session_id,
+                                                            const std::string& device);
   Status Drain();
   // Allocations (the administrator only, PERMISSION_DENIED otherwise): every allocation with
   // its usage; grant (true: created, false: updated; an empty token keeps the one it has);

@@ -423,6 +423,15 @@ Status Client::CloseSession(uint64_t session_id) {
   return impl_->Control(std::move(req)).status();
 }
 
+StatusOr<std::pair<std::string, std::string>> Client::MoveSession(uint64_t session_id,
+                                                                  const std::string& device) {
+  v1::Request req;
+  req.set_session_id(session_id);
+  req.mutable_move_session()->set_device(device);
+  SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl_->Control(std::move(req)));
+  return std::make_pair(reply.move_session().from(), reply.move_session().to());
+}
+
 Status Client::Drain() {
   v1::Request req;
   req.mutable_drain();

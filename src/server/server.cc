@@ -51,7 +51,8 @@ nlohmann::json OwnSessionsOnly(const nlohmann::json& sessions, const std::set<ui
 //   they are served while draining (a client tidying up is not new work).
 // - view: ListSessions, GetStats, GetMemoryMap. Anyone may ask; what they see depends on who
 //   asks (a client sees its own sessions and the others' totals, an administrator everything).
-// - admin: Drain, GrantAllocation, RevokeAllocation, ListAllocations. Only the administrator
+// - admin: Drain, GrantAllocation, RevokeAllocation, ListAllocations, MoveSession. Only the
+//   administrator
 //   role (PERMISSION_DENIED otherwise). A request carrying the token of an allocation's client
 //   never has that role, whoever sent it (Note [Allocations] in allocation_registry.cc).
 enum class RequestClass { kOpen, kWork, kControl, kView, kAdmin, kUnknown };
@@ -75,6 +76,7 @@ RequestClass Classify(v1::Request::BodyCase body) {
     case v1::Request::kDrain:
     case v1::Request::kGrantAllocation:
     case v1::Request::kRevokeAllocation:
+    case v1::Request::kMoveSession:
     case v1::Request::kListAllocations:
       return RequestClass::kAdmin;
     case v1::Request::BODY_NOT_SET:
@@ -520,6 +522,28 @@ StatusOr<v1::Reply> Server::Answer(const Caller& caller, const v1::Request& req)
       SALUS_ASSIGN_OR_RETURN(const size_t closed,
                              RevokeAllocation(req.revoke_allocation().id(), caller));
       reply.mutable_revoke_allocation()->set_sessions_closed(static_cast<uint32_t>(closed));
+      return reply;
+    }
+    case v1::Request::kMoveSession: {
+      sched::Engine& engine = executor_->engine();
+      const std::optional<size_t> to = engine.DeviceIndex(req.move_session().device());
+      if (!to) {
+        std::string names;
+        for (size_t d = 0; d < engine.device_count(); ++d) {
+          names += (d == 0 ? "" : ", ") + engine.device_name(d);
+        }
+        return InvalidArgumentError(fmt::format("no device '{}' in this daemon (it has {})",
+                                                req.move_session().device(), names));
+      }
+      SALUS_ASSIGN_OR_RETURN(const sched::SessionInfo before, engine.Session(req.session_id()));
+      SALUS_RETURN_IF_ERROR(executor_->Migrate(req.session_id(), *to));
+      logging::Event("server", "session_moved",
+                     {{"session", req.session_id()},
+                      {"to", engine.device_name(*to)},
+                      {"by", caller.principal}});
+      v1::MoveSessionReply* out = reply.mutable_move_session();
+      if (before.device) out->set_from(engine.device_name(*before.device));
+      out->set_to(engine.device_name(*to));
       return reply;
     }
     case v1::Request::kListAllocations: {

@@ -4,6 +4,7 @@
 //   salusctl [--endpoint EP] sessions [--json]
 //   salusctl [--endpoint EP] memory [--json]   the memory map: lanes, blocks, free ranges
 //   salusctl [--endpoint EP] close ID          close a session (the administrator: anyone's)
+//   salusctl [--endpoint EP] move ID DEVICE    move a session to another device (admin)
 //   salusctl [--endpoint EP] allocations [--json]  the allocations and their usage (admin)
 //   salusctl [--endpoint EP] drain             finish in-flight work and stop the daemon
 //   salusctl keygen PREFIX                     a CURVE key pair: PREFIX.key and PREFIX.pub
@@ -244,21 +245,23 @@ void PrintMap(const nlohmann::json& j) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string endpoint = DefaultEndpoint(), command, argument, server_key, secret_key;
+  std::string endpoint = DefaultEndpoint(), command, argument, device, server_key, secret_key;
   po::options_description desc(
       "salusctl: inspect and control a running salus-server\n\n"
-      "commands: status | sessions | memory | allocations | close ID | drain | keygen PREFIX\n\n"
+      "commands: status | sessions | memory | allocations | close ID | move ID DEVICE | drain | "
+      "keygen PREFIX\n\n"
       "options");
   desc.add_options()("help,h", "show this help")(
       "endpoint", po::value(&endpoint), "the daemon (default $SALUS_ENDPOINT or its ipc socket)")(
       "server-key", po::value(&server_key),
       "the daemon's CURVE public key or key file, for a remote endpoint")(
       "secret-key", po::value(&secret_key), "this client's CURVE secret key or key file")(
-      "json", "print JSON (sessions, memory, allocations)")(
-      "command", po::value(&command), "the command")("argument", po::value(&argument),
-                                                     "the command's argument");
+      "json", "print JSON (sessions, memory, allocations)")("command", po::value(&command),
+                                                            "the command")(
+      "argument", po::value(&argument), "the command's argument")("device", po::value(&device),
+                                                                  "move's device");
   po::positional_options_description pos;
-  pos.add("command", 1).add("argument", 1);
+  pos.add("command", 1).add("argument", 1).add("device", 1);
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(desc).positional(pos).run(), vm);
@@ -279,7 +282,7 @@ int main(int argc, char** argv) {
     return Keygen(argument);
   }
   if (command != "status" && command != "sessions" && command != "memory" && command != "drain" &&
-      command != "close" && command != "allocations") {
+      command != "close" && command != "move" && command != "allocations") {
     std::cerr << "salusctl: unknown command '" << command << "'\n\n" << desc;
     return 2;
   }
@@ -295,12 +298,21 @@ int main(int argc, char** argv) {
   if (command == "sessions") return Sessions(**client, json);
   if (command == "memory") return Memory(**client, json);
   if (command == "allocations") return Allocations(**client, json);
-  if (command == "close") {
+  if (command == "close" || command == "move") {
     char* end = nullptr;
     const unsigned long long id = std::strtoull(argument.c_str(), &end, 10);
-    if (argument.empty() || *end != '\0') {
-      std::cerr << "salusctl: close needs a session id (salusctl sessions lists them)\n";
+    if (argument.empty() || *end != '\0' || (command == "move" && device.empty())) {
+      std::cerr << "salusctl: " << command << " needs a session id"
+                << (command == "move" ? " and a device" : "")
+                << " (salusctl sessions lists them)\n";
       return 2;
+    }
+    if (command == "move") {
+      auto moved = (*client)->MoveSession(id, device);
+      if (!moved.ok()) return Fail(moved.status());
+      std::cout << "moving session " << id << " from " << moved->first << " to " << moved->second
+                << "\n";
+      return 0;
     }
     if (auto s = (*client)->CloseSession(id); !s.ok()) return Fail(s);
     std::cout << "closed session " << id << "\n";

@@ -11,7 +11,7 @@ import mlp_job
 import numpy as np
 import pytest
 from mlp_job import create
-from salus_daemon import SERVER, Daemon
+from salus_daemon import CTL, SERVER, Daemon
 
 import salus
 
@@ -162,3 +162,34 @@ def test_sessions_packed_on_one_device_spread_to_an_idle_one(daemon_factory) -> 
         # Nothing waited and cpu:1 had no session: the engine moved one there, once.
         assert {info["a"]["device"], info["b"]["device"]} == {"cpu:0", "cpu:1"}
         assert info["a"]["migrations"] + info["b"]["migrations"] == 1
+
+
+def test_an_administrator_moves_a_session_mid_training(daemon_factory) -> None:  # noqa: ANN001
+    expected = alone_losses(daemon_factory)[0]
+    d = daemon_factory("--device", "cpu:2", policy="fair")
+    with salus.connect(d.endpoint) as c, salus.connect(d.admin_endpoint) as admin:
+        a = create(c, "a")
+        assert a.device == "cpu:0"
+        got = [float(a.run(feeds=feeds(0, i), fetches=["loss"])["loss"]) for i in range(2)]
+        with pytest.raises(salus.SalusError) as err:
+            c.move_session(a.id, "cpu:1")  # a user, not the administrator
+        assert err.value.code == "PERMISSION_DENIED"
+        assert admin.move_session(a.id, "cpu:1") == ("cpu:0", "cpu:1")
+        got += [float(a.run(feeds=feeds(0, i), fetches=["loss"])["loss"]) for i in range(2, STEPS)]
+        assert got == expected
+        info = next(s for s in c.sessions() if s["session_id"] == a.id)
+        assert (info["device"], info["migrations"]) == ("cpu:1", 1)
+        for session, device, code, words in [
+                (a.id, "cpu:7", "INVALID_ARGUMENT", "cpu:0, cpu:1"),
+                (a.id, "cpu:1", "FAILED_PRECONDITION", "already"),
+                (a.id + 1, "cpu:0", "NOT_FOUND", str(a.id + 1))]:
+            with pytest.raises(salus.SalusError) as err:
+                admin.move_session(session, device)
+            assert err.value.code == code and words in err.value.message, err.value
+        r = subprocess.run([str(CTL), "--endpoint", d.admin_endpoint, "move", str(a.id), "cpu:0"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert f"moving session {a.id} from cpu:1 to cpu:0" in r.stdout
+        a.run(feeds=feeds(0, 0), fetches=["loss"])  # runs where it went
+        info = next(s for s in c.sessions() if s["session_id"] == a.id)
+        assert (info["device"], info["migrations"]) == ("cpu:0", 2)

@@ -530,6 +530,18 @@ class Client:
                  "used_bytes": a.used_bytes, "sessions": a.sessions, "clients": a.clients}
                 for a in self._call(req)[0].list_allocations.allocations]
 
+    def move_session(self, session_id: int, device: str) -> tuple[str, str]:
+        """Moves session `session_id`, between its iterations, to the daemon's device `device`
+        ("cpu:1", "cuda:1"); needs the administrator role. Returns (from, to). The session runs
+        there once its state is copied. NOT_FOUND for an unknown session, INVALID_ARGUMENT for
+        an unknown device, FAILED_PRECONDITION while it runs or moves, or where the device has
+        no room for it now."""
+        req = pb.Request()
+        req.session_id = session_id
+        req.move_session.device = device
+        reply = self._call(req)[0].move_session
+        return getattr(reply, "from"), reply.to
+
     def drain(self) -> None:
         """Asks the daemon to finish what it holds and exit; needs the administrator role
         (PERMISSION_DENIED otherwise)."""
