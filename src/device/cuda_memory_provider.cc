@@ -12,13 +12,39 @@ std::string Describe(cudaError_t err) {
   return fmt::format("{} ({})", cudaGetErrorName(err), cudaGetErrorString(err));
 }
 
+// Makes GPU `ordinal` the calling thread's device for one call and gives the thread back the
+// device it had: the provider is called from threads that run another GPU's kernels (a lane's
+// worker pages or moves a session of another device, the copy thread serves every GPU), and
+// those must find their device unchanged.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int ordinal) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != ordinal) error_ = cudaSetDevice(ordinal);
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0 && error_ == cudaSuccess) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  cudaError_t error() const { return error_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t error_ = cudaSuccess;
+};
+
 }  // namespace
 
 std::string CudaMemoryProvider::name() const { return fmt::format("cuda:{}", ordinal_); }
 
 StatusOr<std::byte*> CudaMemoryProvider::Allocate(uint64_t bytes) {
   if (bytes == 0) return InvalidArgumentError(name() + ": cannot allocate an arena of 0 bytes");
-  cudaError_t err = cudaSetDevice(ordinal_);
+  const DeviceScope scope(ordinal_);
+  cudaError_t err = scope.error();
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear the sticky error
     return UnavailableError(fmt::format("{}: cannot use the GPU for an arena of {} ({} bytes): {}",
@@ -38,7 +64,8 @@ StatusOr<std::byte*> CudaMemoryProvider::Allocate(uint64_t bytes) {
 
 Status CudaMemoryProvider::Free(std::byte* ptr, uint64_t bytes) {
   if (ptr == nullptr) return InvalidArgumentError(name() + ": free of a null range");
-  cudaError_t err = cudaSetDevice(ordinal_);
+  const DeviceScope scope(ordinal_);
+  cudaError_t err = scope.error();
   if (err == cudaSuccess) err = cudaFree(ptr);
   if (err != cudaSuccess) {
     cudaGetLastError();
@@ -77,8 +104,8 @@ Status CudaMemoryProvider::FreeHost(std::byte* ptr, uint64_t bytes) {
 }
 
 int CudaMemoryProvider::PrepareCopyLocked() {
-  cudaError_t err = cudaSetDevice(ordinal_);
-  if (err == cudaSuccess && copy_stream_ == nullptr) {
+  cudaError_t err = cudaSuccess;
+  if (copy_stream_ == nullptr) {
     cudaStream_t s = nullptr;
     err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     copy_stream_ = s;
@@ -89,7 +116,9 @@ int CudaMemoryProvider::PrepareCopyLocked() {
 Status CudaMemoryProvider::Copy(void* dst, const void* src, uint64_t bytes, bool to_host) {
   if (bytes == 0) return OkStatus();
   std::lock_guard<std::mutex> lock(copy_mu_);
-  cudaError_t err = static_cast<cudaError_t>(PrepareCopyLocked());
+  const DeviceScope scope(ordinal_);
+  cudaError_t err = scope.error();
+  if (err == cudaSuccess) err = static_cast<cudaError_t>(PrepareCopyLocked());
   const auto stream = static_cast<cudaStream_t>(copy_stream_);
   if (err == cudaSuccess) {
     err = cudaMemcpyAsync(dst, src, bytes,
@@ -125,7 +154,9 @@ Status CudaMemoryProvider::CopyToPeer(std::byte* dst, MemoryProvider& to, const 
   }
   if (bytes == 0) return OkStatus();
   std::lock_guard<std::mutex> lock(copy_mu_);
-  cudaError_t err = static_cast<cudaError_t>(PrepareCopyLocked());
+  const DeviceScope scope(ordinal_);
+  cudaError_t err = scope.error();
+  if (err == cudaSuccess) err = static_cast<cudaError_t>(PrepareCopyLocked());
   if (err == cudaSuccess && peer->ordinal_ != ordinal_ && !peers_.contains(peer->ordinal_)) {
     // Once per pair: where the GPUs can reach each other, the copy skips the host.
     int can = 0;

@@ -45,8 +45,8 @@ class CudaMemoryProvider final : public MemoryProvider {
 
  private:
   Status Copy(void* dst, const void* src, uint64_t bytes, bool to_host);
-  // Sets the device on the calling thread and creates the copy stream at the first copy
-  // (held copy_mu_); a CUDA error code, 0 on success.
+  // Creates the copy stream at the first copy (held copy_mu_, the device set); a CUDA error
+  // code, 0 on success.
   int PrepareCopyLocked();
 
   const int ordinal_;

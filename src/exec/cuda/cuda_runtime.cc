@@ -109,7 +109,6 @@ struct ThreadContexts {
     DeviceContext* ctx;
   };
   std::vector<Entry> held;
-  int current_ordinal = -1;
   ~ThreadContexts() {
     for (const Entry& e : held) e.rt->Release(e.ctx, e.high);
   }
@@ -117,10 +116,13 @@ struct ThreadContexts {
 thread_local ThreadContexts tls_contexts;
 
 Status CudaRuntime::SetDevice() {
-  if (tls_contexts.current_ordinal == ordinal_) return OkStatus();
-  SALUS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal_), name() + ": cudaSetDevice"));
-  tls_contexts.current_ordinal = ordinal_;
-  return OkStatus();
+  // Asked of the CUDA runtime, not remembered: other code (discovery, the memory providers)
+  // sets a thread's device too, and a daemon of several GPUs calls them from lane workers.
+  int current = -1;
+  const cudaError_t got = cudaGetDevice(&current);
+  if (got == cudaSuccess && current == ordinal_) return OkStatus();
+  if (got != cudaSuccess) cudaGetLastError();
+  return CudaStatus(cudaSetDevice(ordinal_), name() + ": cudaSetDevice");
 }
 
 StatusOr<DeviceContext*> CudaRuntime::ThreadContext(bool high_priority) {
