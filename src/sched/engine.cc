@@ -57,7 +57,9 @@ namespace salus::sched {
 // session queues in its device's manager, and an unpinned one in the engine's own queue for
 // any device (unplaced_), re-tried in arrival order whenever memory is freed on any device
 // (a release, a finished copy). Its admission timeout is the engine's to enforce then. With
-// one device every session goes to its manager exactly as before placement existed.
+// one device every session goes to its manager exactly as before placement existed. A device
+// lost to a fault (SetDeviceLost: a GPU whose context is corrupt) is out of service: placement,
+// moves and spreading pass it by, and a pin to it is refused.
 
 // Note [Migration]
 // Between its iterations a session can move to another device. Where the two providers copy
