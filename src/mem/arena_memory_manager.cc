@@ -623,6 +623,7 @@ void ArenaMemoryManager::BeginPageOut(Session& s, std::byte* host, std::optional
   m.host = host;
   m.ready = true;
   m.peer = peer;
+  s.leaving = peer.has_value();
   moving_.emplace(m.id, m);
 }
 
@@ -769,6 +770,10 @@ StatusOr<PageInResult> ArenaMemoryManager::PageIn(SessionId session,
     if (s.residence != Residence::kPagedOut) {
       return FailedPreconditionError(fmt::format("page-in: session {} is {}, not paged out",
                                                  session, ResidenceName(s.residence)));
+    }
+    if (s.leaving) {
+      return FailedPreconditionError(
+          fmt::format("page-in: session {} left for another device; its state is there", session));
     }
     std::vector<SessionId> pageable;
     for (const SessionId c : candidates) {

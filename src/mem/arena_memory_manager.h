@@ -86,6 +86,7 @@ class ArenaMemoryManager final : public MemoryManager {
     uint64_t block_offset = 0;  // meaningful when in the region and req.persistent_bytes > 0
     bool block_pending = false;
     bool fresh = false;         // admitted paged out and never resident: nothing to copy in
+    bool leaving = false;       // paged out straight into another manager's block: no host copy
     std::byte* host = nullptr;  // its state in host memory (paging out, paged out, paging in)
     MemoryStats persistent;
     MemoryStats ephemeral;

@@ -236,7 +236,7 @@ Status ArenaMemoryManager::CheckInvariantsLocked() const {
       sum_paged += s.req.persistent_bytes;
       ++paged;
       if (s.lane != 0) return broken(fmt::format("paged-out session {} is in lane {}", id, s.lane));
-      if (s.host == nullptr && !s.fresh && s.req.persistent_bytes > 0) {
+      if (s.host == nullptr && !s.fresh && !s.leaving && s.req.persistent_bytes > 0) {
         return broken(fmt::format("paged-out session {} has no host copy", id));
       }
       continue;
