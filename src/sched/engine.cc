@@ -622,16 +622,31 @@ void Engine::FinishPeerMoveLocked(const mem::Transfer& t, const Status& copy, No
 }
 
 Status Engine::SetDeviceLost(size_t device, const Status& why) {
-  MutexLock lock(&mu_);
-  if (device >= devices_.size()) {
-    return InvalidArgumentError(
-        fmt::format("no device {} (the daemon has {})", device, devices_.size()));
-  }
-  if (lost_[device].ok()) {
+  Notices notices;
+  {
+    MutexLock lock(&mu_);
+    if (device >= devices_.size()) {
+      return InvalidArgumentError(
+          fmt::format("no device {} (the daemon has {})", device, devices_.size()));
+    }
+    if (!lost_[device].ok()) return OkStatus();
     lost_[device] = why.ok() ? UnavailableError("lost") : why;
     logging::Event("sched", "device_lost",
                    {{"device", devices_[device].name}, {"status", lost_[device].ToString()}});
+    // Sessions waiting for this device alone would wait for good: they fail now.
+    std::vector<SessionId> stranded;
+    for (const auto& [id, s] : sessions_) {
+      if (s.state == SessionState::kWaiting && s.device == device) stranded.push_back(id);
+    }
+    for (const SessionId id : stranded) {
+      devices_[device].memory->CancelWaiting(id);  // its own cancellation is reported below
+      sessions_.erase(id);
+      notices.failed.emplace_back(
+          id, UnavailableError(fmt::format("session {}: {} was lost while it waited for it: {}", id,
+                                           devices_[device].name, lost_[device].message())));
+    }
   }
+  Notify(notices);
   return OkStatus();
 }
 

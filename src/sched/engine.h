@@ -247,9 +247,10 @@ class Engine {
   MigrationStats Migrations() const EXCLUDES(mu_);
   // Takes `device` out of service for good (a GPU whose context a fault corrupted, Note
   // [Devices]): no session is placed on it, moved to it or moved off it from now on, and one
-  // pinned to it is refused with UNAVAILABLE naming the device and `why`. Sessions already
-  // there stay until their owners close them (their iterations fail with the device's error,
-  // which the caller reports). INVALID_ARGUMENT for an unknown device.
+  // pinned to it is refused with UNAVAILABLE naming the device and `why`, and so are those
+  // already waiting for it alone (on_admission_failed). Sessions already there stay until
+  // their owners close them (their iterations fail with the device's error, which the caller
+  // reports). INVALID_ARGUMENT for an unknown device.
   Status SetDeviceLost(size_t device, const Status& why) EXCLUDES(mu_);
   // OK, or why `device` was lost.
   Status DeviceLost(size_t device) const EXCLUDES(mu_);

@@ -195,9 +195,16 @@ TEST(EngineDevicesTest, ALostDeviceIsOutOfService) {
   // No move off it (its memory cannot be read) or onto it.
   EXPECT_EQ(h.engine_->Migrate(1, 1).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(h.engine_->Migrate(3, 0).code(), StatusCode::kFailedPrecondition);
-  // Its sessions stay until closed; with every device lost, nothing is admitted.
+  // Its sessions stay until closed; with every device lost, nothing is admitted, and a session
+  // that waited for the second device alone fails when it is lost.
   EXPECT_EQ(h.DeviceOf(1), 0u);
+  ASSERT_FALSE(*h.Add(6, 17 * G / 2, 1 * G, 1));  // waits for room on device 1
   ASSERT_TRUE(h.engine_->SetDeviceLost(1, UnavailableError("cuda:1: ECC")).ok());
+  ASSERT_EQ(h.failed_.count(6), 1u);
+  EXPECT_EQ(h.failed_[6].code(), StatusCode::kUnavailable);
+  EXPECT_NE(h.failed_[6].message().find("ECC"), std::string::npos) << h.failed_[6];
+  EXPECT_FALSE(h.engine_->Session(6).ok());
+  EXPECT_EQ(h.engine_->memory(1).WaitingCount(), 0u);
   EXPECT_EQ(h.Add(5, 1 * G, 1 * G).status().code(), StatusCode::kUnavailable);
   for (SessionId id : {1, 2, 3}) EXPECT_TRUE(h.engine_->RemoveSession(id).ok());
   h.CheckSafety();
