@@ -40,12 +40,8 @@ int Fail(const salus::Status& s) {
 salus::Status RunCopies(salus::sched::Engine& e) {
   for (auto ts = e.TakeTransfers(); !ts.empty(); ts = e.TakeTransfers()) {
     for (const salus::mem::Transfer& t : ts) {
-      salus::device::MemoryProvider& p = e.provider(t.device_index);
       const auto c0 = Clock::now();
-      const salus::Status copy =
-          t.peer != nullptr ? p.CopyToPeer(t.peer, e.provider(t.peer_device), t.device, t.bytes)
-          : t.to_host       ? p.CopyToHost(t.host, t.device, t.bytes)
-                            : p.CopyToDevice(t.device, t.host, t.bytes);
+      const salus::Status copy = salus::sched::RunCopy(e, t);
       SALUS_RETURN_IF_ERROR(e.FinishTransfer(t, copy, Clock::now() - c0));
     }
   }

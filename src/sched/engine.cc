@@ -1632,6 +1632,14 @@ Status Engine::FinishTransfer(const mem::Transfer& t, const Status& copy, Nanos 
   return st;
 }
 
+Status RunCopy(const Engine& engine, const mem::Transfer& t) {
+  device::MemoryProvider& p = engine.provider(t.device_index);
+  if (t.peer != nullptr)
+    return p.CopyToPeer(t.peer, engine.provider(t.peer_device), t.device, t.bytes);
+  return t.to_host ? p.CopyToHost(t.host, t.device, t.bytes)
+                   : p.CopyToDevice(t.device, t.host, t.bytes);
+}
+
 PagingStats Engine::Paging() const {
   MutexLock lock(&mu_);
   return paging_stats_;

@@ -84,6 +84,12 @@ struct DeviceSpec {
 StatusOr<std::vector<EngineDevice>> MakeDevices(const Policy& policy, const Clock* clock,
                                                 const std::vector<DeviceSpec>& specs);
 
+// Runs transfer `t`'s copy on the providers of `engine`'s devices, as whoever drives the engine
+// does before FinishTransfer: a peer copy into another device's block (Note [Migration]), or a
+// copy to or from host memory.
+class Engine;
+Status RunCopy(const Engine& engine, const mem::Transfer& t);
+
 // One started iteration, handed to whoever runs it, and given back to Complete().
 struct Dispatch {
   SessionId session = 0;

@@ -113,13 +113,8 @@ void Executor::CopyLoop() {
       t = copies_.front();
       copies_.pop_front();
     }
-    device::MemoryProvider& provider = engine_->provider(t.device_index);
     const Nanos start = engine_->clock().Now();
-    const Status copy =
-        t.peer != nullptr
-            ? provider.CopyToPeer(t.peer, engine_->provider(t.peer_device), t.device, t.bytes)
-        : t.to_host ? provider.CopyToHost(t.host, t.device, t.bytes)
-                    : provider.CopyToDevice(t.device, t.host, t.bytes);
+    const Status copy = RunCopy(*engine_, t);
     if (!copy.ok()) {
       logging::Get("sched")->error("session {}: paging copy failed: {}", t.session,
                                    copy.ToString());

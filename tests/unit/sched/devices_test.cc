@@ -407,11 +407,7 @@ int RunCopies(Engine& engine) {
   int n = 0;
   for (auto ts = engine.TakeTransfers(); !ts.empty(); ts = engine.TakeTransfers()) {
     for (const mem::Transfer& t : ts) {
-      device::MemoryProvider& p = engine.provider(t.device_index);
-      const Status copy = t.peer != nullptr ? p.CopyToPeer(t.peer, engine.provider(t.peer_device),
-                                                           t.device, t.bytes)
-                          : t.to_host       ? p.CopyToHost(t.host, t.device, t.bytes)
-                                            : p.CopyToDevice(t.device, t.host, t.bytes);
+      const Status copy = RunCopy(engine, t);
       EXPECT_TRUE(copy.ok()) << copy;
       EXPECT_TRUE(engine.FinishTransfer(t, copy, seconds(0)).ok());
       ++n;
