@@ -529,7 +529,8 @@ StatusOr<AdmissionEvents> ArenaMemoryManager::Release(SessionId session) {
     if (m.issued) {
       m.released = true;
     } else {
-      const uint64_t not_started = id;  // a page-in whose block is pending: no copy at all
+      // No copy at all: a page-in whose block is pending, or a copy out not yet handed out.
+      const uint64_t not_started = id;
       moving_.erase(not_started);
     }
     break;
@@ -551,6 +552,8 @@ StatusOr<AdmissionEvents> ArenaMemoryManager::Release(SessionId session) {
   }
   if (s.host != nullptr && !in_flight) FreeHost(s.host, p);
   sessions_.erase(it);
+  // A copy out not yet handed out never runs: blocks placed over its range may be used now.
+  PlacePendingBlocks();
   events.admitted = RetryQueue();
   DcheckInvariants();
   return events;

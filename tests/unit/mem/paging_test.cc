@@ -207,6 +207,28 @@ TEST(PagingTest, ReleaseDuringACopyFreesItsHostMemoryWhenTheCopyEnds) {
   EXPECT_TRUE(h.manager->CheckInvariants().ok());
 }
 
+TEST(PagingTest, ReleaseBeforeItsCopyOutStartsFreesItsRangeAtOnce) {
+  // A session paged out and closed before its copy to host was handed out: no copy runs, and
+  // the session paged in over its range copies in at once (it waited for that range).
+  PagingHarness h;
+  ASSERT_NE(h.AdmitNow(1, 60 * M, 10 * M), 0u);
+  ASSERT_TRUE(h.manager->Admit(2, {60 * M, 10 * M}).ok());
+  ASSERT_TRUE(h.PageIn(2, std::vector<SessionId>{1})->resident);
+  ASSERT_EQ(h.FinishAll(), 1);  // 1 out
+  ASSERT_TRUE(h.PageIn(1, std::vector<SessionId>{2})->resident);
+  EXPECT_EQ(h.Of(1), Residence::kPagingIn);
+  ASSERT_TRUE(h.Release(2).ok());  // its copy out not yet taken
+  auto ts = h.manager->TakeTransfers();
+  ASSERT_EQ(ts.size(), 1u);
+  EXPECT_EQ(ts[0].session, 1u);
+  EXPECT_FALSE(ts[0].to_host);
+  ASSERT_TRUE(h.FinishTransfer(ts[0].id).ok());
+  EXPECT_EQ(h.Of(1), Residence::kResident);
+  EXPECT_TRUE(h.manager->Persistent(1).ok());
+  EXPECT_EQ(h.provider.live_host_bytes(), 0u);
+  EXPECT_TRUE(h.manager->CheckInvariants().ok());
+}
+
 TEST(PagingTest, AFailedCopyLosesOnlyItsSession) {
   PagingHarness h;
   ASSERT_NE(h.AdmitNow(1, 60 * M, 10 * M), 0u);
@@ -315,6 +337,20 @@ TEST(PagingPropertyTest, ResidentSafetyAtEveryStep) {
       const MemoryStatsSnapshot s = h.manager->StatsSnapshot();
       ASSERT_LE(s.persistent_committed_bytes + s.ephemeral_committed_bytes, 100 * M);
       ASSERT_LE(static_cast<double>(s.persistent_committed_bytes + s.paged_bytes), 175.0 * M);
+    }
+    // And nothing is left stuck: once the iterations and copies end, every admitted session
+    // is resident (its block usable) or paged out.
+    for (const auto& [lane, who] : in_iteration) ASSERT_TRUE(h.manager->EndIteration(lane).ok());
+    for (const Transfer& t : copies) ASSERT_TRUE(h.FinishTransfer(t.id).ok());
+    h.FinishAll();
+    for (const SessionId s : live) {
+      auto res = h.manager->ResidenceOf(s);
+      if (!res.ok()) continue;  // waiting for admission
+      EXPECT_TRUE(*res == Residence::kResident || *res == Residence::kPagedOut)
+          << "session " << s << " is " << ResidenceName(*res);
+      if (*res == Residence::kResident) {
+        EXPECT_TRUE(h.manager->Persistent(s).ok()) << s;
+      }
     }
     EXPECT_GT(page_ins, 50u);
     EXPECT_GT(began, 200u);
