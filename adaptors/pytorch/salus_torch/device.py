@@ -72,6 +72,10 @@ _EAGER = _HOST_INPLACE | {aten.detach.default, aten.alias.default}
 # Ops that read values on the host: they flush, then run on the host values.
 _HOST_READS = {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default,
                aten.allclose.default}
+# (The recording looks ops up by id: an OpOverload hashes in Python, and each lives as long as
+# the process.)
+_HOST_READ_IDS = frozenset(map(id, _HOST_READS))
+_EAGER_IDS = frozenset(map(id, _EAGER))
 
 # Note [Lifted scalars]: Python floats in these arguments become graph inputs.
 _LIFT: dict[Any, tuple[str, ...]] = {}
@@ -87,6 +91,8 @@ for _f in (aten.addcmul, aten.addcmul_, aten.addcdiv, aten.addcdiv_):
     _LIFT[_f.default] = ("value",)
 _LIFT[aten.lerp.Scalar] = ("weight",)
 _LIFT[aten.lerp_.Scalar] = ("weight",)
+# id -> (argument names to lift, the schema's argument names)
+_LIFT_IDS = {id(f): (names, [a.name for a in f._schema.arguments]) for f, names in _LIFT.items()}
 
 
 class _Loc:
@@ -153,9 +159,22 @@ class _Op:
     lifted: bool = False  # some arguments are _Scalar (Note [Lifted scalars])
 
 
-@dataclass(frozen=True)
 class _Ref:
-    uid: int
+    """A tensor argument of a recorded op, by uid."""
+
+    __slots__ = ("uid",)
+
+    def __init__(self, uid: int) -> None:
+        self.uid = uid
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Ref and other.uid == self.uid
+
+    def __hash__(self) -> int:
+        return hash(("ref", self.uid))
+
+    def __repr__(self) -> str:
+        return f"_Ref({self.uid})"
 
 
 @dataclass(frozen=True)
@@ -185,16 +204,19 @@ class _Segment:
 class SalusTensor(torch.Tensor):
     """A tensor on the lazy `salus` device (Note [The lazy device])."""
 
-    _meta: torch.Tensor
+    _meta: torch.Tensor  # shared with other tensors of one op's outputs: never modified
+    _key: tuple  # (dtype, shape, stride, offset): what an op's output shapes depend on in it
     _uid: int
     _loc: _Loc
 
     @staticmethod
     def __new__(cls, meta: torch.Tensor, loc: _Loc) -> SalusTensor:
+        shape, stride, offset = meta.shape, meta.stride(), meta.storage_offset()
         r = torch.Tensor._make_wrapper_subclass(
-            cls, meta.shape, strides=meta.stride(), storage_offset=meta.storage_offset(),
-            dtype=meta.dtype, device=torch.device(NAME, 0), requires_grad=False)
+            cls, shape, strides=stride, storage_offset=offset, dtype=meta.dtype,
+            device=_DEVICE, requires_grad=False)
         r._meta = meta
+        r._key = (meta.dtype, shape, stride, offset)
         r._uid = next(_uids)
         r._loc = loc
         return r
@@ -229,6 +251,7 @@ class SalusTensor(torch.Tensor):
 
 
 _uids = itertools.count()
+_DEVICE: Any = None  # torch.device("salus", 0), once register() named the backend
 _BASE_KEYS = (torch._C._dispatch_tls_local_include_set(),
               torch._C._dispatch_tls_local_exclude_set())
 
@@ -273,12 +296,13 @@ class Runtime:
             return self._dispatch(func, args, kwargs)
 
     def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        if func in _HOST_READS or (func is aten._to_copy.default and _to_host(kwargs)):
+        fid = id(func)
+        if fid in _HOST_READ_IDS or (func is aten._to_copy.default and _to_host(kwargs)):
             return self._on_host(func, args, kwargs)
         if func is aten.copy_.default and not isinstance(args[0], SalusTensor):
             self.flush()
             return args[0].copy_(self.host_value(args[1]))
-        if func not in _EAGER:
+        if fid not in _EAGER_IDS:
             return self._record(func, args, kwargs)
         tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, SalusTensor)]
         untouched = all(t._uid not in self._seg.refs for t in tensors)
@@ -303,38 +327,33 @@ class Runtime:
     def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
         seg = self._seg
         tensors: list[SalusTensor] = []  # the op's tensor arguments, in order
-        lift = func in _LIFT
-
-        scanned = [self._scan(a, tensors, lift) for a in args]
-        rargs = tuple(r for r, _ in scanned)
-        kscanned = {k: self._scan(v, tensors, lift) for k, v in kwargs.items()}
-        rkwargs = {k: r for k, (r, _) in kscanned.items()}
+        lift = _LIFT_IDS.get(id(func))
+        scan = self._scan
+        rargs_l, keys = [], []
+        for a in args:
+            r, k = scan(a, tensors, lift)
+            rargs_l.append(r)
+            keys.append(k)
+        rargs = tuple(rargs_l)
+        rkwargs, kkeys = {}, []
+        for n, v in kwargs.items():
+            r, k = scan(v, tensors, lift)
+            rkwargs[n] = r
+            kkeys.append((n, k))
         # Note [Plans]: the output shapes of an op on given shapes are computed on meta
         # tensors once, then remembered.
-        key = (func, tuple(k for _, k in scanned), tuple((n, k) for n, (_, k) in kscanned.items()))
+        key = (id(func), tuple(keys), tuple(kkeys))
         try:
             template = self._metas.get(key)
         except TypeError:  # an unhashable argument: no memo
             key, template = None, None
         if template is None:
-            metas = seg.metas
-
-            def meta(a: Any) -> Any:
-                return metas[a.uid] if isinstance(a, _Ref) else _to_device(a, "meta")
-
-            try:
-                mout = func(*_map(meta, rargs), **_map(meta, rkwargs))
-            except Exception as e:
-                raise RuntimeError(f"salus device: {func} cannot be recorded: {e}") from None
-            where = {id(t._meta): k for k, t in enumerate(tensors)}
-            template = _map(lambda m: (("arg", where[id(m)]) if id(m) in where
-                                       else ("new", m)) if isinstance(m, torch.Tensor)
-                            else m, mout)
+            template = self._template(func, rargs, rkwargs, tensors)
             if key is not None:
                 self._metas[key] = template
         op = _Op(func, rargs, rkwargs, [])
-        if func in _LIFT:
-            op.lifted = self._lift(op, _LIFT[func])
+        if lift is not None:
+            op.lifted = self._lift(op, *lift)
         written = list(_writes(func))
         if func is aten.native_batch_norm.default and rargs[5]:
             written += [(3, "running_mean"), (4, "running_var")]  # undeclared writes
@@ -344,14 +363,14 @@ class Runtime:
                 seg.mutated.add(v.uid)
 
         def wrap(m: Any) -> Any:
-            if not (isinstance(m, tuple) and len(m) == 2 and m[0] in ("arg", "new")):
+            if not (type(m) is tuple and len(m) == 2 and (m[0] == "arg" or m[0] == "new")):
                 op.outs.append(None)
                 return m
             if m[0] == "arg":  # an in-place op or out= returns its argument
                 same = tensors[m[1]]
                 op.outs.append(same._uid)
                 return same
-            t = SalusTensor(_meta_of(m[1]), _Loc())
+            t = SalusTensor(m[1], _Loc())
             seg.producer[t._uid] = (op, len(op.outs))
             self._use(t)
             op.outs.append(t._uid)
@@ -361,13 +380,31 @@ class Runtime:
         seg.ops.append(op)
         pos = seg.pos
         seg.sig.append((key if key is not None else (func, _canon((op.args, op.kwargs), pos)),
-                        tuple(pos[t._uid] for t in tensors),
-                        tuple(-1 if u is None else pos[u] for u in op.outs)))
+                        tuple([pos[t._uid] for t in tensors]),
+                        tuple([-1 if u is None else pos[u] for u in op.outs])))
         return out
 
-    def _lift(self, op: _Op, names: tuple[str, ...]) -> bool:
+    @staticmethod
+    def _template(func: Any, rargs: tuple, rkwargs: dict, tensors: list[SalusTensor]) -> Any:
+        """The op's outputs as ("arg", k) (its k-th tensor argument, returned: an in-place op,
+        out=) or ("new", meta), from running it on meta tensors. Each argument gets a meta of
+        its own (tensors share the metas an op's template made, which must not change)."""
+        fresh = {t._uid: _meta_of(t._meta) for t in tensors}
+
+        def meta(a: Any) -> Any:
+            return fresh[a.uid] if isinstance(a, _Ref) else _to_device(a, "meta")
+
+        try:
+            mout = func(*_map(meta, rargs), **_map(meta, rkwargs))
+        except Exception as e:
+            raise RuntimeError(f"salus device: {func} cannot be recorded: {e}") from None
+        where = {id(fresh[t._uid]): k for k, t in enumerate(tensors)}
+        return _map(lambda m: (("arg", where[id(m)]) if id(m) in where
+                               else ("new", m)) if isinstance(m, torch.Tensor)
+                    else m, mout)
+
+    def _lift(self, op: _Op, names: tuple[str, ...], schema: list[str]) -> bool:
         """Replaces the op's float arguments `names` by _Scalar inputs."""
-        schema = [a.name for a in op.func._schema.arguments]
         args, kwargs = list(op.args), dict(op.kwargs)
         lifted = False
         for name in names:
@@ -383,21 +420,24 @@ class Runtime:
         op.args, op.kwargs = tuple(args), kwargs
         return lifted
 
-    def _scan(self, a: Any, tensors: list[SalusTensor], lift: bool) -> tuple[Any, Any]:
+    def _scan(self, a: Any, tensors: list[SalusTensor], lift: tuple | None) -> tuple[Any, Any]:
         """An op's argument as recorded, and what the op's output shapes depend on in it.
         (A method, not a recursive closure: a closure cycle would keep the op's tensors alive
         until a garbage collection, and one collected later loses its Python attributes.)"""
-        if isinstance(a, torch.Tensor):
-            if not isinstance(a, SalusTensor):  # a host tensor given to a device op
-                a = self._wrap_host(a)
+        kind = type(a)
+        if kind is not SalusTensor and isinstance(a, torch.Tensor):
+            a = self._wrap_host(a)  # a host tensor given to a device op
+            kind = SalusTensor
+        if kind is SalusTensor:
             self._use(a)
             tensors.append(a)
-            return _Ref(a._uid), (a.dtype, a.shape, a.stride(), a.storage_offset())
-        kind = type(a)
+            return _Ref(a._uid), a._key
         if kind is list or kind is tuple:
+            if all(type(e) is int for e in a):  # sizes, strides, dims
+                return kind(a), tuple(a)
             parts = [self._scan(e, tensors, lift) for e in a]
             return kind(p[0] for p in parts), tuple(p[1] for p in parts)
-        return a, (float if lift and kind is float else a)
+        return a, (float if lift is not None and kind is float else a)
 
     def _wrap_host(self, a: torch.Tensor) -> SalusTensor:
         """A host tensor given to a device op, as an input of the segment (once per value)."""
@@ -853,6 +893,8 @@ def _empty(size: list[int], dtype: torch.dtype | None = None, layout: Any = None
 # whenever the host count is not the one it last saw (a loaded state_dict). Any other setting
 # (dampening, maximize, amsgrad, capturable...) runs torch's own path.
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SGD_UPDATE: Any = None
+_ADAM_UPDATE: Any = None
 
 
 def _fused_sgd(original: Any) -> Any:
@@ -863,15 +905,18 @@ def _fused_sgd(original: Any) -> Any:
                 found_inf is not None or isinstance(kw["lr"], torch.Tensor):
             return original(params, grads, momentum_buffer_list, grad_scale, found_inf, **kw)
         lr = torch.tensor(float(kw["lr"]), dtype=torch.float32)
-        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
-            buf = momentum_buffer_list[i]
-            if buf is None:
-                buf = momentum_buffer_list[i] = torch.zeros_like(p)
-                runtime().zeros_on_host(buf)
-            new_p, new_buf = torch.ops.salus.sgd_update(
-                p, g, buf, lr, kw["momentum"], kw["weight_decay"], kw["nesterov"])
-            p.copy_(new_p)
-            buf.copy_(new_buf)
+        rt = runtime()
+        with rt._lock:
+            for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+                buf = momentum_buffer_list[i]
+                if buf is None:
+                    buf = momentum_buffer_list[i] = torch.zeros_like(p)
+                    rt.zeros_on_host(buf)
+                new_p, new_buf = rt._dispatch(
+                    _SGD_UPDATE, (p, g, buf, lr, kw["momentum"], kw["weight_decay"],
+                                  kw["nesterov"]), {})
+                _write(rt, p, new_p)
+                _write(rt, buf, new_buf)
         return None
     return single_tensor_sgd
 
@@ -888,32 +933,44 @@ def _fused_adam(original: Any, decoupled: bool) -> Any:
             return original(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
                             grad_scale, found_inf, **kw)
         lr = torch.tensor(float(kw["lr"]), dtype=torch.float32)
-        for p, g, m, v, host_step in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps,
-                                         strict=True):
-            runtime().zeros_on_host(m)
-            runtime().zeros_on_host(v)
-            count = float(host_step)
-            mirror = _steps.get(host_step)
-            if mirror is None or mirror[1] != count:
-                mirror = [torch.tensor(count, dtype=torch.float32).to(NAME), count]
-                _steps[host_step] = mirror
-            outs = torch.ops.salus.adam_update(
-                p, g, m, v, mirror[0], lr, kw["beta1"], kw["beta2"], kw["eps"],
-                kw["weight_decay"], decoupled)
-            for dst, src in zip((p, m, v, mirror[0]), outs, strict=True):
-                dst.copy_(src)
-            host_step += 1
-            mirror[1] = float(host_step)
+        rt = runtime()
+        with rt._lock:
+            for p, g, m, v, host_step in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps,
+                                             strict=True):
+                rt.zeros_on_host(m)
+                rt.zeros_on_host(v)
+                count = float(host_step)
+                mirror = _steps.get(host_step)
+                if mirror is None or mirror[1] != count:
+                    mirror = [torch.tensor(count, dtype=torch.float32).to(NAME), count]
+                    _steps[host_step] = mirror
+                outs = rt._dispatch(
+                    _ADAM_UPDATE, (p, g, m, v, mirror[0], lr, kw["beta1"], kw["beta2"],
+                                   kw["eps"], kw["weight_decay"], decoupled), {})
+                for dst, src in zip((p, m, v, mirror[0]), outs, strict=True):
+                    _write(rt, dst, src)
+                host_step += 1
+                mirror[1] = float(host_step)
         return None
     return single_tensor_adam
 
 
+def _write(rt: Runtime, dst: SalusTensor, src: SalusTensor) -> None:
+    """`dst.copy_(src)` recorded directly: what the dispatcher would hand to
+    __torch_dispatch__, less its layers above it (the version counter it bumps, bumped here)."""
+    rt._dispatch(aten.copy_.default, (dst, src), {})
+    torch.autograd.graph.increment_version(dst)
+
+
 def _install_fused_updates() -> None:
+    global _SGD_UPDATE, _ADAM_UPDATE
     import torch.optim.adam as adam
     import torch.optim.adamw as adamw
     import torch.optim.sgd as sgd
 
     from . import optim  # noqa: F401  (defines the salus:: update ops)
+    _SGD_UPDATE = torch.ops.salus.sgd_update.default
+    _ADAM_UPDATE = torch.ops.salus.adam_update.default
     sgd._single_tensor_sgd = _fused_sgd(sgd._single_tensor_sgd)
     adam._single_tensor_adam = _fused_adam(adam._single_tensor_adam, decoupled=False)
     adamw._single_tensor_adamw = _fused_adam(adamw._single_tensor_adamw, decoupled=True)
@@ -936,11 +993,12 @@ def _step_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
 
 def register() -> None:
     """Names PrivateUse1 `salus` and installs the device (done by `import salus_torch`)."""
-    global _registered, _lib
+    global _registered, _lib, _DEVICE
     if _registered:
         return
     if torch._C._get_privateuse1_backend_name() != NAME:
         torch.utils.rename_privateuse1_backend(NAME)
+    _DEVICE = torch.device(NAME, 0)
     module = types.ModuleType("torch.salus")
     module.is_available = lambda: True
     module.device_count = lambda: 1
