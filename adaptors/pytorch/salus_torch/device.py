@@ -304,7 +304,8 @@ class Runtime:
             return args[0].copy_(self.host_value(args[1]))
         if fid not in _EAGER_IDS:
             return self._record(func, args, kwargs)
-        tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, SalusTensor)]
+        # (these ops take their tensors as arguments of their own, never in lists)
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, SalusTensor)]
         untouched = all(t._uid not in self._seg.refs for t in tensors)
         if untouched and func in (aten.detach.default, aten.alias.default) and \
                 (args[0]._loc.host is not None or args[0]._loc.graph is not None):
@@ -956,9 +957,10 @@ def _fused_adam(original: Any, decoupled: bool) -> Any:
 
 
 def _write(rt: Runtime, dst: SalusTensor, src: SalusTensor) -> None:
-    """`dst.copy_(src)` recorded directly: what the dispatcher would hand to
-    __torch_dispatch__, less its layers above it (the version counter it bumps, bumped here)."""
-    rt._dispatch(aten.copy_.default, (dst, src), {})
+    """`dst.copy_(src)` recorded directly, `dst` being in the recording already (the update
+    read it): what the dispatcher would hand to __torch_dispatch__, less its layers above it
+    (the version counter it bumps, bumped here)."""
+    rt._record(aten.copy_.default, (dst, src), {})
     torch.autograd.graph.increment_version(dst)
 
 
