@@ -516,7 +516,8 @@ class Runtime:
         alive = {u: t for u in seg.order if (t := seg.refs[u]()) is not None and t._uid == u}
         state_in = [u for u in seg.order if u in seg.inputs
                     and (seg.inputs[u].graph is not None or u in seg.mutated)]
-        fed = [u for u in seg.order if u in seg.inputs and u not in state_in]
+        stateful = set(state_in)
+        fed = [u for u in seg.order if u in seg.inputs and u not in stateful]
         kept = []
         remats: dict[int, _Remat] = {}
         for u in seg.order:
