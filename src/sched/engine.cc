@@ -100,7 +100,10 @@ namespace salus::sched {
 // the paging quantum is not moved again (no ping-pong), and one move is in flight at a time.
 // The search looks at the head of each queue only (the first session waiting for each
 // device, and the first waiting for any), at most once per paging quantum unless it just
-// started a move: it scans the sessions, and the daemon dispatches at every iteration.
+// started a move: it scans the sessions, and the daemon dispatches at every iteration. While
+// sessions wait and no move started, NextHoldDeadline names the next search, so that the
+// driver looks again even when every session is idle (a candidate's quantum ends by time
+// alone, with no event to say so).
 
 // Note [Introspective packing]
 // Packing lanes on one device pays only when the sessions leave it partly idle; two that each
@@ -794,9 +797,15 @@ void Engine::DefragmentLocked(Nanos now, Notices* notices) {
   }
   // At most once per paging quantum (a candidate's standing changes with time, and a search
   // costs a scan of the sessions), and for the head of each queue only: the first session
-  // waiting for each device, and the first waiting for any.
-  if (now < next_defragment_) return;
+  // waiting for each device, and the first waiting for any. While sessions wait and no move
+  // started, the driver dispatches again when the next search may run: the sessions may all
+  // be idle, with no event to come, and a candidate's quantum ends by time alone.
+  if (now < next_defragment_) {
+    defragment_deadline_ = next_defragment_;
+    return;
+  }
   next_defragment_ = now + std::max(paging_quantum_, kMinDefragmentInterval);
+  defragment_deadline_ = next_defragment_;
   std::vector<SessionId> waiting(devices_.size() + 1, 0);
   for (const auto& [id, s] : sessions_) {
     if (s.state != SessionState::kWaiting || s.device == kUnplaced) continue;
@@ -829,7 +838,8 @@ void Engine::DefragmentLocked(Nanos now, Notices* notices) {
       SessionRec& move = sessions_.at(p.page_out[0]);
       const std::optional<size_t> to = TargetLocked(HeldLocked(move), a);
       if (!to) continue;
-      next_defragment_ = Nanos(0);  // the next look may find the next move
+      next_defragment_ = Nanos(0);   // the next look may find the next move
+      defragment_deadline_.reset();  // the move's copy ends with a dispatch
       const Status st = MigrateLocked(
           move, *to, fmt::format(" to make room for session {} on {}", w, devices_[a].name),
           notices);
@@ -1158,6 +1168,7 @@ void Engine::DispatchReady(std::vector<Dispatch>* out) {
   {
     MutexLock lock(&mu_);
     const Nanos now = clock_->Now();
+    defragment_deadline_.reset();
     if (defragment_ && devices_.size() > 1) DefragmentLocked(now, &notices);
     // Paged-out sessions: overcommit's, and moves undone (Note [Migration]).
     if (paging_ || !paged_out_.empty()) PageInLocked(now, &notices);
@@ -1439,9 +1450,12 @@ std::vector<LaneId> Engine::HeldLanes() const {
 
 std::optional<Nanos> Engine::NextHoldDeadline() const {
   MutexLock lock(&mu_);
-  if (!paging_deadline_) return next_hold_deadline_;
-  if (!next_hold_deadline_) return paging_deadline_;
-  return std::min(*next_hold_deadline_, *paging_deadline_);
+  std::optional<Nanos> next;
+  for (const std::optional<Nanos>& t :
+       {next_hold_deadline_, paging_deadline_, defragment_deadline_}) {
+    if (t && (!next || *t < *next)) next = t;
+  }
+  return next;
 }
 
 HoldStats Engine::Holds() const {

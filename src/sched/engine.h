@@ -270,10 +270,11 @@ class Engine {
   std::vector<LaneId> BlockedLanes() const EXCLUDES(mu_);
   // Lanes the last DispatchReady() left idle for an anticipated session, with runnable work.
   std::vector<LaneId> HeldLanes() const EXCLUDES(mu_);
-  // The earliest end of a hold the last DispatchReady() made, or when a paged-out session
-  // that found no room may find it (Note [Paging]): call DispatchReady() again then (a request
-  // or close of the held session ends a hold sooner, and is followed by a dispatch anyway).
-  // nullopt when no lane is held and nothing waits to page in.
+  // The earliest end of a hold the last DispatchReady() made, when a paged-out session that
+  // found no room may find it (Note [Paging]), or when a session waiting for a device may be
+  // helped by a move (Note [Migration]): call DispatchReady() again then (a request or close
+  // of the held session ends a hold sooner, and is followed by a dispatch anyway). nullopt
+  // when no lane is held and nothing waits to page in or to be admitted.
   std::optional<Nanos> NextHoldDeadline() const EXCLUDES(mu_);
   HoldStats Holds() const EXCLUDES(mu_);
   const Policy& policy() const { return *policy_; }
@@ -476,6 +477,8 @@ class Engine {
   IntrospectionStats introspection_stats_ GUARDED_BY(mu_);
   size_t migrations_in_flight_ GUARDED_BY(mu_) = 0;
   Nanos next_defragment_ GUARDED_BY(mu_){0};  // Note [Migration]: no search before then
+  // When sessions wait and no move started: the next search (NextHoldDeadline).
+  std::optional<Nanos> defragment_deadline_ GUARDED_BY(mu_);
   static constexpr Nanos kMinDefragmentInterval = std::chrono::milliseconds(10);
   std::vector<SessionView> page_scratch_ GUARDED_BY(mu_);
   std::set<SessionId> paged_out_ GUARDED_BY(mu_);  // sessions in kPagedOut

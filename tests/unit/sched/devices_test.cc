@@ -583,9 +583,18 @@ TEST(EngineMigrationTest, DefragmentingMoveAdmitsAWaitingSession) {
   ASSERT_FALSE(*h.Add(3, 2 * G, 1 * G, 0));  // needs device 0 without session 1
   EXPECT_TRUE(h.engine_->DispatchReady().empty());
   EXPECT_EQ(h.engine_->Migrations().started, 0u);  // 1 was admitted less than a quantum ago
-  h.clock_.Advance(seconds(1));
+  // Every session is idle: no event will come, so the engine names when to look again.
+  const std::optional<Nanos> again = h.engine_->NextHoldDeadline();
+  ASSERT_TRUE(again.has_value());
+  ASSERT_GT(*again, h.clock_.Now());
+  h.clock_.Advance(*again - h.clock_.Now() - Nanos(1));
+  EXPECT_TRUE(h.engine_->DispatchReady().empty());
+  EXPECT_EQ(h.engine_->Migrations().started, 0u);  // not yet
+  EXPECT_EQ(h.engine_->NextHoldDeadline(), again);
+  h.clock_.Advance(Nanos(1));
   EXPECT_TRUE(h.engine_->DispatchReady().empty());
   EXPECT_EQ(h.engine_->Migrations().started, 1u);
+  EXPECT_FALSE(h.engine_->NextHoldDeadline().has_value());  // nothing waits now
   EXPECT_EQ(h.DeviceOf(1), 1u);  // a peer move: on the target at once, its state copying in
   EXPECT_TRUE(h.engine_->Session(1)->copying);
   EXPECT_EQ(h.admitted_later_, (std::vector<SessionId>{3}));  // into the room 1 left
