@@ -21,20 +21,7 @@ using KernelOr = StatusOr<std::unique_ptr<Kernel>>;
 
 KernelOr EltwiseGrad(const Node& n, const Graph& g) {
   SALUS_ASSIGN_OR_RETURN(EltwiseSpec spec, EltwiseFor(n));
-  auto md = PlainDesc(g.value(n.inputs[0]).shape);
-  dnnl::eltwise_forward::primitive_desc fwd(
-      dnnl::eltwise_forward::desc(prop_kind::forward_training, spec.alg, md, spec.alpha, spec.beta),
-      CpuEngine());
-  dnnl::eltwise_backward::primitive_desc pd(
-      dnnl::eltwise_backward::desc(spec.alg, md, md, spec.alpha, spec.beta), UserScratchpad(),
-      CpuEngine(), fwd);
-  auto k = std::make_unique<DnnlKernel>();
-  k->AddPrimitive(dnnl::eltwise_backward(pd),
-                  {{DNNL_ARG_SRC, md, Slot::In(0)},
-                   {DNNL_ARG_DIFF_DST, md, Slot::In(1)},
-                   {DNNL_ARG_DIFF_SRC, md, Slot::Out(0)}},
-                  pd.scratchpad_desc().get_size());
-  return std::unique_ptr<Kernel>(std::move(k));
+  return EltwiseBackwardKernel(spec, g.value(n.inputs[0]).shape);
 }
 
 KernelOr SoftmaxGrad(const Node& n, const Graph& g) {

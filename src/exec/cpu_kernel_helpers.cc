@@ -81,6 +81,24 @@ StatusOr<EltwiseSpec> EltwiseFor(const Node& n) {
   return UnimplementedError("node '" + n.name + "': op " + op + " is not an eltwise op");
 }
 
+std::unique_ptr<Kernel> EltwiseBackwardKernel(const EltwiseSpec& spec, const Shape& shape) {
+  auto md = PlainDesc(shape);
+  dnnl::eltwise_forward::primitive_desc fwd(
+      dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, spec.alg, md, spec.alpha,
+                                  spec.beta),
+      CpuEngine());
+  dnnl::eltwise_backward::primitive_desc pd(
+      dnnl::eltwise_backward::desc(spec.alg, md, md, spec.alpha, spec.beta), UserScratchpad(),
+      CpuEngine(), fwd);
+  auto k = std::make_unique<DnnlKernel>();
+  k->AddPrimitive(dnnl::eltwise_backward(pd),
+                  {{DNNL_ARG_SRC, md, Slot::In(0)},
+                   {DNNL_ARG_DIFF_DST, md, Slot::In(1)},
+                   {DNNL_ARG_DIFF_SRC, md, Slot::Out(0)}},
+                  pd.scratchpad_desc().get_size());
+  return k;
+}
+
 StatusOr<SoftmaxSpec> SoftmaxFor(const Node& n, const Graph& g, ValueId x) {
   if (x == kNoValue) x = n.inputs[0];
   const Shape& s = g.value(x).shape;

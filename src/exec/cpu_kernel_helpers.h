@@ -8,6 +8,7 @@
 
 #include "exec/element_math.h"
 #include "exec/graph.h"
+#include "exec/kernel.h"
 #include "salus/status.h"
 
 namespace salus::exec {
@@ -30,6 +31,8 @@ struct EltwiseSpec {
 };
 // The eltwise algorithm of a unary op (the op named by attribute "forward_op" for grads).
 StatusOr<EltwiseSpec> EltwiseFor(const Node& n);
+// oneDNN's backward of that algorithm over plain tensors of `shape`: inputs (X, dY), output dX.
+std::unique_ptr<Kernel> EltwiseBackwardKernel(const EltwiseSpec& spec, const Shape& shape);
 
 struct SoftmaxSpec {
   Shape shape;  // the shape the softmax runs over (2-D before opset 13)

@@ -206,9 +206,16 @@ KernelOr PowGrad(const Node& n, const Graph& g) {
   }));
 }
 
-// Inputs (X, dY); output dX of Erf, Gelu (attribute approximate) or Reciprocal (forward_op).
+// Inputs (X, dY); output dX of Erf, Gelu (attribute approximate; oneDNN's eltwise backward)
+// or Reciprocal (forward_op).
 KernelOr UnaryGradKernel(const Node& n, const Graph& g) {
   SALUS_ASSIGN_OR_RETURN(const UnaryGradOp op, UnaryGradFor(n, g));
+  if (op == UnaryGradOp::kGeluErf || op == UnaryGradOp::kGeluTanh) {
+    // oneDNN's, vectorised: the loop below calls erff and expf one element at a time, at
+    // several times the cost.
+    SALUS_ASSIGN_OR_RETURN(EltwiseSpec spec, EltwiseFor(n));
+    return EltwiseBackwardKernel(spec, g.value(n.inputs[0]).shape);
+  }
   const int64_t count = NumElements(g.value(n.inputs[0]).shape);
   return std::unique_ptr<Kernel>(new LoopKernel([=](const KernelArgs& a) {
     const float* x = static_cast<const float*>(a.inputs[0]);
