@@ -301,6 +301,7 @@ class Lowerer {
   Status SoftmaxBackward();
   Status ThresholdBackward();
   Status Gelu();
+  Status GeluBackward();
   Status Convolution();
   Status ConvolutionBackward();
   Status MaxPool();
@@ -407,6 +408,7 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten._log_softmax.default", &Lowerer::SoftmaxOp},
       {"aten._softmax_backward_data.default", &Lowerer::SoftmaxBackward},
       {"aten.threshold_backward.default", &Lowerer::ThresholdBackward},
+      {"aten.gelu_backward.default", &Lowerer::GeluBackward},
       {"aten._log_softmax_backward_data.default", &Lowerer::SoftmaxBackward},
       {"aten.gelu.default", &Lowerer::Gelu},
       {"aten.convolution.default", &Lowerer::Convolution},
@@ -974,6 +976,26 @@ Status Lowerer::Gelu() {
     return Bad("approximate must be none or tanh");
   SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Gelu", {x}, {{"approximate", StringAttr(approximate)}}));
   return Bind(0, y);
+}
+
+// gelu_backward(grad_output, self, approximate): GELU's gradient as the engine's one kernel
+// (dY times Phi(x) + x phi(x), or the tanh form's derivative), where the decomposition would
+// run erf, exp and five elementwise products one kernel at a time.
+Status Lowerer::GeluBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(std::string approximate, String("approximate"));
+  if (approximate != "none" && approximate != "tanh")
+    return Bad("approximate must be none or tanh");
+  if (S(dy) != S(x) || T(x) != DataType::kFloat32 || T(dy) != DataType::kFloat32) {
+    return Bad("grad_output and self must be float tensors of one shape");
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId dx, EmitShaped("SalusUnaryGrad", {x, dy},
+                                                {{"forward_op", StringAttr("Gelu")},
+                                                 {"approximate", StringAttr(approximate)},
+                                                 {"opset", IntAttr(kAtenOpset)}},
+                                                DataType::kFloat32, S(x)));
+  return Bind(0, dx);
 }
 
 Status Lowerer::Convolution() {

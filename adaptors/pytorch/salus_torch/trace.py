@@ -142,6 +142,7 @@ _NO_DECOMPOSE = {
     torch.ops.aten._softmax_backward_data.default,
     torch.ops.aten._log_softmax_backward_data.default,
     torch.ops.aten.threshold_backward.default,
+    torch.ops.aten.gelu_backward.default,
     torch.ops.aten.select_backward.default,
 }
 
