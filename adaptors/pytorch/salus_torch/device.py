@@ -427,7 +427,8 @@ class Runtime:
         until a garbage collection, and one collected later loses its Python attributes.)"""
         kind = type(a)
         if kind is not SalusTensor and isinstance(a, torch.Tensor):
-            a = self._wrap_host(a)  # a host tensor given to a device op
+            if not isinstance(a, SalusTensor):
+                a = self._wrap_host(a)  # a host tensor given to a device op
             kind = SalusTensor
         if kind is SalusTensor:
             self._use(a)
