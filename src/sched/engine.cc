@@ -230,6 +230,14 @@ std::optional<size_t> Engine::DeviceIndex(std::string_view name) const {
   return std::nullopt;
 }
 
+StatusOr<size_t> Engine::FindDevice(std::string_view name) const {
+  if (const std::optional<size_t> d = DeviceIndex(name)) return *d;
+  std::string names;
+  for (const EngineDevice& d : devices_) names += (names.empty() ? "" : ", ") + d.name;
+  return InvalidArgumentError(
+      fmt::format("no device '{}' in this daemon (it has {})", name, names));
+}
+
 void Engine::OnAdmittedLocked(SessionId id, size_t device, const mem::Grant& grant) {
   SessionRec& s = sessions_.at(id);
   s.device = device;

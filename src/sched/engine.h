@@ -282,6 +282,8 @@ class Engine {
   const std::string& device_name(size_t device) const { return devices_.at(device).name; }
   // The index of the device named `name`, or nullopt.
   std::optional<size_t> DeviceIndex(std::string_view name) const;
+  // The same, or INVALID_ARGUMENT naming `name` and the devices there are.
+  StatusOr<size_t> FindDevice(std::string_view name) const;
   mem::MemoryManager& memory(size_t device = 0) { return *devices_.at(device).memory; }
   const mem::MemoryManager& memory(size_t device = 0) const { return *devices_.at(device).memory; }
   const Clock& clock() const { return *clock_; }

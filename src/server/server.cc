@@ -52,9 +52,9 @@ nlohmann::json OwnSessionsOnly(const nlohmann::json& sessions, const std::set<ui
 // - view: ListSessions, GetStats, GetMemoryMap. Anyone may ask; what they see depends on who
 //   asks (a client sees its own sessions and the others' totals, an administrator everything).
 // - admin: Drain, GrantAllocation, RevokeAllocation, ListAllocations, MoveSession. Only the
-//   administrator
-//   role (PERMISSION_DENIED otherwise). A request carrying the token of an allocation's client
-//   never has that role, whoever sent it (Note [Allocations] in allocation_registry.cc).
+//   administrator role (PERMISSION_DENIED otherwise). A request carrying the token of an
+//   allocation's client never has that role, whoever sent it (Note [Allocations] in
+//   allocation_registry.cc).
 enum class RequestClass { kOpen, kWork, kControl, kView, kAdmin, kUnknown };
 
 RequestClass Classify(v1::Request::BodyCase body) {
@@ -526,24 +526,16 @@ StatusOr<v1::Reply> Server::Answer(const Caller& caller, const v1::Request& req)
     }
     case v1::Request::kMoveSession: {
       sched::Engine& engine = executor_->engine();
-      const std::optional<size_t> to = engine.DeviceIndex(req.move_session().device());
-      if (!to) {
-        std::string names;
-        for (size_t d = 0; d < engine.device_count(); ++d) {
-          names += (d == 0 ? "" : ", ") + engine.device_name(d);
-        }
-        return InvalidArgumentError(fmt::format("no device '{}' in this daemon (it has {})",
-                                                req.move_session().device(), names));
-      }
+      SALUS_ASSIGN_OR_RETURN(const size_t to, engine.FindDevice(req.move_session().device()));
       SALUS_ASSIGN_OR_RETURN(const sched::SessionInfo before, engine.Session(req.session_id()));
-      SALUS_RETURN_IF_ERROR(executor_->Migrate(req.session_id(), *to));
+      SALUS_RETURN_IF_ERROR(executor_->Migrate(req.session_id(), to));
       logging::Event("server", "session_moved",
                      {{"session", req.session_id()},
-                      {"to", engine.device_name(*to)},
+                      {"to", engine.device_name(to)},
                       {"by", caller.principal}});
       v1::MoveSessionReply* out = reply.mutable_move_session();
       if (before.device) out->set_from(engine.device_name(*before.device));
-      out->set_to(engine.device_name(*to));
+      out->set_to(engine.device_name(to));
       return reply;
     }
     case v1::Request::kListAllocations: {

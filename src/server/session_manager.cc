@@ -90,16 +90,7 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
   }
   std::optional<size_t> pinned;
   if (!req.device().empty()) {
-    const sched::Engine& engine = o_.executor->engine();
-    pinned = engine.DeviceIndex(req.device());
-    if (!pinned) {
-      std::string names;
-      for (size_t d = 0; d < engine.device_count(); ++d) {
-        names += (d == 0 ? "" : ", ") + engine.device_name(d);
-      }
-      return InvalidArgumentError(
-          fmt::format("no device '{}' in this daemon (it has {})", req.device(), names));
-    }
+    SALUS_ASSIGN_OR_RETURN(pinned, o_.executor->engine().FindDevice(req.device()));
   }
   std::unique_ptr<SessionRuntime> runtime;
   switch (req.workload_case()) {
