@@ -439,7 +439,10 @@ Status ModelRuntime::Run(const sched::Dispatch& d, const std::vector<HostTensor>
       buffers[i].resize(infos[i].bytes);
       fetch_ptrs[i] = buffers[i].data();
     }
-    if (d.lane_memory.allocator != nullptr) SALUS_RETURN_IF_ERROR(FitLane(d.lane_memory.size));
+    // A lane without a planner (a caller's own buffer) still bounds what the step may use.
+    if (d.lane_memory.allocator != nullptr || d.lane_memory.size > 0) {
+      SALUS_RETURN_IF_ERROR(FitLane(d.lane_memory.size));
+    }
     SALUS_ASSIGN_OR_RETURN(std::byte * lane,
                            TakePlannedLane(d.lane_memory, exe_->ephemeral_bytes()));
     SALUS_RETURN_IF_ERROR(exe_->Run(ctx, d.persistent.address, lane, feed_ptrs, fetch_ptrs));

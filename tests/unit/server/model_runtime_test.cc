@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -148,6 +149,21 @@ TEST(ModelRuntimeTest, ADispatchOnAnUnknownDeviceIsRefused) {
   EXPECT_NE(st.message().find("device 2"), std::string::npos) << st;
 }
 
+TEST(ModelRuntimeTest, ALaneSmallerThanTheModelNeedsIsRefusedBeforeItRuns) {
+  // A caller's own lane (no planner) still bounds the step: never written past its end.
+  auto rt = ModelRuntime::Create(MlpTraining(), {Device{}}, 0);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  mem::Requirement req = (*rt)->requirement();
+  const uint64_t least =
+      req.smaller_ephemeral.empty() ? req.ephemeral_bytes : req.smaller_ephemeral.back();
+  req.ephemeral_bytes = least - 256;
+  const SessionMemory m = SessionMemory::On(Device{}, req);
+  IterationOutputs out;
+  const Status st = (*rt)->Run(m.At(0), Batch().Feeds(), {"loss"}, false, &out);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("smaller than the least"), std::string::npos) << st;
+}
+
 TEST(ModelRuntimeTest, ACompileForADeviceOutsideTheListIsRefused) {
   auto rt = ModelRuntime::Create(MlpTraining(), {Device{}}, 1);
   EXPECT_EQ(rt.status().code(), StatusCode::kInvalidArgument) << rt.status();
@@ -167,8 +183,10 @@ TEST(ModelRuntimeGpuTest, CompilesAgainForTheGpuItLandsOn) {
   ASSERT_TRUE(moving.ok()) << moving.status();
   auto reference = ModelRuntime::Create(MlpTraining(), {gpu}, 0);
   ASSERT_TRUE(reference.ok()) << reference.status();
-  const mem::Requirement req = (*moving)->requirement();
+  mem::Requirement req = (*moving)->requirement();
   ASSERT_EQ(req.persistent_bytes, (*reference)->requirement().persistent_bytes);
+  // The lanes fit either compile: the GPU's may need more ephemeral memory than the CPU's.
+  req.ephemeral_bytes = std::max(req.ephemeral_bytes, (*reference)->requirement().ephemeral_bytes);
   const Batch batch;
 
   // Step 0 on the CPU; then the block goes to the GPU, for both runtimes.
