@@ -874,12 +874,10 @@ nlohmann::json Server::StatsJson(const ClientRef* viewer) const {
                         {"bad_envelopes", frontend_->bad_envelopes()},
                         {"draining", draining()},
                         {"clients", clients_->Count()}};
-  // One device: its memory statistics at the top, as before devices were several.
-  if (devices.size() == 1) {
-    out["memory"] = devices[0]["memory"];
-  } else {
-    out["devices"] = std::move(devices);
-  }
+  // One device: its memory statistics at the top too, as before devices were several. The list
+  // is there for any number, so a client reads each device's name the same way.
+  if (devices.size() == 1) out["memory"] = devices[0]["memory"];
+  out["devices"] = std::move(devices);
   return out;
 }
 

@@ -95,7 +95,8 @@ int Status(salus::client::Client& c) {
               salus::FormatBytes(j.value("committed_bytes", 0ull)).c_str(),
               salus::FormatBytes(j.value("capacity_bytes", 0ull)).c_str(),
               j.value("lanes", size_t{0}));
-  for (const auto& d : j.value("devices", nlohmann::json::array())) {
+  const auto devices = j.value("devices", nlohmann::json::array());
+  for (const auto& d : devices.size() > 1 ? devices : nlohmann::json::array()) {
     std::printf("  %-8s %s committed of %s (%zu lanes, %zu waiting)\n",
                 d.value("device", std::string()).c_str(),
                 salus::FormatBytes(d.value("committed_bytes", 0ull)).c_str(),
