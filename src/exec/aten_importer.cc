@@ -295,6 +295,7 @@ class Lowerer {
   Status SelectBackward();
   Status Cat();
   Status ReduceOp();
+  Status AnyAll();
   Status Addmm();
   Status MatMulOp();
   Status SoftmaxOp();
@@ -402,6 +403,9 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.sum.dim_IntList", &Lowerer::ReduceOp}, {"aten.sum.default", &Lowerer::ReduceOp},
       {"aten.mean.dim", &Lowerer::ReduceOp}, {"aten.mean.default", &Lowerer::ReduceOp},
       {"aten.amax.default", &Lowerer::ReduceOp},
+      {"aten.any.dim", &Lowerer::AnyAll}, {"aten.any.dims", &Lowerer::AnyAll},
+      {"aten.any.default", &Lowerer::AnyAll}, {"aten.all.dim", &Lowerer::AnyAll},
+      {"aten.all.dims", &Lowerer::AnyAll}, {"aten.all.default", &Lowerer::AnyAll},
       {"aten.addmm.default", &Lowerer::Addmm},
       {"aten.mm.default", &Lowerer::MatMulOp}, {"aten.bmm.default", &Lowerer::MatMulOp},
       {"aten._softmax.default", &Lowerer::SoftmaxOp},
@@ -428,6 +432,7 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.native_dropout.default", &Lowerer::Dropout},
       {"aten.bernoulli.p", &Lowerer::Bernoulli},
       {"aten.empty.memory_format", &Lowerer::Empty},
+      {"aten.empty_permuted.default", &Lowerer::Empty},  // its layout: the engine's is dense
       {"aten.empty_like.default", &Lowerer::Empty},
       {"aten.copy_.default", &Lowerer::CopyInto},
       {"salus.sgd_update.default", &Lowerer::FusedUpdate},
@@ -893,6 +898,34 @@ Status Lowerer::ReduceOp() {
   SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
   SALUS_ASSIGN_OR_RETURN(ValueId y, Reduce(engine, x, axes, keep));
   SALUS_ASSIGN_OR_RETURN(y, Cast(y, type));
+  return Bind(0, y);
+}
+
+// any and all (.dim: one axis; .dims: a list, or none for every axis; .default: every axis):
+// the largest truth value as 0 or 1 in float, and all(x) as not any(not x).
+Status Lowerer::AnyAll() {
+  const std::string& op = node_->op();
+  const bool all = op.rfind("aten.all.", 0) == 0;
+  const bool every_axis = op.ends_with(".default");
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  std::vector<int64_t> axes;
+  bool keep = false;
+  if (!every_axis) {
+    if (!IsNone("dim")) {
+      SALUS_ASSIGN_OR_RETURN(axes, Ints("dim"));
+    }
+    SALUS_ASSIGN_OR_RETURN(keep, Bool("keepdim"));
+  }
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kBool));
+  if (all) {
+    SALUS_ASSIGN_OR_RETURN(x, Emit("Not", {x}));
+  }
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Reduce("ReduceMax", x, axes, keep));
+  SALUS_ASSIGN_OR_RETURN(y, Cast(y, DataType::kBool));
+  if (all) {
+    SALUS_ASSIGN_OR_RETURN(y, Emit("Not", {y}));
+  }
   return Bind(0, y);
 }
 

@@ -150,6 +150,28 @@ def test_tensors_made_on_the_device_and_printed(daemon: Daemon) -> None:
     assert z.tolist() == [0.0, 1.0, 2.0]
 
 
+def test_ops_later_torch_versions_emit(daemon: Daemon) -> None:
+    """any and all (attention's masked-row check emits them from torch 2.5 on), and
+    native_batch_norm with its running-statistics writes, which its schema does not declare
+    (later versions' BatchNorm reaches it)."""
+    torch.manual_seed(5)
+    x = torch.randn(4, 5, 6)
+    x[0] = 1.0  # rows where every value is true
+    reductions = [lambda t: t.any(), lambda t: t.all(), lambda t: t.any(dim=1),
+                  lambda t: t.all(dim=2, keepdim=True), lambda t: t.any(dim=(0, 2)),
+                  lambda t: t.all(dim=-1)]
+    for i, f in enumerate(reductions):
+        assert torch.equal(f(x.to("salus") > 0).cpu(), f(x > 0)), f"reduction {i}"
+    stats = {d: (torch.zeros(5, device=d), torch.ones(5, device=d)) for d in ("cpu", "salus")}
+    w, b = torch.randn(5), torch.randn(5)
+    out = {d: torch.native_batch_norm(x.to(d), w.to(d), b.to(d), *stats[d], True, 0.1, 1e-5)[0]
+           for d in ("cpu", "salus")}
+    torch.testing.assert_close(out["salus"].cpu(), out["cpu"], rtol=1e-5, atol=1e-6)
+    for got, want in zip(stats["salus"], stats["cpu"], strict=True):
+        assert not torch.equal(want, torch.zeros(5)) and not torch.equal(want, torch.ones(5))
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+
+
 def test_an_op_the_engine_lacks_is_refused_by_name(daemon: Daemon) -> None:
     x = torch.randn(2, 3, 8, 8).to("salus")
     y = F.avg_pool2d(x, 2)

@@ -930,12 +930,14 @@ def _fused_adam(original: Any, decoupled: bool) -> Any:
                            found_inf: Any = None, **kw: Any) -> None:
         if not params or not isinstance(params[0], SalusTensor) or kw["amsgrad"] or \
                 kw["maximize"] or kw["capturable"] or kw["differentiable"] or \
-                kw["has_complex"] or grad_scale is not None or found_inf is not None or \
+                kw.get("has_complex", False) or grad_scale is not None or found_inf is not None or \
                 isinstance(kw["lr"], torch.Tensor) or \
                 any(isinstance(s, SalusTensor) for s in state_steps):
             return original(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
                             grad_scale, found_inf, **kw)
         lr = torch.tensor(float(kw["lr"]), dtype=torch.float32)
+        # Later torch versions run AdamW as Adam with decoupled_weight_decay=True.
+        decoupled_now = decoupled or bool(kw.get("decoupled_weight_decay", False))
         rt = runtime()
         with rt._lock:
             for p, g, m, v, host_step in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps,
@@ -949,7 +951,7 @@ def _fused_adam(original: Any, decoupled: bool) -> Any:
                     _steps[host_step] = mirror
                 outs = rt._dispatch(
                     _ADAM_UPDATE, (p, g, m, v, mirror[0], lr, kw["beta1"], kw["beta2"],
-                                   kw["eps"], kw["weight_decay"], decoupled), {})
+                                   kw["eps"], kw["weight_decay"], decoupled_now), {})
                 for dst, src in zip((p, m, v, mirror[0]), outs, strict=True):
                     _write(rt, dst, src)
                 host_step += 1
@@ -977,7 +979,8 @@ def _install_fused_updates() -> None:
     _ADAM_UPDATE = torch.ops.salus.adam_update.default
     sgd._single_tensor_sgd = _fused_sgd(sgd._single_tensor_sgd)
     adam._single_tensor_adam = _fused_adam(adam._single_tensor_adam, decoupled=False)
-    adamw._single_tensor_adamw = _fused_adam(adamw._single_tensor_adamw, decoupled=True)
+    if hasattr(adamw, "_single_tensor_adamw"):  # torch 2.4; later, AdamW runs Adam's
+        adamw._single_tensor_adamw = _fused_adam(adamw._single_tensor_adamw, decoupled=True)
 
 
 def _host_factory(op: Any) -> Any:

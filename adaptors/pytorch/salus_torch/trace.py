@@ -173,12 +173,32 @@ def _clamp(x: torch.Tensor, min: float | None = None, max: float | None = None
     return x
 
 
+def _native_batch_norm(x: torch.Tensor, weight: torch.Tensor | None,
+                       bias: torch.Tensor | None, running_mean: torch.Tensor | None,
+                       running_var: torch.Tensor | None, training: bool, momentum: float,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """native_batch_norm as the `_native_batch_norm_legit` op that declares its writes.
+
+    native_batch_norm updates the running statistics without its schema saying so, so
+    functionalization cannot see those writes: a graph keeping it would drop them. (torch 2.4's
+    decompositions never reach it in a training step; later versions do.)"""
+    aten = torch.ops.aten
+    if running_mean is None and running_var is None:
+        return aten._native_batch_norm_legit.no_stats(x, weight, bias, training, momentum, eps)
+    if not training:
+        return aten._native_batch_norm_legit_no_training.default(
+            x, weight, bias, running_mean, running_var, momentum, eps)
+    return aten._native_batch_norm_legit.default(x, weight, bias, running_mean, running_var,
+                                                 training, momentum, eps)
+
+
 def _decompositions() -> dict:
     table = core_aten_decompositions()
     for op in _NO_DECOMPOSE:
         table.pop(op, None)
     table[torch.ops.aten.linalg_vector_norm.default] = _vector_norm
     table[torch.ops.aten.clamp.default] = _clamp
+    table[torch.ops.aten.native_batch_norm.default] = _native_batch_norm
     return table
 
 

@@ -42,8 +42,13 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
 
+// torch 2.4 declares getDefaultGenerator non-const, later versions const: each overrides
+// the one its version declares (neither is marked override, as one of them overrides nothing).
 struct Hooks final : at::PrivateUse1HooksInterface {
-  const at::Generator& getDefaultGenerator(c10::DeviceIndex) override {
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) {
+    return at::detail::getDefaultCPUGenerator();
+  }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const {
     return at::detail::getDefaultCPUGenerator();
   }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
