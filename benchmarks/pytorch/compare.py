@@ -10,14 +10,22 @@ steps of each run (tracing, compiling, first writes of the state) are dropped. P
 medians and their ratios to eager and writes them as JSON.
 
     .venv-torch/bin/python benchmarks/pytorch/compare.py [--models resnet,encoder] [--rounds 3]
+
+On a GPU, `--device cuda:0` runs the daemon on that device and the eager baseline on PyTorch's
+same CUDA device; capture_step and the lazy device are unchanged (their batches start on the
+host, as the eager baseline's are copied to the GPU inside each step). The eager CUDA rounds
+run in a child process that never imports salus_torch: once the `salus` device is registered,
+PyTorch takes it for the process's accelerator, and CUDA's autograd streams no longer match.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,10 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 for p in ("tests/integration", "tests/pytorch", "adaptors/python", "adaptors/pytorch"):
     sys.path.insert(0, str(REPO / p))
 
-import salus_torch  # noqa: E402
 import torch  # noqa: E402
 from models import Encoder, ResNet, user_step  # noqa: E402
-from salus_daemon import Daemon  # noqa: E402
 
 
 def make(model: str, batch: int, device: str = "cpu"):  # noqa: ANN201
@@ -58,6 +64,17 @@ def timed(step, data, steps: int, warmup: int) -> list[float]:  # noqa: ANN001
     return times
 
 
+def eager_times(args: argparse.Namespace, model: str) -> list[float]:
+    """One round of eager steps: here on the CPU, in a child process on a GPU."""
+    if args.device == "cpu":
+        return timed(*make(model, args.batch), args.steps, args.warmup)
+    cmd = [sys.executable, __file__, "--eager-only", "--models", model, "--device", args.device,
+           "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--threads", str(args.threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])[model]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="resnet,encoder")
@@ -66,18 +83,30 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--device", default="cpu",
+                    help="the daemon's device; the eager baseline runs on PyTorch's same device")
     ap.add_argument("--out", default=str(REPO / "results" / "pytorch_compare.json"))
+    ap.add_argument("--eager-only", action="store_true",
+                    help="time the eager steps of --models alone and print them as JSON")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    daemon = Daemon(memory="4GiB", policy="fifo")
+    if args.eager_only:
+        print(json.dumps({model: timed(*make(model, args.batch, args.device), args.steps,
+                                       args.warmup) for model in args.models.split(",")}))
+        return
+    eager_round = functools.partial(eager_times, args)
+
+    import salus_torch
+    from salus_daemon import Daemon
+    daemon_args = [] if args.device == "cpu" else ["--device", args.device]
+    daemon = Daemon(*daemon_args, memory="4GiB", policy="fifo")
     results = {}
     try:
         for model in args.models.split(","):
             eager, salus, lazy = [], [], []
             for _ in range(args.rounds):
-                step, data = make(model, args.batch)
-                eager += timed(step, data, args.steps, args.warmup)
+                eager += eager_round(model)
                 step, data = make(model, args.batch)
                 with salus_torch.capture_step(step, endpoint=daemon.endpoint) as captured:
                     salus += timed(captured, data, args.steps, args.warmup)
@@ -96,7 +125,8 @@ def main() -> None:
         daemon.stop()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"threads": args.threads, "batch": args.batch,
-                                          "torch": torch.__version__, "models": results},
+                                          "device": args.device, "torch": torch.__version__,
+                                          "models": results},
                                          indent=2))
 
 
