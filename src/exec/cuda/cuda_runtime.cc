@@ -24,18 +24,24 @@ using cuda::CudnnStatus;
 // A captured iteration, instantiated (Note [Device graphs]).
 class CudaGraph final : public DeviceGraph {
  public:
-  explicit CudaGraph(std::string device) : device_(std::move(device)) {}
+  // `reserved`: the runtime's count of device memory outside the arena, which holds the
+  // instantiated graph's `bytes` while it lives.
+  CudaGraph(std::string device, std::atomic<uint64_t>* reserved)
+      : device_(std::move(device)), reserved_(reserved) {}
   ~CudaGraph() override {
     if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    reserved_->fetch_sub(bytes_);
   }
   Status Launch(DeviceContext* ctx) override {
     return CudaStatus(cudaGraphLaunch(exec_, ctx->stream),
                       device_ + ": launching the iteration's graph");
   }
   cudaGraphExec_t exec_ = nullptr;
+  uint64_t bytes_ = 0;
 
  private:
   std::string device_;
+  std::atomic<uint64_t>* reserved_;
 };
 
 class CudaRuntime final : public DeviceRuntime {
@@ -242,9 +248,25 @@ StatusOr<std::unique_ptr<DeviceGraph>> CudaRuntime::Capture(DeviceContext* ctx,
     }
     cudaGetLastError();  // the refusal is not sticky: instantiate instead
   }
-  auto fresh = std::make_unique<CudaGraph>(name());
+  // The instantiated graph's device memory (its nodes' parameters, uploaded here rather than
+  // at the first launch) lies outside the arena: measured as a context's is, and counted in
+  // reserved_bytes() until the graph is destroyed. Best effort: where a step of the
+  // measurement fails, the graph counts nothing and the first launch uploads it.
+  size_t free_before = 0, free_after = 0, total = 0;
+  const bool measured_before = cudaMemGetInfo(&free_before, &total) == cudaSuccess;
+  auto fresh = std::make_unique<CudaGraph>(name(), &reserved_);
   SALUS_RETURN_IF_ERROR(CudaStatus(cudaGraphInstantiate(&fresh->exec_, graph, 0),
                                    name() + ": instantiating the iteration's graph"));
+  if (measured_before && cudaGraphUpload(fresh->exec_, ctx->stream) == cudaSuccess &&
+      cudaStreamSynchronize(ctx->stream) == cudaSuccess &&
+      cudaMemGetInfo(&free_after, &total) == cudaSuccess && free_before > free_after) {
+    fresh->bytes_ = free_before - free_after;
+    reserved_ += fresh->bytes_;
+    logging::Event(
+        "exec", "cuda_graph",
+        {{"device", name()}, {"bytes", fresh->bytes_}, {"reserved_bytes", reserved_.load()}});
+  }
+  cudaGetLastError();  // a failed measurement is not the iteration's error
   return std::unique_ptr<DeviceGraph>(std::move(fresh));
 }
 

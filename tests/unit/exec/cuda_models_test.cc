@@ -10,6 +10,7 @@
 // another checkout), else from the source tree's benchmarks/models.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -330,6 +331,37 @@ TEST(CudaGraphsTest, ReplayIsBitIdenticalToKernelLaunches) {
     EXPECT_EQ(g.replays, 4u);
     EXPECT_EQ(g.captures + g.updates, 3u);  // first run, the move, the move back
   }
+}
+
+// An instantiated graph's device memory is counted in the runtime's reserved bytes while the
+// graph lives, and given back with it.
+TEST(CudaGraphsTest, AGraphsMemoryIsReservedWhileItLives) {
+  SALUS_REQUIRE_GPU();
+  auto rt = DeviceRuntime::For(Device{DeviceType::kCuda, 0});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  ASSERT_TRUE((*rt)->ThreadContext().ok());  // this thread's context first: it is reserved too
+  const uint64_t before = (*rt)->reserved_bytes();
+  {
+    CompileOptions o = Inference("resnet", 8);
+    o.device = Device{DeviceType::kCuda, 0};
+    o.device_graphs = true;
+    auto exe = Executable::Compile(ReadModel("resnet"), o);
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    Executable& b = **exe;
+    auto p = DeviceBuffer::Allocate(b.runtime(), b.persistent_bytes());
+    auto l = DeviceBuffer::Allocate(b.runtime(), b.ephemeral_bytes());
+    ASSERT_TRUE(p.ok() && l.ok());
+    ASSERT_TRUE(b.InitializePersistent(p->get()).ok());
+    ParityOptions po;
+    po.int_hi = kClasses;
+    RunOnce(b, p->get(), l->get(), RandomFeeds(b, po));
+    EXPECT_EQ(b.graph_stats().captures, 1u);
+    const uint64_t during = (*rt)->reserved_bytes();
+    EXPECT_GE(during, before);
+    std::printf("resnet (batch 8) inference graph: %llu bytes reserved\n",
+                static_cast<unsigned long long>(during - before));
+  }
+  EXPECT_EQ((*rt)->reserved_bytes(), before);
 }
 
 }  // namespace
