@@ -21,7 +21,6 @@ PyTorch takes it for the process's accelerator, and CUDA's autograd streams no l
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
@@ -95,7 +94,6 @@ def main() -> None:
         print(json.dumps({model: timed(*make(model, args.batch, args.device), args.steps,
                                        args.warmup) for model in args.models.split(",")}))
         return
-    eager_round = functools.partial(eager_times, args)
 
     import salus_torch
     from salus_daemon import Daemon
@@ -106,7 +104,7 @@ def main() -> None:
         for model in args.models.split(","):
             eager, salus, lazy = [], [], []
             for _ in range(args.rounds):
-                eager += eager_round(model)
+                eager += eager_times(args, model)
                 step, data = make(model, args.batch)
                 with salus_torch.capture_step(step, endpoint=daemon.endpoint) as captured:
                     salus += timed(captured, data, args.steps, args.warmup)

@@ -95,13 +95,16 @@ int Status(salus::client::Client& c) {
               salus::FormatBytes(j.value("committed_bytes", 0ull)).c_str(),
               salus::FormatBytes(j.value("capacity_bytes", 0ull)).c_str(),
               j.value("lanes", size_t{0}));
+  // One line per device where there are several (stats list a one-device daemon's too).
   const auto devices = j.value("devices", nlohmann::json::array());
-  for (const auto& d : devices.size() > 1 ? devices : nlohmann::json::array()) {
-    std::printf("  %-8s %s committed of %s (%zu lanes, %zu waiting)\n",
-                d.value("device", std::string()).c_str(),
-                salus::FormatBytes(d.value("committed_bytes", 0ull)).c_str(),
-                salus::FormatBytes(d.value("capacity_bytes", 0ull)).c_str(),
-                d.value("lanes", size_t{0}), d.value("waiting", size_t{0}));
+  if (devices.size() > 1) {
+    for (const auto& d : devices) {
+      std::printf("  %-8s %s committed of %s (%zu lanes, %zu waiting)\n",
+                  d.value("device", std::string()).c_str(),
+                  salus::FormatBytes(d.value("committed_bytes", 0ull)).c_str(),
+                  salus::FormatBytes(d.value("capacity_bytes", 0ull)).c_str(),
+                  d.value("lanes", size_t{0}), d.value("waiting", size_t{0}));
+    }
   }
   std::printf("sessions   %zu (%zu waiting for memory), %zu iterations running\n",
               j.value("sessions", size_t{0}), j.value("waiting", size_t{0}),
