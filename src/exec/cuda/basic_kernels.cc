@@ -160,11 +160,24 @@ KernelOr Unary(const Node& n, const Graph& g, DeviceContext*) {
 // ---------------------------------------------------------------------------------------------
 // Broadcasting binary ops and Transpose: index maps.
 
+// int64 Add, Sub and Mul (a BatchNorm's num_batches_tracked += 1 in a PyTorch step). Div is
+// refused: the CPU reports a zero divisor, which a kernel could not without a host read.
+bool IsInt64Binary(const Node& n, const Graph& g) {
+  return g.value(n.outputs[0]).type == DataType::kInt64 &&
+         g.value(n.inputs[0]).type == DataType::kInt64 &&
+         g.value(n.inputs[1]).type == DataType::kInt64;
+}
+
 KernelOr Binary(const Node& n, const Graph& g, DeviceContext*) {
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const bool int64 = IsInt64Binary(n, g);
   const std::string what = n.Describe();
   BinaryOp op;
   if (!BinaryOpFor(n.op, &op)) return UnimplementedError(what + ": not a binary op");
+  if (int64 && op != BinaryOp::kAdd && op != BinaryOp::kSub && op != BinaryOp::kMul) {
+    return UnimplementedError(what + ": int64 " + n.op +
+                              " on the GPU (int64 Add, Sub and Mul are)");
+  }
+  if (!int64) SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const Shape& a = g.value(n.inputs[0]).shape;
   const Shape& b = g.value(n.inputs[1]).shape;
   const Shape& out = g.value(n.outputs[0]).shape;
@@ -173,6 +186,14 @@ KernelOr Binary(const Node& n, const Graph& g, DeviceContext*) {
     return UnimplementedError(what + ": broadcasting " + ShapeString(a) + " with " +
                               ShapeString(b) + " needs more than " + std::to_string(kMaxIndexDims) +
                               " dims");
+  }
+  if (int64) {
+    return FnKernel([op, map, what](const KernelArgs& args) -> Status {
+      return CudaStatus(LaunchBinaryInt64(op, map, static_cast<const int64_t*>(args.inputs[0]),
+                                          static_cast<const int64_t*>(args.inputs[1]),
+                                          static_cast<int64_t*>(args.outputs[0]), StreamOf(args)),
+                        what);
+    });
   }
   return FnKernel([op, map, what](const KernelArgs& args) -> Status {
     return CudaStatus(LaunchBinary(op, map, static_cast<const float*>(args.inputs[0]),

@@ -43,6 +43,17 @@ cudaError_t Binary(const IndexMap& map, const float* a, const float* b, float* z
   return cudaGetLastError();
 }
 
+// int64 Add, Sub and Mul (wrapping, as numpy): rare and small tensors (step counters), so the op
+// is a kernel argument rather than a template parameter.
+__global__ void BinaryInt64Kernel(BinaryOp op, IndexMap map, const int64_t* a, const int64_t* b,
+                                  int64_t* __restrict__ z, int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    int64_t off[kMaxIndexOperands];
+    MapIndex(map, e, off);
+    z[e] = ApplyBinaryInt64(op, a[off[0]], b[off[1]]);
+  }
+}
+
 __global__ void GatherKernel(IndexMap map, const float* __restrict__ x, float* __restrict__ y,
                              int64_t count) {
   for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
@@ -136,6 +147,17 @@ cudaError_t LaunchBinary(BinaryOp op, const IndexMap& map, const float* a, const
       return Binary<BinaryOp::kPow>(map, a, b, z, count, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchBinaryInt64(BinaryOp op, const IndexMap& map, const int64_t* a, const int64_t* b,
+                              int64_t* z, cudaStream_t stream) {
+  if (op != BinaryOp::kAdd && op != BinaryOp::kSub && op != BinaryOp::kMul) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t count = IndexMapCount(map);
+  if (count <= 0) return cudaSuccess;
+  BinaryInt64Kernel<<<BlocksFor(count), kThreads, 0, stream>>>(op, map, a, b, z, count);
+  return cudaGetLastError();
 }
 
 cudaError_t LaunchGather(const IndexMap& map, const float* x, float* y, cudaStream_t stream) {

@@ -24,6 +24,12 @@ cudaError_t LaunchUnary(UnaryOp op, float alpha, const float* x, float* y, int64
 cudaError_t LaunchBinary(BinaryOp op, const IndexMap& map, const float* a, const float* b, float* z,
                          cudaStream_t stream);
 
+// The same over int64 tensors with ApplyBinaryInt64, for Add, Sub and Mul only (Div's zero
+// divisor is an error the CPU reports, which a kernel cannot): other ops are
+// cudaErrorInvalidValue.
+cudaError_t LaunchBinaryInt64(BinaryOp op, const IndexMap& map, const int64_t* a, const int64_t* b,
+                              int64_t* z, cudaStream_t stream);
+
 // y[e] = x[MapIndex(map, e)[0]] for every element of the map: Transpose, with the input's
 // strides permuted into the output's dim order.
 cudaError_t LaunchGather(const IndexMap& map, const float* x, float* y, cudaStream_t stream);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -263,11 +264,12 @@ const BroadcastCase kBroadcastCases[] = {
     {"empty", {0, 3}, {3}},
 };
 
-std::string BinaryModel(const std::string& op, const Shape& a, const Shape& b, size_t out_rank) {
+std::string BinaryModel(const std::string& op, const Shape& a, const Shape& b, size_t out_rank,
+                        int type = onnx::TensorProto::FLOAT) {
   ModelBuilder mb;
-  mb.Input("a", a).Input("b", b);
+  mb.Input("a", a, type).Input("b", b, type);
   mb.Node(op, {"a", "b"}, {"z"});
-  OutputOfRank(mb, "z", out_rank);
+  OutputOfRank(mb, "z", out_rank, type);
   return mb.Bytes();
 }
 
@@ -310,6 +312,28 @@ TEST(CudaBasicKernelsTest, BinaryOpsOnSpecialValues) {
     p.feeds["b"] = HostTensor::FromFloats(s, v);
     ExpectCudaParity(BinaryModel(op, s, s, 1), {}, p);
   }
+}
+
+// int64 Add, Sub and Mul (a PyTorch BatchNorm's step counter) broadcast as the float ops do and
+// wrap at the int64 range as the CPU does; int64 Div is refused (its zero divisor is an error).
+TEST(CudaBasicKernelsTest, Int64BinaryOps) {
+  SALUS_REQUIRE_GPU();
+  const int kInt64 = onnx::TensorProto::INT64;
+  for (const std::string op : {"Add", "Sub", "Mul"}) {
+    ParityOptions p;
+    p.int_hi = 1000;
+    for (const BroadcastCase& c : kBroadcastCases) {
+      SCOPED_TRACE(op + " of int64: " + c.scenario);
+      ExpectCudaParity(BinaryModel(op, c.a, c.b, std::max(c.a.size(), c.b.size()), kInt64), {}, p);
+    }
+    SCOPED_TRACE(op + " of int64 at the range's ends");
+    const int64_t big = std::numeric_limits<int64_t>::max(), small = -big - 1;
+    const Shape s = {6};
+    p.feeds["a"] = HostTensor::FromInt64s(s, {big, small, -1, 3, big, 0});
+    p.feeds["b"] = HostTensor::FromInt64s(s, {1, -1, small, -7, big, small});
+    ExpectCudaParity(BinaryModel(op, s, s, 1, kInt64), {}, p);
+  }
+  ExpectCudaRefuses(BinaryModel("Div", {4}, {4}, 1, kInt64), "int64 Div");
 }
 
 // Nine dims that cannot merge do not fit the index map.
