@@ -13,7 +13,9 @@ step after warm-up, from host feeds to the loss on the host:
   PyTorch  the same architecture and loss as a torch module holding the ONNX file's
            initializers (compare.py's modules), cuDNN on, TF32 off: the feeds moved to the
            device, zero_grad, forward, loss, backward, torch.optim.SGD(lr=0.01,
-           momentum=0.9).step(), and loss.item().
+           momentum=0.9).step(), and loss.item(); timed twice, with cuDNN free to choose
+           any algorithm (PyTorch's default) and with torch.backends.cudnn.deterministic,
+           which keeps cuDNN to deterministic algorithms as the engine always does.
 
 Target: engine/PyTorch <= 1.1. Writes gpu-train-<device>.json and .md under --out (default
 $OUT when set, else results/). `--device cpu` runs both on the CPU (a smoke check).
@@ -95,8 +97,9 @@ def torch_loss(model: str, m: Any, t: dict[str, Any]) -> Any:
 
 
 def torch_ms(tb: TorchBench, model: str, feeds: dict[str, np.ndarray], warmup: int,
-             iters: int) -> float:
+             iters: int, deterministic: bool = False) -> float:
     torch = tb.torch
+    torch.backends.cudnn.deterministic = deterministic
     m = torch_module(model)
     load_onnx_weights(m, model)
     m = m.to(tb.dev).train()
@@ -129,8 +132,9 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
              f"{env['iters']}; host feeds to the loss on the host. Target: engine/PyTorch <= "
              f"{TARGET}.", "", f"- torch: {env['torch']}", "",
              "| model | batch | engine | engine, no graphs | saved by the graph | PyTorch "
-             "| engine/PyTorch | no graphs/PyTorch | P (MiB) | E (MiB) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| engine/PyTorch | no graphs/PyTorch | PyTorch, deterministic cuDNN "
+             "| engine/that | P (MiB) | E (MiB) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         p = r.get("P_bytes")
         e = r.get("E_bytes")
@@ -142,6 +146,8 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
             f"| {cell(r.get('torch_ms', r.get('torch_error')))} "
             f"| {cell(r.get('engine_vs_torch'), 2)} "
             f"| {cell(ratio(r.get('engine_no_graphs_ms'), r.get('torch_ms')), 2)} "
+            f"| {cell(r.get('torch_deterministic_ms'))} "
+            f"| {cell(r.get('engine_vs_torch_deterministic'), 2)} "
             f"| {cell(p / 2**20 if p else None, 2)} | {cell(e / 2**20 if e else None, 2)} |")
     profiled = [r for r in rows if r.get("profile")]
     if profiled:
@@ -194,11 +200,15 @@ def main() -> int:
                 row["profile"] = prof
             if not tb.error:
                 try:
-                    row["torch_ms"] = torch_ms(tb, model, make_feeds(model, batch), args.warmup,
-                                               args.iters)
+                    feeds = make_feeds(model, batch)
+                    row["torch_ms"] = torch_ms(tb, model, feeds, args.warmup, args.iters)
+                    row["torch_deterministic_ms"] = torch_ms(tb, model, feeds, args.warmup,
+                                                             args.iters, deterministic=True)
                 except Exception as e:  # reported in the table; the run goes on
                     row["torch_error"] = f"{type(e).__name__}: {e}"
             row["engine_vs_torch"] = ratio(row.get("engine_ms"), row.get("torch_ms"))
+            row["engine_vs_torch_deterministic"] = ratio(row.get("engine_ms"),
+                                                         row.get("torch_deterministic_ms"))
             rows.append(row)
     md = markdown(rows, env)
     (args.out / f"{stem}.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
