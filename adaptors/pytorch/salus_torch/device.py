@@ -77,6 +77,9 @@ _HOST_READS = {aten._local_scalar_dense.default, aten.equal.default, aten.is_non
 _HOST_READ_IDS = frozenset(map(id, _HOST_READS))
 _EAGER_IDS = frozenset(map(id, _EAGER))
 
+_COPY = aten.copy_.default
+_COPY_ID = id(_COPY)
+
 # Note [Lifted scalars]: Python floats in these arguments become graph inputs.
 _LIFT: dict[Any, tuple[str, ...]] = {}
 for _name in ("add", "sub"):
@@ -384,6 +387,19 @@ class Runtime:
                         tuple([pos[t._uid] for t in tensors]),
                         tuple([-1 if u is None else pos[u] for u in op.outs])))
         return out
+
+    def _record_copy(self, dst: SalusTensor, src: SalusTensor) -> None:
+        """What _record does for `dst.copy_(src)` of two device tensors of one shape and
+        dtype, without its generic scan: the optimizers' fused updates write four tensors per
+        parameter this way. The op's entry in the plan key is the one _record would make."""
+        seg = self._seg
+        self._use(dst)
+        self._use(src)
+        seg.mutated.add(dst._uid)
+        seg.ops.append(_Op(_COPY, (_Ref(dst._uid), _Ref(src._uid)), {}, [dst._uid]))
+        pos = seg.pos
+        seg.sig.append(((_COPY_ID, (dst._key, src._key), ()), (pos[dst._uid], pos[src._uid]),
+                        (pos[dst._uid],)))
 
     @staticmethod
     def _template(func: Any, rargs: tuple, rkwargs: dict, tensors: list[SalusTensor]) -> Any:
@@ -964,7 +980,7 @@ def _write(rt: Runtime, dst: SalusTensor, src: SalusTensor) -> None:
     """`dst.copy_(src)` recorded directly, `dst` being in the recording already (the update
     read it): what the dispatcher would hand to __torch_dispatch__, less its layers above it
     (the version counter it bumps, bumped here)."""
-    rt._record(aten.copy_.default, (dst, src), {})
+    rt._record_copy(dst, src)
     torch.autograd.graph.increment_version(dst)
 
 
