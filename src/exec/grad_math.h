@@ -123,6 +123,20 @@ inline bool MakeSumToMap(const std::vector<int64_t>& in, const std::vector<int64
          MakeIndexMap(red_dims, {red_strides}, &m->reduced);
 }
 
+// Walks the rows of an index map (every dim but its last, in row-major order) without a
+// division: `at` holds the row's index in dims 0..rank-2 (zero to start) and `offset` the
+// row's first element's offset in operand 0 (MapIndex(m, row * dims[rank - 1])[0]); both are
+// advanced to the next row. The GPU's long sums walk rows this way (Note [Long sums] in
+// grad.cu).
+SALUS_HD void NextRow(const IndexMap& m, int64_t at[kMaxIndexDims], int64_t* offset) {
+  for (int d = m.rank - 2; d >= 0; --d) {
+    *offset += m.strides[0][d];
+    if (++at[d] < m.dims[d]) return;
+    *offset -= m.strides[0][d] * m.dims[d];
+    at[d] = 0;
+  }
+}
+
 // Output element o: the sum in double over the reduced elements in row-major order, times scale.
 SALUS_HD float SumToAt(const SumToMap& m, float scale, const float* x, int64_t o) {
   int64_t base[kMaxIndexOperands], off[kMaxIndexOperands];

@@ -32,19 +32,38 @@ __global__ void SumToKernel(SumToMap map, float scale, const float* __restrict__
   for (int64_t o = FirstIndex(); o < count; o += GridStride()) y[o] = SumToAt(map, scale, x, o);
 }
 
-// One block per output element, for few outputs with many elements each: thread t sums
-// elements t, t + kThreads, ... in order, then the block's tree adds the threads' sums.
+// Note [Long sums]: one block per output element, for few outputs with many elements each; the
+// block's tree adds the threads' sums. When the reduced map's innermost dim has at least a
+// block's worth of elements (a convolution's bias gradient: N rows of H*W), the block walks the
+// rows in order (NextRow: no division per element, where MapIndex takes one per dim), and
+// thread t sums elements t, t + kThreads, ... of every row. Otherwise thread t sums reduced
+// elements t, t + kThreads, ..., each located by MapIndex. Either way the order depends on the
+// shapes alone, so results are bit-identical from run to run.
 __global__ void SumToBlockKernel(SumToMap map, float scale, const float* __restrict__ x,
                                  float* __restrict__ y, int64_t count) {
   __shared__ double partial[kThreads];
-  const int64_t reduced = IndexMapCount(map.reduced);
+  const IndexMap& red = map.reduced;
+  const int64_t reduced = IndexMapCount(red);
+  const int last = red.rank - 1;
+  const int64_t inner = last >= 0 ? red.dims[last] : 1;
+  const int64_t step = last >= 0 ? red.strides[0][last] : 0;
   for (int64_t o = blockIdx.x; o < count; o += gridDim.x) {
     int64_t base[kMaxIndexOperands], off[kMaxIndexOperands];
     MapIndex(map.out, o, base);
     double sum = 0;
-    for (int64_t r = threadIdx.x; r < reduced; r += kThreads) {
-      MapIndex(map.reduced, r, off);
-      sum += x[base[0] + off[0]];
+    if (inner >= kThreads) {
+      int64_t at[kMaxIndexDims] = {};
+      int64_t row = 0;
+      for (int64_t q = 0; q < reduced / inner; ++q) {
+        const float* r = x + base[0] + row;
+        for (int64_t i = threadIdx.x; i < inner; i += kThreads) sum += r[i * step];
+        NextRow(red, at, &row);
+      }
+    } else {
+      for (int64_t r = threadIdx.x; r < reduced; r += kThreads) {
+        MapIndex(red, r, off);
+        sum += x[base[0] + off[0]];
+      }
     }
     sum = BlockSum(partial, sum);
     if (threadIdx.x == 0) y[o] = static_cast<float>(sum) * scale;

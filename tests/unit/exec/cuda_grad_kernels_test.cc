@@ -128,6 +128,9 @@ TEST(CudaGradKernelsTest, Conv) {
                             ModelBuilder::Attr(n, "pads", std::vector<int64_t>{1, 1, 1, 1});
                           }));
   CheckGradients(ConvCase("no bias", {1, 2, 7, 7}, {3, 2, 3, 3}, false, {1, 3, 5, 5}, {}));
+  // The bias gradient sums 8 rows of 18 * 18 per channel: long rows (Note [Long sums]).
+  CheckGradients(ConvCase("bias summed over long rows", {8, 2, 20, 20}, {3, 2, 3, 3}, true,
+                          {8, 3, 18, 18}, {}));
   CheckGradients(
       ConvCase("dilated", {1, 2, 7, 7}, {3, 2, 3, 3}, false, {1, 3, 3, 3}, [](onnx::NodeProto& n) {
         ModelBuilder::Attr(n, "dilations", std::vector<int64_t>{2, 2});

@@ -145,6 +145,33 @@ TEST(GradMathTest, SumToMatchesTheCpu) {
   }
 }
 
+// The GPU's long sums walk a map's rows with NextRow: each row starts where MapIndex puts the
+// row's first element.
+TEST(GradMathTest, NextRowVisitsTheRowsMapIndexLocates) {
+  const std::vector<std::pair<Shape, Shape>> cases = {{{256, 16, 32, 32}, {16, 1, 1}},
+                                                      {{2, 3, 4, 5}, {3, 1, 5}},
+                                                      {{2, 3, 4, 5}, {1}},
+                                                      {{3, 2, 5, 7, 2}, {2, 1, 1, 1}},
+                                                      {{7}, {1}}};
+  for (const auto& [full, small] : cases) {
+    SCOPED_TRACE(ShapeString(full) + " to " + ShapeString(small));
+    SumToMap map;
+    ASSERT_TRUE(MakeSumToMap(full, small, &map));
+    const IndexMap& red = map.reduced;
+    ASSERT_GE(red.rank, 1);
+    const int64_t inner = red.dims[red.rank - 1];
+    int64_t at[kMaxIndexDims] = {};
+    int64_t row = 0;
+    for (int64_t q = 0; q < IndexMapCount(red) / inner; ++q) {
+      int64_t off[kMaxIndexOperands];
+      MapIndex(red, q * inner, off);
+      ASSERT_EQ(row, off[0]) << "row " << q;
+      NextRow(red, at, &row);
+    }
+    EXPECT_EQ(row, 0) << "the walk returns to the first row after the last";
+  }
+}
+
 cuda::PoolGeometry Geometry(cuda::PoolMode mode, const Shape& x, const Shape& y,
                             std::vector<int64_t> kernel, std::vector<int64_t> stride,
                             std::vector<int64_t> pad) {
