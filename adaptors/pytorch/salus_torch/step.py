@@ -15,6 +15,7 @@ copy; which copy is newest is tracked:
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,6 +96,7 @@ class CapturedStep:
                     **self._options)
                 entry = _Entry(traced, session, digest)
             self._entries[key] = entry
+            gc.collect()  # the trace's cycles, now rather than in a later step (device.py)
         return entry
 
     def __call__(self, *args: Any) -> Any:
