@@ -10,6 +10,11 @@ steps of each run (tracing, compiling, first writes of the state) are dropped. P
 medians and their ratios to eager and writes them as JSON.
 
     .venv-torch/bin/python benchmarks/pytorch/compare.py [--models resnet,encoder] [--rounds 3]
+        [--phases]
+
+`--phases` also times the lazy device's step phase by phase (the batch moved to the device,
+zero_grad, forward and loss, backward, the optimizer step with its flush, the loss read),
+beside the daemon's own run time of the step's iterations.
 
 On a GPU, `--device cuda:0` runs the daemon on that device and the eager baseline on PyTorch's
 same CUDA device; capture_step and the lazy device are unchanged (their batches start on the
@@ -34,23 +39,66 @@ for p in ("tests/integration", "tests/pytorch", "adaptors/python", "adaptors/pyt
     sys.path.insert(0, str(REPO / p))
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from models import Encoder, ResNet, user_step  # noqa: E402
 
 
-def make(model: str, batch: int, device: str = "cpu"):  # noqa: ANN201
+def build(model: str, batch: int, device: str = "cpu"):  # noqa: ANN201
+    """The model (on `device`), its optimizer and one host batch, seeded."""
     torch.manual_seed(0)
     if model == "resnet":
-        m = ResNet()
+        m = ResNet().to(device)
         opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
         data = (torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,)))
     else:
-        m = Encoder(tokens=32, width=64)
+        m = Encoder(tokens=32, width=64).to(device)
         opt = torch.optim.Adam(m.parameters(), lr=1e-3)
         data = (torch.randint(0, 100, (batch, 32)), torch.randint(0, 10, (batch,)))
+    return m, opt, data
+
+
+def make(model: str, batch: int, device: str = "cpu"):  # noqa: ANN201
+    m, opt, data = build(model, batch, device)
     if device == "cpu":
         return user_step(m, opt), data
-    step = user_step(m.to(device), opt)
+    step = user_step(m, opt)
     return (lambda x, y: step(x.to(device), y.to(device))), data
+
+
+PHASES = ("batch to device", "zero_grad", "forward and loss", "backward",
+          "optimizer step and flush", "loss read")
+
+
+def device_phases(model: str, batch: int, steps: int, warmup: int) -> dict[str, float]:
+    """The lazy device's step timed phase by phase (median ms of each), with the daemon's own
+    run time of the step's iterations (IterationStats.run_us) beside them."""
+    import salus_torch
+    m, opt, data = build(model, batch, "salus")
+    times: dict[str, list[float]] = {p: [] for p in (*PHASES, "daemon run")}
+    for i in range(steps + warmup):
+        before = {id(s): s.last_stats for s in salus_torch.device.runtime().sessions}
+        t = [time.perf_counter()]
+        x, y = data[0].to("salus"), data[1].to("salus")
+        t.append(time.perf_counter())
+        opt.zero_grad()
+        t.append(time.perf_counter())
+        loss = F.cross_entropy(m(x), y)
+        t.append(time.perf_counter())
+        loss.backward()
+        t.append(time.perf_counter())
+        opt.step()
+        t.append(time.perf_counter())
+        float(loss)
+        t.append(time.perf_counter())
+        if i < warmup:
+            continue
+        for p, a, b in zip(PHASES, t, t[1:], strict=False):  # t has one more
+            times[p].append((b - a) * 1e3)
+        ran = [s.last_stats.run_us for s in salus_torch.device.runtime().sessions
+               if s.last_stats is not None and s.last_stats is not before.get(id(s))]
+        times["daemon run"].append(sum(ran) / 1e3)
+    salus_torch.device.close()
+    return {p: statistics.median(v) for p, v in times.items()}
 
 
 def timed(step, data, steps: int, warmup: int) -> list[float]:  # noqa: ANN001
@@ -87,6 +135,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "results" / "pytorch_compare.json"))
     ap.add_argument("--eager-only", action="store_true",
                     help="time the eager steps of --models alone and print them as JSON")
+    ap.add_argument("--phases", action="store_true",
+                    help="also time the lazy device's step phase by phase")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -119,6 +169,12 @@ def main() -> None:
             print(f"{model}: eager {e * 1e3:.2f} ms, capture_step {s * 1e3:.2f} ms "
                   f"({s / e:.2f}x), salus device {z * 1e3:.2f} ms ({z / e:.2f}x) "
                   f"({len(eager)} steps each)", flush=True)
+            if args.phases:
+                phases = device_phases(model, args.batch, args.steps, args.warmup)
+                results[model]["device_phases_ms"] = phases
+                print("  device step, ms: " + ", ".join(f"{p} {v:.2f}"
+                                                         for p, v in phases.items()),
+                      flush=True)
     finally:
         daemon.stop()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
