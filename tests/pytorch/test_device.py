@@ -172,6 +172,28 @@ def test_ops_later_torch_versions_emit(daemon: Daemon) -> None:
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_direct_write_records_what_copy_records(daemon: Daemon) -> None:
+    """The fused optimizer updates record their writes with _record_copy: the recording (and
+    so the plan that a later step must find again) is the one a copy_ through
+    __torch_dispatch__ makes, and the written value arrives."""
+    rt = salus_torch.device.runtime()
+    recordings = []
+    for direct in (False, True):
+        dst, src = torch.zeros(3, 4, device="salus"), torch.ones(3, 4, device="salus") * 2
+        rt.flush()
+        seg = rt._seg
+        if direct:
+            with rt._lock:
+                rt._record_copy(dst, src)
+        else:
+            dst.copy_(src)
+        op = seg.ops[-1]
+        recordings.append((seg.sig[-1], op.func, len(op.args), op.kwargs, len(op.outs),
+                           op.lifted, dst._uid in seg.mutated))
+        torch.testing.assert_close(dst.cpu(), torch.full((3, 4), 2.0))
+    assert recordings[0] == recordings[1]
+
+
 def test_an_op_the_engine_lacks_is_refused_by_name(daemon: Daemon) -> None:
     x = torch.randn(2, 3, 8, 8).to("salus")
     y = F.avg_pool2d(x, 2)
