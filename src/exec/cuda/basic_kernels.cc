@@ -160,8 +160,8 @@ KernelOr Unary(const Node& n, const Graph& g, DeviceContext*) {
 // ---------------------------------------------------------------------------------------------
 // Broadcasting binary ops and Transpose: index maps.
 
-// int64 Add, Sub and Mul (a BatchNorm's num_batches_tracked += 1 in a PyTorch step). Div is
-// refused: the CPU reports a zero divisor, which a kernel could not without a host read.
+// An int64 binary op (a BatchNorm's num_batches_tracked += 1 in a PyTorch step): those
+// HasInt64Kernel names run, others are refused.
 bool IsInt64Binary(const Node& n, const Graph& g) {
   return g.value(n.outputs[0]).type == DataType::kInt64 &&
          g.value(n.inputs[0]).type == DataType::kInt64 &&
@@ -173,7 +173,7 @@ KernelOr Binary(const Node& n, const Graph& g, DeviceContext*) {
   const std::string what = n.Describe();
   BinaryOp op;
   if (!BinaryOpFor(n.op, &op)) return UnimplementedError(what + ": not a binary op");
-  if (int64 && op != BinaryOp::kAdd && op != BinaryOp::kSub && op != BinaryOp::kMul) {
+  if (int64 && !HasInt64Kernel(op)) {
     return UnimplementedError(what + ": int64 " + n.op +
                               " on the GPU (int64 Add, Sub and Mul are)");
   }

@@ -151,9 +151,7 @@ cudaError_t LaunchBinary(BinaryOp op, const IndexMap& map, const float* a, const
 
 cudaError_t LaunchBinaryInt64(BinaryOp op, const IndexMap& map, const int64_t* a, const int64_t* b,
                               int64_t* z, cudaStream_t stream) {
-  if (op != BinaryOp::kAdd && op != BinaryOp::kSub && op != BinaryOp::kMul) {
-    return cudaErrorInvalidValue;
-  }
+  if (!HasInt64Kernel(op)) return cudaErrorInvalidValue;
   const int64_t count = IndexMapCount(map);
   if (count <= 0) return cudaSuccess;
   BinaryInt64Kernel<<<BlocksFor(count), kThreads, 0, stream>>>(op, map, a, b, z, count);

@@ -24,9 +24,14 @@ cudaError_t LaunchUnary(UnaryOp op, float alpha, const float* x, float* y, int64
 cudaError_t LaunchBinary(BinaryOp op, const IndexMap& map, const float* a, const float* b, float* z,
                          cudaStream_t stream);
 
-// The same over int64 tensors with ApplyBinaryInt64, for Add, Sub and Mul only (Div's zero
-// divisor is an error the CPU reports, which a kernel cannot): other ops are
-// cudaErrorInvalidValue.
+// The binary ops with an int64 kernel: Add, Sub and Mul. Not Div: its zero divisor is an error
+// the CPU reports, which a kernel could not without a host read.
+inline bool HasInt64Kernel(BinaryOp op) {
+  return op == BinaryOp::kAdd || op == BinaryOp::kSub || op == BinaryOp::kMul;
+}
+
+// The same over int64 tensors with ApplyBinaryInt64, for the ops HasInt64Kernel names; other
+// ops are cudaErrorInvalidValue.
 cudaError_t LaunchBinaryInt64(BinaryOp op, const IndexMap& map, const int64_t* a, const int64_t* b,
                               int64_t* z, cudaStream_t stream);
 

@@ -54,7 +54,8 @@ __global__ void SumToBlockKernel(SumToMap map, float scale, const float* __restr
     if (inner >= kThreads) {
       int64_t at[kMaxIndexDims] = {};
       int64_t row = 0;
-      for (int64_t q = 0; q < reduced / inner; ++q) {
+      const int64_t rows = reduced / inner;
+      for (int64_t q = 0; q < rows; ++q) {
         const float* r = x + base[0] + row;
         for (int64_t i = threadIdx.x; i < inner; i += kThreads) sum += r[i * step];
         NextRow(red, at, &row);
