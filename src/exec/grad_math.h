@@ -137,6 +137,66 @@ SALUS_HD void NextRow(const IndexMap& m, int64_t at[kMaxIndexDims], int64_t* off
   }
 }
 
+// Where NextRow stands after `row` steps from the first row (at zero): the row's index in dims
+// 0..rank-2 into `at`, its first element's offset in operand 0 into `offset`. A block that
+// starts its walk in the middle of the rows takes these divisions once (Note [Split sums]).
+SALUS_HD void RowAt(const IndexMap& m, int64_t row, int64_t at[kMaxIndexDims], int64_t* offset) {
+  *offset = 0;
+  for (int d = 0; d < kMaxIndexDims; ++d) at[d] = 0;
+  for (int d = m.rank - 2; d >= 0; --d) {
+    at[d] = row % m.dims[d];
+    row /= m.dims[d];
+    *offset += at[d] * m.strides[0][d];
+  }
+}
+
+// Part i of `parts` nearly equal, contiguous parts of [0, n): [*lo, *hi).
+SALUS_HD void PartRange(int64_t n, int64_t parts, int64_t i, int64_t* lo, int64_t* hi) {
+  *lo = n * i / parts;
+  *hi = n * (i + 1) / parts;
+}
+
+// Note [Split sums]: how the GPU cuts each output's long sum into parts, each summed by one
+// block into a partial, the partials then added in part order by the output's thread. The cut
+// depends on the shapes alone (never on the device), so results are bit-identical from run to
+// run and between GPUs. By rows (the reduced map's innermost dim holds at least a block's
+// worth of elements): row_parts groups of whole rows, each row cut into col_parts column
+// ranges, part p = (p / col_parts)-th row group and (p % col_parts)-th column range. Otherwise
+// row_parts contiguous ranges of the reduced elements in row-major order (col_parts is 1).
+struct SumSplit {
+  bool by_rows = false;
+  int64_t row_parts = 1;
+  int64_t col_parts = 1;
+};
+
+// Enough blocks to fill a large GPU several times over, each summing at least
+// kSumSplitMinElements elements.
+inline constexpr int64_t kSumSplitBlocks = 1024;
+inline constexpr int64_t kSumSplitMinElements = 1024;
+
+// The split of `m`'s sums for blocks of `block_threads` threads.
+inline SumSplit PlanSumSplit(const SumToMap& m, int64_t block_threads) {
+  SumSplit s;
+  const int64_t count = IndexMapCount(m.out);
+  const int64_t reduced = IndexMapCount(m.reduced);
+  if (count <= 0 || reduced <= 0) return s;
+  const int64_t inner = m.reduced.rank > 0 ? m.reduced.dims[m.reduced.rank - 1] : 1;
+  const int64_t most = reduced / kSumSplitMinElements > 1 ? reduced / kSumSplitMinElements : 1;
+  int64_t want = (kSumSplitBlocks + count - 1) / count;
+  if (want > most) want = most;
+  s.by_rows = inner >= block_threads;
+  if (!s.by_rows) {
+    s.row_parts = want;
+    return s;
+  }
+  const int64_t rows = reduced / inner;
+  s.row_parts = want < rows ? want : rows;
+  const int64_t col_most = inner / block_threads;
+  const int64_t col_want = (want + s.row_parts - 1) / s.row_parts;
+  s.col_parts = col_want < col_most ? col_want : col_most;
+  return s;
+}
+
 // Output element o: the sum in double over the reduced elements in row-major order, times scale.
 SALUS_HD float SumToAt(const SumToMap& m, float scale, const float* x, int64_t o) {
   int64_t base[kMaxIndexOperands], off[kMaxIndexOperands];

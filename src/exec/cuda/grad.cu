@@ -2,6 +2,8 @@
 // grid-stride loops over 64-bit indices whose per-element math is grad_math.h's and
 // pool_math.h's. Every sum is gathered by the thread that owns its result, or by one block's
 // fixed tree: no atomics, so results are bit-identical from run to run.
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "exec/cuda/grad_launch.h"
@@ -32,42 +34,70 @@ __global__ void SumToKernel(SumToMap map, float scale, const float* __restrict__
   for (int64_t o = FirstIndex(); o < count; o += GridStride()) y[o] = SumToAt(map, scale, x, o);
 }
 
-// Note [Long sums]: one block per output element, for few outputs with many elements each; the
-// block's tree adds the threads' sums. When the reduced map's innermost dim has at least a
-// block's worth of elements (a convolution's bias gradient: N rows of H*W), the block walks the
-// rows in order (NextRow: no division per element, where MapIndex takes one per dim), and
-// thread t sums elements t, t + kThreads, ... of every row. Otherwise thread t sums reduced
-// elements t, t + kThreads, ..., each located by MapIndex. Either way the order depends on the
+// Note [Long sums]: for few outputs with many elements each, every output's sum is cut into
+// parts (Note [Split sums] in grad_math.h) and block b sums part b % parts of output
+// b / parts; the block's fixed tree adds its threads' sums. By rows (a convolution's bias
+// gradient: N rows of H*W), the block walks its rows in order (RowAt once, then NextRow: no
+// division per element, where MapIndex takes one per dim), thread t summing elements
+// c0 + t, c0 + t + kThreads, ... of its column range in every row. Otherwise thread t sums
+// elements e0 + t, e0 + t + kThreads, ... of its range of reduced elements, each located by
+// MapIndex. With one part the block writes the output; with more it writes its partial, and
+// SumPartsKernel adds each output's partials in part order. The cut and the order depend on the
 // shapes alone, so results are bit-identical from run to run.
-__global__ void SumToBlockKernel(SumToMap map, float scale, const float* __restrict__ x,
-                                 float* __restrict__ y, int64_t count) {
+__global__ void SumToPartsKernel(SumToMap map, SumSplit split, float scale,
+                                 const float* __restrict__ x, float* __restrict__ y,
+                                 double* __restrict__ partials, int64_t count) {
   __shared__ double partial[kThreads];
   const IndexMap& red = map.reduced;
   const int64_t reduced = IndexMapCount(red);
   const int last = red.rank - 1;
   const int64_t inner = last >= 0 ? red.dims[last] : 1;
   const int64_t step = last >= 0 ? red.strides[0][last] : 0;
-  for (int64_t o = blockIdx.x; o < count; o += gridDim.x) {
+  const int64_t parts = split.row_parts * split.col_parts;
+  for (int64_t b = blockIdx.x; b < count * parts; b += gridDim.x) {
+    const int64_t o = b / parts;
+    const int64_t part = b % parts;
     int64_t base[kMaxIndexOperands], off[kMaxIndexOperands];
     MapIndex(map.out, o, base);
     double sum = 0;
-    if (inner >= kThreads) {
-      int64_t at[kMaxIndexDims] = {};
+    if (split.by_rows) {
+      int64_t r0, r1, c0, c1;
+      PartRange(reduced / inner, split.row_parts, part / split.col_parts, &r0, &r1);
+      PartRange(inner, split.col_parts, part % split.col_parts, &c0, &c1);
+      int64_t at[kMaxIndexDims];
       int64_t row = 0;
-      const int64_t rows = reduced / inner;
-      for (int64_t q = 0; q < rows; ++q) {
+      RowAt(red, r0, at, &row);
+      for (int64_t q = r0; q < r1; ++q) {
         const float* r = x + base[0] + row;
-        for (int64_t i = threadIdx.x; i < inner; i += kThreads) sum += r[i * step];
+        for (int64_t i = c0 + threadIdx.x; i < c1; i += kThreads) sum += r[i * step];
         NextRow(red, at, &row);
       }
     } else {
-      for (int64_t r = threadIdx.x; r < reduced; r += kThreads) {
-        MapIndex(red, r, off);
+      int64_t e0, e1;
+      PartRange(reduced, parts, part, &e0, &e1);
+      for (int64_t e = e0 + threadIdx.x; e < e1; e += kThreads) {
+        MapIndex(red, e, off);
         sum += x[base[0] + off[0]];
       }
     }
     sum = BlockSum(partial, sum);
-    if (threadIdx.x == 0) y[o] = static_cast<float>(sum) * scale;
+    if (threadIdx.x == 0) {
+      if (parts == 1) {
+        y[o] = static_cast<float>(sum) * scale;
+      } else {
+        partials[b] = sum;
+      }
+    }
+  }
+}
+
+// y[o] = scale * the sum of output o's `parts` partials, in part order.
+__global__ void SumPartsKernel(const double* __restrict__ partials, int64_t parts, float scale,
+                               float* __restrict__ y, int64_t count) {
+  for (int64_t o = FirstIndex(); o < count; o += GridStride()) {
+    double sum = 0;
+    for (int64_t p = 0; p < parts; ++p) sum += partials[o * parts + p];
+    y[o] = static_cast<float>(sum) * scale;
   }
 }
 
@@ -181,17 +211,36 @@ cudaError_t LaunchEltwiseGrad(EltwiseGradOp op, float alpha, const float* x, con
   return cudaErrorInvalidValue;
 }
 
-cudaError_t LaunchSumTo(const SumToMap& map, float scale, const float* x, float* y,
+namespace {
+// Few outputs, each a long sum: blocks per output keep the GPU busy (Note [Long sums]).
+bool SumsByBlocks(const SumToMap& map) {
+  return IndexMapCount(map.reduced) >= 8 * kThreads && IndexMapCount(map.out) < 4096;
+}
+}  // namespace
+
+size_t SumToScratchBytes(const SumToMap& map) {
+  if (!SumsByBlocks(map)) return 0;
+  const SumSplit split = PlanSumSplit(map, kThreads);
+  const int64_t parts = split.row_parts * split.col_parts;
+  return parts > 1 ? static_cast<size_t>(IndexMapCount(map.out) * parts) * sizeof(double) : 0;
+}
+
+cudaError_t LaunchSumTo(const SumToMap& map, float scale, const float* x, float* y, void* scratch,
                         cudaStream_t stream) {
   const int64_t count = IndexMapCount(map.out);
   if (count <= 0) return cudaSuccess;
-  const int64_t reduced = IndexMapCount(map.reduced);
-  // Few outputs, each a long sum: a block per output keeps the GPU busy.
-  if (reduced >= 8 * kThreads && count < 4096) {
-    SumToBlockKernel<<<static_cast<unsigned>(count), kThreads, 0, stream>>>(map, scale, x, y,
-                                                                            count);
-  } else {
+  if (!SumsByBlocks(map)) {
     SumToKernel<<<BlocksFor(count), kThreads, 0, stream>>>(map, scale, x, y, count);
+    return cudaGetLastError();
+  }
+  const SumSplit split = PlanSumSplit(map, kThreads);
+  const int64_t parts = split.row_parts * split.col_parts;
+  if (parts > 1 && scratch == nullptr) return cudaErrorInvalidValue;
+  double* partials = static_cast<double*>(scratch);
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(count * parts, kMaxBlocks));
+  SumToPartsKernel<<<blocks, kThreads, 0, stream>>>(map, split, scale, x, y, partials, count);
+  if (parts > 1) {
+    SumPartsKernel<<<BlocksFor(count), kThreads, 0, stream>>>(partials, parts, scale, y, count);
   }
   return cudaGetLastError();
 }

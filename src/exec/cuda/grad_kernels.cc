@@ -192,10 +192,14 @@ class ConvGradWeightsKernel final : public Kernel {
       if (!MakeSumToMap(ys, per_channel, &k->bias_map_)) {
         return UnimplementedError(k->what_ + ": the bias gradient's map");
       }
+      k->partials_bytes_ = SumToScratchBytes(k->bias_map_);
     }
     return std::unique_ptr<Kernel>(std::move(k));
   }
-  size_t scratch_bytes() const override { return setup_.padded_bytes + workspace_bytes_; }
+  size_t scratch_bytes() const override {
+    return partials_bytes_ > 0 ? PartialsAt() + partials_bytes_
+                               : setup_.padded_bytes + workspace_bytes_;
+  }
   Status Run(const KernelArgs& a) override {
     std::byte* scratch = static_cast<std::byte*>(a.scratch);
     const void* x = a.inputs[0];
@@ -211,14 +215,18 @@ class ConvGradWeightsKernel final : public Kernel {
                                                       &kZero, w_.d, a.outputs[0]),
                        what_ + ": weight gradient");
     if (has_bias_) {
-      SALUS_CUDA_RETURN(LaunchSumTo(bias_map_, 1.f, F(a.inputs[1]), F(a.outputs[1]), StreamOf(a)),
-                        what_ + ": bias gradient");
+      SALUS_CUDA_RETURN(
+          LaunchSumTo(bias_map_, 1.f, F(a.inputs[1]), F(a.outputs[1]),
+                      partials_bytes_ > 0 ? scratch + PartialsAt() : nullptr, StreamOf(a)),
+          what_ + ": bias gradient");
     }
     return OkStatus();
   }
 
  private:
   explicit ConvGradWeightsKernel(std::string what) : what_(std::move(what)) {}
+  // Scratch: the padded input, cuDNN's workspace, then the bias gradient's partial sums.
+  size_t PartialsAt() const { return AlignUp(setup_.padded_bytes + workspace_bytes_); }
   std::string what_;
   ConvGradSetup setup_;
   TensorDesc x_, y_;
@@ -228,6 +236,7 @@ class ConvGradWeightsKernel final : public Kernel {
   size_t workspace_bytes_ = 0;
   bool has_bias_ = false;
   SumToMap bias_map_;
+  size_t partials_bytes_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -320,9 +329,12 @@ KernelOr SumTo(const Node& n, const Graph& g, DeviceContext*) {
   }
   const float scale = n.GetFloat("scale", 1.f);
   const std::string what = n.Describe();
-  return FnKernel([map, scale, what](const KernelArgs& a) -> Status {
-    return CudaStatus(LaunchSumTo(map, scale, F(a.inputs[0]), F(a.outputs[0]), StreamOf(a)), what);
-  });
+  return FnKernel(
+      [map, scale, what](const KernelArgs& a) -> Status {
+        return CudaStatus(
+            LaunchSumTo(map, scale, F(a.inputs[0]), F(a.outputs[0]), a.scratch, StreamOf(a)), what);
+      },
+      SumToScratchBytes(map));
 }
 
 // dY (with the shape of attribute keep_shape) broadcast to the output shape, times `scale`.

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "exec/cuda/pool_math.h"
@@ -22,8 +23,11 @@ namespace salus::exec::cuda {
 cudaError_t LaunchEltwiseGrad(EltwiseGradOp op, float alpha, const float* x, const float* dy,
                               float* dx, int64_t count, cudaStream_t stream);
 
-// y[o] = SumToAt(map, scale, x, o) for every output element.
-cudaError_t LaunchSumTo(const SumToMap& map, float scale, const float* x, float* y,
+// y[o] = SumToAt(map, scale, x, o) for every output element, up to the order of the additions
+// (Note [Long sums] in grad.cu). `scratch` holds SumToScratchBytes(map) bytes (8-byte aligned;
+// may be null when that is 0) for the partial sums of long ones.
+size_t SumToScratchBytes(const SumToMap& map);
+cudaError_t LaunchSumTo(const SumToMap& map, float scale, const float* x, float* y, void* scratch,
                         cudaStream_t stream);
 
 // y[e] = scale * x[MapIndex(map, e)[0]] for every element of the map (SalusExpand).

@@ -128,7 +128,8 @@ TEST(CudaGradKernelsTest, Conv) {
                             ModelBuilder::Attr(n, "pads", std::vector<int64_t>{1, 1, 1, 1});
                           }));
   CheckGradients(ConvCase("no bias", {1, 2, 7, 7}, {3, 2, 3, 3}, false, {1, 3, 5, 5}, {}));
-  // The bias gradient sums 8 rows of 18 * 18 per channel: long rows (Note [Long sums]).
+  // The bias gradient sums 8 rows of 18 * 18 per channel: long rows, in two parts (Note [Long
+  // sums]).
   CheckGradients(ConvCase("bias summed over long rows", {8, 2, 20, 20}, {3, 2, 3, 3}, true,
                           {8, 3, 18, 18}, {}));
   CheckGradients(
@@ -193,8 +194,10 @@ TEST(CudaGradKernelsTest, BroadcastingSumsAndExpands) {
   CheckGradients(binary("Sub", {3, 1}, {3, 4}, {3, 4}));
   CheckGradients(binary("Mul", {2, 3, 4, 5}, {3, 1, 5}, {2, 3, 4, 5}));
   CheckGradients(binary("Div", {2, 3}, {3}, {2, 3}, 0.5f));
-  // A long sum into few outputs (the block-per-output kernel).
+  // Long sums into few outputs, each cut into parts (Note [Split sums]): one row cut into
+  // column ranges, then short rows cut into ranges of elements.
   CheckGradients(binary("Add", {4096, 8}, {8}, {4096, 8}), 1e-3);
+  CheckGradients(binary("Add", {512, 3, 16}, {3, 1}, {512, 3, 16}), 1e-3);
   CheckGradients({"reducemean", {{"X", {2, 3, 4}}}, {2, 4}, [](ModelBuilder& mb) {
                     auto& n = mb.Node("ReduceMean", {"X"}, {"y"});
                     ModelBuilder::Attr(n, "axes", std::vector<int64_t>{1});

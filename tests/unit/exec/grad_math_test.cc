@@ -172,6 +172,88 @@ TEST(GradMathTest, NextRowVisitsTheRowsMapIndexLocates) {
   }
 }
 
+// A walk may start at any row: RowAt gives the state NextRow reaches by then.
+TEST(GradMathTest, RowAtIsWhereNextRowArrives) {
+  SumToMap map;
+  ASSERT_TRUE(MakeSumToMap({3, 2, 5, 7, 2}, {2, 1, 1, 1}, &map));
+  const IndexMap& red = map.reduced;
+  const int64_t rows = IndexMapCount(red) / red.dims[red.rank - 1];
+  int64_t at[kMaxIndexDims] = {};
+  int64_t row = 0;
+  for (int64_t q = 0; q < rows; ++q) {
+    int64_t at_q[kMaxIndexDims];
+    int64_t row_q = -1;
+    RowAt(red, q, at_q, &row_q);
+    ASSERT_EQ(row_q, row) << "row " << q;
+    for (int d = 0; d < red.rank - 1; ++d) ASSERT_EQ(at_q[d], at[d]) << "row " << q << " dim " << d;
+    NextRow(red, at, &row);
+  }
+}
+
+// Note [Split sums]: the GPU's cut of long sums into parts. Each case is cut as expected, and
+// the parts, walked as the GPU's blocks walk them, visit every input element exactly once and
+// add up to SumToAt's sums.
+TEST(GradMathTest, SplitSumsCoverEveryElementOnce) {
+  struct Case {
+    Shape in, out;
+    bool by_rows;
+    int64_t row_parts, col_parts;
+  };
+  const int64_t threads = 256;  // the GPU's block
+  const std::vector<Case> cases = {
+      {{256, 16, 32, 32}, {16, 1, 1}, true, 64, 1},  // a convolution's bias gradient
+      {{8, 3, 18, 18}, {3, 1, 1}, true, 2, 1},       // rows of 324 elements
+      {{4096, 8}, {8}, true, 1, 4},                  // one row, cut into column ranges
+      {{512, 3, 16}, {3, 1}, false, 8, 1},           // short rows: ranges of elements
+      {{64, 1000}, {1}, true, 1, 62},                // every element into one output
+      {{6, 5}, {5}, false, 1, 1},                    // too short to cut
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(ShapeString(c.in) + " to " + ShapeString(c.out));
+    SumToMap map;
+    ASSERT_TRUE(MakeSumToMap(c.in, c.out, &map));
+    const SumSplit split = PlanSumSplit(map, threads);
+    EXPECT_EQ(split.by_rows, c.by_rows);
+    EXPECT_EQ(split.row_parts, c.row_parts);
+    EXPECT_EQ(split.col_parts, c.col_parts);
+    const std::vector<float> x = RandomFloats(NumElements(c.in), 7);
+    std::vector<int> visits(x.size(), 0);
+    const IndexMap& red = map.reduced;
+    const int64_t reduced = IndexMapCount(red);
+    const int64_t inner = red.dims[red.rank - 1];
+    const int64_t step = red.strides[0][red.rank - 1];
+    for (int64_t o = 0; o < IndexMapCount(map.out); ++o) {
+      int64_t base[kMaxIndexOperands], off[kMaxIndexOperands];
+      MapIndex(map.out, o, base);
+      double sum = 0;
+      for (int64_t p = 0; p < split.row_parts * split.col_parts; ++p) {
+        auto add = [&](int64_t at) {
+          ++visits[at];
+          sum += x[at];
+        };
+        if (split.by_rows) {
+          int64_t r0, r1, c0, c1, at[kMaxIndexDims], row;
+          PartRange(reduced / inner, split.row_parts, p / split.col_parts, &r0, &r1);
+          PartRange(inner, split.col_parts, p % split.col_parts, &c0, &c1);
+          RowAt(red, r0, at, &row);
+          for (int64_t q = r0; q < r1; ++q, NextRow(red, at, &row)) {
+            for (int64_t i = c0; i < c1; ++i) add(base[0] + row + i * step);
+          }
+        } else {
+          int64_t e0, e1;
+          PartRange(reduced, split.row_parts, p, &e0, &e1);
+          for (int64_t e = e0; e < e1; ++e) {
+            MapIndex(red, e, off);
+            add(base[0] + off[0]);
+          }
+        }
+      }
+      EXPECT_NEAR(static_cast<float>(sum), SumToAt(map, 1.f, x.data(), o), 1e-4) << "output " << o;
+    }
+    EXPECT_TRUE(std::all_of(visits.begin(), visits.end(), [](int v) { return v == 1; }));
+  }
+}
+
 cuda::PoolGeometry Geometry(cuda::PoolMode mode, const Shape& x, const Shape& y,
                             std::vector<int64_t> kernel, std::vector<int64_t> stride,
                             std::vector<int64_t> pad) {
