@@ -83,6 +83,10 @@ inline bool RoundsMore(cudnnConvolutionBwdDataAlgo_t a) {
          a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
 }
 
+// Whether FFT and non-fused Winograd algorithms may be chosen: off unless the environment sets
+// SALUS_CUDNN_TRANSFORMS=1 (read once per process; Note [Convolution algorithms]).
+bool TransformAlgorithmsAllowed();
+
 // Note [Convolution algorithms]. `perf` holds cuDNN's `count` ranked candidates; `workspace`
 // asks cuDNN for an algorithm's workspace with the kernel's descriptors.
 template <typename Perf, typename Algo, typename WorkspaceFn>
@@ -94,7 +98,7 @@ StatusOr<AlgoChoice<Algo>> PickAlgorithm(const Perf* perf, int count, Algo fallb
     if (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) {
       continue;
     }
-    if (RoundsMore(p.algo)) continue;
+    if (RoundsMore(p.algo) && !TransformAlgorithmsAllowed()) continue;
     size_t bytes = 0;
     if (workspace(p.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kMaxConvWorkspaceBytes) {
       continue;

@@ -27,7 +27,9 @@
 //   - is deterministic: two runs of an iteration, in any lane, give bit-identical results;
 //   - is not a tensor-core variant: the descriptor's math type is CUDNN_FMA_MATH, so no TF32;
 //   - is not FFT-based or non-fused Winograd, whose transforms round more than a direct
-//     convolution and could leave the CPU's results beyond 1e-4 relative;
+//     convolution and could leave the CPU's results beyond 1e-4 relative (they are
+//     deterministic, and SALUS_CUDNN_TRANSFORMS=1 in the environment admits them: a switch
+//     for measuring what they would save in time and cost in workspace and accuracy);
 //   - needs at most kMaxConvWorkspaceBytes of workspace for these descriptors.
 // Failing all, implicit GEMM, which supports every configuration without workspace. The
 // workspace is part of the kernel's scratch, so the lane plan (E) includes it.
@@ -35,6 +37,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <string>
@@ -58,6 +61,14 @@ Status RequireCudnn(const Node& n, const DeviceContext* ctx) {
     return InternalError(n.Describe() + ": no cuDNN handle to build the kernel with");
   }
   return OkStatus();
+}
+
+bool TransformAlgorithmsAllowed() {
+  static const bool on = [] {
+    const char* env = std::getenv("SALUS_CUDNN_TRANSFORMS");
+    return env != nullptr && std::string(env) == "1";
+  }();
+  return on;
 }
 
 Status SetTensor(TensorDesc* desc, const Shape& dims, const std::string& what) {
