@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -277,6 +279,21 @@ class Lowerer {
   // --- lowerings (one per operator family) ---
   Status Unary();
   Status Rsqrt();
+  Status Sign();
+  Status Log1pExpm1();
+  Status IsNan();
+  Status LeakyRelu();
+  Status LeakyReluBackward();
+  Status EluOp();
+  Status EluBackward();
+  Status Bitwise();
+  Status ClampBound();
+  Status ArgMaxMin();
+  Status MaxMinDim();
+  Status Variance();
+  Status SliceScatter();
+  Status Flip();
+  Status IndexSelect();
   Status Binary();
   Status Compare();
   Status WhereOp();
@@ -307,6 +324,11 @@ class Lowerer {
   Status ConvolutionBackward();
   Status MaxPool();
   Status MaxPoolBackward();
+  Status AvgPool();
+  Status AvgPoolBackward();
+  Status AdaptiveAvgPool();
+  Status AdaptiveAvgPoolBackward();
+  StatusOr<std::map<std::string, Attribute>> AvgPoolAttrs(const Shape& xs);
   Status BatchNormTrain();
   Status BatchNormEval();
   Status BatchNormBackward();
@@ -323,6 +345,7 @@ class Lowerer {
   Status FusedUpdate();
 
   StatusOr<ValueId> OneHotAlong(ValueId index, int64_t dim, const Shape& like);
+  StatusOr<ValueId> ArgMaxAlong(ValueId x, bool min, std::optional<int64_t> dim, bool keep);
 
   const v1::AtenGraph& ag_;
   Graph graph_;
@@ -358,6 +381,27 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.erf.default", &Lowerer::Unary}, {"aten.tanh.default", &Lowerer::Unary},
       {"aten.sigmoid.default", &Lowerer::Unary}, {"aten.reciprocal.default", &Lowerer::Unary},
       {"aten.logical_not.default", &Lowerer::Unary}, {"aten.rsqrt.default", &Lowerer::Rsqrt},
+      {"aten.sign.default", &Lowerer::Sign}, {"aten.log1p.default", &Lowerer::Log1pExpm1},
+      {"aten.expm1.default", &Lowerer::Log1pExpm1}, {"aten.isnan.default", &Lowerer::IsNan},
+      {"aten.leaky_relu.default", &Lowerer::LeakyRelu},
+      {"aten.leaky_relu_backward.default", &Lowerer::LeakyReluBackward},
+      {"aten.bitwise_not.default", &Lowerer::Bitwise},
+      {"aten.bitwise_and.Tensor", &Lowerer::Bitwise}, {"aten.bitwise_or.Tensor", &Lowerer::Bitwise},
+      {"aten.bitwise_xor.Tensor", &Lowerer::Bitwise},
+      {"aten.clamp_min.default", &Lowerer::ClampBound},
+      {"aten.clamp_max.default", &Lowerer::ClampBound},
+      {"aten.clamp_min.Tensor", &Lowerer::ClampBound},
+      {"aten.clamp_max.Tensor", &Lowerer::ClampBound},
+      {"aten.elu.default", &Lowerer::EluOp},
+      {"aten.elu_backward.default", &Lowerer::EluBackward},
+      {"aten.argmax.default", &Lowerer::ArgMaxMin}, {"aten.argmin.default", &Lowerer::ArgMaxMin},
+      {"aten.max.dim", &Lowerer::MaxMinDim}, {"aten.min.dim", &Lowerer::MaxMinDim},
+      {"aten.max.default", &Lowerer::ReduceOp}, {"aten.min.default", &Lowerer::ReduceOp},
+      {"aten.amin.default", &Lowerer::ReduceOp},
+      {"aten.var.correction", &Lowerer::Variance}, {"aten.std.correction", &Lowerer::Variance},
+      {"aten.slice_scatter.default", &Lowerer::SliceScatter},
+      {"aten.flip.default", &Lowerer::Flip},
+      {"aten.index_select.default", &Lowerer::IndexSelect},
       {"aten.add.Tensor", &Lowerer::Binary}, {"aten.add.Scalar", &Lowerer::Binary},
       {"aten.sub.Tensor", &Lowerer::Binary}, {"aten.sub.Scalar", &Lowerer::Binary},
       {"aten.rsub.Scalar", &Lowerer::Binary}, {"aten.rsub.Tensor", &Lowerer::Binary},
@@ -419,6 +463,10 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.convolution_backward.default", &Lowerer::ConvolutionBackward},
       {"aten.max_pool2d_with_indices.default", &Lowerer::MaxPool},
       {"aten.max_pool2d_with_indices_backward.default", &Lowerer::MaxPoolBackward},
+      {"aten.avg_pool2d.default", &Lowerer::AvgPool},
+      {"aten.avg_pool2d_backward.default", &Lowerer::AvgPoolBackward},
+      {"aten._adaptive_avg_pool2d.default", &Lowerer::AdaptiveAvgPool},
+      {"aten._adaptive_avg_pool2d_backward.default", &Lowerer::AdaptiveAvgPoolBackward},
       {"aten._native_batch_norm_legit_functional.default", &Lowerer::BatchNormTrain},
       {"aten._native_batch_norm_legit_no_training.default", &Lowerer::BatchNormEval},
       {"aten.native_layer_norm.default", &Lowerer::LayerNorm},
@@ -579,6 +627,175 @@ Status Lowerer::Rsqrt() {
   SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
   SALUS_ASSIGN_OR_RETURN(ValueId s, Emit("Sqrt", {x}));
   SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Reciprocal", {s}));
+  return Bind(0, y);
+}
+
+// sign: (x > 0) - (x < 0) in x's type, so NaN and zero give 0, as PyTorch's.
+Status Lowerer::Sign() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  if (type == DataType::kBool) return Refuse("sign of a bool tensor");
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, type));
+  SALUS_ASSIGN_OR_RETURN(ValueId pos, Emit("Greater", {x, Scalar(type, 0)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId neg, Emit("Less", {x, Scalar(type, 0)}));
+  SALUS_ASSIGN_OR_RETURN(pos, Cast(pos, type));
+  SALUS_ASSIGN_OR_RETURN(neg, Cast(neg, type));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Sub", {pos, neg}));
+  return Bind(0, y);
+}
+
+// log1p and expm1: the engine's SalusLog1p and SalusExpm1 (log(1 + x) and exp(x) - 1 would
+// lose every digit of a small x).
+Status Lowerer::Log1pExpm1() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId y, EmitShaped(node_->op() == "aten.log1p.default" ? "SalusLog1p" : "SalusExpm1", {x},
+                            {}, DataType::kFloat32, S(x)));
+  return Bind(0, y);
+}
+
+// isnan: x != x (false for every integer).
+Status Lowerer::IsNan() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  if (T(x) == DataType::kBool) {
+    SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kInt64));
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId same, Emit("Equal", {x, x}));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Not", {same}));
+  return Bind(0, y);
+}
+
+Status Lowerer::LeakyRelu() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
+  double slope = 0.01;
+  if (!IsNone("negative_slope")) {
+    SALUS_ASSIGN_OR_RETURN(slope, Number("negative_slope"));
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId y,
+                         Emit("LeakyRelu", {x}, {{"alpha", FloatAttr(static_cast<float>(slope))}}));
+  return Bind(0, y);
+}
+
+// leaky_relu_backward(grad_output, self, negative_slope, self_is_result): the gradient where
+// self > 0, slope times it elsewhere (PyTorch's choice at 0). A result has the input's sign
+// only for a positive slope.
+Status Lowerer::LeakyReluBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(double slope, Number("negative_slope"));
+  SALUS_ASSIGN_OR_RETURN(bool is_result, Bool("self_is_result"));
+  if (is_result && slope < 0)
+    return Refuse("leaky_relu_backward of a result with a negative slope");
+  if (S(dy) != S(x) || T(x) != DataType::kFloat32 || T(dy) != DataType::kFloat32) {
+    return Bad("grad_output and self must be float tensors of one shape");
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId pos, Emit("Greater", {x, Scalar(DataType::kFloat32, 0)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId scaled, Emit("Mul", {dy, Scalar(DataType::kFloat32, slope)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId dx, Emit("Where", {pos, dy, scaled}));
+  return Bind(0, dx);
+}
+
+// elu(self, alpha=1, scale=1, input_scale=1): scale * x where x > 0, else
+// alpha * scale * expm1(input_scale * x) (NaN takes that side, as PyTorch's).
+Status Lowerer::EluOp() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
+  double alpha = 1, scale = 1, input_scale = 1;
+  if (!IsNone("alpha")) {
+    SALUS_ASSIGN_OR_RETURN(alpha, Number("alpha"));
+  }
+  if (!IsNone("scale")) {
+    SALUS_ASSIGN_OR_RETURN(scale, Number("scale"));
+  }
+  if (!IsNone("input_scale")) {
+    SALUS_ASSIGN_OR_RETURN(input_scale, Number("input_scale"));
+  }
+  const DataType f = DataType::kFloat32;
+  SALUS_ASSIGN_OR_RETURN(ValueId pos, Emit("Greater", {x, Scalar(f, 0)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId scaled_in, Emit("Mul", {x, Scalar(f, input_scale)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId em1, EmitShaped("SalusExpm1", {scaled_in}, {}, f, S(x)));
+  SALUS_ASSIGN_OR_RETURN(ValueId neg, Emit("Mul", {em1, Scalar(f, alpha * scale)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId lin, Emit("Mul", {x, Scalar(f, scale)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Where", {pos, lin, neg}));
+  return Bind(0, y);
+}
+
+// elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result), PyTorch's
+// formula: grad * scale where self_or_result > 0 (or is NaN); elsewhere
+// grad * input_scale * (result + alpha * scale) from the result, or
+// grad * input_scale * alpha * scale * exp(input_scale * x) from the input.
+Status Lowerer::EluBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
+  SALUS_ASSIGN_OR_RETURN(ValueId v, Tensor("self_or_result"));
+  SALUS_ASSIGN_OR_RETURN(double alpha, Number("alpha"));
+  SALUS_ASSIGN_OR_RETURN(double scale, Number("scale"));
+  SALUS_ASSIGN_OR_RETURN(double input_scale, Number("input_scale"));
+  SALUS_ASSIGN_OR_RETURN(bool is_result, Bool("is_result"));
+  if (S(dy) != S(v) || T(dy) != DataType::kFloat32 || T(v) != DataType::kFloat32) {
+    return Bad("grad_output and self_or_result must be float tensors of one shape");
+  }
+  const DataType f = DataType::kFloat32;
+  ValueId slope = kNoValue;
+  if (is_result) {
+    SALUS_ASSIGN_OR_RETURN(ValueId shifted, Emit("Add", {v, Scalar(f, alpha * scale)}));
+    SALUS_ASSIGN_OR_RETURN(slope, Emit("Mul", {shifted, Scalar(f, input_scale)}));
+  } else {
+    SALUS_ASSIGN_OR_RETURN(ValueId scaled_in, Emit("Mul", {v, Scalar(f, input_scale)}));
+    SALUS_ASSIGN_OR_RETURN(ValueId e, Emit("Exp", {scaled_in}));
+    SALUS_ASSIGN_OR_RETURN(slope, Emit("Mul", {e, Scalar(f, input_scale * alpha * scale)}));
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId neg, Emit("LessOrEqual", {v, Scalar(f, 0)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId factor, Emit("Where", {neg, slope, Scalar(f, scale)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId dx, Emit("Mul", {dy, factor}));
+  return Bind(0, dx);
+}
+
+// bitwise_not, _and, _or, _xor: logic on bool tensors (masks); not also on int64, as -1 - x.
+Status Lowerer::Bitwise() {
+  const std::string& op = node_->op();
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  SALUS_ASSIGN_OR_RETURN(ValueId a, Tensor("self"));
+  if (op == "aten.bitwise_not.default") {
+    ValueId y = kNoValue;
+    if (type == DataType::kBool) {
+      SALUS_ASSIGN_OR_RETURN(y, Emit("Not", {a}));
+    } else if (type == DataType::kInt64) {
+      SALUS_ASSIGN_OR_RETURN(y, Emit("Sub", {Scalar(type, -1), a}));
+    } else {
+      return Refuse("bitwise_not of a float tensor");
+    }
+    return Bind(0, y);
+  }
+  if (type != DataType::kBool) return Refuse("bitwise and, or or xor of integer tensors");
+  SALUS_ASSIGN_OR_RETURN(ValueId b, Tensor("other"));
+  SALUS_ASSIGN_OR_RETURN(a, Cast(a, DataType::kBool));
+  SALUS_ASSIGN_OR_RETURN(b, Cast(b, DataType::kBool));
+  ValueId y = kNoValue;
+  if (op == "aten.bitwise_and.Tensor") {
+    SALUS_ASSIGN_OR_RETURN(y, Emit("And", {a, b}));
+  } else if (op == "aten.bitwise_or.Tensor") {
+    SALUS_ASSIGN_OR_RETURN(y, Emit("Or", {a, b}));
+  } else {
+    SALUS_ASSIGN_OR_RETURN(ValueId either, Emit("Or", {a, b}));
+    SALUS_ASSIGN_OR_RETURN(ValueId both, Emit("And", {a, b}));
+    SALUS_ASSIGN_OR_RETURN(ValueId not_both, Emit("Not", {both}));
+    SALUS_ASSIGN_OR_RETURN(y, Emit("And", {either, not_both}));
+  }
+  return Bind(0, y);
+}
+
+// clamp_min(self, min) and clamp_max(self, max) with a number bound: maximum and minimum
+// against it, as clamp's decomposition (trace.py) does.
+Status Lowerer::ClampBound() {
+  const bool lower = node_->op().rfind("aten.clamp_min.", 0) == 0;
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(ValueId bound, TensorOrScalar(lower ? "min" : "max", type));
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, type));
+  SALUS_ASSIGN_OR_RETURN(bound, Cast(bound, type));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit(lower ? "Max" : "Min", {x, bound}));
   return Bind(0, y);
 }
 
@@ -881,16 +1098,20 @@ Status Lowerer::ReduceOp() {
   SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
   std::vector<int64_t> axes;
   bool keep = false;
-  if (op != "aten.sum.default" && op != "aten.mean.default") {
+  // .default: every axis, no keepdim (sum, mean, and max/min of the whole tensor).
+  if (!op.ends_with(".default") || op == "aten.amax.default" || op == "aten.amin.default") {
     if (!IsNone("dim")) {
       SALUS_ASSIGN_OR_RETURN(axes, Ints("dim"));
     }
     SALUS_ASSIGN_OR_RETURN(keep, Bool("keepdim"));
   }
+  const bool min = op == "aten.amin.default" || op == "aten.min.default";
   const std::string engine = op.rfind("aten.sum.", 0) == 0    ? "ReduceSum"
                              : op.rfind("aten.mean.", 0) == 0 ? "ReduceMean"
+                             : min                            ? "ReduceMin"
                                                               : "ReduceMax";
-  if (engine == "ReduceMax") {
+  if (engine == "ReduceMax" || engine == "ReduceMin") {
+    if (NumElements(S(x)) == 0) return Bad("max or min of an empty tensor");
     SALUS_ASSIGN_OR_RETURN(ValueId y, Reduce(engine, x, axes, keep));
     return Bind(0, y);
   }
@@ -925,6 +1146,213 @@ Status Lowerer::AnyAll() {
   SALUS_ASSIGN_OR_RETURN(y, Cast(y, DataType::kBool));
   if (all) {
     SALUS_ASSIGN_OR_RETURN(y, Emit("Not", {y}));
+  }
+  return Bind(0, y);
+}
+
+// The index of the largest (smallest: `min`) element along `dim`, or of the whole tensor
+// flattened when there is no dim, as int64 with the dim kept as 1 or removed: SalusArgMax,
+// whose ties go to the first index and whose NaN wins, as PyTorch's. The smallest is the
+// largest of -x.
+StatusOr<ValueId> Lowerer::ArgMaxAlong(ValueId x, bool min, std::optional<int64_t> dim, bool keep) {
+  const Shape xs = S(x);
+  if (T(x) == DataType::kBool) {
+    SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kInt64));
+  }
+  if (min) {
+    if (T(x) != DataType::kFloat32) return Refuse("the smallest index of a non-float tensor");
+    SALUS_ASSIGN_OR_RETURN(x, Emit("Neg", {x}));
+  }
+  int64_t axis = 0;
+  if (!dim || xs.empty()) {
+    SALUS_ASSIGN_OR_RETURN(x, ReshapeTo(x, {NumElements(xs)}));
+  } else {
+    SALUS_ASSIGN_OR_RETURN(axis, Axis(*dim, xs.size()));
+  }
+  Shape out = S(x);
+  if (out[axis] == 0) return Bad("the largest or smallest index along an empty dim");
+  out.erase(out.begin() + axis);
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId y, EmitShaped("SalusArgMax", {x}, {{"axis", IntAttr(axis)}}, DataType::kInt64, out));
+  Shape want;
+  if (!dim) {
+    if (keep) want.assign(xs.size(), 1);
+  } else if (!xs.empty()) {
+    want = xs;
+    if (keep) {
+      want[axis] = 1;
+    } else {
+      want.erase(want.begin() + axis);
+    }
+  }
+  return ReshapeTo(y, want);
+}
+
+// argmax and argmin (self, dim=None, keepdim=False).
+Status Lowerer::ArgMaxMin() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  std::optional<int64_t> dim;
+  if (!IsNone("dim")) {
+    SALUS_ASSIGN_OR_RETURN(dim, Int("dim"));
+  }
+  bool keep = false;
+  if (!IsNone("keepdim")) {
+    SALUS_ASSIGN_OR_RETURN(keep, Bool("keepdim"));
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId y,
+                         ArgMaxAlong(x, node_->op() == "aten.argmin.default", dim, keep));
+  return Bind(0, y);
+}
+
+// max.dim and min.dim (self, dim, keepdim=False) -> (values, indices).
+Status Lowerer::MaxMinDim() {
+  const bool min = node_->op() == "aten.min.dim";
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  if (T(x) == DataType::kBool) return Refuse("the largest or smallest of a bool tensor");
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+  bool keep = false;
+  if (!IsNone("keepdim")) {
+    SALUS_ASSIGN_OR_RETURN(keep, Bool("keepdim"));
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId indices, ArgMaxAlong(x, min, dim, keep));
+  SALUS_ASSIGN_OR_RETURN(ValueId values, Reduce(min ? "ReduceMin" : "ReduceMax", x, {dim}, keep));
+  SALUS_RETURN_IF_ERROR(Bind(0, values));
+  return Bind(1, indices);
+}
+
+// var.correction and std.correction (self, dim=None, *, correction=None, keepdim=False): the
+// squared deviations from the mean, summed in two passes, over N - correction (1 by default),
+// as PyTorch divides (by 0 when correction reaches N).
+Status Lowerer::Variance() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  if (T(x) != DataType::kFloat32) return Refuse("the variance of a non-float tensor");
+  std::vector<int64_t> axes;
+  if (!IsNone("dim")) {
+    SALUS_ASSIGN_OR_RETURN(axes, Ints("dim"));
+  }
+  bool keep = false;
+  if (!IsNone("keepdim")) {
+    SALUS_ASSIGN_OR_RETURN(keep, Bool("keepdim"));
+  }
+  double correction = 1;
+  if (!IsNone("correction")) {
+    SALUS_ASSIGN_OR_RETURN(correction, Number("correction"));
+  }
+  const Shape xs = S(x);
+  double n = 1;
+  if (axes.empty()) {
+    n = static_cast<double>(NumElements(xs));
+  } else {
+    for (int64_t a : axes) {
+      SALUS_ASSIGN_OR_RETURN(int64_t axis, Axis(a, xs.size()));
+      if (!xs.empty()) n *= static_cast<double>(xs[axis]);
+    }
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId mean, Reduce("ReduceMean", x, axes, true));
+  SALUS_ASSIGN_OR_RETURN(ValueId d, Emit("Sub", {x, mean}));
+  SALUS_ASSIGN_OR_RETURN(ValueId sq, Emit("Mul", {d, d}));
+  SALUS_ASSIGN_OR_RETURN(ValueId sum, Reduce("ReduceSum", sq, axes, keep));
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId y, Emit("Div", {sum, Scalar(DataType::kFloat32, std::max(0.0, n - correction))}));
+  if (node_->op() == "aten.std.correction") {
+    SALUS_ASSIGN_OR_RETURN(y, Emit("Sqrt", {y}));
+  }
+  return Bind(0, y);
+}
+
+// slice_scatter(self, src, dim=0, start=None, end=None, step=1): self with the slice replaced
+// by src, as a Concat of self's parts before and after it around src (slicing's gradient is
+// zeros with the slice's gradient scattered in). Steps other than 1 are refused.
+Status Lowerer::SliceScatter() {
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(ValueId src, Tensor("src"));
+  int64_t dim = 0, step = 1;
+  if (!IsNone("dim")) {
+    SALUS_ASSIGN_OR_RETURN(dim, Int("dim"));
+  }
+  if (!IsNone("step")) {
+    SALUS_ASSIGN_OR_RETURN(step, Int("step"));
+  }
+  const Shape xs = S(x);
+  if (xs.empty()) return Bad("slice_scatter into a 0-d tensor");
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, xs.size()));
+  const int64_t size = xs[dim];
+  int64_t start = 0, end = size;
+  if (!IsNone("start")) {
+    SALUS_ASSIGN_OR_RETURN(start, Int("start"));
+  }
+  if (!IsNone("end")) {
+    SALUS_ASSIGN_OR_RETURN(end, Int("end"));
+  }
+  start = std::clamp<int64_t>(start < 0 ? start + size : start, 0, size);
+  end = std::clamp<int64_t>(end < 0 ? end + size : end, start, size);
+  if (step != 1) return Refuse("slice_scatter with a step other than 1");
+  Shape want = xs;
+  want[dim] = end - start;
+  if (S(src) != want) {
+    return Bad("src is " + ShapeString(S(src)) + " where the slice is " + ShapeString(want));
+  }
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, type));
+  SALUS_ASSIGN_OR_RETURN(src, Cast(src, type));
+  std::vector<ValueId> parts;
+  auto piece = [&](int64_t from, int64_t to) -> Status {
+    if (to <= from) return OkStatus();
+    SALUS_ASSIGN_OR_RETURN(
+        ValueId p, Emit("Slice", {x, Int64s({from}), Int64s({to}), Int64s({dim}), Int64s({1})}));
+    parts.push_back(p);
+    return OkStatus();
+  };
+  SALUS_RETURN_IF_ERROR(piece(0, start));
+  if (end > start) parts.push_back(src);
+  SALUS_RETURN_IF_ERROR(piece(end, size));
+  ValueId y = x;
+  if (parts.size() == 1) {
+    y = parts[0];
+  } else if (parts.size() > 1) {
+    SALUS_ASSIGN_OR_RETURN(y, Emit("Concat", parts, {{"axis", IntAttr(dim)}}));
+  }
+  return Bind(0, y);
+}
+
+// flip(self, dims): one Slice with step -1 along each dim.
+Status Lowerer::Flip() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> dims, Ints("dims"));
+  std::set<int64_t> seen;
+  std::vector<int64_t> starts, ends, axes, steps;
+  for (int64_t d : dims) {
+    SALUS_ASSIGN_OR_RETURN(int64_t axis, Axis(d, S(x).size()));
+    if (!seen.insert(axis).second) return Bad("dim " + std::to_string(d) + " appears twice");
+    if (S(x).empty()) continue;
+    starts.push_back(S(x)[axis] - 1);
+    ends.push_back(std::numeric_limits<int64_t>::min());
+    axes.push_back(axis);
+    steps.push_back(-1);
+  }
+  ValueId y = x;
+  if (!axes.empty()) {
+    SALUS_ASSIGN_OR_RETURN(
+        y, Emit("Slice", {x, Int64s(starts), Int64s(ends), Int64s(axes), Int64s(steps)}));
+  }
+  return Bind(0, y);
+}
+
+// index_select(self, dim, index): Gather along dim.
+Status Lowerer::IndexSelect() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+  SALUS_ASSIGN_OR_RETURN(ValueId index, Tensor("index"));
+  if (S(x).empty()) return Refuse("index_select of a 0-d tensor");
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, S(x).size()));
+  if (T(index) != DataType::kInt64 || S(index).size() > 1) {
+    return Bad("index must be an int64 vector");
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Gather", {x, index}, {{"axis", IntAttr(dim)}}));
+  if (S(index).empty()) {  // a 0-d index keeps the dim, as PyTorch's
+    Shape want = S(x);
+    want[dim] = 1;
+    SALUS_ASSIGN_OR_RETURN(y, ReshapeTo(y, want));
   }
   return Bind(0, y);
 }
@@ -1171,6 +1599,110 @@ Status Lowerer::MaxPoolBackward() {
       {"opset", IntAttr(kAtenOpset)}};
   SALUS_ASSIGN_OR_RETURN(ValueId dx,
                          EmitShaped("SalusPoolGrad", {x, dy}, attrs, DataType::kFloat32, S(x)));
+  return Bind(0, dx);
+}
+
+// The AveragePool attributes of avg_pool2d's arguments (kernel_size, stride=kernel_size,
+// padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None) over a 4-D x, for
+// the forward op and its gradient alike. With ceil_mode, PyTorch divides a window that hangs
+// over the padding by its part inside it; the engine's divisors differ there, so that pair is
+// refused (with padding; without, the divisors agree), as is a divisor override.
+StatusOr<std::map<std::string, Attribute>> Lowerer::AvgPoolAttrs(const Shape& xs) {
+  if (xs.size() != 4) return Refuse("average pooling of a tensor that is not 4-D");
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> kernel, Ints("kernel_size"));
+  std::vector<int64_t> stride, padding = {0};
+  if (!IsNone("stride")) {
+    SALUS_ASSIGN_OR_RETURN(stride, Ints("stride"));
+  }
+  if (!IsNone("padding")) {
+    SALUS_ASSIGN_OR_RETURN(padding, Ints("padding"));
+  }
+  bool ceil = false, include_pad = true;
+  if (!IsNone("ceil_mode")) {
+    SALUS_ASSIGN_OR_RETURN(ceil, Bool("ceil_mode"));
+  }
+  if (!IsNone("count_include_pad")) {
+    SALUS_ASSIGN_OR_RETURN(include_pad, Bool("count_include_pad"));
+  }
+  if (!IsNone("divisor_override")) return Refuse("average pooling with a divisor override");
+  auto two = [](std::vector<int64_t>& v, std::vector<int64_t> fallback) {
+    if (v.empty()) v = std::move(fallback);
+    if (v.size() == 1) v.push_back(v[0]);
+  };
+  two(kernel, {}), two(stride, kernel), two(padding, {0});
+  if (kernel.size() != 2 || stride.size() != 2 || padding.size() != 2) {
+    return Bad("kernel_size, stride and padding must have one or two values");
+  }
+  // Without padding there is no padding to count: the windows' divisors are the same either way.
+  if (padding[0] == 0 && padding[1] == 0) include_pad = false;
+  if (ceil && include_pad)
+    return Refuse("average pooling with ceil_mode, padding and count_include_pad");
+  return std::map<std::string, Attribute>{
+      {"kernel_shape", IntsAttr(kernel)},
+      {"strides", IntsAttr(stride)},
+      {"pads", IntsAttr({padding[0], padding[1], padding[0], padding[1]})},
+      {"ceil_mode", IntAttr(ceil ? 1 : 0)},
+      {"count_include_pad", IntAttr(include_pad ? 1 : 0)}};
+}
+
+Status Lowerer::AvgPool() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(auto attrs, AvgPoolAttrs(S(x)));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("AveragePool", {x}, attrs));
+  return Bind(0, y);
+}
+
+Status Lowerer::AvgPoolBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(auto attrs, AvgPoolAttrs(S(x)));
+  attrs["forward_op"] = StringAttr("AveragePool");
+  attrs["opset"] = IntAttr(kAtenOpset);
+  SALUS_ASSIGN_OR_RETURN(ValueId dx,
+                         EmitShaped("SalusPoolGrad", {x, dy}, attrs, DataType::kFloat32, S(x)));
+  return Bind(0, dx);
+}
+
+// _adaptive_avg_pool2d(self, output_size) where each output dim divides the input's: average
+// pooling with windows of input / output, no overlap and no padding. Other sizes give windows
+// of varying size, which the engine's pooling has not, and are refused.
+namespace {
+StatusOr<std::map<std::string, Attribute>> AdaptiveWindows(const Shape& xs, const Shape& ys) {
+  if (xs.size() != 4 || ys.size() != 4) {
+    return UnimplementedError("adaptive average pooling of a tensor that is not 4-D");
+  }
+  std::vector<int64_t> kernel;
+  for (int d = 2; d < 4; ++d) {
+    if (ys[d] <= 0 || xs[d] % ys[d] != 0) {
+      return UnimplementedError("adaptive average pooling from " + ShapeString(xs) + " to " +
+                                ShapeString(ys) + ", whose windows differ in size");
+    }
+    kernel.push_back(xs[d] / ys[d]);
+  }
+  return std::map<std::string, Attribute>{{"kernel_shape", IntsAttr(kernel)},
+                                          {"strides", IntsAttr(kernel)},
+                                          {"pads", IntsAttr({0, 0, 0, 0})}};
+}
+}  // namespace
+
+Status Lowerer::AdaptiveAvgPool() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(Shape ys, DeclaredShape(0));
+  auto attrs = AdaptiveWindows(S(x), ys);
+  if (!attrs.ok()) return Refuse(std::string(attrs.status().message()));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("AveragePool", {x}, *attrs));
+  return Bind(0, y);
+}
+
+Status Lowerer::AdaptiveAvgPoolBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  auto attrs = AdaptiveWindows(S(x), S(dy));
+  if (!attrs.ok()) return Refuse(std::string(attrs.status().message()));
+  (*attrs)["forward_op"] = StringAttr("AveragePool");
+  (*attrs)["opset"] = IntAttr(kAtenOpset);
+  SALUS_ASSIGN_OR_RETURN(ValueId dx,
+                         EmitShaped("SalusPoolGrad", {x, dy}, *attrs, DataType::kFloat32, S(x)));
   return Bind(0, dx);
 }
 

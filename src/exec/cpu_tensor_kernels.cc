@@ -310,13 +310,18 @@ KernelOr Cast(const Node& n, const Graph& g) {
 // ---------------------------------------------------------------------------------------------
 // Unary float math.
 
-KernelOr Erf(const Node& n, const Graph& g) {
+// Erf, and SalusLog1p and SalusExpm1 (PyTorch's log1p and expm1: exact for small x, where
+// log(1 + x) and exp(x) - 1 lose every digit), by the C library.
+KernelOr FloatMath(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const int64_t count = NumElements(In(n, g, 0).shape);
-  return Loop([count](const KernelArgs& a) {
+  float (*fn)(float) = n.op == "SalusLog1p"   ? static_cast<float (*)(float)>(std::log1p)
+                       : n.op == "SalusExpm1" ? static_cast<float (*)(float)>(std::expm1)
+                                              : static_cast<float (*)(float)>(std::erf);
+  return Loop([count, fn](const KernelArgs& a) {
     const float* x = Input<float>(a, 0);
     float* z = Output<float>(a, 0);
-    for (int64_t e = 0; e < count; ++e) z[e] = std::erf(x[e]);
+    for (int64_t e = 0; e < count; ++e) z[e] = fn(x[e]);
   });
 }
 
@@ -620,7 +625,7 @@ void RegisterCpuTensorKernels(KernelRegistry* r) {
   r->Register("Where", cpu, Where);
   r->Register("Clip", cpu, Clip);
   r->Register("Cast", cpu, Cast);
-  r->Register("Erf", cpu, Erf);
+  for (const char* op : {"Erf", "SalusLog1p", "SalusExpm1"}) r->Register(op, cpu, FloatMath);
   r->Register("Expand", cpu, Expand);
   r->Register("Gather", cpu, Gather);
   r->Register("Slice", cpu, Slice);

@@ -133,6 +133,12 @@ __global__ void TensorUnaryKernel(const float* __restrict__ x, float* __restrict
       case TensorUnaryOp::kReciprocal:
         y[e] = 1.f / v;
         break;
+      case TensorUnaryOp::kLog1p:
+        y[e] = log1pf(v);
+        break;
+      case TensorUnaryOp::kExpm1:
+        y[e] = expm1f(v);
+        break;
     }
   }
 }
@@ -329,6 +335,10 @@ cudaError_t LaunchTensorUnary(TensorUnaryOp op, const float* x, float* y, int64_
       return Launch(&TensorUnaryKernel<TensorUnaryOp::kGeluTanh>, count, stream, x, y, count);
     case TensorUnaryOp::kReciprocal:
       return Launch(&TensorUnaryKernel<TensorUnaryOp::kReciprocal>, count, stream, x, y, count);
+    case TensorUnaryOp::kLog1p:
+      return Launch(&TensorUnaryKernel<TensorUnaryOp::kLog1p>, count, stream, x, y, count);
+    case TensorUnaryOp::kExpm1:
+      return Launch(&TensorUnaryKernel<TensorUnaryOp::kExpm1>, count, stream, x, y, count);
   }
   return cudaErrorInvalidValue;
 }

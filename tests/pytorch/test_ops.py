@@ -1,0 +1,165 @@
+"""Operators that ordinary training scripts emit, through the lazy `salus` device against a real
+salus-server: each case's loss and its parameters' gradients match eager PyTorch on the CPU.
+
+The cases are what users write beside the reference models: other losses (L1, smooth L1, BCE,
+KL divergence, label smoothing), other activations (LeakyReLU, ELU, softplus, Mish), average
+and adaptive pooling, slicing and masks, statistics (var, std, max along a dim), cosine
+similarity, and accuracy (argmax, comparisons, counts)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+import salus_torch
+import torch
+import torch.nn.functional as F
+from salus_daemon import Daemon
+from torch import nn
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    d = Daemon(memory="2GiB", policy="fair")
+    old = os.environ.get("SALUS_ENDPOINT")
+    os.environ["SALUS_ENDPOINT"] = d.endpoint
+    yield d
+    salus_torch.device.close()
+    if old is None:
+        os.environ.pop("SALUS_ENDPOINT")
+    else:
+        os.environ["SALUS_ENDPOINT"] = old
+    d.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_device():
+    yield
+    salus_torch.device.close()
+
+
+def _data() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"x": torch.randn(8, 16, generator=g), "img": torch.randn(4, 3, 16, 16, generator=g),
+            "y": torch.randint(0, 5, (8,), generator=g),
+            "bits": (torch.rand(8, 5, generator=g) > 0.5).float(),
+            "probs": F.softmax(torch.randn(8, 5, generator=g), -1)}
+
+
+class Net(nn.Module):
+    """A linear layer and a small convolution, so every case has parameters to train."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.fc = nn.Linear(16, 5)
+        self.conv = nn.Conv2d(3, 4, 3)
+
+
+Case = Callable[[Net, dict[str, torch.Tensor]], torch.Tensor]
+
+CASES: dict[str, Case] = {
+    "l1 loss (sign)": lambda m, d: F.l1_loss(m.fc(d["x"]), d["bits"]),
+    "smooth l1 loss": lambda m, d: F.smooth_l1_loss(m.fc(d["x"]) * 3, d["bits"]),
+    "bce with logits (log1p)": lambda m, d: F.binary_cross_entropy_with_logits(m.fc(d["x"]),
+                                                                               d["bits"]),
+    "bce": lambda m, d: F.binary_cross_entropy(torch.sigmoid(m.fc(d["x"])), d["bits"]),
+    "label smoothing (bitwise_not)": lambda m, d: F.cross_entropy(m.fc(d["x"]), d["y"],
+                                                                  label_smoothing=0.1),
+    "kl divergence (isnan)": lambda m, d: F.kl_div(F.log_softmax(m.fc(d["x"]), -1), d["probs"],
+                                                   reduction="batchmean"),
+    "leaky relu": lambda m, d: F.leaky_relu(m.fc(d["x"]), 0.1).pow(2).sum(),
+    "elu (expm1)": lambda m, d: F.elu(m.fc(d["x"]) * 4).pow(2).sum(),
+    "softplus and mish": lambda m, d: (F.softplus(m.fc(d["x"]) * 8) + F.mish(m.fc(d["x"]))).sum(),
+    "var and std": lambda m, d: m.fc(d["x"]).var(-1).sum() + m.fc(d["x"]).std(0).sum(),
+    "cosine similarity (clamp_min)": lambda m, d: F.cosine_similarity(
+        m.fc(d["x"]), m.fc(d["x"]).flip(0)).sum(),
+    "max along a dim": lambda m, d: (m.fc(d["x"]).max(dim=-1).values.sum()
+                                     + m.fc(d["x"]).min(dim=0, keepdim=True).values.sum()),
+    "slices (slice_scatter)": lambda m, d: m.fc(d["x"])[:, 1:3].pow(2).sum()
+    + m.fc(d["x"])[2:].sum(),
+    "causal mask added to scores": lambda m, d: (
+        m.fc(d["x"])[:5] + torch.triu(torch.full((5, 5), -1e4), 1)).softmax(-1).pow(2).sum(),
+    "abs and minimum": lambda m, d: torch.minimum(m.fc(d["x"]).abs(), torch.tensor(0.3)).sum(),
+    "index_select": lambda m, d: m.fc(d["x"]).index_select(0, torch.tensor([0, 2, 2])).pow(2)
+    .sum(),
+    "average pooling": lambda m, d: F.avg_pool2d(m.conv(d["img"]), 2).pow(2).sum(),
+    "average pooling, padded, pad excluded": lambda m, d: F.avg_pool2d(
+        m.conv(d["img"]), 3, 2, padding=1, count_include_pad=False).pow(2).sum(),
+    "average pooling, ceil mode": lambda m, d: F.avg_pool2d(m.conv(d["img"]), 3, 2,
+                                                            ceil_mode=True).pow(2).sum(),
+    "adaptive average pooling": lambda m, d: F.adaptive_avg_pool2d(m.conv(d["img"]), 7).pow(2)
+    .sum(),
+}
+
+
+def _run(case: Case, device: str) -> tuple[float, dict[str, torch.Tensor]]:
+    m = Net().to(device)
+    data = {k: v.to(device) for k, v in _data().items()}
+    loss = case(m, data)
+    loss.backward()
+    grads = {n: p.grad.cpu() for n, p in m.named_parameters() if p.grad is not None}
+    return loss.item(), grads
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_loss_and_gradients_match_eager(daemon: Daemon, name: str) -> None:
+    want, want_grads = _run(CASES[name], "cpu")
+    got, got_grads = _run(CASES[name], "salus")
+    assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
+    assert got_grads.keys() == want_grads.keys() and want_grads
+    for n, g in want_grads.items():
+        torch.testing.assert_close(got_grads[n], g, rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_log1p_and_expm1_keep_small_values_and_their_limits(daemon: Daemon) -> None:
+    """Note [log1p and expm1] in aten_importer.cc: no digits lost near 0, the limits at the
+    ends, NaN passed on."""
+    x = torch.tensor([0.0, 1e-10, -1e-8, 3e-7, 1e-3, -0.5, 2.0, 80.0, -80.0, -1.0, float("inf"),
+                      -float("inf"), float("nan"), -2.0])
+    for f in (torch.log1p, torch.expm1):
+        got, want = f(x.to("salus")).cpu(), f(x)
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=0, equal_nan=True,
+                                   msg=f.__name__)
+
+
+def test_accuracy_and_label_smoothing_in_a_training_loop(daemon: Daemon) -> None:
+    """A classification loop as users write it: label smoothing, the running accuracy read
+    every step (argmax, ==, sum, .item()), top-1 probability and accuracy in an eval pass."""
+    results = {}
+    for device in ("cpu", "salus"):
+        m = Net().to(device)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        d = {k: v.to(device) for k, v in _data().items()}
+        log = []
+        for _ in range(3):
+            opt.zero_grad()
+            logits = m.fc(d["x"])
+            loss = F.cross_entropy(logits, d["y"], label_smoothing=0.1)
+            loss.backward()
+            opt.step()
+            log.append((loss.item(), (logits.argmax(dim=1) == d["y"]).sum().item()))
+        with torch.no_grad():
+            out = m.fc(d["x"])
+            top, index = F.softmax(out, -1).max(dim=-1)
+            log.append((top.mean().item(), (index == d["y"]).float().mean().item(),
+                        out.argmin(-1).tolist(), out.argmax().item()))
+        results[device] = log
+    for k, (got, want) in enumerate(zip(results["salus"], results["cpu"], strict=True)):
+        assert got[0] == pytest.approx(want[0], rel=1e-4), f"entry {k}"
+        assert got[1:] == want[1:], f"entry {k}"
+
+
+def test_bool_and_integer_logic(daemon: Daemon) -> None:
+    a = torch.tensor([True, False, True, False])
+    b = torch.tensor([True, True, False, False])
+    n = torch.tensor([0, 5, -7, 2**40])
+    for f in (lambda a, b, n: ~a, lambda a, b, n: a & b, lambda a, b, n: a | b,
+              lambda a, b, n: a ^ b, lambda a, b, n: ~n, lambda a, b, n: torch.sign(n),
+              lambda a, b, n: torch.isnan(n.float() / 0)):
+        want = f(a, b, n)
+        got = f(a.to("salus"), b.to("salus"), n.to("salus")).cpu()
+        assert torch.equal(got, want)
