@@ -334,6 +334,11 @@ class Lowerer {
   Status BatchNormBackward();
   Status LayerNorm();
   Status LayerNormBackward();
+  Status GroupNorm();
+  Status GroupNormBackward();
+  Status LstmCell();
+  Status LstmCellBackward();
+  StatusOr<ValueId> PerChannel(ValueId v, size_t rank);
   Status Embedding();
   Status IndexPut();
   Status GatherOp();
@@ -472,6 +477,10 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.native_layer_norm.default", &Lowerer::LayerNorm},
       {"aten.native_batch_norm_backward.default", &Lowerer::BatchNormBackward},
       {"aten.native_layer_norm_backward.default", &Lowerer::LayerNormBackward},
+      {"aten.native_group_norm.default", &Lowerer::GroupNorm},
+      {"aten.native_group_norm_backward.default", &Lowerer::GroupNormBackward},
+      {"aten._thnn_fused_lstm_cell.default", &Lowerer::LstmCell},
+      {"aten._thnn_fused_lstm_cell_backward_impl.default", &Lowerer::LstmCellBackward},
       {"aten.embedding.default", &Lowerer::Embedding},
       {"aten._unsafe_index_put.default", &Lowerer::IndexPut},
       {"aten.index_put.default", &Lowerer::IndexPut},
@@ -1860,6 +1869,226 @@ Status Lowerer::LayerNorm() {
   for (int k = 0; k < 3; ++k) SALUS_RETURN_IF_ERROR(Bind(k, outs[k]));
   if (Outputs() > 2 && node_->outputs(2) >= 0) {
     layer_eps_[node_->outputs(2)] = static_cast<float>(eps);
+  }
+  return OkStatus();
+}
+
+// A [C] vector as [1, C, 1, ...] of the given rank, to scale channels.
+StatusOr<ValueId> Lowerer::PerChannel(ValueId v, size_t rank) {
+  Shape shape(rank, 1);
+  shape[1] = NumElements(S(v));
+  return ReshapeTo(v, shape);
+}
+
+// native_group_norm(input, weight, bias, N, C, HxW, group, eps) -> (out, mean, rstd): the
+// input as [N, group, C / group * HxW], normalised by LayerNormalization over its last axis,
+// then scaled and shifted per channel; mean and rstd are [N, group].
+Status Lowerer::GroupNorm() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("input"));
+  SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight", true));
+  SALUS_ASSIGN_OR_RETURN(ValueId b, Tensor("bias", true));
+  SALUS_ASSIGN_OR_RETURN(int64_t n, Int("N"));
+  SALUS_ASSIGN_OR_RETURN(int64_t c, Int("C"));
+  SALUS_ASSIGN_OR_RETURN(int64_t hw, Int("HxW"));
+  SALUS_ASSIGN_OR_RETURN(int64_t groups, Int("group"));
+  SALUS_ASSIGN_OR_RETURN(double eps, Number("eps"));
+  const Shape xs = S(x);
+  if (T(x) != DataType::kFloat32) return Refuse("group norm of a non-float tensor");
+  if (xs.size() < 2 || groups <= 0 || c % groups != 0 || n * c * hw != NumElements(xs) ||
+      xs[0] != n || xs[1] != c) {
+    return Bad("N, C, HxW and group do not fit the input " + ShapeString(xs));
+  }
+  const int64_t d = c / groups * hw;
+  SALUS_ASSIGN_OR_RETURN(ValueId xr, ReshapeTo(x, {n, groups, d}));
+  SALUS_ASSIGN_OR_RETURN(
+      auto outs, EmitN("LayerNormalization", {xr, Filled(DataType::kFloat32, {d}, 1)},
+                       {{"axis", IntAttr(2)}, {"epsilon", FloatAttr(static_cast<float>(eps))}}, 3));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, ReshapeTo(outs[0], xs));
+  if (w != kNoValue) {
+    SALUS_ASSIGN_OR_RETURN(ValueId wc, PerChannel(w, xs.size()));
+    SALUS_ASSIGN_OR_RETURN(y, Emit("Mul", {y, wc}));
+  }
+  if (b != kNoValue) {
+    SALUS_ASSIGN_OR_RETURN(ValueId bc, PerChannel(b, xs.size()));
+    SALUS_ASSIGN_OR_RETURN(y, Emit("Add", {y, bc}));
+  }
+  SALUS_RETURN_IF_ERROR(Bind(0, y));
+  for (int k = 1; k < 3 && k < Outputs(); ++k) {
+    if (node_->outputs(k) < 0) continue;
+    SALUS_ASSIGN_OR_RETURN(ValueId stat, ReshapeTo(outs[k], {n, groups}));
+    SALUS_RETURN_IF_ERROR(Bind(k, stat));
+  }
+  return OkStatus();
+}
+
+// native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group,
+// output_mask) -> (dx, dweight, dbias), from the forward's statistics: with x^ the normalised
+// input and g = grad_out * weight, per group dx = rstd * (g - mean(g) - x^ * mean(g * x^));
+// dweight and dbias sum grad_out * x^ and grad_out over all but the channel dim. Only the
+// results the graph uses are made.
+Status Lowerer::GroupNormBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_out"));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("input"));
+  SALUS_ASSIGN_OR_RETURN(ValueId mean, Tensor("mean"));
+  SALUS_ASSIGN_OR_RETURN(ValueId rstd, Tensor("rstd"));
+  SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight", true));
+  SALUS_ASSIGN_OR_RETURN(int64_t n, Int("N"));
+  SALUS_ASSIGN_OR_RETURN(int64_t c, Int("C"));
+  SALUS_ASSIGN_OR_RETURN(int64_t hw, Int("HxW"));
+  SALUS_ASSIGN_OR_RETURN(int64_t groups, Int("group"));
+  const Shape xs = S(x);
+  if (xs.size() < 2 || groups <= 0 || c % groups != 0 || n * c * hw != NumElements(xs) ||
+      S(dy) != xs || NumElements(S(mean)) != n * groups || NumElements(S(rstd)) != n * groups) {
+    return Bad("the arguments do not fit the input " + ShapeString(xs));
+  }
+  auto wanted = [&](int k) { return k < Outputs() && node_->outputs(k) >= 0; };
+  const int64_t d = c / groups * hw;
+  SALUS_ASSIGN_OR_RETURN(ValueId xr, ReshapeTo(x, {n, groups, d}));
+  SALUS_ASSIGN_OR_RETURN(ValueId m, ReshapeTo(mean, {n, groups, 1}));
+  SALUS_ASSIGN_OR_RETURN(ValueId r, ReshapeTo(rstd, {n, groups, 1}));
+  SALUS_ASSIGN_OR_RETURN(ValueId centred, Emit("Sub", {xr, m}));
+  SALUS_ASSIGN_OR_RETURN(ValueId xhat_r, Emit("Mul", {centred, r}));
+  SALUS_ASSIGN_OR_RETURN(ValueId xhat, ReshapeTo(xhat_r, xs));
+  std::vector<int64_t> not_channel = {0};
+  for (size_t a = 2; a < xs.size(); ++a) not_channel.push_back(static_cast<int64_t>(a));
+  if (wanted(0)) {
+    ValueId g = dy;
+    if (w != kNoValue) {
+      SALUS_ASSIGN_OR_RETURN(ValueId wc, PerChannel(w, xs.size()));
+      SALUS_ASSIGN_OR_RETURN(g, Emit("Mul", {dy, wc}));
+    }
+    SALUS_ASSIGN_OR_RETURN(ValueId gr, ReshapeTo(g, {n, groups, d}));
+    SALUS_ASSIGN_OR_RETURN(ValueId mean_g, Reduce("ReduceMean", gr, {2}, true));
+    SALUS_ASSIGN_OR_RETURN(ValueId gx, Emit("Mul", {gr, xhat_r}));
+    SALUS_ASSIGN_OR_RETURN(ValueId mean_gx, Reduce("ReduceMean", gx, {2}, true));
+    SALUS_ASSIGN_OR_RETURN(ValueId proj, Emit("Mul", {xhat_r, mean_gx}));
+    SALUS_ASSIGN_OR_RETURN(ValueId t, Emit("Sub", {gr, mean_g}));
+    SALUS_ASSIGN_OR_RETURN(t, Emit("Sub", {t, proj}));
+    SALUS_ASSIGN_OR_RETURN(ValueId dxr, Emit("Mul", {t, r}));
+    SALUS_ASSIGN_OR_RETURN(ValueId dx, ReshapeTo(dxr, xs));
+    SALUS_RETURN_IF_ERROR(Bind(0, dx));
+  }
+  if (wanted(1)) {
+    SALUS_ASSIGN_OR_RETURN(ValueId prod, Emit("Mul", {dy, xhat}));
+    SALUS_ASSIGN_OR_RETURN(ValueId dw, Reduce("ReduceSum", prod, not_channel, false));
+    SALUS_RETURN_IF_ERROR(Bind(1, dw));
+  }
+  if (wanted(2)) {
+    SALUS_ASSIGN_OR_RETURN(ValueId db, Reduce("ReduceSum", dy, not_channel, false));
+    SALUS_RETURN_IF_ERROR(Bind(2, db));
+  }
+  return OkStatus();
+}
+
+// _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None)
+// -> (hy, cy, workspace), the cell of an LSTM layer, as PyTorch's fused kernel: the gates
+// (input + hidden + biases) split in four along dim 1 into i, f, g, o; i, f and o through a
+// sigmoid, g through tanh; cy = f * cx + i * g, hy = o * tanh(cy); the workspace keeps the
+// activated gates [i, f, g, o] for the backward.
+Status Lowerer::LstmCell() {
+  SALUS_ASSIGN_OR_RETURN(ValueId gi, Tensor("input_gates"));
+  SALUS_ASSIGN_OR_RETURN(ValueId gh, Tensor("hidden_gates"));
+  SALUS_ASSIGN_OR_RETURN(ValueId cx, Tensor("cx"));
+  SALUS_ASSIGN_OR_RETURN(ValueId bi, Tensor("input_bias", true));
+  SALUS_ASSIGN_OR_RETURN(ValueId bh, Tensor("hidden_bias", true));
+  const Shape cs = S(cx);
+  if (cs.size() != 2 || S(gi) != Shape{cs[0], 4 * cs[1]} || S(gh) != S(gi) ||
+      T(gi) != DataType::kFloat32) {
+    return Bad("the gates must be float [batch, 4 * hidden] for a cell of " + ShapeString(cs));
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId gates, Emit("Add", {gi, gh}));
+  for (ValueId bias : {bi, bh}) {
+    if (bias == kNoValue) continue;
+    SALUS_ASSIGN_OR_RETURN(gates, Emit("Add", {gates, bias}));
+  }
+  const int64_t h = cs[1];
+  std::vector<ValueId> act;
+  for (int k = 0; k < 4; ++k) {
+    SALUS_ASSIGN_OR_RETURN(ValueId part, Emit("Slice", {gates, Int64s({k * h}), Int64s({k * h + h}),
+                                                        Int64s({1}), Int64s({1})}));
+    SALUS_ASSIGN_OR_RETURN(part, Emit(k == 2 ? "Tanh" : "Sigmoid", {part}));
+    act.push_back(part);
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId keep, Emit("Mul", {act[1], cx}));
+  SALUS_ASSIGN_OR_RETURN(ValueId write, Emit("Mul", {act[0], act[2]}));
+  SALUS_ASSIGN_OR_RETURN(ValueId cy, Emit("Add", {keep, write}));
+  SALUS_ASSIGN_OR_RETURN(ValueId tc, Emit("Tanh", {cy}));
+  SALUS_ASSIGN_OR_RETURN(ValueId hy, Emit("Mul", {act[3], tc}));
+  SALUS_RETURN_IF_ERROR(Bind(0, hy));
+  SALUS_RETURN_IF_ERROR(Bind(1, cy));
+  if (Outputs() > 2 && node_->outputs(2) >= 0) {
+    SALUS_ASSIGN_OR_RETURN(ValueId ws, Emit("Concat", act, {{"axis", IntAttr(1)}}));
+    SALUS_RETURN_IF_ERROR(Bind(2, ws));
+  }
+  return OkStatus();
+}
+
+// _thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias)
+// -> (grad_gates, grad_cx, grad_bias), PyTorch's fused backward from the activated gates:
+// with t = tanh(cy), dc = grad_hy * o * (1 - t^2) + grad_cy; the gates' gradients are
+// dc * g * i(1 - i), dc * cx * f(1 - f), dc * i * (1 - g^2) and grad_hy * t * o(1 - o);
+// grad_cx = dc * f; grad_bias sums the gates' gradients over the batch. A missing gradient
+// (None) is zero.
+Status Lowerer::LstmCellBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dhy, Tensor("grad_hy", true));
+  SALUS_ASSIGN_OR_RETURN(ValueId dcy, Tensor("grad_cy", true));
+  SALUS_ASSIGN_OR_RETURN(ValueId cx, Tensor("cx"));
+  SALUS_ASSIGN_OR_RETURN(ValueId cy, Tensor("cy"));
+  SALUS_ASSIGN_OR_RETURN(ValueId ws, Tensor("workspace"));
+  const Shape cs = S(cx);
+  if (cs.size() != 2 || S(cy) != cs || S(ws) != Shape{cs[0], 4 * cs[1]} ||
+      (dhy != kNoValue && S(dhy) != cs) || (dcy != kNoValue && S(dcy) != cs)) {
+    return Bad("the cell's tensors do not fit a cell of " + ShapeString(cs));
+  }
+  const DataType f32 = DataType::kFloat32;
+  if (dhy == kNoValue) dhy = Filled(f32, cs, 0);
+  const int64_t h = cs[1];
+  std::vector<ValueId> gate;
+  for (int k = 0; k < 4; ++k) {
+    SALUS_ASSIGN_OR_RETURN(ValueId part, Emit("Slice", {ws, Int64s({k * h}), Int64s({k * h + h}),
+                                                        Int64s({1}), Int64s({1})}));
+    gate.push_back(part);
+  }
+  const ValueId one = Scalar(f32, 1);
+  // v * (1 - v), a sigmoid's derivative from its value.
+  auto sigmoid_slope = [&](ValueId v) -> StatusOr<ValueId> {
+    SALUS_ASSIGN_OR_RETURN(ValueId rest, Emit("Sub", {one, v}));
+    return Emit("Mul", {v, rest});
+  };
+  // 1 - v^2, tanh's derivative from its value.
+  auto tanh_slope = [&](ValueId v) -> StatusOr<ValueId> {
+    SALUS_ASSIGN_OR_RETURN(ValueId sq, Emit("Mul", {v, v}));
+    return Emit("Sub", {one, sq});
+  };
+  SALUS_ASSIGN_OR_RETURN(ValueId tc, Emit("Tanh", {cy}));
+  SALUS_ASSIGN_OR_RETURN(ValueId dout, Emit("Mul", {dhy, tc}));
+  SALUS_ASSIGN_OR_RETURN(ValueId dc, Emit("Mul", {dhy, gate[3]}));
+  SALUS_ASSIGN_OR_RETURN(ValueId slope, tanh_slope(tc));
+  SALUS_ASSIGN_OR_RETURN(dc, Emit("Mul", {dc, slope}));
+  if (dcy != kNoValue) {
+    SALUS_ASSIGN_OR_RETURN(dc, Emit("Add", {dc, dcy}));
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId di, Emit("Mul", {dc, gate[2]}));
+  SALUS_ASSIGN_OR_RETURN(ValueId df, Emit("Mul", {dc, cx}));
+  SALUS_ASSIGN_OR_RETURN(ValueId dg, Emit("Mul", {dc, gate[0]}));
+  SALUS_ASSIGN_OR_RETURN(slope, sigmoid_slope(gate[0]));
+  SALUS_ASSIGN_OR_RETURN(di, Emit("Mul", {di, slope}));
+  SALUS_ASSIGN_OR_RETURN(slope, sigmoid_slope(gate[1]));
+  SALUS_ASSIGN_OR_RETURN(df, Emit("Mul", {df, slope}));
+  SALUS_ASSIGN_OR_RETURN(slope, tanh_slope(gate[2]));
+  SALUS_ASSIGN_OR_RETURN(dg, Emit("Mul", {dg, slope}));
+  SALUS_ASSIGN_OR_RETURN(slope, sigmoid_slope(gate[3]));
+  SALUS_ASSIGN_OR_RETURN(dout, Emit("Mul", {dout, slope}));
+  SALUS_ASSIGN_OR_RETURN(ValueId dgates,
+                         Emit("Concat", {di, df, dg, dout}, {{"axis", IntAttr(1)}}));
+  SALUS_RETURN_IF_ERROR(Bind(0, dgates));
+  if (Outputs() > 1 && node_->outputs(1) >= 0) {
+    SALUS_ASSIGN_OR_RETURN(ValueId dcx, Emit("Mul", {dc, gate[1]}));
+    SALUS_RETURN_IF_ERROR(Bind(1, dcx));
+  }
+  if (Outputs() > 2 && node_->outputs(2) >= 0) {
+    SALUS_ASSIGN_OR_RETURN(ValueId dbias, Reduce("ReduceSum", dgates, {0}, false));
+    SALUS_RETURN_IF_ERROR(Bind(2, dbias));
   }
   return OkStatus();
 }

@@ -3,8 +3,8 @@ salus-server: each case's loss and its parameters' gradients match eager PyTorch
 
 The cases are what users write beside the reference models: other losses (L1, smooth L1, BCE,
 KL divergence, label smoothing), other activations (LeakyReLU, ELU, softplus, Mish), average
-and adaptive pooling, slicing and masks, statistics (var, std, max along a dim), cosine
-similarity, and accuracy (argmax, comparisons, counts)."""
+and adaptive pooling, group norm, an LSTM layer, slicing and masks, statistics (var, std, max
+along a dim), cosine similarity, and accuracy (argmax, comparisons, counts)."""
 
 from __future__ import annotations
 
@@ -46,17 +46,20 @@ def _data() -> dict[str, torch.Tensor]:
     return {"x": torch.randn(8, 16, generator=g), "img": torch.randn(4, 3, 16, 16, generator=g),
             "y": torch.randint(0, 5, (8,), generator=g),
             "bits": (torch.rand(8, 5, generator=g) > 0.5).float(),
-            "probs": F.softmax(torch.randn(8, 5, generator=g), -1)}
+            "probs": F.softmax(torch.randn(8, 5, generator=g), -1),
+            "seq": torch.randn(3, 6, 16, generator=g)}
 
 
 class Net(nn.Module):
-    """A linear layer and a small convolution, so every case has parameters to train."""
+    """Layers with parameters for every case to train."""
 
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(1)
         self.fc = nn.Linear(16, 5)
         self.conv = nn.Conv2d(3, 4, 3)
+        self.gn = nn.GroupNorm(2, 4)
+        self.lstm = nn.LSTM(16, 8, batch_first=True)
 
 
 Case = Callable[[Net, dict[str, torch.Tensor]], torch.Tensor]
@@ -93,6 +96,8 @@ CASES: dict[str, Case] = {
                                                             ceil_mode=True).pow(2).sum(),
     "adaptive average pooling": lambda m, d: F.adaptive_avg_pool2d(m.conv(d["img"]), 7).pow(2)
     .sum(),
+    "group norm": lambda m, d: m.gn(m.conv(d["img"]) * 2).pow(3).sum(),
+    "lstm": lambda m, d: (lambda out, hc: out.pow(2).sum() + hc[1].sum())(*m.lstm(d["seq"])),
 }
 
 
