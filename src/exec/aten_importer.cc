@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -322,6 +323,9 @@ class Lowerer {
   Status GeluBackward();
   Status Convolution();
   Status ConvolutionBackward();
+  Status TransposedConvolutionBackward(ValueId dy, ValueId x, ValueId w,
+                                       std::map<std::string, Attribute> attrs,
+                                       const std::function<bool(int)>& wanted);
   Status MaxPool();
   Status MaxPoolBackward();
   Status AvgPool();
@@ -1511,7 +1515,6 @@ Status Lowerer::ConvolutionBackward() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("input"));
   SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight"));
   SALUS_ASSIGN_OR_RETURN(bool transposed, Bool("transposed"));
-  if (transposed) return Refuse("the gradient of a transposed convolution");
   SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> stride, Ints("stride"));
   SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> padding, Ints("padding"));
   SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> dilation, Ints("dilation"));
@@ -1530,6 +1533,7 @@ Status Lowerer::ConvolutionBackward() {
       {"dilations", IntsAttr(dilation)},  {"group", IntAttr(groups)},
       {"forward_op", StringAttr("Conv")}, {"opset", IntAttr(kAtenOpset)}};
   auto wanted = [&](int k) { return mask[k] != 0 && k < Outputs() && node_->outputs(k) >= 0; };
+  if (transposed) return TransposedConvolutionBackward(dy, x, w, attrs, wanted);
   if (wanted(0)) {
     auto a = attrs;
     a["x_shape"] = IntsAttr(S(x));
@@ -1550,6 +1554,41 @@ Status Lowerer::ConvolutionBackward() {
     SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
     if (wanted(1)) SALUS_RETURN_IF_ERROR(Bind(1, outs[0]));
     if (wanted(2)) SALUS_RETURN_IF_ERROR(Bind(2, outs[1]));
+  }
+  return OkStatus();
+}
+
+// A transposed convolution is the data gradient of the convolution whose input has the
+// transposed one's output shape and whose weight is the same tensor ([C_in, C_out / group,
+// k...] read as a convolution's [C_out, C_in / group, k...]). So its input's gradient is that
+// convolution of grad_output, and its weight's gradient is that convolution's weight
+// gradient with grad_output as the input and the transposed input as the output's gradient.
+// The bias gradient sums grad_output over all but the channel dim.
+Status Lowerer::TransposedConvolutionBackward(ValueId dy, ValueId x, ValueId w,
+                                              std::map<std::string, Attribute> attrs,
+                                              const std::function<bool(int)>& wanted) {
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> output_padding, Ints("output_padding"));
+  for (int64_t p : output_padding) {
+    if (p != 0) return Refuse("the gradient of a transposed convolution with output_padding");
+  }
+  if (wanted(0)) {
+    std::map<std::string, Attribute> conv = attrs;
+    conv.erase("forward_op");
+    conv.erase("opset");
+    SALUS_ASSIGN_OR_RETURN(ValueId dx, Emit("Conv", {dy, w}, conv));
+    SALUS_RETURN_IF_ERROR(Bind(0, dx));
+  }
+  if (wanted(1)) {
+    attrs["w_shape"] = IntsAttr(S(w));
+    SALUS_ASSIGN_OR_RETURN(
+        ValueId dw, EmitShaped("SalusConvGradWeights", {dy, x}, attrs, DataType::kFloat32, S(w)));
+    SALUS_RETURN_IF_ERROR(Bind(1, dw));
+  }
+  if (wanted(2)) {
+    std::vector<int64_t> axes = {0};
+    for (size_t a = 2; a < S(dy).size(); ++a) axes.push_back(static_cast<int64_t>(a));
+    SALUS_ASSIGN_OR_RETURN(ValueId db, Reduce("ReduceSum", dy, axes, false));
+    SALUS_RETURN_IF_ERROR(Bind(2, db));
   }
   return OkStatus();
 }

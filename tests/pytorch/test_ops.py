@@ -3,7 +3,7 @@ salus-server: each case's loss and its parameters' gradients match eager PyTorch
 
 The cases are what users write beside the reference models: other losses (L1, smooth L1, BCE,
 KL divergence, label smoothing), other activations (LeakyReLU, ELU, softplus, Mish), average
-and adaptive pooling, group norm, an LSTM layer, slicing and masks, statistics (var, std, max
+and adaptive pooling, group norm, transposed convolutions, an LSTM layer, slicing and masks, statistics (var, std, max
 along a dim), cosine similarity, and accuracy (argmax, comparisons, counts)."""
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ class Net(nn.Module):
         self.conv = nn.Conv2d(3, 4, 3)
         self.gn = nn.GroupNorm(2, 4)
         self.lstm = nn.LSTM(16, 8, batch_first=True)
+        self.deconv = nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1)
+        self.grouped_deconv = nn.ConvTranspose2d(4, 4, 2, stride=2, groups=2, bias=False)
 
 
 Case = Callable[[Net, dict[str, torch.Tensor]], torch.Tensor]
@@ -97,6 +99,8 @@ CASES: dict[str, Case] = {
     "adaptive average pooling": lambda m, d: F.adaptive_avg_pool2d(m.conv(d["img"]), 7).pow(2)
     .sum(),
     "group norm": lambda m, d: m.gn(m.conv(d["img"]) * 2).pow(3).sum(),
+    "transposed convolutions": lambda m, d: (m.deconv(m.conv(d["img"])).pow(2).sum()
+                                             + m.grouped_deconv(m.conv(d["img"])).pow(2).sum()),
     "lstm": lambda m, d: (lambda out, hc: out.pow(2).sum() + hc[1].sum())(*m.lstm(d["seq"])),
 }
 
