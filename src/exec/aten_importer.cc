@@ -335,6 +335,8 @@ class Lowerer {
   StatusOr<std::map<std::string, Attribute>> AvgPoolAttrs(const Shape& xs);
   Status BatchNormTrain();
   Status BatchNormEval();
+  Status BatchNormNoStats();
+  Status Repeat();
   Status BatchNormBackward();
   Status LayerNorm();
   Status LayerNormBackward();
@@ -478,6 +480,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten._adaptive_avg_pool2d_backward.default", &Lowerer::AdaptiveAvgPoolBackward},
       {"aten._native_batch_norm_legit_functional.default", &Lowerer::BatchNormTrain},
       {"aten._native_batch_norm_legit_no_training.default", &Lowerer::BatchNormEval},
+      {"aten._native_batch_norm_legit.no_stats", &Lowerer::BatchNormNoStats},
+      {"aten.repeat.default", &Lowerer::Repeat},
       {"aten.native_layer_norm.default", &Lowerer::LayerNorm},
       {"aten.native_batch_norm_backward.default", &Lowerer::BatchNormBackward},
       {"aten.native_layer_norm_backward.default", &Lowerer::LayerNormBackward},
@@ -1802,6 +1806,73 @@ Status Lowerer::BatchNormTrain() {
     batch_stats_[node_->outputs(2)] = {outs[1], outs[2], static_cast<float>(eps)};
   }
   return OkStatus();
+}
+
+// _native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps) -> (out,
+// save_mean, save_rstd): batch norm from the batch's statistics with no running ones to update
+// (InstanceNorm, as one batch of N * C channels). The mean and biased variance over all but
+// the channel dim, in reductions; the backward is SalusBatchNormGrad, as for BatchNorm.
+Status Lowerer::BatchNormNoStats() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("input"));
+  SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight", true));
+  SALUS_ASSIGN_OR_RETURN(ValueId b, Tensor("bias", true));
+  SALUS_ASSIGN_OR_RETURN(bool training, Bool("training"));
+  SALUS_ASSIGN_OR_RETURN(double eps, Number("eps"));
+  if (!training) return Refuse("batch norm without running statistics outside training");
+  const Shape xs = S(x);
+  if (xs.size() < 2 || T(x) != DataType::kFloat32) return Bad("input must be float with channels");
+  const Shape c = {xs[1]};
+  std::vector<int64_t> axes = {0};
+  for (size_t a = 2; a < xs.size(); ++a) axes.push_back(static_cast<int64_t>(a));
+  const DataType f32 = DataType::kFloat32;
+  SALUS_ASSIGN_OR_RETURN(ValueId mean, Reduce("ReduceMean", x, axes, true));
+  SALUS_ASSIGN_OR_RETURN(ValueId centred, Emit("Sub", {x, mean}));
+  SALUS_ASSIGN_OR_RETURN(ValueId sq, Emit("Mul", {centred, centred}));
+  SALUS_ASSIGN_OR_RETURN(ValueId var, Reduce("ReduceMean", sq, axes, true));
+  SALUS_ASSIGN_OR_RETURN(ValueId ve, Emit("Add", {var, Scalar(f32, eps)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId sd, Emit("Sqrt", {ve}));
+  SALUS_ASSIGN_OR_RETURN(ValueId rstd, Emit("Reciprocal", {sd}));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Mul", {centred, rstd}));
+  if (w != kNoValue) {
+    SALUS_ASSIGN_OR_RETURN(ValueId wc, PerChannel(w, xs.size()));
+    SALUS_ASSIGN_OR_RETURN(y, Emit("Mul", {y, wc}));
+  }
+  if (b != kNoValue) {
+    SALUS_ASSIGN_OR_RETURN(ValueId bc, PerChannel(b, xs.size()));
+    SALUS_ASSIGN_OR_RETURN(y, Emit("Add", {y, bc}));
+  }
+  SALUS_RETURN_IF_ERROR(Bind(0, y));
+  SALUS_ASSIGN_OR_RETURN(ValueId mean_c, ReshapeTo(mean, c));
+  SALUS_ASSIGN_OR_RETURN(ValueId var_c, ReshapeTo(var, c));
+  SALUS_ASSIGN_OR_RETURN(ValueId rstd_c, ReshapeTo(rstd, c));
+  SALUS_RETURN_IF_ERROR(Bind(1, mean_c));
+  SALUS_RETURN_IF_ERROR(Bind(2, rstd_c));
+  if (Outputs() > 2 && node_->outputs(2) >= 0) {
+    batch_stats_[node_->outputs(2)] = {mean_c, var_c, static_cast<float>(eps)};
+  }
+  return OkStatus();
+}
+
+// repeat(self, repeats): each dim d of the input (after leading 1s up to repeats' length) as
+// [1, size] expanded to [repeats[d], size], reshaped to [repeats[d] * size].
+Status Lowerer::Repeat() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> repeats, Ints("repeats"));
+  Shape xs = S(x);
+  if (repeats.size() < xs.size()) return Bad("fewer repeats than the input has dims");
+  xs.insert(xs.begin(), repeats.size() - xs.size(), 1);
+  Shape spread, expanded, out;
+  for (size_t d = 0; d < xs.size(); ++d) {
+    if (repeats[d] < 0) return Bad("a negative repeat");
+    spread.insert(spread.end(), {1, xs[d]});
+    expanded.insert(expanded.end(), {repeats[d], xs[d]});
+    out.push_back(repeats[d] * xs[d]);
+  }
+  if (TooManyElements(out, int64_t{1} << 40)) return Bad("the repeated tensor is too large");
+  SALUS_ASSIGN_OR_RETURN(ValueId sp, ReshapeTo(x, spread));
+  SALUS_ASSIGN_OR_RETURN(ValueId e, ExpandTo(sp, expanded));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, ReshapeTo(e, out));
+  return Bind(0, y);
 }
 
 // native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
