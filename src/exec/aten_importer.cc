@@ -347,6 +347,16 @@ class Lowerer {
   StatusOr<ValueId> PerChannel(ValueId v, size_t rank);
   Status Embedding();
   Status IndexPut();
+  Status Index();
+  Status UpsampleNearestBackward();
+  // Advanced indexing by index tensors on consecutive dims (Note [Advanced indexing]).
+  struct Indexed {
+    int64_t first = 0;          // the first indexed dim
+    int64_t count = 0;          // how many consecutive dims are indexed
+    ValueId flat = kNoValue;    // self with those dims flattened into one
+    ValueId linear = kNoValue;  // the linear index into it, the index tensors' broadcast shape
+  };
+  StatusOr<Indexed> IndexTensors(ValueId self, const v1::AtenArgument& list);
   Status GatherOp();
   Status Scatter();
   Status Dropout();
@@ -492,6 +502,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.embedding.default", &Lowerer::Embedding},
       {"aten._unsafe_index_put.default", &Lowerer::IndexPut},
       {"aten.index_put.default", &Lowerer::IndexPut},
+      {"aten.index.Tensor", &Lowerer::Index},
+      {"aten.upsample_nearest2d_backward.default", &Lowerer::UpsampleNearestBackward},
       {"aten.gather.default", &Lowerer::GatherOp},
       {"aten.scatter.value", &Lowerer::Scatter}, {"aten.scatter.src", &Lowerer::Scatter},
       {"aten.native_dropout.default", &Lowerer::Dropout},
@@ -2221,29 +2233,111 @@ Status Lowerer::IndexPut() {
   SALUS_ASSIGN_OR_RETURN(ValueId values, Tensor("values"));
   SALUS_ASSIGN_OR_RETURN(bool accumulate, Bool("accumulate"));
   if (!accumulate) return Refuse("index_put without accumulate");
-  if (list->kind_case() != v1::AtenArgument::kValues || list->values().v_size() != 1 ||
-      list->values().v(0) < 0) {
-    return Refuse("index_put with other than one index tensor on dim 0");
-  }
-  SALUS_ASSIGN_OR_RETURN(ValueId idx, ValueOf(list->values().v(0)));
-  if (T(idx) != DataType::kInt64 || T(self) != DataType::kFloat32 || S(self).empty()) {
-    return Refuse("index_put other than float values at int64 indices");
-  }
-  // The indices flattened, the values one row of self per index.
-  const Shape table = S(self);
-  Shape want = S(idx);
-  want.insert(want.end(), table.begin() + 1, table.end());
+  if (T(self) != DataType::kFloat32) return Refuse("index_put into a non-float tensor");
+  SALUS_ASSIGN_OR_RETURN(Indexed ix, IndexTensors(self, *list));
+  // The values, one slice of the flattened self per index, scatter-added along its dim.
+  const Shape flat = S(ix.flat);
+  Shape want(flat.begin(), flat.begin() + ix.first);
+  const Shape b = S(ix.linear);
+  want.insert(want.end(), b.begin(), b.end());
+  want.insert(want.end(), flat.begin() + ix.first + 1, flat.end());
+  SALUS_ASSIGN_OR_RETURN(values, Cast(values, DataType::kFloat32));
   SALUS_ASSIGN_OR_RETURN(values, ExpandTo(values, want));
-  const int64_t count = NumElements(S(idx));
-  SALUS_ASSIGN_OR_RETURN(idx, ReshapeTo(idx, {count}));
-  Shape rows = {count};
-  rows.insert(rows.end(), table.begin() + 1, table.end());
-  SALUS_ASSIGN_OR_RETURN(values, ReshapeTo(values, rows));
   SALUS_ASSIGN_OR_RETURN(ValueId scattered,
-                         EmitShaped("SalusGatherGrad", {idx, values}, {{"axis", IntAttr(0)}},
-                                    DataType::kFloat32, S(self)));
+                         EmitShaped("SalusGatherGrad", {ix.linear, values},
+                                    {{"axis", IntAttr(ix.first)}}, DataType::kFloat32, flat));
+  SALUS_ASSIGN_OR_RETURN(scattered, ReshapeTo(scattered, S(self)));
   SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Add", {self, scattered}));
   return Bind(0, y);
+}
+
+// Note [Advanced indexing]: index(self, indices) and index_put(self, indices, values,
+// accumulate) with int64 index tensors on consecutive dims (None for the dims before them,
+// nothing or None after): self's indexed dims are flattened into one and the index tensors,
+// broadcast together and wrapped where negative, become one linear index into it, so the
+// result is a Gather along that dim (its gradient, the accumulating index_put, a scatter-add
+// along it). Bool masks (a data-dependent shape) and index tensors on dims apart are refused.
+StatusOr<Lowerer::Indexed> Lowerer::IndexTensors(ValueId self, const v1::AtenArgument& list) {
+  if (list.kind_case() != v1::AtenArgument::kValues) return Bad("'indices' is not a list");
+  const Shape xs = S(self);
+  if (list.values().v_size() > static_cast<int>(xs.size())) return Bad("too many indices");
+  std::vector<std::pair<int64_t, ValueId>> idx;
+  for (int d = 0; d < list.values().v_size(); ++d) {
+    const int v = list.values().v(d);
+    if (v < 0) continue;
+    SALUS_ASSIGN_OR_RETURN(ValueId t, ValueOf(v));
+    if (T(t) == DataType::kBool) return Refuse("indexing by a bool mask");
+    if (T(t) != DataType::kInt64) return Refuse("indexing by a non-int64 tensor");
+    if (!idx.empty() && idx.back().first != d - 1) return Refuse("index tensors on dims apart");
+    idx.emplace_back(d, t);
+  }
+  if (idx.empty()) return Bad("no index tensor");
+  Indexed ix;
+  ix.first = idx.front().first;
+  ix.count = static_cast<int64_t>(idx.size());
+  const DataType i64 = DataType::kInt64;
+  int64_t stride = 1;
+  for (auto it = idx.rbegin(); it != idx.rend(); ++it) {
+    const int64_t size = xs[it->first];
+    ValueId t = it->second;
+    SALUS_ASSIGN_OR_RETURN(ValueId negative, Emit("Less", {t, Scalar(i64, 0)}));
+    SALUS_ASSIGN_OR_RETURN(ValueId wrapped,
+                           Emit("Add", {t, Scalar(i64, static_cast<double>(size))}));
+    SALUS_ASSIGN_OR_RETURN(t, Emit("Where", {negative, wrapped, t}));
+    if (stride != 1) {
+      SALUS_ASSIGN_OR_RETURN(t, Emit("Mul", {t, Scalar(i64, static_cast<double>(stride))}));
+    }
+    if (ix.linear == kNoValue) {
+      ix.linear = t;
+    } else {
+      SALUS_ASSIGN_OR_RETURN(ix.linear, Emit("Add", {t, ix.linear}));
+    }
+    stride *= size;
+  }
+  Shape flat(xs.begin(), xs.begin() + ix.first);
+  flat.push_back(stride);
+  flat.insert(flat.end(), xs.begin() + ix.first + ix.count, xs.end());
+  SALUS_ASSIGN_OR_RETURN(ix.flat, ReshapeTo(self, flat));
+  return ix;
+}
+
+Status Lowerer::Index() {
+  SALUS_ASSIGN_OR_RETURN(ValueId self, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* list, Arg("indices"));
+  SALUS_ASSIGN_OR_RETURN(Indexed ix, IndexTensors(self, *list));
+  SALUS_ASSIGN_OR_RETURN(ValueId y,
+                         Emit("Gather", {ix.flat, ix.linear}, {{"axis", IntAttr(ix.first)}}));
+  return Bind(0, y);
+}
+
+// upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h, scales_w) where
+// each output size is a whole multiple k of the input's (and the scales, when given, are
+// those k): each input element was copied into a k x k block, so its gradient is the block's
+// sum. Other ratios are refused.
+Status Lowerer::UpsampleNearestBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> in, Ints("input_size"));
+  const Shape ys = S(dy);
+  if (in.size() != 4 || ys.size() != 4 || ys[0] != in[0] || ys[1] != in[1]) {
+    return Bad("grad_output " + ShapeString(ys) + " does not fit input_size");
+  }
+  std::vector<int64_t> k;
+  for (int d = 2; d < 4; ++d) {
+    if (in[d] <= 0 || ys[d] % in[d] != 0) {
+      return Refuse("nearest upsampling by a ratio that is not whole");
+    }
+    k.push_back(ys[d] / in[d]);
+    const std::string scale = d == 2 ? "scales_h" : "scales_w";
+    if (!IsNone(scale)) {
+      SALUS_ASSIGN_OR_RETURN(double sc, Number(scale));
+      if (sc != static_cast<double>(k.back())) {
+        return Refuse("nearest upsampling whose scale differs from its sizes' ratio");
+      }
+    }
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId blocks, ReshapeTo(dy, {in[0], in[1], in[2], k[0], in[3], k[1]}));
+  SALUS_ASSIGN_OR_RETURN(ValueId dx, Reduce("ReduceSum", blocks, {3, 5}, false));
+  return Bind(0, dx);
 }
 
 // A bool mask of `like`'s shape: true where the position along `dim` equals `index` (which

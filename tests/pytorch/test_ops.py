@@ -3,9 +3,9 @@ salus-server: each case's loss and its parameters' gradients match eager PyTorch
 
 The cases are what users write beside the reference models: other losses (L1, smooth L1, BCE,
 KL divergence, label smoothing), other activations (LeakyReLU, ELU, softplus, Mish), average
-and adaptive pooling, group and instance norm, transposed convolutions, an LSTM layer, slicing
-and masks, statistics (var, std, max along a dim), cosine similarity, and accuracy (argmax,
-comparisons, counts)."""
+and adaptive pooling, nearest upsampling, advanced indexing, group and instance norm,
+transposed convolutions, an LSTM layer, slicing and masks, statistics (var, std, max along a
+dim), cosine similarity, and accuracy (argmax, comparisons, counts)."""
 
 from __future__ import annotations
 
@@ -100,6 +100,12 @@ CASES: dict[str, Case] = {
                                                             ceil_mode=True).pow(2).sum(),
     "adaptive average pooling": lambda m, d: F.adaptive_avg_pool2d(m.conv(d["img"]), 7).pow(2)
     .sum(),
+    "nearest upsampling": lambda m, d: (
+        F.interpolate(m.conv(d["img"]), scale_factor=2).pow(2).sum()
+        + F.interpolate(m.conv(d["img"]), size=(28, 42)).pow(3).sum()),
+    "advanced indexing": lambda m, d: (
+        m.fc(d["x"])[torch.arange(8).to(d["x"].device), d["y"]].pow(2).sum()
+        + m.fc(d["x"])[:, torch.tensor([4, -1, 0, 4]).to(d["x"].device)].pow(3).sum()),
     "group norm": lambda m, d: m.gn(m.conv(d["img"]) * 2).pow(3).sum(),
     "instance norm (repeat)": lambda m, d: m.inorm(m.conv(d["img"]) * 2).pow(3).sum(),
     "repeat": lambda m, d: (m.fc(d["x"]).repeat(2, 3).pow(2).sum()
