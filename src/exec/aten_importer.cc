@@ -291,6 +291,7 @@ class Lowerer {
   Status ClampBound();
   Status ArgMaxMin();
   Status MaxMinDim();
+  Status TopK();
   Status Variance();
   Status SliceScatter();
   Status Flip();
@@ -417,6 +418,7 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.elu_backward.default", &Lowerer::EluBackward},
       {"aten.argmax.default", &Lowerer::ArgMaxMin}, {"aten.argmin.default", &Lowerer::ArgMaxMin},
       {"aten.max.dim", &Lowerer::MaxMinDim}, {"aten.min.dim", &Lowerer::MaxMinDim},
+      {"aten.topk.default", &Lowerer::TopK},
       {"aten.max.default", &Lowerer::ReduceOp}, {"aten.min.default", &Lowerer::ReduceOp},
       {"aten.amin.default", &Lowerer::ReduceOp},
       {"aten.var.correction", &Lowerer::Variance}, {"aten.std.correction", &Lowerer::Variance},
@@ -1247,6 +1249,63 @@ Status Lowerer::MaxMinDim() {
   SALUS_ASSIGN_OR_RETURN(ValueId values, Reduce(min ? "ReduceMin" : "ReduceMax", x, {dim}, keep));
   SALUS_RETURN_IF_ERROR(Bind(0, values));
   return Bind(1, indices);
+}
+
+// topk(self, k, dim=-1, largest=True, sorted=True) -> (values, indices) of a float tensor for
+// k up to kMaxTopK: k rounds of SalusArgMax along dim, each taking the best remaining element
+// (ties to the first index, NaN first, as argmax) and masking it out for the next, so the
+// results come sorted. Its gradient (a scatter of k indices per row) is not lowered: top-k
+// serves metrics, under no_grad.
+Status Lowerer::TopK() {
+  constexpr int64_t kMaxTopK = 16;
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(int64_t k, Int("k"));
+  int64_t dim = -1;
+  if (!IsNone("dim")) {
+    SALUS_ASSIGN_OR_RETURN(dim, Int("dim"));
+  }
+  bool largest = true;
+  if (!IsNone("largest")) {
+    SALUS_ASSIGN_OR_RETURN(largest, Bool("largest"));
+  }
+  if (T(x) != DataType::kFloat32) return Refuse("topk of a non-float tensor");
+  const Shape xs = S(x);
+  if (xs.empty()) return Refuse("topk of a 0-d tensor");
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, xs.size()));
+  if (k < 0 || k > xs[dim]) return Bad("k is out of range");
+  if (k == 0) return Refuse("topk with k = 0");
+  if (k > kMaxTopK) return Refuse("topk with k over " + std::to_string(kMaxTopK));
+  const DataType f32 = DataType::kFloat32;
+  // The search runs on -x for the smallest; values are read from x itself.
+  ValueId rest = x;
+  if (!largest) {
+    SALUS_ASSIGN_OR_RETURN(rest, Emit("Neg", {x}));
+  }
+  Shape positions(xs.size(), 1);
+  positions[dim] = xs[dim];
+  std::vector<int64_t> along(xs[dim]);
+  for (int64_t i = 0; i < xs[dim]; ++i) along[i] = i;
+  const ValueId index_along = Constant(HostTensor::FromInt64s(positions, along));
+  std::vector<ValueId> values, indices;
+  for (int64_t j = 0; j < k; ++j) {
+    SALUS_ASSIGN_OR_RETURN(ValueId best, ArgMaxAlong(rest, false, dim, true));
+    SALUS_ASSIGN_OR_RETURN(ValueId hit, Emit("Equal", {index_along, best}));
+    SALUS_ASSIGN_OR_RETURN(ValueId picked, Emit("Where", {hit, x, Scalar(f32, 0)}));
+    SALUS_ASSIGN_OR_RETURN(ValueId value, Reduce("ReduceSum", picked, {dim}, true));
+    values.push_back(value);
+    indices.push_back(best);
+    if (j + 1 < k) {
+      SALUS_ASSIGN_OR_RETURN(rest, Emit("Where", {hit, Scalar(f32, -INFINITY), rest}));
+    }
+  }
+  auto join = [&](const std::vector<ValueId>& parts) -> StatusOr<ValueId> {
+    if (parts.size() == 1) return parts[0];
+    return Emit("Concat", parts, {{"axis", IntAttr(dim)}});
+  };
+  SALUS_ASSIGN_OR_RETURN(ValueId v, join(values));
+  SALUS_ASSIGN_OR_RETURN(ValueId i, join(indices));
+  SALUS_RETURN_IF_ERROR(Bind(0, v));
+  return Bind(1, i);
 }
 
 // var.correction and std.correction (self, dim=None, *, correction=None, keepdim=False): the

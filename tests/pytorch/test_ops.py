@@ -177,6 +177,25 @@ def test_accuracy_and_label_smoothing_in_a_training_loop(daemon: Daemon) -> None
         assert got[1:] == want[1:], f"entry {k}"
 
 
+def test_top_k_for_metrics(daemon: Daemon) -> None:
+    """topk under no_grad, as a top-5 accuracy reads it: values sorted, indices, both ends."""
+    g = torch.Generator().manual_seed(3)
+    logits, labels = torch.randn(16, 10, generator=g), torch.randint(0, 10, (16,), generator=g)
+    for device in ("cpu", "salus"):
+        with torch.no_grad():
+            x = logits.to(device)
+            values, index = x.topk(5, dim=1)
+            low = x.topk(3, dim=0, largest=False)
+            hits = (index == labels.to(device).unsqueeze(1)).any(dim=1).float().sum().item()
+        if device == "cpu":
+            want = (values, index, low.values, low.indices, hits)
+        else:
+            got = (values.cpu(), index.cpu(), low.values.cpu(), low.indices.cpu(), hits)
+    for a, b in zip(got[:4], want[:4], strict=True):
+        assert torch.equal(a, b)
+    assert got[4] == want[4]
+
+
 def test_bool_and_integer_logic(daemon: Daemon) -> None:
     a = torch.tensor([True, False, True, False])
     b = torch.tensor([True, True, False, False])
