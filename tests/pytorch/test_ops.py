@@ -24,7 +24,9 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def daemon():
-    d = Daemon(memory="2GiB", policy="fair")
+    # SALUS_TEST_DEVICE=cuda:0 runs the cases on a GPU daemon (scripts/gpu-check --step torchops).
+    device = os.environ.get("SALUS_TEST_DEVICE")
+    d = Daemon(*(("--device", device) if device else ()), memory="2GiB", policy="fair")
     old = os.environ.get("SALUS_ENDPOINT")
     os.environ["SALUS_ENDPOINT"] = d.endpoint
     yield d
