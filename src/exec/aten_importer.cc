@@ -350,6 +350,10 @@ class Lowerer {
   Status IndexPut();
   Status Index();
   Status UpsampleNearestBackward();
+  Status UpsampleBilinear();
+  StatusOr<ValueId> Bilinear(ValueId x, const Shape& to, bool align_corners,
+                             std::optional<double> scale_h, std::optional<double> scale_w,
+                             bool backward);
   // Advanced indexing by index tensors on consecutive dims (Note [Advanced indexing]).
   struct Indexed {
     int64_t first = 0;          // the first indexed dim
@@ -506,6 +510,9 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.index_put.default", &Lowerer::IndexPut},
       {"aten.index.Tensor", &Lowerer::Index},
       {"aten.upsample_nearest2d_backward.default", &Lowerer::UpsampleNearestBackward},
+      {"aten.upsample_bilinear2d.default", &Lowerer::UpsampleBilinear},
+      {"aten.upsample_bilinear2d.vec", &Lowerer::UpsampleBilinear},
+      {"aten.upsample_bilinear2d_backward.default", &Lowerer::UpsampleBilinear},
       {"aten.gather.default", &Lowerer::GatherOp},
       {"aten.scatter.value", &Lowerer::Scatter}, {"aten.scatter.src", &Lowerer::Scatter},
       {"aten.native_dropout.default", &Lowerer::Dropout},
@@ -1442,6 +1449,102 @@ Status Lowerer::IndexSelect() {
     want[dim] = 1;
     SALUS_ASSIGN_OR_RETURN(y, ReshapeTo(y, want));
   }
+  return Bind(0, y);
+}
+
+namespace {
+
+// Note [Bilinear as matrices]: bilinear resizing along one dim is a linear map, each output
+// row mixing two input rows. The map's [out, in] matrix holds PyTorch's weights (its
+// area_pixel_compute_source_index, in float): with scale = (in - 1) / (out - 1) when aligning
+// corners, else 1 / the given scale factor or in / out, output row d reads source
+// s = scale * d (aligned) or max(0, scale * (d + 0.5) - 0.5), i.e. rows i0 = floor(s) and
+// i0 + 1 (i0 at the last row) with weights 1 - (s - i0) and s - i0. So the resize of x is
+// A_h . x . A_w^T (two MatMuls with constants) and its gradient A_h^T . dy . A_w.
+HostTensor BilinearMatrix(int64_t in, int64_t out, bool align_corners, std::optional<double> scale,
+                          bool transposed) {
+  std::vector<float> m(static_cast<size_t>(in * out), 0.f);
+  float step = 0.f;
+  if (align_corners) {
+    step = out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.f;
+  } else {
+    step = scale && *scale > 0 ? static_cast<float>(1.0 / *scale)
+                               : static_cast<float>(in) / static_cast<float>(out);
+  }
+  for (int64_t d = 0; d < out; ++d) {
+    float src = align_corners ? step * static_cast<float>(d)
+                              : std::max(0.f, step * (static_cast<float>(d) + 0.5f) - 0.5f);
+    const int64_t i0 = std::min<int64_t>(static_cast<int64_t>(src), in - 1);
+    const int64_t i1 = i0 + (i0 < in - 1 ? 1 : 0);
+    const float l1 = src - static_cast<float>(i0), l0 = 1.f - l1;
+    auto at = [&](int64_t row, int64_t col) -> float& {
+      return transposed ? m[col * out + row] : m[row * in + col];
+    };
+    at(d, i0) += l0;
+    at(d, i1) += l1;
+  }
+  return HostTensor::FromFloats(transposed ? Shape{in, out} : Shape{out, in}, m);
+}
+
+}  // namespace
+
+// x [N, C, H, W] resized to `to` (or, `backward`, the gradient dy of a resize from `to` back
+// to it), by Note [Bilinear as matrices].
+StatusOr<ValueId> Lowerer::Bilinear(ValueId x, const Shape& to, bool align_corners,
+                                    std::optional<double> scale_h, std::optional<double> scale_w,
+                                    bool backward) {
+  const Shape xs = S(x);
+  if (xs.size() != 4 || to.size() != 4 || to[0] != xs[0] || to[1] != xs[1] || to[2] <= 0 ||
+      to[3] <= 0 || xs[2] <= 0 || xs[3] <= 0) {
+    return Bad("bilinear resizing needs 4-D tensors of the same batch and channels");
+  }
+  if (T(x) != DataType::kFloat32) return Refuse("bilinear resizing of a non-float tensor");
+  // Forward: in = x's sizes, out = to's. Backward: the resize went from to's sizes to x's.
+  const int64_t hi = backward ? to[2] : xs[2], ho = backward ? xs[2] : to[2];
+  const int64_t wi = backward ? to[3] : xs[3], wo = backward ? xs[3] : to[3];
+  // Forward x . A_w^T and A_h . (that); backward dy . A_w and A_h^T . (that).
+  const ValueId right = Constant(BilinearMatrix(wi, wo, align_corners, scale_w, !backward));
+  const ValueId left = Constant(BilinearMatrix(hi, ho, align_corners, scale_h, backward));
+  SALUS_ASSIGN_OR_RETURN(ValueId t, Emit("MatMul", {x, right}));
+  return Emit("MatMul", {left, t});
+}
+
+// upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_w=None),
+// upsample_bilinear2d.vec(input, output_size, align_corners, scale_factors) and
+// upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners, scales_h,
+// scales_w).
+Status Lowerer::UpsampleBilinear() {
+  const std::string& op = node_->op();
+  const bool backward = op == "aten.upsample_bilinear2d_backward.default";
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor(backward               ? "grad_output"
+                                           : op.ends_with(".vec") ? "input"
+                                                                  : "self"));
+  SALUS_ASSIGN_OR_RETURN(bool align, Bool("align_corners"));
+  std::optional<double> sh, sw;
+  if (op.ends_with(".vec")) {
+    if (!IsNone("scale_factors")) {
+      SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* f, Arg("scale_factors"));
+      if (f->kind_case() != v1::AtenArgument::kFloats || f->floats().v_size() != 2) {
+        return Bad("scale_factors must hold two numbers");
+      }
+      sh = f->floats().v(0);
+      sw = f->floats().v(1);
+    }
+  } else {
+    if (!IsNone("scales_h")) {
+      SALUS_ASSIGN_OR_RETURN(sh, Number("scales_h"));
+    }
+    if (!IsNone("scales_w")) {
+      SALUS_ASSIGN_OR_RETURN(sw, Number("scales_w"));
+    }
+  }
+  Shape to;
+  if (backward) {
+    SALUS_ASSIGN_OR_RETURN(to, Ints("input_size"));
+  } else {
+    SALUS_ASSIGN_OR_RETURN(to, DeclaredShape(0));
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Bilinear(x, to, align, sh, sw, backward));
   return Bind(0, y);
 }
 

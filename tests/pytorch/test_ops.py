@@ -3,7 +3,7 @@ salus-server: each case's loss and its parameters' gradients match eager PyTorch
 
 The cases are what users write beside the reference models: other losses (L1, smooth L1, BCE,
 KL divergence, label smoothing), other activations (LeakyReLU, ELU, softplus, Mish), average
-and adaptive pooling, nearest upsampling, advanced indexing, group and instance norm,
+and adaptive pooling, nearest and bilinear resizing, advanced indexing, group and instance norm,
 transposed convolutions, an LSTM layer, slicing and masks, statistics (var, std, max along a
 dim), cosine similarity, and accuracy (argmax, comparisons, counts)."""
 
@@ -105,6 +105,11 @@ CASES: dict[str, Case] = {
     "nearest upsampling": lambda m, d: (
         F.interpolate(m.conv(d["img"]), scale_factor=2).pow(2).sum()
         + F.interpolate(m.conv(d["img"]), size=(28, 42)).pow(3).sum()),
+    "bilinear resizing": lambda m, d: (
+        F.interpolate(m.conv(d["img"]), scale_factor=2, mode="bilinear").pow(2).sum()
+        + F.interpolate(m.conv(d["img"]), size=(20, 31), mode="bilinear", align_corners=True)
+        .pow(3).sum()
+        + F.interpolate(m.conv(d["img"]), size=(5, 9), mode="bilinear").pow(2).sum()),
     "advanced indexing": lambda m, d: (
         m.fc(d["x"])[torch.arange(8).to(d["x"].device), d["y"]].pow(2).sum()
         + m.fc(d["x"])[:, torch.tensor([4, -1, 0, 4]).to(d["x"].device)].pow(3).sum()),
