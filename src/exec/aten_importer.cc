@@ -292,6 +292,7 @@ class Lowerer {
   Status ArgMaxMin();
   Status MaxMinDim();
   Status TopK();
+  Status Cumsum();
   Status Variance();
   Status SliceScatter();
   Status Flip();
@@ -423,6 +424,7 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.argmax.default", &Lowerer::ArgMaxMin}, {"aten.argmin.default", &Lowerer::ArgMaxMin},
       {"aten.max.dim", &Lowerer::MaxMinDim}, {"aten.min.dim", &Lowerer::MaxMinDim},
       {"aten.topk.default", &Lowerer::TopK},
+      {"aten.cumsum.default", &Lowerer::Cumsum},
       {"aten.max.default", &Lowerer::ReduceOp}, {"aten.min.default", &Lowerer::ReduceOp},
       {"aten.amin.default", &Lowerer::ReduceOp},
       {"aten.var.correction", &Lowerer::Variance}, {"aten.std.correction", &Lowerer::Variance},
@@ -1313,6 +1315,43 @@ Status Lowerer::TopK() {
   SALUS_ASSIGN_OR_RETURN(ValueId i, join(indices));
   SALUS_RETURN_IF_ERROR(Bind(0, v));
   return Bind(1, i);
+}
+
+// cumsum(self, dim, dtype=None) along a dim of at most kMaxCumsum: a MatMul with the constant
+// [n, n] upper-triangular matrix of ones, the dim moved last and back. Integer and bool inputs
+// (position ids from a mask) are summed in float, exact below 2^24, and cast back.
+Status Lowerer::Cumsum() {
+  constexpr int64_t kMaxCumsum = 2048;
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  const Shape xs = S(x);
+  if (xs.empty()) {
+    SALUS_ASSIGN_OR_RETURN(ValueId y, Cast(x, type));
+    return Bind(0, y);
+  }
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, xs.size()));
+  const int64_t n = xs[dim];
+  if (n > kMaxCumsum) return Refuse("cumsum along a dim over " + std::to_string(kMaxCumsum));
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
+  const int64_t last = static_cast<int64_t>(xs.size()) - 1;
+  std::vector<int64_t> perm(xs.size());
+  for (size_t d = 0; d < perm.size(); ++d) perm[d] = static_cast<int64_t>(d);
+  std::swap(perm[dim], perm[last]);
+  if (dim != last) {
+    SALUS_ASSIGN_OR_RETURN(x, Emit("Transpose", {x}, {{"perm", IntsAttr(perm)}}));
+  }
+  std::vector<float> upper(static_cast<size_t>(n * n), 0.f);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = i; j < n; ++j) upper[i * n + j] = 1.f;
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId y,
+                         Emit("MatMul", {x, Constant(HostTensor::FromFloats({n, n}, upper))}));
+  if (dim != last) {
+    SALUS_ASSIGN_OR_RETURN(y, Emit("Transpose", {y}, {{"perm", IntsAttr(perm)}}));
+  }
+  SALUS_ASSIGN_OR_RETURN(y, Cast(y, type));
+  return Bind(0, y);
 }
 
 // var.correction and std.correction (self, dim=None, *, correction=None, keepdim=False): the

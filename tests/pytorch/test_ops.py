@@ -3,9 +3,9 @@ salus-server: each case's loss and its parameters' gradients match eager PyTorch
 
 The cases are what users write beside the reference models: other losses (L1, smooth L1, BCE,
 KL divergence, label smoothing), other activations (LeakyReLU, ELU, softplus, Mish), average
-and adaptive pooling, nearest and bilinear resizing, advanced indexing, group and instance norm,
-transposed convolutions, an LSTM layer, slicing and masks, statistics (var, std, max along a
-dim), cosine similarity, and accuracy (argmax, comparisons, counts)."""
+and adaptive pooling, nearest and bilinear resizing, advanced indexing, group and instance
+norm, transposed convolutions, an LSTM layer, slicing and masks, cumulative sums, statistics
+(var, std, max along a dim), cosine similarity, and accuracy (argmax, comparisons, counts)."""
 
 from __future__ import annotations
 
@@ -93,6 +93,8 @@ CASES: dict[str, Case] = {
     "causal mask added to scores": lambda m, d: (
         m.fc(d["x"])[:5] + torch.triu(torch.full((5, 5), -1e4), 1)).softmax(-1).pow(2).sum(),
     "abs and minimum": lambda m, d: torch.minimum(m.fc(d["x"]).abs(), torch.tensor(0.3)).sum(),
+    "cumsum": lambda m, d: (m.fc(d["x"]).cumsum(-1).pow(2).sum()
+                            + m.fc(d["x"]).cumsum(0).pow(3).sum()),
     "index_select": lambda m, d: m.fc(d["x"]).index_select(0, torch.tensor([0, 2, 2])).pow(2)
     .sum(),
     "average pooling": lambda m, d: F.avg_pool2d(m.conv(d["img"]), 2).pow(2).sum(),
@@ -201,6 +203,14 @@ def test_top_k_for_metrics(daemon: Daemon) -> None:
     for a, b in zip(got[:4], want[:4], strict=True):
         assert torch.equal(a, b)
     assert got[4] == want[4]
+
+
+def test_position_ids_from_a_mask(daemon: Daemon) -> None:
+    """A language model's position ids: an int64 cumsum of the attention mask."""
+    mask = torch.tensor([[1, 1, 1, 0, 0], [0, 1, 1, 1, 1]])
+    for f in (lambda m: m.cumsum(1) * m - 1, lambda m: (m > 0).cumsum(-1),
+              lambda m: m.cumsum(0)):
+        assert torch.equal(f(mask.to("salus")).cpu(), f(mask))
 
 
 def test_bool_and_integer_logic(daemon: Daemon) -> None:
