@@ -223,3 +223,18 @@ def test_bool_and_integer_logic(daemon: Daemon) -> None:
         want = f(a, b, n)
         got = f(a.to("salus"), b.to("salus"), n.to("salus")).cpu()
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("what,case", [
+    ("average pooling with ceil_mode, padding and count_include_pad",
+     lambda x: F.avg_pool2d(x, 3, 2, padding=1, ceil_mode=True)),
+    ("topk with k over 16", lambda x: x.flatten(1).topk(20).values),
+    ("adaptive average pooling from", lambda x: F.adaptive_avg_pool2d(x, 3)),
+    ("slice_scatter with a step other than 1", lambda x: torch.autograd.grad(
+        x[:, :, ::2].sum(), x)[0]),
+])
+def test_what_the_lowerings_leave_out_is_refused_by_name(daemon: Daemon, what: str,
+                                                         case: Callable) -> None:
+    x = torch.randn(2, 3, 8, 8).to("salus").requires_grad_()
+    with pytest.raises(Exception, match=what):
+        case(x).cpu()
