@@ -346,6 +346,8 @@ class Lowerer {
   Status GroupNormBackward();
   Status LstmCell();
   Status LstmCellBackward();
+  Status GruCell();
+  Status GruCellBackward();
   StatusOr<ValueId> PerChannel(ValueId v, size_t rank);
   Status Embedding();
   Status IndexPut();
@@ -507,6 +509,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.native_group_norm_backward.default", &Lowerer::GroupNormBackward},
       {"aten._thnn_fused_lstm_cell.default", &Lowerer::LstmCell},
       {"aten._thnn_fused_lstm_cell_backward_impl.default", &Lowerer::LstmCellBackward},
+      {"aten._thnn_fused_gru_cell.default", &Lowerer::GruCell},
+      {"aten._thnn_fused_gru_cell_backward.default", &Lowerer::GruCellBackward},
       {"aten.embedding.default", &Lowerer::Embedding},
       {"aten._unsafe_index_put.default", &Lowerer::IndexPut},
       {"aten.index_put.default", &Lowerer::IndexPut},
@@ -2412,6 +2416,113 @@ Status Lowerer::LstmCellBackward() {
   if (Outputs() > 2 && node_->outputs(2) >= 0) {
     SALUS_ASSIGN_OR_RETURN(ValueId dbias, Reduce("ReduceSum", dgates, {0}, false));
     SALUS_RETURN_IF_ERROR(Bind(2, dbias));
+  }
+  return OkStatus();
+}
+
+// _thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None)
+// -> (hy, workspace), the cell of a GRU layer, as PyTorch's fused kernel: the gates split in
+// three along dim 1 into r, z, n parts; r = sigmoid(ir + hr + biases), z likewise, and
+// n = tanh(in + b_in + r * (hn + b_hn)); hy = n + z * (hx - n). The workspace keeps
+// [r, z, n, hx, hn + b_hn] for the backward.
+Status Lowerer::GruCell() {
+  SALUS_ASSIGN_OR_RETURN(ValueId gi, Tensor("input_gates"));
+  SALUS_ASSIGN_OR_RETURN(ValueId gh, Tensor("hidden_gates"));
+  SALUS_ASSIGN_OR_RETURN(ValueId hx, Tensor("hx"));
+  SALUS_ASSIGN_OR_RETURN(ValueId bi, Tensor("input_bias", true));
+  SALUS_ASSIGN_OR_RETURN(ValueId bh, Tensor("hidden_bias", true));
+  const Shape hs = S(hx);
+  if (hs.size() != 2 || S(gi) != Shape{hs[0], 3 * hs[1]} || S(gh) != S(gi) ||
+      T(gi) != DataType::kFloat32) {
+    return Bad("the gates must be float [batch, 3 * hidden] for a cell of " + ShapeString(hs));
+  }
+  const int64_t h = hs[1];
+  auto part = [&](ValueId v, int k) {
+    return Emit("Slice", {v, Int64s({k * h}), Int64s({k * h + h}), Int64s({1}), Int64s({1})});
+  };
+  // Each gate's input and hidden parts with their biases, in the kernel's order of additions.
+  std::vector<ValueId> in(3), hid(3);
+  for (int k = 0; k < 3; ++k) {
+    SALUS_ASSIGN_OR_RETURN(in[k], part(gi, k));
+    SALUS_ASSIGN_OR_RETURN(hid[k], part(gh, k));
+  }
+  auto biased = [&](ValueId v, ValueId bias, int k) -> StatusOr<ValueId> {
+    if (bias == kNoValue) return v;
+    SALUS_ASSIGN_OR_RETURN(ValueId b, Emit("Slice", {bias, Int64s({k * h}), Int64s({k * h + h}),
+                                                     Int64s({0}), Int64s({1})}));
+    return Emit("Add", {v, b});
+  };
+  std::vector<ValueId> act(2);
+  for (int k = 0; k < 2; ++k) {
+    SALUS_ASSIGN_OR_RETURN(ValueId sum, Emit("Add", {in[k], hid[k]}));
+    SALUS_ASSIGN_OR_RETURN(sum, biased(sum, bi, k));
+    SALUS_ASSIGN_OR_RETURN(sum, biased(sum, bh, k));
+    SALUS_ASSIGN_OR_RETURN(act[k], Emit("Sigmoid", {sum}));
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId in_n, biased(in[2], bi, 2));
+  SALUS_ASSIGN_OR_RETURN(ValueId hn, biased(hid[2], bh, 2));
+  SALUS_ASSIGN_OR_RETURN(ValueId reset, Emit("Mul", {act[0], hn}));
+  SALUS_ASSIGN_OR_RETURN(ValueId n, Emit("Add", {in_n, reset}));
+  SALUS_ASSIGN_OR_RETURN(n, Emit("Tanh", {n}));
+  SALUS_ASSIGN_OR_RETURN(ValueId diff, Emit("Sub", {hx, n}));
+  SALUS_ASSIGN_OR_RETURN(ValueId kept, Emit("Mul", {act[1], diff}));
+  SALUS_ASSIGN_OR_RETURN(ValueId hy, Emit("Add", {n, kept}));
+  SALUS_RETURN_IF_ERROR(Bind(0, hy));
+  if (Outputs() > 1 && node_->outputs(1) >= 0) {
+    SALUS_ASSIGN_OR_RETURN(ValueId ws,
+                           Emit("Concat", {act[0], act[1], n, hx, hn}, {{"axis", IntAttr(1)}}));
+    SALUS_RETURN_IF_ERROR(Bind(1, ws));
+  }
+  return OkStatus();
+}
+
+// _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias) -> (grad_input_gates,
+// grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias), PyTorch's fused backward:
+// with g = grad_hy, dz = g (hx - n) z(1 - z), dn = g (1 - z)(1 - n^2) and
+// dr = dn (hn + b_hn) r(1 - r), the input gates' gradient is [dr, dz, dn], the hidden gates'
+// [dr, dz, dn * r], grad_hx = g z, and the biases' gradients sum each over the batch.
+Status Lowerer::GruCellBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId g, Tensor("grad_hy"));
+  SALUS_ASSIGN_OR_RETURN(ValueId ws, Tensor("workspace"));
+  const Shape gs = S(g);
+  if (gs.size() != 2 || S(ws) != Shape{gs[0], 5 * gs[1]} || T(g) != DataType::kFloat32) {
+    return Bad("grad_hy and the workspace do not fit a cell of " + ShapeString(gs));
+  }
+  const int64_t h = gs[1];
+  std::vector<ValueId> w(5);
+  for (int k = 0; k < 5; ++k) {
+    SALUS_ASSIGN_OR_RETURN(
+        w[k], Emit("Slice", {ws, Int64s({k * h}), Int64s({k * h + h}), Int64s({1}), Int64s({1})}));
+  }
+  const ValueId r = w[0], z = w[1], n = w[2], hx = w[3], hn = w[4];
+  const ValueId one = Scalar(DataType::kFloat32, 1);
+  auto mul = [&](ValueId a, ValueId b) { return Emit("Mul", {a, b}); };
+  auto sub = [&](ValueId a, ValueId b) { return Emit("Sub", {a, b}); };
+  SALUS_ASSIGN_OR_RETURN(ValueId one_z, sub(one, z));
+  SALUS_ASSIGN_OR_RETURN(ValueId hx_n, sub(hx, n));
+  SALUS_ASSIGN_OR_RETURN(ValueId dz, mul(g, hx_n));
+  SALUS_ASSIGN_OR_RETURN(dz, mul(dz, one_z));
+  SALUS_ASSIGN_OR_RETURN(dz, mul(dz, z));
+  SALUS_ASSIGN_OR_RETURN(ValueId dhx, mul(g, z));
+  SALUS_ASSIGN_OR_RETURN(ValueId n2, mul(n, n));
+  SALUS_ASSIGN_OR_RETURN(ValueId tanh_slope, sub(one, n2));
+  SALUS_ASSIGN_OR_RETURN(ValueId dn, mul(g, one_z));
+  SALUS_ASSIGN_OR_RETURN(dn, mul(dn, tanh_slope));
+  SALUS_ASSIGN_OR_RETURN(ValueId dhn, mul(dn, r));
+  SALUS_ASSIGN_OR_RETURN(ValueId one_r, sub(one, r));
+  SALUS_ASSIGN_OR_RETURN(ValueId dr, mul(dn, hn));
+  SALUS_ASSIGN_OR_RETURN(dr, mul(dr, one_r));
+  SALUS_ASSIGN_OR_RETURN(dr, mul(dr, r));
+  SALUS_ASSIGN_OR_RETURN(ValueId d_in, Emit("Concat", {dr, dz, dn}, {{"axis", IntAttr(1)}}));
+  SALUS_ASSIGN_OR_RETURN(ValueId d_hid, Emit("Concat", {dr, dz, dhn}, {{"axis", IntAttr(1)}}));
+  SALUS_RETURN_IF_ERROR(Bind(0, d_in));
+  SALUS_RETURN_IF_ERROR(Bind(1, d_hid));
+  SALUS_RETURN_IF_ERROR(Bind(2, dhx));
+  const ValueId gates[2] = {d_in, d_hid};
+  for (int k = 3; k < 5 && k < Outputs(); ++k) {
+    if (node_->outputs(k) < 0) continue;
+    SALUS_ASSIGN_OR_RETURN(ValueId db, Reduce("ReduceSum", gates[k - 3], {0}, false));
+    SALUS_RETURN_IF_ERROR(Bind(k, db));
   }
   return OkStatus();
 }

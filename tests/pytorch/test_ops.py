@@ -4,7 +4,7 @@ salus-server: each case's loss and its parameters' gradients match eager PyTorch
 The cases are what users write beside the reference models: other losses (L1, smooth L1, BCE,
 KL divergence, label smoothing), other activations (LeakyReLU, ELU, softplus, Mish), average
 and adaptive pooling, nearest and bilinear resizing, advanced indexing, group and instance
-norm, transposed convolutions, an LSTM layer, slicing and masks, cumulative sums, statistics
+norm, transposed convolutions, LSTM and GRU layers, slicing and masks, cumulative sums, statistics
 (var, std, max along a dim), cosine similarity, and accuracy (argmax, comparisons, counts)."""
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class Net(nn.Module):
         self.gn = nn.GroupNorm(2, 4)
         self.inorm = nn.InstanceNorm2d(4, affine=True)
         self.lstm = nn.LSTM(16, 8, batch_first=True)
+        self.gru = nn.GRU(16, 8, batch_first=True)
         self.deconv = nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1)
         self.grouped_deconv = nn.ConvTranspose2d(4, 4, 2, stride=2, groups=2, bias=False)
 
@@ -122,6 +123,8 @@ CASES: dict[str, Case] = {
                                .to(d["x"].device)).sum()),
     "transposed convolutions": lambda m, d: (m.deconv(m.conv(d["img"])).pow(2).sum()
                                              + m.grouped_deconv(m.conv(d["img"])).pow(2).sum()),
+    "gru (transpose_)": lambda m, d: (lambda out, h: out.pow(2).sum() + h.sum())(
+        *m.gru(d["seq"])),
     "lstm": lambda m, d: (lambda out, hc: out.pow(2).sum() + hc[1].sum())(*m.lstm(d["seq"])),
 }
 
@@ -211,6 +214,23 @@ def test_position_ids_from_a_mask(daemon: Daemon) -> None:
     for f in (lambda m: m.cumsum(1) * m - 1, lambda m: (m > 0).cumsum(-1),
               lambda m: m.cumsum(0)):
         assert torch.equal(f(mask.to("salus")).cpu(), f(mask))
+
+
+def test_ops_that_reshape_a_tensor_in_place(daemon: Daemon) -> None:
+    """Note [Reshaped in place] in device.py: t_, transpose_, unsqueeze_ and squeeze_ give the
+    tensor its new shape, on a value made on the host and on one the device computed; what
+    read the old shape keeps it."""
+    results = {}
+    for device in ("cpu", "salus"):
+        a = torch.arange(6.0).reshape(2, 3).to(device)
+        b = a * 2
+        before = b + 1
+        a.t_()
+        b.unsqueeze_(0).transpose_(1, 2)
+        after = b.squeeze_(0) @ torch.ones(2, 1).to(device)
+        results[device] = [t.cpu() for t in (a, b, before, after)] + [a.shape, b.shape]
+    for got, want in zip(results["salus"], results["cpu"], strict=True):
+        assert torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want
 
 
 def test_bool_and_integer_logic(daemon: Daemon) -> None:

@@ -359,7 +359,10 @@ class Runtime:
         op = _Op(func, rargs, rkwargs, [])
         if lift is not None:
             op.lifted = self._lift(op, *lift)
-        written = list(_writes(func))
+        reshaped = _reshapes(template)
+        if reshaped:  # Note [Reshaped in place]: recorded as its functional form
+            op.func = _functional_of(func)
+        written = list(_writes(op.func))
         if func is aten.native_batch_norm.default and rargs[5]:
             written += [(3, "running_mean"), (4, "running_var")]  # undeclared writes
         for i, name in written:
@@ -368,11 +371,16 @@ class Runtime:
                 seg.mutated.add(v.uid)
 
         def wrap(m: Any) -> Any:
-            if not (type(m) is tuple and len(m) == 2 and (m[0] == "arg" or m[0] == "new")):
+            if not (type(m) is tuple and _is_leaf(m)):
                 op.outs.append(None)
                 return m
-            if m[0] == "arg":  # an in-place op or out= returns its argument
+            if m[0] != "new":  # an in-place op or out= returns its argument
                 same = tensors[m[1]]
+                if m[0] == "reshaped":  # the tensor now holds the op's new value
+                    _set_geometry(same, m[2])
+                    same._uid, same._loc = next(_uids), _Loc()
+                    seg.producer[same._uid] = (op, len(op.outs))
+                    self._use(same)
                 op.outs.append(same._uid)
                 return same
             t = SalusTensor(m[1], _Loc())
@@ -417,9 +425,20 @@ class Runtime:
         except Exception as e:
             raise RuntimeError(f"salus device: {func} cannot be recorded: {e}") from None
         where = {id(fresh[t._uid]): k for k, t in enumerate(tensors)}
-        return _map(lambda m: (("arg", where[id(m)]) if id(m) in where
-                               else ("new", m)) if isinstance(m, torch.Tensor)
-                    else m, mout)
+
+        def leaf(m: Any) -> Any:
+            if not isinstance(m, torch.Tensor):
+                return m
+            k = where.get(id(m))
+            if k is None:
+                return ("new", m)
+            before = tensors[k]._meta
+            if (m.shape, m.stride(), m.storage_offset()) != \
+                    (before.shape, before.stride(), before.storage_offset()):
+                return ("reshaped", k, m)  # transpose_, unsqueeze_, ...: Note [Reshaped in place]
+            return ("arg", k)
+
+        return _map(leaf, mout)
 
     def _lift(self, op: _Op, names: tuple[str, ...], schema: list[str]) -> bool:
         """Replaces the op's float arguments `names` by _Scalar inputs."""
@@ -770,11 +789,58 @@ def _map(fn: Any, x: Any) -> Any:
     return fn(x)
 
 
+def _is_leaf(x: tuple) -> bool:
+    """Whether a template entry is ("arg", k), ("new", meta) or ("reshaped", k, meta)."""
+    return (len(x) == 2 and (x[0] == "arg" or x[0] == "new")) or \
+        (len(x) == 3 and x[0] == "reshaped")
+
+
 def _map_out(fn: Any, x: Any) -> Any:
-    """`fn` over an output template: ("arg", k) and ("new", meta) are leaves."""
-    if type(x) is tuple and not (len(x) == 2 and x[0] in ("arg", "new")) or type(x) is list:
+    """`fn` over an output template, whose leaves _is_leaf names."""
+    if type(x) is tuple and not _is_leaf(x) or type(x) is list:
         return type(x)(_map_out(fn, e) for e in x)
     return fn(x)
+
+
+# Note [Reshaped in place]
+# A few in-place ops change their argument's shape or strides rather than its values
+# (`transpose_`, `t_`, `unsqueeze_`, `squeeze_`; `nn.GRU` with batch_first=True ends with
+# `output.transpose_(0, 1)`). Their template says so. Such an op is recorded as its functional
+# form (`transpose`), whose result the tensor then holds: it takes a new uid produced by that
+# op (as zeros_on_host does), and its new geometry, as a new meta and key here and as the
+# wrapper's own sizes and strides through the extension, since autograd and every later op
+# read them. Its old value stays what it was, for whatever read it before.
+def _reshapes(template: Any) -> bool:
+    """Whether an op's output template has a ("reshaped", k, meta) leaf."""
+    if type(template) is tuple and _is_leaf(template):
+        return template[0] == "reshaped"
+    if type(template) in (tuple, list):
+        return any(_reshapes(e) for e in template)
+    return False
+
+
+def _functional_of(func: Any) -> Any:
+    """transpose_.int -> transpose.int: the out-of-place op of an in-place reshaping op."""
+    packet = func._schema.name.split("::")[-1]
+    functional = getattr(aten, packet[:-1], None) if packet.endswith("_") else None
+    # The overload whose arguments are the same (transpose_.default is transpose.int).
+    want = [(a.name, str(a.type)) for a in func._schema.arguments]
+    out = None
+    for name in functional.overloads() if functional is not None else ():
+        candidate = getattr(functional, name)
+        if [(a.name, str(a.type)) for a in candidate._schema.arguments] == want:
+            out = candidate
+            break
+    if out is None:
+        raise RuntimeError(f"salus device: {func} changes a tensor's shape in place and has no "
+                           "out-of-place form the device can record instead")
+    return out
+
+
+def _set_geometry(t: SalusTensor, meta: torch.Tensor) -> None:
+    t._meta = _meta_of(meta)
+    t._key = (meta.dtype, t._meta.shape, t._meta.stride(), t._meta.storage_offset())
+    _extension.set_geometry(t, list(meta.shape), list(meta.stride()), meta.storage_offset())
 
 
 _WRITES: dict[Any, tuple[tuple[int, str], ...]] = {}
@@ -1050,6 +1116,7 @@ def register() -> None:
         packet, _, overload = name.partition(".")
         _lib.impl(name, _host_factory(getattr(getattr(aten, packet), overload or "default")),
                   "PrivateUse1")
+    _register_missing_meta(_lib)
     from torch.optim.optimizer import register_optimizer_step_post_hook
     register_optimizer_step_post_hook(_step_hook)
     _install_fused_updates()
@@ -1058,3 +1125,28 @@ def register() -> None:
 
 
 _lib: torch.library.Library | None = None
+
+
+def _gru_cell_meta(input_gates: torch.Tensor, hidden_gates: torch.Tensor, hx: torch.Tensor,
+                   input_bias: torch.Tensor | None = None,
+                   hidden_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """_thnn_fused_gru_cell's shapes: hy like hx, and a workspace of five [batch, hidden] parts."""
+    return hx.new_empty(hx.shape), hx.new_empty((hx.shape[0], 5 * hx.shape[1]))
+
+
+def _gru_cell_backward_meta(grad_hy: torch.Tensor, workspace: torch.Tensor, has_bias: bool
+                            ) -> tuple[torch.Tensor, ...]:
+    batch, hidden = grad_hy.shape
+    gates = (batch, 3 * hidden)
+    bias = (3 * hidden,) if has_bias else (0,)
+    return (grad_hy.new_empty(gates), grad_hy.new_empty(gates), grad_hy.new_empty(grad_hy.shape),
+            grad_hy.new_empty(bias), grad_hy.new_empty(bias))
+
+
+def _register_missing_meta(lib: torch.library.Library) -> None:
+    """Meta kernels for the ops `nn.GRU` runs on a non-CPU device, which PyTorch lacks: without
+    them the device cannot know a GRU step's shapes, so it could not record one."""
+    for name, fn in (("_thnn_fused_gru_cell", _gru_cell_meta),
+                     ("_thnn_fused_gru_cell_backward", _gru_cell_backward_meta)):
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+            lib.impl(name, fn, "Meta")

@@ -5,7 +5,8 @@
 // backward(). The device is lazy: nothing runs on it in this process, so the guard has one
 // device with one stream that is always idle, and the hooks hand out the CPU generator (the
 // daemon draws the device's random numbers itself, with explicit seeds). Everything else, the
-// tensors, the recording and the flushes, is Python.
+// tensors, the recording and the flushes, is Python, but for setting a tensor's geometry when
+// an in-place op changed it.
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -60,9 +61,19 @@ const bool kHooksRegistered = [] {
   return true;
 }();
 
+// A device tensor's new geometry after an in-place op that changed it (Note [Reshaped in
+// place] in device.py): the wrapper holds no data, so only its sizes and strides change.
+void SetGeometry(const at::Tensor& t, std::vector<int64_t> sizes, std::vector<int64_t> strides,
+                 int64_t offset) {
+  TORCH_CHECK(t.device().type() == kType, "set_geometry: not a salus device tensor");
+  TORCH_CHECK(sizes.size() == strides.size(), "set_geometry: sizes and strides differ in rank");
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Device guard and hooks of the lazy salus device";
   m.def("hooks_registered", [] { return kHooksRegistered; });
+  m.def("set_geometry", &SetGeometry);
 }
