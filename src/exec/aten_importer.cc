@@ -348,6 +348,18 @@ class Lowerer {
   Status LstmCellBackward();
   Status GruCell();
   Status GruCellBackward();
+  // A fused RNN cell's arguments: input and hidden gates [batch, gates * hidden], the previous
+  // state `state` [batch, hidden] and the optional biases, checked.
+  struct CellInputs {
+    ValueId gi = kNoValue, gh = kNoValue, state = kNoValue, bi = kNoValue, bh = kNoValue;
+    int64_t hidden = 0;
+  };
+  StatusOr<CellInputs> FusedCellInputs(const std::string& state, int gates);
+  // Columns [k * width, (k + 1) * width) of v along `axis`.
+  StatusOr<ValueId> Part(ValueId v, int64_t k, int64_t width, int64_t axis = 1) {
+    return Emit("Slice",
+                {v, Int64s({k * width}), Int64s({k * width + width}), Int64s({axis}), Int64s({1})});
+  }
   StatusOr<ValueId> PerChannel(ValueId v, size_t rank);
   Status Embedding();
   Status IndexPut();
@@ -2312,29 +2324,36 @@ Status Lowerer::GroupNormBackward() {
 // (input + hidden + biases) split in four along dim 1 into i, f, g, o; i, f and o through a
 // sigmoid, g through tanh; cy = f * cx + i * g, hy = o * tanh(cy); the workspace keeps the
 // activated gates [i, f, g, o] for the backward.
-Status Lowerer::LstmCell() {
-  SALUS_ASSIGN_OR_RETURN(ValueId gi, Tensor("input_gates"));
-  SALUS_ASSIGN_OR_RETURN(ValueId gh, Tensor("hidden_gates"));
-  SALUS_ASSIGN_OR_RETURN(ValueId cx, Tensor("cx"));
-  SALUS_ASSIGN_OR_RETURN(ValueId bi, Tensor("input_bias", true));
-  SALUS_ASSIGN_OR_RETURN(ValueId bh, Tensor("hidden_bias", true));
-  const Shape cs = S(cx);
-  if (cs.size() != 2 || S(gi) != Shape{cs[0], 4 * cs[1]} || S(gh) != S(gi) ||
-      T(gi) != DataType::kFloat32) {
-    return Bad("the gates must be float [batch, 4 * hidden] for a cell of " + ShapeString(cs));
+StatusOr<Lowerer::CellInputs> Lowerer::FusedCellInputs(const std::string& state, int gates) {
+  CellInputs c;
+  SALUS_ASSIGN_OR_RETURN(c.gi, Tensor("input_gates"));
+  SALUS_ASSIGN_OR_RETURN(c.gh, Tensor("hidden_gates"));
+  SALUS_ASSIGN_OR_RETURN(c.state, Tensor(state));
+  SALUS_ASSIGN_OR_RETURN(c.bi, Tensor("input_bias", true));
+  SALUS_ASSIGN_OR_RETURN(c.bh, Tensor("hidden_bias", true));
+  const Shape ss = S(c.state);
+  if (ss.size() != 2 || S(c.gi) != Shape{ss[0], gates * ss[1]} || S(c.gh) != S(c.gi) ||
+      T(c.gi) != DataType::kFloat32) {
+    return Bad("the gates must be float [batch, " + std::to_string(gates) +
+               " * hidden] for a cell of " + ShapeString(ss));
   }
-  SALUS_ASSIGN_OR_RETURN(ValueId gates, Emit("Add", {gi, gh}));
-  for (ValueId bias : {bi, bh}) {
+  c.hidden = ss[1];
+  return c;
+}
+
+Status Lowerer::LstmCell() {
+  SALUS_ASSIGN_OR_RETURN(CellInputs c, FusedCellInputs("cx", 4));
+  const ValueId cx = c.state;
+  SALUS_ASSIGN_OR_RETURN(ValueId gates, Emit("Add", {c.gi, c.gh}));
+  for (ValueId bias : {c.bi, c.bh}) {
     if (bias == kNoValue) continue;
     SALUS_ASSIGN_OR_RETURN(gates, Emit("Add", {gates, bias}));
   }
-  const int64_t h = cs[1];
-  std::vector<ValueId> act;
+  const int64_t h = c.hidden;
+  std::vector<ValueId> act(4);
   for (int k = 0; k < 4; ++k) {
-    SALUS_ASSIGN_OR_RETURN(ValueId part, Emit("Slice", {gates, Int64s({k * h}), Int64s({k * h + h}),
-                                                        Int64s({1}), Int64s({1})}));
-    SALUS_ASSIGN_OR_RETURN(part, Emit(k == 2 ? "Tanh" : "Sigmoid", {part}));
-    act.push_back(part);
+    SALUS_ASSIGN_OR_RETURN(act[k], Part(gates, k, h));
+    SALUS_ASSIGN_OR_RETURN(act[k], Emit(k == 2 ? "Tanh" : "Sigmoid", {act[k]}));
   }
   SALUS_ASSIGN_OR_RETURN(ValueId keep, Emit("Mul", {act[1], cx}));
   SALUS_ASSIGN_OR_RETURN(ValueId write, Emit("Mul", {act[0], act[2]}));
@@ -2370,11 +2389,9 @@ Status Lowerer::LstmCellBackward() {
   const DataType f32 = DataType::kFloat32;
   if (dhy == kNoValue) dhy = Filled(f32, cs, 0);
   const int64_t h = cs[1];
-  std::vector<ValueId> gate;
+  std::vector<ValueId> gate(4);
   for (int k = 0; k < 4; ++k) {
-    SALUS_ASSIGN_OR_RETURN(ValueId part, Emit("Slice", {ws, Int64s({k * h}), Int64s({k * h + h}),
-                                                        Int64s({1}), Int64s({1})}));
-    gate.push_back(part);
+    SALUS_ASSIGN_OR_RETURN(gate[k], Part(ws, k, h));
   }
   const ValueId one = Scalar(f32, 1);
   // v * (1 - v), a sigmoid's derivative from its value.
@@ -2426,30 +2443,18 @@ Status Lowerer::LstmCellBackward() {
 // n = tanh(in + b_in + r * (hn + b_hn)); hy = n + z * (hx - n). The workspace keeps
 // [r, z, n, hx, hn + b_hn] for the backward.
 Status Lowerer::GruCell() {
-  SALUS_ASSIGN_OR_RETURN(ValueId gi, Tensor("input_gates"));
-  SALUS_ASSIGN_OR_RETURN(ValueId gh, Tensor("hidden_gates"));
-  SALUS_ASSIGN_OR_RETURN(ValueId hx, Tensor("hx"));
-  SALUS_ASSIGN_OR_RETURN(ValueId bi, Tensor("input_bias", true));
-  SALUS_ASSIGN_OR_RETURN(ValueId bh, Tensor("hidden_bias", true));
-  const Shape hs = S(hx);
-  if (hs.size() != 2 || S(gi) != Shape{hs[0], 3 * hs[1]} || S(gh) != S(gi) ||
-      T(gi) != DataType::kFloat32) {
-    return Bad("the gates must be float [batch, 3 * hidden] for a cell of " + ShapeString(hs));
-  }
-  const int64_t h = hs[1];
-  auto part = [&](ValueId v, int k) {
-    return Emit("Slice", {v, Int64s({k * h}), Int64s({k * h + h}), Int64s({1}), Int64s({1})});
-  };
+  SALUS_ASSIGN_OR_RETURN(CellInputs c, FusedCellInputs("hx", 3));
+  const ValueId hx = c.state, bi = c.bi, bh = c.bh;
+  const int64_t h = c.hidden;
   // Each gate's input and hidden parts with their biases, in the kernel's order of additions.
   std::vector<ValueId> in(3), hid(3);
   for (int k = 0; k < 3; ++k) {
-    SALUS_ASSIGN_OR_RETURN(in[k], part(gi, k));
-    SALUS_ASSIGN_OR_RETURN(hid[k], part(gh, k));
+    SALUS_ASSIGN_OR_RETURN(in[k], Part(c.gi, k, h));
+    SALUS_ASSIGN_OR_RETURN(hid[k], Part(c.gh, k, h));
   }
   auto biased = [&](ValueId v, ValueId bias, int k) -> StatusOr<ValueId> {
     if (bias == kNoValue) return v;
-    SALUS_ASSIGN_OR_RETURN(ValueId b, Emit("Slice", {bias, Int64s({k * h}), Int64s({k * h + h}),
-                                                     Int64s({0}), Int64s({1})}));
+    SALUS_ASSIGN_OR_RETURN(ValueId b, Part(bias, k, h, 0));
     return Emit("Add", {v, b});
   };
   std::vector<ValueId> act(2);
@@ -2491,8 +2496,7 @@ Status Lowerer::GruCellBackward() {
   const int64_t h = gs[1];
   std::vector<ValueId> w(5);
   for (int k = 0; k < 5; ++k) {
-    SALUS_ASSIGN_OR_RETURN(
-        w[k], Emit("Slice", {ws, Int64s({k * h}), Int64s({k * h + h}), Int64s({1}), Int64s({1})}));
+    SALUS_ASSIGN_OR_RETURN(w[k], Part(ws, k, h));
   }
   const ValueId r = w[0], z = w[1], n = w[2], hx = w[3], hn = w[4];
   const ValueId one = Scalar(DataType::kFloat32, 1);

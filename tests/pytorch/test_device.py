@@ -25,17 +25,8 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def daemon():
-    d = Daemon(memory="2GiB", policy="fair")
-    old = os.environ.get("SALUS_ENDPOINT")
-    os.environ["SALUS_ENDPOINT"] = d.endpoint
-    yield d
-    salus_torch.device.close()
-    if old is None:
-        os.environ.pop("SALUS_ENDPOINT")
-    else:
-        os.environ["SALUS_ENDPOINT"] = old
-    d.stop()
+def daemon(device_daemon: Daemon) -> Daemon:
+    return device_daemon
 
 
 @pytest.fixture(autouse=True)

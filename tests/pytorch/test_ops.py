@@ -9,7 +9,6 @@ norm, transposed convolutions, LSTM and GRU layers, slicing and masks, cumulativ
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import pytest
@@ -23,19 +22,8 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def daemon():
-    # SALUS_TEST_DEVICE=cuda:0 runs the cases on a GPU daemon (scripts/gpu-check --step torchops).
-    device = os.environ.get("SALUS_TEST_DEVICE")
-    d = Daemon(*(("--device", device) if device else ()), memory="2GiB", policy="fair")
-    old = os.environ.get("SALUS_ENDPOINT")
-    os.environ["SALUS_ENDPOINT"] = d.endpoint
-    yield d
-    salus_torch.device.close()
-    if old is None:
-        os.environ.pop("SALUS_ENDPOINT")
-    else:
-        os.environ["SALUS_ENDPOINT"] = old
-    d.stop()
+def daemon(device_daemon: Daemon) -> Daemon:
+    return device_daemon
 
 
 @pytest.fixture(autouse=True)
