@@ -364,6 +364,8 @@ class Lowerer {
   Status Embedding();
   Status IndexPut();
   Status Index();
+  Status EmbeddingBag();
+  Status EmbeddingBagBackward();
   Status UpsampleNearestBackward();
   Status UpsampleBilinear();
   StatusOr<ValueId> Bilinear(ValueId x, const Shape& to, bool align_corners,
@@ -409,6 +411,8 @@ class Lowerer {
   };
   std::map<int, BatchStats> batch_stats_;
   std::map<int, float> layer_eps_;  // a layer norm's rstd result -> its epsilon
+  // An embedding bag's offset2bag and bag_size results -> the values the lowering computed.
+  std::map<int, ValueId> bag_results_;
   // For each value, the last node that reads it other than as copy_'s destination.
   std::vector<int> last_read_;
 };
@@ -527,6 +531,10 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten._unsafe_index_put.default", &Lowerer::IndexPut},
       {"aten.index_put.default", &Lowerer::IndexPut},
       {"aten.index.Tensor", &Lowerer::Index},
+      {"aten._embedding_bag.default", &Lowerer::EmbeddingBag},
+      {"aten._embedding_bag_forward_only.default", &Lowerer::EmbeddingBag},
+      {"aten._embedding_bag_dense_backward.default", &Lowerer::EmbeddingBagBackward},
+      {"aten._embedding_bag_backward.default", &Lowerer::EmbeddingBagBackward},
       {"aten.upsample_nearest2d_backward.default", &Lowerer::UpsampleNearestBackward},
       {"aten.upsample_bilinear2d.default", &Lowerer::UpsampleBilinear},
       {"aten.upsample_bilinear2d.vec", &Lowerer::UpsampleBilinear},
@@ -2615,6 +2623,155 @@ StatusOr<Lowerer::Indexed> Lowerer::IndexTensors(ValueId self, const v1::AtenArg
   flat.insert(flat.end(), xs.begin() + ix.first + ix.count, xs.end());
   SALUS_ASSIGN_OR_RETURN(ix.flat, ReshapeTo(self, flat));
   return ix;
+}
+
+// Note [Embedding bags]: _embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode,
+// sparse, per_sample_weights, include_last_offset, padding_idx) -> (output, offset2bag,
+// bag_size, max_indices) in sum (0) or mean (1) mode. Index i belongs to the last bag whose
+// offset is at most i (counted from comparisons with the offsets); the rows weight[indices],
+// times the per-sample weights and without padding_idx's, are scatter-added into their bags,
+// and in mean mode divided by the bag's count (an empty bag stays 0). The backward gathers each
+// index's bag gradient back, scaled the same way, and scatter-adds it into the weight's rows.
+// Max mode, scale_grad_by_freq and sparse gradients are refused.
+Status Lowerer::EmbeddingBag() {
+  SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight"));
+  SALUS_ASSIGN_OR_RETURN(ValueId idx, Tensor("indices"));
+  SALUS_ASSIGN_OR_RETURN(ValueId offsets, Tensor("offsets"));
+  SALUS_ASSIGN_OR_RETURN(int64_t mode, Int("mode"));
+  SALUS_ASSIGN_OR_RETURN(ValueId psw, Tensor("per_sample_weights", true));
+  bool last = false;
+  if (!IsNone("include_last_offset")) {
+    SALUS_ASSIGN_OR_RETURN(last, Bool("include_last_offset"));
+  }
+  int64_t pad = -1;
+  if (!IsNone("padding_idx")) {
+    SALUS_ASSIGN_OR_RETURN(pad, Int("padding_idx"));
+  }
+  if (mode != 0 && mode != 1) return Refuse("an embedding bag in max mode");
+  const Shape ws = S(w);
+  if (ws.size() != 2 || T(w) != DataType::kFloat32 || S(idx).size() != 1 ||
+      S(offsets).size() != 1 || T(idx) != DataType::kInt64 || T(offsets) != DataType::kInt64) {
+    return Bad(
+        "an embedding bag needs a float [rows, dim] weight and 1-D int64 indices and "
+        "offsets");
+  }
+  const int64_t n = S(idx)[0], bags = S(offsets)[0] - (last ? 1 : 0);
+  if (bags < 0) return Bad("no offsets");
+  const DataType f32 = DataType::kFloat32, i64 = DataType::kInt64;
+  std::vector<int64_t> positions(n);
+  for (int64_t i = 0; i < n; ++i) positions[i] = i;
+  SALUS_ASSIGN_OR_RETURN(ValueId starts, Part(offsets, 0, bags, 0));
+  SALUS_ASSIGN_OR_RETURN(starts, ReshapeTo(starts, {1, bags}));
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId begun,
+      Emit("LessOrEqual", {starts, Constant(HostTensor::FromInt64s({n, 1}, positions))}));
+  SALUS_ASSIGN_OR_RETURN(begun, Cast(begun, f32));
+  SALUS_ASSIGN_OR_RETURN(ValueId count, Reduce("ReduceSum", begun, {1}, false));
+  SALUS_ASSIGN_OR_RETURN(ValueId bag_f, Emit("Sub", {count, Scalar(f32, 1)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId bag, Cast(bag_f, i64));
+  SALUS_ASSIGN_OR_RETURN(ValueId rows, Emit("Gather", {w, idx}, {{"axis", IntAttr(0)}}));
+  if (psw != kNoValue) {
+    if (mode != 0) return Refuse("per-sample weights outside sum mode");
+    SALUS_ASSIGN_OR_RETURN(ValueId pw, ReshapeTo(psw, {n, 1}));
+    SALUS_ASSIGN_OR_RETURN(rows, Emit("Mul", {rows, pw}));
+  }
+  ValueId ones = Filled(f32, {n, 1}, 1);
+  if (pad >= 0) {
+    SALUS_ASSIGN_OR_RETURN(ValueId is_pad,
+                           Emit("Equal", {idx, Scalar(i64, static_cast<double>(pad))}));
+    SALUS_ASSIGN_OR_RETURN(ValueId keep, Emit("Not", {is_pad}));
+    SALUS_ASSIGN_OR_RETURN(keep, ReshapeTo(keep, {n, 1}));
+    SALUS_ASSIGN_OR_RETURN(rows, Emit("Where", {keep, rows, Scalar(f32, 0)}));
+    SALUS_ASSIGN_OR_RETURN(ones, Cast(keep, f32));
+  }
+  const std::map<std::string, Attribute> axis0 = {{"axis", IntAttr(0)}};
+  SALUS_ASSIGN_OR_RETURN(ValueId out,
+                         EmitShaped("SalusGatherGrad", {bag, rows}, axis0, f32, {bags, ws[1]}));
+  SALUS_ASSIGN_OR_RETURN(ValueId sizes,
+                         EmitShaped("SalusGatherGrad", {bag, ones}, axis0, f32, {bags, 1}));
+  if (mode == 1) {
+    SALUS_ASSIGN_OR_RETURN(ValueId divisor, Emit("Max", {sizes, Scalar(f32, 1)}));
+    SALUS_ASSIGN_OR_RETURN(out, Emit("Div", {out, divisor}));
+  }
+  SALUS_RETURN_IF_ERROR(Bind(0, out));
+  SALUS_ASSIGN_OR_RETURN(ValueId bag_size, ReshapeTo(sizes, {bags}));
+  SALUS_ASSIGN_OR_RETURN(bag_size, Cast(bag_size, i64));
+  // PyTorch leaves some of these results empty (offset2bag in sum mode): an empty result is
+  // bound as such, and the backward finds the computed value through bag_results_.
+  const ValueId results[3] = {bag, bag_size, kNoValue};
+  for (int k = 1; k < 4 && k < Outputs(); ++k) {
+    if (node_->outputs(k) < 0) continue;
+    SALUS_ASSIGN_OR_RETURN(Shape declared, DeclaredShape(k));
+    const ValueId made = results[k - 1];
+    if (made != kNoValue && S(made) == declared) {
+      SALUS_RETURN_IF_ERROR(Bind(k, made));
+    } else {
+      SALUS_RETURN_IF_ERROR(Bind(k, Filled(i64, declared, 0)));
+    }
+    if (made != kNoValue) bag_results_[node_->outputs(k)] = made;
+  }
+  return OkStatus();
+}
+
+// _embedding_bag_dense_backward / _embedding_bag_backward (grad, indices, offset2bag,
+// bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, [sparse,]
+// per_sample_weights, padding_idx): Note [Embedding bags].
+Status Lowerer::EmbeddingBagBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId grad, Tensor("grad"));
+  SALUS_ASSIGN_OR_RETURN(ValueId idx, Tensor("indices"));
+  // offset2bag and bag_size as the forward computed them (Note [Embedding bags]).
+  ValueId bag = kNoValue, bag_size = kNoValue;
+  for (auto [name, v] : {std::pair<const char*, ValueId*>{"offset2bag", &bag},
+                         std::pair<const char*, ValueId*>{"bag_size", &bag_size}}) {
+    SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* a, Arg(name));
+    if (a->kind_case() != v1::AtenArgument::kValue || bag_results_.count(a->value()) == 0) {
+      return Refuse(std::string(name) + " that is not an embedding bag's result");
+    }
+    *v = bag_results_.at(a->value());
+  }
+  SALUS_ASSIGN_OR_RETURN(int64_t rows_total, Int("num_weights"));
+  SALUS_ASSIGN_OR_RETURN(bool by_freq, Bool("scale_grad_by_freq"));
+  SALUS_ASSIGN_OR_RETURN(int64_t mode, Int("mode"));
+  SALUS_ASSIGN_OR_RETURN(ValueId psw, Tensor("per_sample_weights", true));
+  int64_t pad = -1;
+  if (!IsNone("padding_idx")) {
+    SALUS_ASSIGN_OR_RETURN(pad, Int("padding_idx"));
+  }
+  if (!IsNone("sparse")) {
+    SALUS_ASSIGN_OR_RETURN(bool sparse, Bool("sparse"));
+    if (sparse) return Refuse("a sparse embedding bag gradient");
+  }
+  if (by_freq) return Refuse("an embedding bag gradient scaled by frequency");
+  if (mode != 0 && mode != 1) return Refuse("an embedding bag in max mode");
+  const Shape gs = S(grad);
+  if (gs.size() != 2 || S(idx).size() != 1 || S(bag) != S(idx)) {
+    return Bad("grad, indices and offset2bag do not fit an embedding bag");
+  }
+  const int64_t n = S(idx)[0];
+  const DataType f32 = DataType::kFloat32, i64 = DataType::kInt64;
+  const std::map<std::string, Attribute> axis0 = {{"axis", IntAttr(0)}};
+  SALUS_ASSIGN_OR_RETURN(ValueId rows, Emit("Gather", {grad, bag}, axis0));
+  if (mode == 1) {
+    SALUS_ASSIGN_OR_RETURN(ValueId size, Emit("Gather", {bag_size, bag}, axis0));
+    SALUS_ASSIGN_OR_RETURN(size, Cast(size, f32));
+    SALUS_ASSIGN_OR_RETURN(size, Emit("Max", {size, Scalar(f32, 1)}));
+    SALUS_ASSIGN_OR_RETURN(size, ReshapeTo(size, {n, 1}));
+    SALUS_ASSIGN_OR_RETURN(rows, Emit("Div", {rows, size}));
+  }
+  if (psw != kNoValue) {
+    SALUS_ASSIGN_OR_RETURN(ValueId pw, ReshapeTo(psw, {n, 1}));
+    SALUS_ASSIGN_OR_RETURN(rows, Emit("Mul", {rows, pw}));
+  }
+  if (pad >= 0) {
+    SALUS_ASSIGN_OR_RETURN(ValueId is_pad,
+                           Emit("Equal", {idx, Scalar(i64, static_cast<double>(pad))}));
+    SALUS_ASSIGN_OR_RETURN(ValueId keep, Emit("Not", {is_pad}));
+    SALUS_ASSIGN_OR_RETURN(keep, ReshapeTo(keep, {n, 1}));
+    SALUS_ASSIGN_OR_RETURN(rows, Emit("Where", {keep, rows, Scalar(f32, 0)}));
+  }
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId dw, EmitShaped("SalusGatherGrad", {idx, rows}, axis0, f32, {rows_total, gs[1]}));
+  return Bind(0, dw);
 }
 
 Status Lowerer::Index() {

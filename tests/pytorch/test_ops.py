@@ -4,8 +4,9 @@ salus-server: each case's loss and its parameters' gradients match eager PyTorch
 The cases are what users write beside the reference models: other losses (L1, smooth L1, BCE,
 KL divergence, label smoothing), other activations (LeakyReLU, ELU, softplus, Mish), average
 and adaptive pooling, nearest and bilinear resizing, advanced indexing, group and instance
-norm, transposed convolutions, LSTM and GRU layers, slicing and masks, cumulative sums, statistics
-(var, std, max along a dim), cosine similarity, and accuracy (argmax, comparisons, counts)."""
+norm, transposed convolutions, LSTM and GRU layers, embedding bags, slicing and masks,
+cumulative sums, statistics (var, std, max along a dim), cosine similarity, and accuracy
+(argmax, comparisons, counts)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,12 @@ def _data() -> dict[str, torch.Tensor]:
             "y": torch.randint(0, 5, (8,), generator=g),
             "bits": (torch.rand(8, 5, generator=g) > 0.5).float(),
             "probs": F.softmax(torch.randn(8, 5, generator=g), -1),
-            "seq": torch.randn(3, 6, 16, generator=g)}
+            "seq": torch.randn(3, 6, 16, generator=g),
+            "bag_idx": torch.tensor([0, 2, 4, 5, 4, 3, 2, 9]),
+            "bag_off": torch.tensor([0, 2, 2, 5]),  # bag 1 is empty
+            "bag_off_last": torch.tensor([0, 3, 8]),
+            "bag_psw": torch.rand(8, generator=g),
+            "bag_2d": torch.tensor([[1, 2, 3, 2], [2, 2, 0, 7], [9, 8, 2, 1]])}
 
 
 class Net(nn.Module):
@@ -53,6 +59,7 @@ class Net(nn.Module):
         self.inorm = nn.InstanceNorm2d(4, affine=True)
         self.lstm = nn.LSTM(16, 8, batch_first=True)
         self.gru = nn.GRU(16, 8, batch_first=True)
+        self.bag = nn.EmbeddingBag(10, 4)
         self.deconv = nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1)
         self.grouped_deconv = nn.ConvTranspose2d(4, 4, 2, stride=2, groups=2, bias=False)
 
@@ -111,6 +118,12 @@ CASES: dict[str, Case] = {
                                .to(d["x"].device)).sum()),
     "transposed convolutions": lambda m, d: (m.deconv(m.conv(d["img"])).pow(2).sum()
                                              + m.grouped_deconv(m.conv(d["img"])).pow(2).sum()),
+    "embedding bags": lambda m, d: (
+        F.embedding_bag(d["bag_idx"], m.bag.weight, d["bag_off"], mode="mean").pow(2).sum()
+        + F.embedding_bag(d["bag_2d"], m.bag.weight, mode="sum", padding_idx=2).pow(3).sum()
+        + F.embedding_bag(d["bag_idx"], m.bag.weight, d["bag_off_last"], mode="sum",
+                          per_sample_weights=d["bag_psw"], include_last_offset=True).pow(2).sum()
+        + m.bag(d["bag_2d"]).sum()),
     "gru (transpose_)": lambda m, d: (lambda out, h: out.pow(2).sum() + h.sum())(
         *m.gru(d["seq"])),
     "lstm": lambda m, d: (lambda out, hc: out.pow(2).sum() + hc[1].sum())(*m.lstm(d["seq"])),
