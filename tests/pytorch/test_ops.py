@@ -234,6 +234,23 @@ def test_ops_that_reshape_a_tensor_in_place(daemon: Daemon) -> None:
         assert torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want
 
 
+def test_transformer_layers_evaluate_under_no_grad(daemon: Daemon) -> None:
+    """In eval under no_grad the Transformer layers would take PyTorch's fused fast path, whose
+    ops the device cannot record; the adaptor turns it off, and the plain ops match eager."""
+    assert not torch.backends.mha.get_fastpath_enabled()
+    out = {}
+    for device in ("cpu", "salus"):
+        torch.manual_seed(2)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).to(device).eval()
+        mha = nn.MultiheadAttention(16, 2, batch_first=True).to(device).eval()
+        x = _data()["seq"].to(device)
+        with torch.no_grad():
+            y = layer(x)
+            out[device] = (y.cpu(), mha(y, y, y, need_weights=False)[0].cpu())
+    for got, want in zip(out["salus"], out["cpu"], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_bool_and_integer_logic(daemon: Daemon) -> None:
     a = torch.tensor([True, False, True, False])
     b = torch.tensor([True, True, False, False])

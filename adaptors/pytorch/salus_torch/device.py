@@ -1117,6 +1117,11 @@ def register() -> None:
         _lib.impl(name, _host_factory(getattr(getattr(aten, packet), overload or "default")),
                   "PrivateUse1")
     _register_missing_meta(_lib)
+    # In eval under no_grad, nn.TransformerEncoderLayer and nn.MultiheadAttention take a fused
+    # "fast path" on any device PyTorch lists, PrivateUse1 included. Its fused ops have no meta
+    # kernels, so the device could not record them: the fast path is turned off for the
+    # process (elsewhere it only costs inference speed), and the layers run as plain ops.
+    torch.backends.mha.set_fastpath_enabled(False)
     from torch.optim.optimizer import register_optimizer_step_post_hook
     register_optimizer_step_post_hook(_step_hook)
     _install_fused_updates()
