@@ -289,6 +289,9 @@ class Lowerer {
   Status EluBackward();
   Status Bitwise();
   Status ClampBound();
+  Status Clamp();
+  Status SplitWithSizes();
+  Status ConstantPad();
   Status ArgMaxMin();
   Status MaxMinDim();
   Status TopK();
@@ -434,6 +437,11 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.bitwise_and.Tensor", &Lowerer::Bitwise}, {"aten.bitwise_or.Tensor", &Lowerer::Bitwise},
       {"aten.bitwise_xor.Tensor", &Lowerer::Bitwise},
       {"aten.clamp_min.default", &Lowerer::ClampBound},
+      {"aten.clamp.default", &Lowerer::Clamp}, {"aten.clamp.Tensor", &Lowerer::Clamp},
+      {"aten.split_with_sizes_copy.default", &Lowerer::SplitWithSizes},
+      {"aten.split_with_sizes.default", &Lowerer::SplitWithSizes},
+      {"aten.constant_pad_nd.default", &Lowerer::ConstantPad},
+      {"aten.var_mean.correction", &Lowerer::Variance},
       {"aten.clamp_max.default", &Lowerer::ClampBound},
       {"aten.clamp_min.Tensor", &Lowerer::ClampBound},
       {"aten.clamp_max.Tensor", &Lowerer::ClampBound},
@@ -759,6 +767,95 @@ Status Lowerer::LeakyReluBackward() {
   SALUS_ASSIGN_OR_RETURN(ValueId scaled, Emit("Mul", {dy, Scalar(DataType::kFloat32, slope)}));
   SALUS_ASSIGN_OR_RETURN(ValueId dx, Emit("Where", {pos, dy, scaled}));
   return Bind(0, dx);
+}
+
+// clamp(self, min=None, max=None) with number or tensor bounds: maximum, then minimum, as the
+// device's decomposition of clamp does (trace.py).
+Status Lowerer::Clamp() {
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(y, Cast(y, type));
+  for (const char* bound : {"min", "max"}) {
+    if (IsNone(bound)) continue;
+    SALUS_ASSIGN_OR_RETURN(ValueId b, TensorOrScalar(bound, type));
+    SALUS_ASSIGN_OR_RETURN(b, Cast(b, type));
+    SALUS_ASSIGN_OR_RETURN(y, Emit(std::string(bound) == "min" ? "Max" : "Min", {y, b}));
+  }
+  return Bind(0, y);
+}
+
+// split_with_sizes(self, split_sizes, dim=0) (what chunk and split record): one Slice per part.
+Status Lowerer::SplitWithSizes() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> sizes, Ints("split_sizes"));
+  int64_t dim = 0;
+  if (!IsNone("dim")) {
+    SALUS_ASSIGN_OR_RETURN(dim, Int("dim"));
+  }
+  if (S(x).empty()) return Bad("split of a 0-d tensor");
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, S(x).size()));
+  int64_t total = 0;
+  for (int64_t n : sizes) {
+    if (n < 0) return Bad("a negative split size");
+    total += n;
+  }
+  if (total != S(x)[dim]) return Bad("split sizes do not add up to the dim");
+  if (static_cast<int>(sizes.size()) != Outputs()) return Bad("one result per split size");
+  int64_t at = 0;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t end = at + sizes[k];
+    if (node_->outputs(static_cast<int>(k)) >= 0) {
+      SALUS_ASSIGN_OR_RETURN(ValueId part, Emit("Slice", {x, Int64s({at}), Int64s({end}),
+                                                          Int64s({dim}), Int64s({1})}));
+      SALUS_RETURN_IF_ERROR(Bind(static_cast<int>(k), part));
+    }
+    at = end;
+  }
+  return OkStatus();
+}
+
+// constant_pad_nd(self, pad, value=0) (F.pad's constant mode): pad holds (before, after) pairs
+// from the last dim backwards. Negative amounts crop, by a Slice first; the rest is one Pad.
+Status Lowerer::ConstantPad() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> pad, Ints("pad"));
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  double value = 0;
+  if (!IsNone("value")) {
+    SALUS_ASSIGN_OR_RETURN(value, Number("value"));
+  }
+  const Shape xs = S(x);
+  const size_t rank = xs.size();
+  if (pad.size() % 2 != 0 || pad.size() / 2 > rank) return Bad("pad must hold pairs, one per dim");
+  std::vector<int64_t> before(rank, 0), after(rank, 0);
+  for (size_t k = 0; k < pad.size() / 2; ++k) {
+    const size_t d = rank - 1 - k;
+    before[d] = pad[2 * k];
+    after[d] = pad[2 * k + 1];
+  }
+  std::vector<int64_t> starts, ends, axes;
+  for (size_t d = 0; d < rank; ++d) {
+    if (before[d] >= 0 && after[d] >= 0) continue;
+    const int64_t start = std::max<int64_t>(0, -before[d]);
+    const int64_t end = xs[d] - std::max<int64_t>(0, -after[d]);
+    if (end < start) return Bad("the padding crops more than the dim holds");
+    starts.push_back(start);
+    ends.push_back(end);
+    axes.push_back(static_cast<int64_t>(d));
+    before[d] = std::max<int64_t>(0, before[d]);
+    after[d] = std::max<int64_t>(0, after[d]);
+  }
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, type));
+  if (!axes.empty()) {
+    SALUS_ASSIGN_OR_RETURN(x, Emit("Slice", {x, Int64s(starts), Int64s(ends), Int64s(axes)}));
+  }
+  std::vector<int64_t> pads = before;
+  pads.insert(pads.end(), after.begin(), after.end());
+  if (std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p != 0; })) {
+    SALUS_ASSIGN_OR_RETURN(
+        x, Emit("Pad", {x, Int64s(pads), Scalar(type, value)}, {{"mode", StringAttr("constant")}}));
+  }
+  return Bind(0, x);
 }
 
 // elu(self, alpha=1, scale=1, input_scale=1): scale * x where x > 0, else
@@ -1378,7 +1475,8 @@ Status Lowerer::Cumsum() {
   return Bind(0, y);
 }
 
-// var.correction and std.correction (self, dim=None, *, correction=None, keepdim=False): the
+// var.correction, std.correction and var_mean.correction (self, dim=None, *, correction=None,
+// keepdim=False): the
 // squared deviations from the mean, summed in two passes, over N - correction (1 by default),
 // as PyTorch divides (by 0 when correction reaches N).
 Status Lowerer::Variance() {
@@ -1415,7 +1513,14 @@ Status Lowerer::Variance() {
   if (node_->op() == "aten.std.correction") {
     SALUS_ASSIGN_OR_RETURN(y, Emit("Sqrt", {y}));
   }
-  return Bind(0, y);
+  SALUS_RETURN_IF_ERROR(Bind(0, y));
+  if (node_->op() == "aten.var_mean.correction") {  // (var, mean)
+    if (!keep) {
+      SALUS_ASSIGN_OR_RETURN(mean, ReshapeTo(mean, S(y)));
+    }
+    return Bind(1, mean);
+  }
+  return OkStatus();
 }
 
 // slice_scatter(self, src, dim=0, start=None, end=None, step=1): self with the slice replaced

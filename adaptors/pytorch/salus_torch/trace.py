@@ -23,7 +23,7 @@ import types
 from dataclasses import dataclass, field
 
 import torch
-from torch._decomp import core_aten_decompositions
+from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -192,8 +192,21 @@ def _native_batch_norm(x: torch.Tensor, weight: torch.Tensor | None,
                                                  training, momentum, eps)
 
 
+# PyTorch decompositions outside its Core-ATen set (in torch 2.4) whose results the importer
+# lowers: hardtanh (ReLU6) and the 2-D nll_loss of segmentation would otherwise reach the
+# daemon whole and be refused. (Some others, constant_pad_nd's and var_mean's, produce prims
+# ops instead; those are lowered whole.)
+_EXTRA_DECOMPOSE = (
+    torch.ops.aten.hardtanh.default,
+    torch.ops.aten.hardtanh_backward.default,
+    torch.ops.aten.nll_loss2d_forward.default,
+    torch.ops.aten.nll_loss2d_backward.default,
+)
+
+
 def _decompositions() -> dict:
     table = core_aten_decompositions()
+    table.update(get_decompositions(list(_EXTRA_DECOMPOSE)))
     for op in _NO_DECOMPOSE:
         table.pop(op, None)
     table[torch.ops.aten.linalg_vector_norm.default] = _vector_norm
