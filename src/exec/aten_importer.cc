@@ -328,6 +328,25 @@ class Lowerer {
   Status GeluBackward();
   Status Convolution();
   Status ConvolutionBackward();
+  // Note [1-D convolutions]: a height of 1 inserted at dim 2, and removed again; BindConv binds
+  // a gradient of the current node, removing the height when the node is a 1-D convolution's.
+  StatusOr<ValueId> AddHeight(ValueId v) {
+    Shape s = S(v);
+    s.insert(s.begin() + 2, 1);
+    return ReshapeTo(v, s);
+  }
+  StatusOr<ValueId> DropHeight(ValueId v) {
+    Shape s = S(v);
+    s.erase(s.begin() + 2);
+    return ReshapeTo(v, s);
+  }
+  Status BindConv(int k, ValueId v) {
+    if (one_d_results_) {
+      SALUS_ASSIGN_OR_RETURN(v, DropHeight(v));
+    }
+    return Bind(k, v);
+  }
+  bool one_d_results_ = false;  // the current node is a 1-D convolution's backward
   Status TransposedConvolutionBackward(ValueId dy, ValueId x, ValueId w,
                                        std::map<std::string, Attribute> attrs,
                                        const std::function<bool(int)>& wanted);
@@ -341,6 +360,7 @@ class Lowerer {
   Status BatchNormTrain();
   Status BatchNormEval();
   Status BatchNormNoStats();
+  Status BatchNormEvalBackward(ValueId dy, ValueId x, ValueId w);
   Status Repeat();
   Status BatchNormBackward();
   Status LayerNorm();
@@ -639,6 +659,7 @@ StatusOr<Graph> Lowerer::Run() {
   }
   for (index_ = 0; index_ < ag_.nodes_size(); ++index_) {
     node_ = &ag_.nodes(index_);
+    one_d_results_ = false;
     for (int o : node_->outputs()) {
       if (o >= count) return Bad(fmt::format("result {} is out of range", o));
     }
@@ -1843,14 +1864,28 @@ Status Lowerer::Convolution() {
                                             {"pads", IntsAttr(pads)},
                                             {"dilations", IntsAttr(dilation)},
                                             {"group", IntAttr(groups)}};
-  std::vector<ValueId> inputs = {x, w};
-  if (b != kNoValue) inputs.push_back(b);
   if (transposed) {
     for (int64_t p : output_padding) {
       if (p != 0) return Refuse("a transposed convolution with output_padding");
     }
   }
+  // Note [1-D convolutions]: the engine's convolutions are 2-D, so a 1-D one (Conv1d) runs as
+  // a 2-D one over a height of 1, its input, weight and output given that dim and losing it.
+  const bool one_d = spatial == 1;
+  if (one_d) {
+    SALUS_ASSIGN_OR_RETURN(x, AddHeight(x));
+    SALUS_ASSIGN_OR_RETURN(w, AddHeight(w));
+    attrs = {{"strides", IntsAttr({1, stride[0]})},
+             {"pads", IntsAttr({0, padding[0], 0, padding[0]})},
+             {"dilations", IntsAttr({1, dilation[0]})},
+             {"group", IntAttr(groups)}};
+  }
+  std::vector<ValueId> inputs = {x, w};
+  if (b != kNoValue) inputs.push_back(b);
   SALUS_ASSIGN_OR_RETURN(ValueId y, Emit(transposed ? "ConvTranspose" : "Conv", inputs, attrs));
+  if (one_d) {
+    SALUS_ASSIGN_OR_RETURN(y, DropHeight(y));
+  }
   return Bind(0, y);
 }
 
@@ -1872,12 +1907,23 @@ Status Lowerer::ConvolutionBackward() {
     if (v.size() == 1) v.assign(spatial, v[0]);
   };
   expand(stride), expand(padding), expand(dilation);
+  // Note [1-D convolutions]: computed as 2-D over a height of 1, the gradients losing it.
+  const bool one_d = spatial == 1;
+  if (one_d) {
+    SALUS_ASSIGN_OR_RETURN(dy, AddHeight(dy));
+    SALUS_ASSIGN_OR_RETURN(x, AddHeight(x));
+    SALUS_ASSIGN_OR_RETURN(w, AddHeight(w));
+    stride.insert(stride.begin(), 1);
+    padding.insert(padding.begin(), 0);
+    dilation.insert(dilation.begin(), 1);
+  }
   std::vector<int64_t> pads = padding;
   pads.insert(pads.end(), padding.begin(), padding.end());
   std::map<std::string, Attribute> attrs = {
       {"strides", IntsAttr(stride)},      {"pads", IntsAttr(pads)},
       {"dilations", IntsAttr(dilation)},  {"group", IntAttr(groups)},
       {"forward_op", StringAttr("Conv")}, {"opset", IntAttr(kAtenOpset)}};
+  if (one_d) one_d_results_ = true;
   auto wanted = [&](int k) { return mask[k] != 0 && k < Outputs() && node_->outputs(k) >= 0; };
   if (transposed) return TransposedConvolutionBackward(dy, x, w, attrs, wanted);
   if (wanted(0)) {
@@ -1885,7 +1931,7 @@ Status Lowerer::ConvolutionBackward() {
     a["x_shape"] = IntsAttr(S(x));
     SALUS_ASSIGN_OR_RETURN(ValueId dx,
                            EmitShaped("SalusConvGradData", {dy, w}, a, DataType::kFloat32, S(x)));
-    SALUS_RETURN_IF_ERROR(Bind(0, dx));
+    SALUS_RETURN_IF_ERROR(BindConv(0, dx));
   }
   if (wanted(1) || wanted(2)) {
     Node n;
@@ -1898,7 +1944,7 @@ Status Lowerer::ConvolutionBackward() {
     if (wanted(2)) n.outputs.push_back(NewValue(n.name, {S(w)[0]}));
     const std::vector<ValueId> outs = n.outputs;
     SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
-    if (wanted(1)) SALUS_RETURN_IF_ERROR(Bind(1, outs[0]));
+    if (wanted(1)) SALUS_RETURN_IF_ERROR(BindConv(1, outs[0]));
     if (wanted(2)) SALUS_RETURN_IF_ERROR(Bind(2, outs[1]));
   }
   return OkStatus();
@@ -1922,13 +1968,13 @@ Status Lowerer::TransposedConvolutionBackward(ValueId dy, ValueId x, ValueId w,
     conv.erase("forward_op");
     conv.erase("opset");
     SALUS_ASSIGN_OR_RETURN(ValueId dx, Emit("Conv", {dy, w}, conv));
-    SALUS_RETURN_IF_ERROR(Bind(0, dx));
+    SALUS_RETURN_IF_ERROR(BindConv(0, dx));
   }
   if (wanted(1)) {
     attrs["w_shape"] = IntsAttr(S(w));
     SALUS_ASSIGN_OR_RETURN(
         ValueId dw, EmitShaped("SalusConvGradWeights", {dy, x}, attrs, DataType::kFloat32, S(w)));
-    SALUS_RETURN_IF_ERROR(Bind(1, dw));
+    SALUS_RETURN_IF_ERROR(BindConv(1, dw));
   }
   if (wanted(2)) {
     std::vector<int64_t> axes = {0};
@@ -2150,6 +2196,50 @@ Status Lowerer::BatchNormTrain() {
   return OkStatus();
 }
 
+// native_batch_norm_backward with train=False: the gradient of a batch norm in eval mode (a
+// model fine-tuned with frozen BatchNorm), an affine map per channel with k = 1 /
+// sqrt(running_var + eps): dx = dy * weight * k, dweight = sum(dy * (x - running_mean) * k),
+// dbias = sum(dy), the sums over all but the channel dim.
+Status Lowerer::BatchNormEvalBackward(ValueId dy, ValueId x, ValueId w) {
+  SALUS_ASSIGN_OR_RETURN(ValueId rm, Tensor("running_mean"));
+  SALUS_ASSIGN_OR_RETURN(ValueId rv, Tensor("running_var"));
+  SALUS_ASSIGN_OR_RETURN(double eps, Number("eps"));
+  const Shape xs = S(x);
+  if (xs.size() < 2 || S(dy) != xs || S(rm) != Shape{xs[1]} || S(rv) != Shape{xs[1]}) {
+    return Bad("the running statistics do not fit the input " + ShapeString(xs));
+  }
+  const DataType f32 = DataType::kFloat32;
+  SALUS_ASSIGN_OR_RETURN(ValueId ve, Emit("Add", {rv, Scalar(f32, eps)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId sd, Emit("Sqrt", {ve}));
+  SALUS_ASSIGN_OR_RETURN(ValueId k, Emit("Reciprocal", {sd}));
+  SALUS_ASSIGN_OR_RETURN(ValueId kc, PerChannel(k, xs.size()));
+  std::vector<int64_t> not_channel = {0};
+  for (size_t a = 2; a < xs.size(); ++a) not_channel.push_back(static_cast<int64_t>(a));
+  auto wanted = [&](int i) { return i < Outputs() && node_->outputs(i) >= 0; };
+  if (wanted(0)) {
+    ValueId scale = kc;
+    if (w != kNoValue) {
+      SALUS_ASSIGN_OR_RETURN(ValueId wc, PerChannel(w, xs.size()));
+      SALUS_ASSIGN_OR_RETURN(scale, Emit("Mul", {wc, kc}));
+    }
+    SALUS_ASSIGN_OR_RETURN(ValueId dx, Emit("Mul", {dy, scale}));
+    SALUS_RETURN_IF_ERROR(Bind(0, dx));
+  }
+  if (wanted(1)) {
+    SALUS_ASSIGN_OR_RETURN(ValueId rmc, PerChannel(rm, xs.size()));
+    SALUS_ASSIGN_OR_RETURN(ValueId centred, Emit("Sub", {x, rmc}));
+    SALUS_ASSIGN_OR_RETURN(ValueId xhat, Emit("Mul", {centred, kc}));
+    SALUS_ASSIGN_OR_RETURN(ValueId prod, Emit("Mul", {dy, xhat}));
+    SALUS_ASSIGN_OR_RETURN(ValueId dw, Reduce("ReduceSum", prod, not_channel, false));
+    SALUS_RETURN_IF_ERROR(Bind(1, dw));
+  }
+  if (wanted(2)) {
+    SALUS_ASSIGN_OR_RETURN(ValueId db, Reduce("ReduceSum", dy, not_channel, false));
+    SALUS_RETURN_IF_ERROR(Bind(2, db));
+  }
+  return OkStatus();
+}
+
 // _native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps) -> (out,
 // save_mean, save_rstd): batch norm from the batch's statistics with no running ones to update
 // (InstanceNorm, as one batch of N * C channels). The mean and biased variance over all but
@@ -2226,7 +2316,7 @@ Status Lowerer::BatchNormBackward() {
   SALUS_ASSIGN_OR_RETURN(ValueId w, Tensor("weight", true));
   SALUS_ASSIGN_OR_RETURN(bool train, Bool("train"));
   SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* invstd, Arg("save_invstd"));
-  if (!train) return Refuse("native_batch_norm_backward outside training");
+  if (!train) return BatchNormEvalBackward(dy, x, w);
   if (invstd->kind_case() != v1::AtenArgument::kValue || batch_stats_.count(invstd->value()) == 0) {
     return Refuse("save_invstd that is not a training batch norm's result");
   }

@@ -60,6 +60,12 @@ class Net(nn.Module):
         self.lstm = nn.LSTM(16, 8, batch_first=True)
         self.gru = nn.GRU(16, 8, batch_first=True)
         self.bag = nn.EmbeddingBag(10, 4)
+        self.bn = nn.BatchNorm2d(4)
+        with torch.no_grad():  # running statistics of a model being fine-tuned
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+        self.conv1d = nn.Conv1d(6, 4, 3, stride=2, padding=2, dilation=2, groups=2)
+        self.deconv1d = nn.ConvTranspose1d(4, 2, 4, stride=2, padding=1)
         self.deconv = nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1)
         self.grouped_deconv = nn.ConvTranspose2d(4, 4, 2, stride=2, groups=2, bias=False)
 
@@ -126,6 +132,10 @@ CASES: dict[str, Case] = {
         + m.bag(d["bag_2d"]).sum()),
     "gru (transpose_)": lambda m, d: (lambda out, h: out.pow(2).sum() + h.sum())(
         *m.gru(d["seq"])),
+    "frozen batch norm (eval mode) trained through": lambda m, d: m.bn.eval()(
+        m.conv(d["img"])).pow(2).sum(),
+    "1-d convolutions": lambda m, d: (m.deconv1d(m.conv1d(d["seq"])).pow(2).sum()
+                                      + F.max_pool1d(m.conv1d(d["seq"]), 2).pow(2).sum()),
     "lstm": lambda m, d: (lambda out, hc: out.pow(2).sum() + hc[1].sum())(*m.lstm(d["seq"])),
 }
 
