@@ -411,6 +411,10 @@ class Lowerer {
   Status FusedUpdate();
 
   StatusOr<ValueId> OneHotAlong(ValueId index, int64_t dim, const Shape& like);
+  bool OnePerSlice(ValueId index, int64_t dim, const Shape& like) const;
+  StatusOr<ValueId> LinearIndexAlong(ValueId index, int64_t dim, const Shape& like);
+  Status ScatterAdd();
+  Status Fmod();
   StatusOr<ValueId> ArgMaxAlong(ValueId x, bool min, std::optional<int64_t> dim, bool keep);
 
   const v1::AtenGraph& ag_;
@@ -569,6 +573,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.upsample_bilinear2d_backward.default", &Lowerer::UpsampleBilinear},
       {"aten.gather.default", &Lowerer::GatherOp},
       {"aten.scatter.value", &Lowerer::Scatter}, {"aten.scatter.src", &Lowerer::Scatter},
+      {"aten.scatter_add.default", &Lowerer::ScatterAdd},
+      {"aten.fmod.Scalar", &Lowerer::Fmod}, {"aten.fmod.Tensor", &Lowerer::Fmod},
       {"aten.native_dropout.default", &Lowerer::Dropout},
       {"aten.bernoulli.p", &Lowerer::Bernoulli},
       {"aten.empty.memory_format", &Lowerer::Empty},
@@ -877,6 +883,18 @@ Status Lowerer::ConstantPad() {
         x, Emit("Pad", {x, Int64s(pads), Scalar(type, value)}, {{"mode", StringAttr("constant")}}));
   }
   return Bind(0, x);
+}
+
+// fmod(self, other): the remainder with the dividend's sign, the engine's Mod with fmod=1.
+Status Lowerer::Fmod() {
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  SALUS_ASSIGN_OR_RETURN(ValueId a, TensorOrScalar("self", type));
+  SALUS_ASSIGN_OR_RETURN(ValueId b, TensorOrScalar("other", type));
+  if (type == DataType::kBool) return Refuse("fmod of bool tensors");
+  SALUS_ASSIGN_OR_RETURN(a, Cast(a, type));
+  SALUS_ASSIGN_OR_RETURN(b, Cast(b, type));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Mod", {a, b}, {{"fmod", IntAttr(1)}}));
+  return Bind(0, y);
 }
 
 // elu(self, alpha=1, scale=1, input_scale=1): scale * x where x > 0, else
@@ -3037,9 +3055,98 @@ Status Lowerer::GatherOp() {
   SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, S(x).size()));
   SALUS_ASSIGN_OR_RETURN(ValueId index, Tensor("index"));
   if (T(x) != DataType::kFloat32) return Refuse("gather of a non-float tensor");
+  if (!OnePerSlice(index, dim, S(x))) {  // any index shape: Note [Gathers by linear index]
+    SALUS_ASSIGN_OR_RETURN(ValueId linear, LinearIndexAlong(index, dim, S(x)));
+    SALUS_ASSIGN_OR_RETURN(ValueId flat, ReshapeTo(x, {NumElements(S(x))}));
+    SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Gather", {flat, linear}, {{"axis", IntAttr(0)}}));
+    return Bind(0, y);
+  }
   SALUS_ASSIGN_OR_RETURN(ValueId mask, OneHotAlong(index, dim, S(x)));
   SALUS_ASSIGN_OR_RETURN(ValueId picked, Emit("Where", {mask, x, Scalar(DataType::kFloat32, 0)}));
   SALUS_ASSIGN_OR_RETURN(ValueId y, Reduce("ReduceSum", picked, {dim}, true));
+  return Bind(0, y);
+}
+
+// Whether `index` holds one position per slice of `like` along dim (nll_loss's form, which
+// the masked sums and selects serve).
+bool Lowerer::OnePerSlice(ValueId index, int64_t dim, const Shape& like) const {
+  const Shape is = S(index);
+  if (is.size() != like.size() || is[dim] != 1) return false;
+  for (size_t d = 0; d < is.size(); ++d) {
+    if (static_cast<int64_t>(d) != dim && is[d] != like[d]) return false;
+  }
+  return true;
+}
+
+// Note [Gathers by linear index]: gather(self, dim, index) reads self at each index element's
+// own position with its coordinate along dim replaced by the index; so the elements' offsets
+// in self flattened are index * stride(dim) plus each other dim's coordinate times its stride,
+// added as broadcast constants. A Gather from the flattened tensor reads them, and
+// scatter_add's SalusGatherGrad adds into them (in a fixed order, so results repeat exactly).
+// Negative indices wrap (PyTorch refuses them).
+StatusOr<ValueId> Lowerer::LinearIndexAlong(ValueId index, int64_t dim, const Shape& like) {
+  const Shape is = S(index);
+  if (T(index) != DataType::kInt64 || is.size() != like.size()) {
+    return Bad("index must be int64 of the tensor's rank");
+  }
+  const DataType i64 = DataType::kInt64;
+  std::vector<int64_t> stride(like.size(), 1);
+  for (int d = static_cast<int>(like.size()) - 2; d >= 0; --d)
+    stride[d] = stride[d + 1] * like[d + 1];
+  for (size_t d = 0; d < is.size(); ++d) {
+    if (static_cast<int64_t>(d) != dim && is[d] > like[d]) {
+      return Bad("index is larger than the tensor along dim " + std::to_string(d));
+    }
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId negative, Emit("Less", {index, Scalar(i64, 0)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId wrapped,
+                         Emit("Add", {index, Scalar(i64, static_cast<double>(like[dim]))}));
+  SALUS_ASSIGN_OR_RETURN(ValueId linear, Emit("Where", {negative, wrapped, index}));
+  SALUS_ASSIGN_OR_RETURN(linear,
+                         Emit("Mul", {linear, Scalar(i64, static_cast<double>(stride[dim]))}));
+  for (size_t d = 0; d < is.size(); ++d) {
+    if (static_cast<int64_t>(d) == dim || is[d] == 1) continue;
+    Shape along(is.size(), 1);
+    along[d] = is[d];
+    std::vector<int64_t> offsets(is[d]);
+    for (int64_t i = 0; i < is[d]; ++i) offsets[i] = i * stride[d];
+    SALUS_ASSIGN_OR_RETURN(linear,
+                           Emit("Add", {linear, Constant(HostTensor::FromInt64s(along, offsets))}));
+  }
+  return linear;
+}
+
+// scatter_add(self, dim, index, src): src's elements (as many as index has) added into self at
+// the positions Note [Gathers by linear index] gives.
+Status Lowerer::ScatterAdd() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+  SALUS_ASSIGN_OR_RETURN(ValueId index, Tensor("index"));
+  SALUS_ASSIGN_OR_RETURN(ValueId src, Tensor("src"));
+  if (T(x) != DataType::kFloat32) return Refuse("scatter_add into a non-float tensor");
+  const Shape xs = S(x), is = S(index);
+  if (xs.empty()) return Refuse("scatter_add into a 0-d tensor");
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, xs.size()));
+  SALUS_ASSIGN_OR_RETURN(ValueId linear, LinearIndexAlong(index, dim, xs));
+  SALUS_ASSIGN_OR_RETURN(src, Cast(src, DataType::kFloat32));
+  const Shape ss = S(src);
+  if (ss.size() != is.size()) return Bad("src and index differ in rank");
+  if (ss != is) {  // only src's first index-shaped block is read
+    std::vector<int64_t> starts(is.size(), 0), axes(is.size());
+    for (size_t d = 0; d < is.size(); ++d) {
+      if (is[d] > ss[d]) return Bad("index is larger than src");
+      axes[d] = static_cast<int64_t>(d);
+    }
+    SALUS_ASSIGN_OR_RETURN(src, Emit("Slice", {src, Int64s(starts), Int64s(is), Int64s(axes)}));
+  }
+  const int64_t count = NumElements(is);
+  SALUS_ASSIGN_OR_RETURN(linear, ReshapeTo(linear, {count}));
+  SALUS_ASSIGN_OR_RETURN(src, ReshapeTo(src, {count}));
+  SALUS_ASSIGN_OR_RETURN(ValueId added,
+                         EmitShaped("SalusGatherGrad", {linear, src}, {{"axis", IntAttr(0)}},
+                                    DataType::kFloat32, {NumElements(xs)}));
+  SALUS_ASSIGN_OR_RETURN(added, ReshapeTo(added, xs));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Add", {x, added}));
   return Bind(0, y);
 }
 

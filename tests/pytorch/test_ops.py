@@ -132,6 +132,25 @@ CASES: dict[str, Case] = {
         + m.bag(d["bag_2d"]).sum()),
     "gru (transpose_)": lambda m, d: (lambda out, h: out.pow(2).sum() + h.sum())(
         *m.gru(d["seq"])),
+    "gather and scatter_add": lambda m, d: (
+        m.fc(d["x"]).gather(1, torch.tensor([[0, 4], [1, 1], [3, 4]] * 2 + [[2, 0]] * 2)
+                            .to(d["x"].device)).pow(2).sum()
+        + torch.zeros(8, 5).to(d["x"].device).scatter_add(
+            1, torch.tensor([[0, 1, 1]] * 8).to(d["x"].device), m.fc(d["x"])[:, 1:4]).pow(2)
+        .sum()),
+    "chunk, split, roll": lambda m, d: (
+        sum(c.pow(2).sum() * (k + 1) for k, c in enumerate(m.fc(d["x"]).chunk(3, dim=0)))
+        + sum(c.sum() * (k + 1) for k, c in enumerate(m.fc(d["x"]).split([2, 3], dim=1)))
+        + (m.fc(d["x"]).roll(2, 0) * torch.arange(5.0).to(d["x"].device)).sum()),
+    "constant padding, cropping too": lambda m, d: (
+        F.pad(m.conv(d["img"]), (1, 2, -1, 3), value=0.5).pow(2).sum()
+        + F.pad(m.fc(d["x"]), (2, 0)).pow(3).sum()),
+    "hardtanh, relu6, std_mean": lambda m, d: (
+        F.hardtanh(m.fc(d["x"]) * 3).pow(2).sum() + F.relu6(m.fc(d["x"]) * 9).sum()
+        + sum(t.sum() for t in torch.std_mean(m.fc(d["x"]), dim=0))),
+    "2-d nll_loss (segmentation)": lambda m, d: F.cross_entropy(
+        m.conv(d["img"]), torch.randint(0, 4, (4, 14, 14), generator=torch.Generator()
+                                        .manual_seed(5)).to(d["x"].device)),
     "frozen batch norm (eval mode) trained through": lambda m, d: m.bn.eval()(
         m.conv(d["img"])).pow(2).sum(),
     "1-d convolutions": lambda m, d: (m.deconv1d(m.conv1d(d["seq"])).pow(2).sum()
@@ -259,6 +278,18 @@ def test_transformer_layers_evaluate_under_no_grad(daemon: Daemon) -> None:
             out[device] = (y.cpu(), mha(y, y, y, need_weights=False)[0].cpu())
     for got, want in zip(out["salus"], out["cpu"], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_clip_grad_value(daemon: Daemon) -> None:
+    grads = {}
+    for device in ("cpu", "salus"):
+        m = Net().to(device)
+        m.fc(_data()["x"].to(device)).pow(2).sum().backward()
+        torch.nn.utils.clip_grad_value_(m.fc.parameters(), 0.5)
+        grads[device] = [p.grad.cpu() for p in m.fc.parameters()]
+    for got, want in zip(grads["salus"], grads["cpu"], strict=True):
+        assert want.abs().max() == 0.5
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_bool_and_integer_logic(daemon: Daemon) -> None:
