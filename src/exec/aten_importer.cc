@@ -402,6 +402,17 @@ class Lowerer {
     ValueId linear = kNoValue;  // the linear index into it, the index tensors' broadcast shape
   };
   StatusOr<Indexed> IndexTensors(ValueId self, const v1::AtenArgument& list);
+  // An int64 index into a dim of `size` with negative entries wrapped, as PyTorch indexes.
+  StatusOr<ValueId> Wrapped(ValueId index, int64_t size) {
+    const DataType i64 = DataType::kInt64;
+    SALUS_ASSIGN_OR_RETURN(ValueId negative, Emit("Less", {index, Scalar(i64, 0)}));
+    SALUS_ASSIGN_OR_RETURN(ValueId up,
+                           Emit("Add", {index, Scalar(i64, static_cast<double>(size))}));
+    return Emit("Where", {negative, up, index});
+  }
+  // An embedding bag's rows (one per index) with padding_idx's zeroed; `kept`, when given,
+  // gets 1 where a row counts and 0 where it is padding.
+  StatusOr<ValueId> WithoutPadding(ValueId rows, ValueId idx, int64_t pad, ValueId* kept);
   Status GatherOp();
   Status Scatter();
   Status Dropout();
@@ -2817,10 +2828,7 @@ StatusOr<Lowerer::Indexed> Lowerer::IndexTensors(ValueId self, const v1::AtenArg
   for (auto it = idx.rbegin(); it != idx.rend(); ++it) {
     const int64_t size = xs[it->first];
     ValueId t = it->second;
-    SALUS_ASSIGN_OR_RETURN(ValueId negative, Emit("Less", {t, Scalar(i64, 0)}));
-    SALUS_ASSIGN_OR_RETURN(ValueId wrapped,
-                           Emit("Add", {t, Scalar(i64, static_cast<double>(size))}));
-    SALUS_ASSIGN_OR_RETURN(t, Emit("Where", {negative, wrapped, t}));
+    SALUS_ASSIGN_OR_RETURN(t, Wrapped(t, size));
     if (stride != 1) {
       SALUS_ASSIGN_OR_RETURN(t, Emit("Mul", {t, Scalar(i64, static_cast<double>(stride))}));
     }
@@ -2889,14 +2897,7 @@ Status Lowerer::EmbeddingBag() {
     SALUS_ASSIGN_OR_RETURN(rows, Emit("Mul", {rows, pw}));
   }
   ValueId ones = Filled(f32, {n, 1}, 1);
-  if (pad >= 0) {
-    SALUS_ASSIGN_OR_RETURN(ValueId is_pad,
-                           Emit("Equal", {idx, Scalar(i64, static_cast<double>(pad))}));
-    SALUS_ASSIGN_OR_RETURN(ValueId keep, Emit("Not", {is_pad}));
-    SALUS_ASSIGN_OR_RETURN(keep, ReshapeTo(keep, {n, 1}));
-    SALUS_ASSIGN_OR_RETURN(rows, Emit("Where", {keep, rows, Scalar(f32, 0)}));
-    SALUS_ASSIGN_OR_RETURN(ones, Cast(keep, f32));
-  }
+  SALUS_ASSIGN_OR_RETURN(rows, WithoutPadding(rows, idx, pad, &ones));
   const std::map<std::string, Attribute> axis0 = {{"axis", IntAttr(0)}};
   SALUS_ASSIGN_OR_RETURN(ValueId out,
                          EmitShaped("SalusGatherGrad", {bag, rows}, axis0, f32, {bags, ws[1]}));
@@ -2924,6 +2925,19 @@ Status Lowerer::EmbeddingBag() {
     if (made != kNoValue) bag_results_[node_->outputs(k)] = made;
   }
   return OkStatus();
+}
+
+StatusOr<ValueId> Lowerer::WithoutPadding(ValueId rows, ValueId idx, int64_t pad, ValueId* kept) {
+  if (pad < 0) return rows;
+  const int64_t n = NumElements(S(idx));
+  SALUS_ASSIGN_OR_RETURN(ValueId is_pad,
+                         Emit("Equal", {idx, Scalar(DataType::kInt64, static_cast<double>(pad))}));
+  SALUS_ASSIGN_OR_RETURN(ValueId keep, Emit("Not", {is_pad}));
+  SALUS_ASSIGN_OR_RETURN(keep, ReshapeTo(keep, {n, 1}));
+  if (kept != nullptr) {
+    SALUS_ASSIGN_OR_RETURN(*kept, Cast(keep, DataType::kFloat32));
+  }
+  return Emit("Where", {keep, rows, Scalar(DataType::kFloat32, 0)});
 }
 
 // _embedding_bag_dense_backward / _embedding_bag_backward (grad, indices, offset2bag,
@@ -2961,7 +2975,7 @@ Status Lowerer::EmbeddingBagBackward() {
     return Bad("grad, indices and offset2bag do not fit an embedding bag");
   }
   const int64_t n = S(idx)[0];
-  const DataType f32 = DataType::kFloat32, i64 = DataType::kInt64;
+  const DataType f32 = DataType::kFloat32;
   const std::map<std::string, Attribute> axis0 = {{"axis", IntAttr(0)}};
   SALUS_ASSIGN_OR_RETURN(ValueId rows, Emit("Gather", {grad, bag}, axis0));
   if (mode == 1) {
@@ -2975,13 +2989,7 @@ Status Lowerer::EmbeddingBagBackward() {
     SALUS_ASSIGN_OR_RETURN(ValueId pw, ReshapeTo(psw, {n, 1}));
     SALUS_ASSIGN_OR_RETURN(rows, Emit("Mul", {rows, pw}));
   }
-  if (pad >= 0) {
-    SALUS_ASSIGN_OR_RETURN(ValueId is_pad,
-                           Emit("Equal", {idx, Scalar(i64, static_cast<double>(pad))}));
-    SALUS_ASSIGN_OR_RETURN(ValueId keep, Emit("Not", {is_pad}));
-    SALUS_ASSIGN_OR_RETURN(keep, ReshapeTo(keep, {n, 1}));
-    SALUS_ASSIGN_OR_RETURN(rows, Emit("Where", {keep, rows, Scalar(f32, 0)}));
-  }
+  SALUS_ASSIGN_OR_RETURN(rows, WithoutPadding(rows, idx, pad, nullptr));
   SALUS_ASSIGN_OR_RETURN(
       ValueId dw, EmitShaped("SalusGatherGrad", {idx, rows}, axis0, f32, {rows_total, gs[1]}));
   return Bind(0, dw);
@@ -3098,10 +3106,7 @@ StatusOr<ValueId> Lowerer::LinearIndexAlong(ValueId index, int64_t dim, const Sh
       return Bad("index is larger than the tensor along dim " + std::to_string(d));
     }
   }
-  SALUS_ASSIGN_OR_RETURN(ValueId negative, Emit("Less", {index, Scalar(i64, 0)}));
-  SALUS_ASSIGN_OR_RETURN(ValueId wrapped,
-                         Emit("Add", {index, Scalar(i64, static_cast<double>(like[dim]))}));
-  SALUS_ASSIGN_OR_RETURN(ValueId linear, Emit("Where", {negative, wrapped, index}));
+  SALUS_ASSIGN_OR_RETURN(ValueId linear, Wrapped(index, like[dim]));
   SALUS_ASSIGN_OR_RETURN(linear,
                          Emit("Mul", {linear, Scalar(i64, static_cast<double>(stride[dim]))}));
   for (size_t d = 0; d < is.size(); ++d) {
