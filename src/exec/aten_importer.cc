@@ -391,6 +391,7 @@ class Lowerer {
   Status EmbeddingBagBackward();
   Status UpsampleNearestBackward();
   Status UpsampleBilinear();
+  Status PadBackward();
   StatusOr<ValueId> Bilinear(ValueId x, const Shape& to, bool align_corners,
                              std::optional<double> scale_h, std::optional<double> scale_w,
                              bool backward);
@@ -580,6 +581,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten._embedding_bag_backward.default", &Lowerer::EmbeddingBagBackward},
       {"aten.upsample_nearest2d_backward.default", &Lowerer::UpsampleNearestBackward},
       {"aten.upsample_bilinear2d.default", &Lowerer::UpsampleBilinear},
+      {"aten.reflection_pad2d_backward.default", &Lowerer::PadBackward},
+      {"aten.replication_pad2d_backward.default", &Lowerer::PadBackward},
       {"aten.upsample_bilinear2d.vec", &Lowerer::UpsampleBilinear},
       {"aten.upsample_bilinear2d_backward.default", &Lowerer::UpsampleBilinear},
       {"aten.gather.default", &Lowerer::GatherOp},
@@ -1764,6 +1767,67 @@ Status Lowerer::UpsampleBilinear() {
   }
   SALUS_ASSIGN_OR_RETURN(ValueId y, Bilinear(x, to, align, sh, sw, backward));
   return Bind(0, y);
+}
+
+namespace {
+
+// Reflection or replication padding along one dim as an [out, in] 0/1 matrix: output position
+// o copies input position i = o - before, reflected about the ends (-i, 2(in-1) - i) or
+// clamped to them. The padding's gradient along the dim is that matrix's transpose applied.
+HostTensor PadGradientMatrix(int64_t in, int64_t before, int64_t after, bool reflect) {
+  const int64_t out = in + before + after;
+  std::vector<float> m(static_cast<size_t>(in * out), 0.f);
+  for (int64_t o = 0; o < out; ++o) {
+    int64_t i = o - before;
+    if (reflect) {
+      if (i < 0) i = -i;
+      if (i >= in) i = 2 * (in - 1) - i;
+    } else {
+      i = std::clamp<int64_t>(i, 0, in - 1);
+    }
+    m[o * in + i] += 1.f;
+  }
+  return HostTensor::FromFloats({out, in}, m);
+}
+
+}  // namespace
+
+// reflection_pad2d_backward and replication_pad2d_backward(grad_output, self, padding=[left,
+// right, top, bottom]): each padded position's gradient added into the input position it
+// copied, as two MatMuls with the 0/1 matrices PadGradientMatrix makes (the forward pads
+// decompose into indexing).
+Status Lowerer::PadBackward() {
+  const bool reflect = node_->op() == "aten.reflection_pad2d_backward.default";
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> pad, Ints("padding"));
+  const Shape xs = S(x), ys = S(dy);
+  if (pad.size() != 4 || xs.size() < 3 || ys.size() != xs.size() || T(dy) != DataType::kFloat32) {
+    return Bad("padding must be [left, right, top, bottom] of a float tensor with H and W");
+  }
+  const size_t r = xs.size();
+  const int64_t hi = xs[r - 2], wi = xs[r - 1];
+  for (int64_t p : pad) {
+    if (p < 0) return Refuse("padding's gradient with negative padding");
+  }
+  if (reflect && (pad[0] >= wi || pad[1] >= wi || pad[2] >= hi || pad[3] >= hi)) {
+    return Bad("reflection padding must be smaller than the input");
+  }
+  if (ys[r - 2] != hi + pad[2] + pad[3] || ys[r - 1] != wi + pad[0] + pad[1]) {
+    return Bad("grad_output does not fit the padded input");
+  }
+  // dy [.., Ho, Wo] . W [Wo, Wi], then H^T [Hi, Ho] . that.
+  const ValueId w = Constant(PadGradientMatrix(wi, pad[0], pad[1], reflect));
+  HostTensor h = PadGradientMatrix(hi, pad[2], pad[3], reflect);
+  const int64_t ho = h.shape[0];
+  std::vector<float> ht(static_cast<size_t>(hi * ho));
+  for (int64_t o = 0; o < ho; ++o) {
+    for (int64_t i = 0; i < hi; ++i) ht[i * ho + o] = h.floats()[o * hi + i];
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId t, Emit("MatMul", {dy, w}));
+  SALUS_ASSIGN_OR_RETURN(ValueId dx,
+                         Emit("MatMul", {Constant(HostTensor::FromFloats({hi, ho}, ht)), t}));
+  return Bind(0, dx);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -145,6 +145,9 @@ CASES: dict[str, Case] = {
     "constant padding, cropping too": lambda m, d: (
         F.pad(m.conv(d["img"]), (1, 2, -1, 3), value=0.5).pow(2).sum()
         + F.pad(m.fc(d["x"]), (2, 0)).pow(3).sum()),
+    "reflect and replicate padding": lambda m, d: (
+        F.pad(m.conv(d["img"]), (1, 2, 3, 1), mode="reflect").pow(2).sum()
+        + F.pad(m.conv(d["img"]), (2, 0, 1, 4), mode="replicate").pow(3).sum()),
     "hardtanh, relu6, std_mean": lambda m, d: (
         F.hardtanh(m.fc(d["x"]) * 3).pow(2).sum() + F.relu6(m.fc(d["x"]) * 9).sum()
         + sum(t.sum() for t in torch.std_mean(m.fc(d["x"]), dim=0))),
