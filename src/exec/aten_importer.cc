@@ -87,6 +87,24 @@ class Lowerer {
     SALUS_ASSIGN_OR_RETURN(double v, Number(name));
     return Scalar(type, v);
   }
+  // An optional argument's value, or `fallback` where it is None or absent.
+  StatusOr<int64_t> IntOr(const std::string& name, int64_t fallback) const {
+    if (IsNone(name)) return fallback;
+    return Int(name);
+  }
+  StatusOr<bool> BoolOr(const std::string& name, bool fallback) const {
+    if (IsNone(name)) return fallback;
+    return Bool(name);
+  }
+  StatusOr<double> NumberOr(const std::string& name, double fallback) const {
+    if (IsNone(name)) return fallback;
+    return Number(name);
+  }
+  StatusOr<std::vector<int64_t>> IntsOr(const std::string& name,
+                                        std::vector<int64_t> fallback) const {
+    if (IsNone(name)) return fallback;
+    return Ints(name);
+  }
   StatusOr<double> Number(const std::string& name) const {
     SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* a, Arg(name));
     switch (a->kind_case()) {
@@ -783,9 +801,7 @@ Status Lowerer::LeakyRelu() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
   double slope = 0.01;
-  if (!IsNone("negative_slope")) {
-    SALUS_ASSIGN_OR_RETURN(slope, Number("negative_slope"));
-  }
+  SALUS_ASSIGN_OR_RETURN(slope, NumberOr("negative_slope", slope));
   SALUS_ASSIGN_OR_RETURN(ValueId y,
                          Emit("LeakyRelu", {x}, {{"alpha", FloatAttr(static_cast<float>(slope))}}));
   return Bind(0, y);
@@ -830,9 +846,7 @@ Status Lowerer::SplitWithSizes() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> sizes, Ints("split_sizes"));
   int64_t dim = 0;
-  if (!IsNone("dim")) {
-    SALUS_ASSIGN_OR_RETURN(dim, Int("dim"));
-  }
+  SALUS_ASSIGN_OR_RETURN(dim, IntOr("dim", dim));
   if (S(x).empty()) return Bad("split of a 0-d tensor");
   SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, S(x).size()));
   int64_t total = 0;
@@ -862,9 +876,7 @@ Status Lowerer::ConstantPad() {
   SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> pad, Ints("pad"));
   SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
   double value = 0;
-  if (!IsNone("value")) {
-    SALUS_ASSIGN_OR_RETURN(value, Number("value"));
-  }
+  SALUS_ASSIGN_OR_RETURN(value, NumberOr("value", value));
   const Shape xs = S(x);
   const size_t rank = xs.size();
   if (pad.size() % 2 != 0 || pad.size() / 2 > rank) return Bad("pad must hold pairs, one per dim");
@@ -917,15 +929,9 @@ Status Lowerer::EluOp() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
   double alpha = 1, scale = 1, input_scale = 1;
-  if (!IsNone("alpha")) {
-    SALUS_ASSIGN_OR_RETURN(alpha, Number("alpha"));
-  }
-  if (!IsNone("scale")) {
-    SALUS_ASSIGN_OR_RETURN(scale, Number("scale"));
-  }
-  if (!IsNone("input_scale")) {
-    SALUS_ASSIGN_OR_RETURN(input_scale, Number("input_scale"));
-  }
+  SALUS_ASSIGN_OR_RETURN(alpha, NumberOr("alpha", alpha));
+  SALUS_ASSIGN_OR_RETURN(scale, NumberOr("scale", scale));
+  SALUS_ASSIGN_OR_RETURN(input_scale, NumberOr("input_scale", input_scale));
   const DataType f = DataType::kFloat32;
   SALUS_ASSIGN_OR_RETURN(ValueId pos, Emit("Greater", {x, Scalar(f, 0)}));
   SALUS_ASSIGN_OR_RETURN(ValueId scaled_in, Emit("Mul", {x, Scalar(f, input_scale)}));
@@ -1234,12 +1240,8 @@ Status Lowerer::SliceOp() {
   SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, S(x).size()));
   const int64_t size = S(x)[dim];
   int64_t start = 0, end = size, step = 1;
-  if (!IsNone("start")) {
-    SALUS_ASSIGN_OR_RETURN(start, Int("start"));
-  }
-  if (!IsNone("end")) {
-    SALUS_ASSIGN_OR_RETURN(end, Int("end"));
-  }
+  SALUS_ASSIGN_OR_RETURN(start, IntOr("start", start));
+  SALUS_ASSIGN_OR_RETURN(end, IntOr("end", end));
   SALUS_ASSIGN_OR_RETURN(step, Int("step"));
   if (step < 1) return Bad("slice step must be positive");
   start = std::clamp<int64_t>(start < 0 ? start + size : start, 0, size);
@@ -1314,9 +1316,7 @@ Status Lowerer::ReduceOp() {
   bool keep = false;
   // .default: every axis, no keepdim (sum, mean, and max/min of the whole tensor).
   if (!op.ends_with(".default") || op == "aten.amax.default" || op == "aten.amin.default") {
-    if (!IsNone("dim")) {
-      SALUS_ASSIGN_OR_RETURN(axes, Ints("dim"));
-    }
+    SALUS_ASSIGN_OR_RETURN(axes, IntsOr("dim", axes));
     SALUS_ASSIGN_OR_RETURN(keep, Bool("keepdim"));
   }
   const bool min = op == "aten.amin.default" || op == "aten.min.default";
@@ -1346,9 +1346,7 @@ Status Lowerer::AnyAll() {
   std::vector<int64_t> axes;
   bool keep = false;
   if (!every_axis) {
-    if (!IsNone("dim")) {
-      SALUS_ASSIGN_OR_RETURN(axes, Ints("dim"));
-    }
+    SALUS_ASSIGN_OR_RETURN(axes, IntsOr("dim", axes));
     SALUS_ASSIGN_OR_RETURN(keep, Bool("keepdim"));
   }
   SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kBool));
@@ -1410,9 +1408,7 @@ Status Lowerer::ArgMaxMin() {
     SALUS_ASSIGN_OR_RETURN(dim, Int("dim"));
   }
   bool keep = false;
-  if (!IsNone("keepdim")) {
-    SALUS_ASSIGN_OR_RETURN(keep, Bool("keepdim"));
-  }
+  SALUS_ASSIGN_OR_RETURN(keep, BoolOr("keepdim", keep));
   SALUS_ASSIGN_OR_RETURN(ValueId y,
                          ArgMaxAlong(x, node_->op() == "aten.argmin.default", dim, keep));
   return Bind(0, y);
@@ -1425,9 +1421,7 @@ Status Lowerer::MaxMinDim() {
   if (T(x) == DataType::kBool) return Refuse("the largest or smallest of a bool tensor");
   SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
   bool keep = false;
-  if (!IsNone("keepdim")) {
-    SALUS_ASSIGN_OR_RETURN(keep, Bool("keepdim"));
-  }
+  SALUS_ASSIGN_OR_RETURN(keep, BoolOr("keepdim", keep));
   SALUS_ASSIGN_OR_RETURN(ValueId indices, ArgMaxAlong(x, min, dim, keep));
   SALUS_ASSIGN_OR_RETURN(ValueId values, Reduce(min ? "ReduceMin" : "ReduceMax", x, {dim}, keep));
   SALUS_RETURN_IF_ERROR(Bind(0, values));
@@ -1444,13 +1438,9 @@ Status Lowerer::TopK() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(int64_t k, Int("k"));
   int64_t dim = -1;
-  if (!IsNone("dim")) {
-    SALUS_ASSIGN_OR_RETURN(dim, Int("dim"));
-  }
+  SALUS_ASSIGN_OR_RETURN(dim, IntOr("dim", dim));
   bool largest = true;
-  if (!IsNone("largest")) {
-    SALUS_ASSIGN_OR_RETURN(largest, Bool("largest"));
-  }
+  SALUS_ASSIGN_OR_RETURN(largest, BoolOr("largest", largest));
   if (T(x) != DataType::kFloat32) return Refuse("topk of a non-float tensor");
   const Shape xs = S(x);
   if (xs.empty()) return Refuse("topk of a 0-d tensor");
@@ -1536,17 +1526,11 @@ Status Lowerer::Variance() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   if (T(x) != DataType::kFloat32) return Refuse("the variance of a non-float tensor");
   std::vector<int64_t> axes;
-  if (!IsNone("dim")) {
-    SALUS_ASSIGN_OR_RETURN(axes, Ints("dim"));
-  }
+  SALUS_ASSIGN_OR_RETURN(axes, IntsOr("dim", axes));
   bool keep = false;
-  if (!IsNone("keepdim")) {
-    SALUS_ASSIGN_OR_RETURN(keep, Bool("keepdim"));
-  }
+  SALUS_ASSIGN_OR_RETURN(keep, BoolOr("keepdim", keep));
   double correction = 1;
-  if (!IsNone("correction")) {
-    SALUS_ASSIGN_OR_RETURN(correction, Number("correction"));
-  }
+  SALUS_ASSIGN_OR_RETURN(correction, NumberOr("correction", correction));
   const Shape xs = S(x);
   double n = 1;
   if (axes.empty()) {
@@ -1584,23 +1568,15 @@ Status Lowerer::SliceScatter() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(ValueId src, Tensor("src"));
   int64_t dim = 0, step = 1;
-  if (!IsNone("dim")) {
-    SALUS_ASSIGN_OR_RETURN(dim, Int("dim"));
-  }
-  if (!IsNone("step")) {
-    SALUS_ASSIGN_OR_RETURN(step, Int("step"));
-  }
+  SALUS_ASSIGN_OR_RETURN(dim, IntOr("dim", dim));
+  SALUS_ASSIGN_OR_RETURN(step, IntOr("step", step));
   const Shape xs = S(x);
   if (xs.empty()) return Bad("slice_scatter into a 0-d tensor");
   SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, xs.size()));
   const int64_t size = xs[dim];
   int64_t start = 0, end = size;
-  if (!IsNone("start")) {
-    SALUS_ASSIGN_OR_RETURN(start, Int("start"));
-  }
-  if (!IsNone("end")) {
-    SALUS_ASSIGN_OR_RETURN(end, Int("end"));
-  }
+  SALUS_ASSIGN_OR_RETURN(start, IntOr("start", start));
+  SALUS_ASSIGN_OR_RETURN(end, IntOr("end", end));
   start = std::clamp<int64_t>(start < 0 ? start + size : start, 0, size);
   end = std::clamp<int64_t>(end < 0 ? end + size : end, start, size);
   if (step != 1) return Refuse("slice_scatter with a step other than 1");
@@ -1773,8 +1749,10 @@ namespace {
 
 // Reflection or replication padding along one dim as an [out, in] 0/1 matrix: output position
 // o copies input position i = o - before, reflected about the ends (-i, 2(in-1) - i) or
-// clamped to them. The padding's gradient along the dim is that matrix's transpose applied.
-HostTensor PadGradientMatrix(int64_t in, int64_t before, int64_t after, bool reflect) {
+// clamped to them (or its transpose, [in, out]). The padding's gradient along the dim is the
+// transpose applied.
+HostTensor PadGradientMatrix(int64_t in, int64_t before, int64_t after, bool reflect,
+                             bool transposed) {
   const int64_t out = in + before + after;
   std::vector<float> m(static_cast<size_t>(in * out), 0.f);
   for (int64_t o = 0; o < out; ++o) {
@@ -1785,9 +1763,9 @@ HostTensor PadGradientMatrix(int64_t in, int64_t before, int64_t after, bool ref
     } else {
       i = std::clamp<int64_t>(i, 0, in - 1);
     }
-    m[o * in + i] += 1.f;
+    m[transposed ? i * out + o : o * in + i] += 1.f;
   }
-  return HostTensor::FromFloats({out, in}, m);
+  return HostTensor::FromFloats(transposed ? Shape{in, out} : Shape{out, in}, m);
 }
 
 }  // namespace
@@ -1817,16 +1795,10 @@ Status Lowerer::PadBackward() {
     return Bad("grad_output does not fit the padded input");
   }
   // dy [.., Ho, Wo] . W [Wo, Wi], then H^T [Hi, Ho] . that.
-  const ValueId w = Constant(PadGradientMatrix(wi, pad[0], pad[1], reflect));
-  HostTensor h = PadGradientMatrix(hi, pad[2], pad[3], reflect);
-  const int64_t ho = h.shape[0];
-  std::vector<float> ht(static_cast<size_t>(hi * ho));
-  for (int64_t o = 0; o < ho; ++o) {
-    for (int64_t i = 0; i < hi; ++i) ht[i * ho + o] = h.floats()[o * hi + i];
-  }
+  const ValueId w = Constant(PadGradientMatrix(wi, pad[0], pad[1], reflect, false));
+  const ValueId ht = Constant(PadGradientMatrix(hi, pad[2], pad[3], reflect, true));
   SALUS_ASSIGN_OR_RETURN(ValueId t, Emit("MatMul", {dy, w}));
-  SALUS_ASSIGN_OR_RETURN(ValueId dx,
-                         Emit("MatMul", {Constant(HostTensor::FromFloats({hi, ho}, ht)), t}));
+  SALUS_ASSIGN_OR_RETURN(ValueId dx, Emit("MatMul", {ht, t}));
   return Bind(0, dx);
 }
 
@@ -2144,19 +2116,11 @@ StatusOr<std::map<std::string, Attribute>> Lowerer::AvgPoolAttrs(const Shape& xs
   if (xs.size() != 4) return Refuse("average pooling of a tensor that is not 4-D");
   SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> kernel, Ints("kernel_size"));
   std::vector<int64_t> stride, padding = {0};
-  if (!IsNone("stride")) {
-    SALUS_ASSIGN_OR_RETURN(stride, Ints("stride"));
-  }
-  if (!IsNone("padding")) {
-    SALUS_ASSIGN_OR_RETURN(padding, Ints("padding"));
-  }
+  SALUS_ASSIGN_OR_RETURN(stride, IntsOr("stride", stride));
+  SALUS_ASSIGN_OR_RETURN(padding, IntsOr("padding", padding));
   bool ceil = false, include_pad = true;
-  if (!IsNone("ceil_mode")) {
-    SALUS_ASSIGN_OR_RETURN(ceil, Bool("ceil_mode"));
-  }
-  if (!IsNone("count_include_pad")) {
-    SALUS_ASSIGN_OR_RETURN(include_pad, Bool("count_include_pad"));
-  }
+  SALUS_ASSIGN_OR_RETURN(ceil, BoolOr("ceil_mode", ceil));
+  SALUS_ASSIGN_OR_RETURN(include_pad, BoolOr("count_include_pad", include_pad));
   if (!IsNone("divisor_override")) return Refuse("average pooling with a divisor override");
   auto two = [](std::vector<int64_t>& v, std::vector<int64_t> fallback) {
     if (v.empty()) v = std::move(fallback);
@@ -2925,13 +2889,9 @@ Status Lowerer::EmbeddingBag() {
   SALUS_ASSIGN_OR_RETURN(int64_t mode, Int("mode"));
   SALUS_ASSIGN_OR_RETURN(ValueId psw, Tensor("per_sample_weights", true));
   bool last = false;
-  if (!IsNone("include_last_offset")) {
-    SALUS_ASSIGN_OR_RETURN(last, Bool("include_last_offset"));
-  }
+  SALUS_ASSIGN_OR_RETURN(last, BoolOr("include_last_offset", last));
   int64_t pad = -1;
-  if (!IsNone("padding_idx")) {
-    SALUS_ASSIGN_OR_RETURN(pad, Int("padding_idx"));
-  }
+  SALUS_ASSIGN_OR_RETURN(pad, IntOr("padding_idx", pad));
   if (mode != 0 && mode != 1) return Refuse("an embedding bag in max mode");
   const Shape ws = S(w);
   if (ws.size() != 2 || T(w) != DataType::kFloat32 || S(idx).size() != 1 ||
@@ -3025,9 +2985,7 @@ Status Lowerer::EmbeddingBagBackward() {
   SALUS_ASSIGN_OR_RETURN(int64_t mode, Int("mode"));
   SALUS_ASSIGN_OR_RETURN(ValueId psw, Tensor("per_sample_weights", true));
   int64_t pad = -1;
-  if (!IsNone("padding_idx")) {
-    SALUS_ASSIGN_OR_RETURN(pad, Int("padding_idx"));
-  }
+  SALUS_ASSIGN_OR_RETURN(pad, IntOr("padding_idx", pad));
   if (!IsNone("sparse")) {
     SALUS_ASSIGN_OR_RETURN(bool sparse, Bool("sparse"));
     if (sparse) return Refuse("a sparse embedding bag gradient");
@@ -3244,9 +3202,7 @@ Status Lowerer::Dropout() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("input"));
   SALUS_ASSIGN_OR_RETURN(double p, Number("p"));
   bool train = true;
-  if (!IsNone("train")) {
-    SALUS_ASSIGN_OR_RETURN(train, Bool("train"));
-  }
+  SALUS_ASSIGN_OR_RETURN(train, BoolOr("train", train));
   if (train && p != 0) return Refuse("dropout with p > 0 in training");
   SALUS_RETURN_IF_ERROR(Bind(0, x));
   if (Outputs() > 1 && node_->outputs(1) >= 0) {

@@ -11,7 +11,7 @@ for p in (REPO / "tests" / "integration", REPO / "tests" / "pytorch", REPO / "ad
 
 
 @pytest.fixture(scope="module")
-def device_daemon():
+def daemon():
     """A daemon the lazy `salus` device connects to ($SALUS_ENDPOINT, set for the module), on
     $SALUS_TEST_DEVICE when set (scripts/gpu-check --step torchops runs cuda:0)."""
     import salus_torch
@@ -28,3 +28,12 @@ def device_daemon():
     else:
         os.environ["SALUS_ENDPOINT"] = old
     d.stop()
+
+
+@pytest.fixture
+def fresh_device():
+    """Closes the lazy device after a test, so that every test starts with no sessions."""
+    import salus_torch
+
+    yield
+    salus_torch.device.close()

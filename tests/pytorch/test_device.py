@@ -24,15 +24,8 @@ HERE = Path(__file__).resolve().parent
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def daemon(device_daemon: Daemon) -> Daemon:
-    return device_daemon
-
-
-@pytest.fixture(autouse=True)
-def fresh_device():
-    yield
-    salus_torch.device.close()  # every test starts with no sessions
+# The daemon and fresh_device fixtures: conftest.py.
+pytestmark = pytest.mark.usefixtures("fresh_device")
 
 
 def make(model: str, optimizer: str, device: str):  # noqa: ANN201

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-import salus_torch
+import salus_torch  # noqa: F401  (names the "salus" device)
 import torch
 import torch.nn.functional as F
 from salus_daemon import Daemon
@@ -22,15 +22,8 @@ from torch import nn
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def daemon(device_daemon: Daemon) -> Daemon:
-    return device_daemon
-
-
-@pytest.fixture(autouse=True)
-def fresh_device():
-    yield
-    salus_torch.device.close()
+# The daemon and fresh_device fixtures: conftest.py.
+pytestmark = pytest.mark.usefixtures("fresh_device")
 
 
 def _data() -> dict[str, torch.Tensor]:

@@ -282,7 +282,7 @@ class Runtime:
         self._seg = _Segment()
         self._graphs: dict[str, _Graph] = {}
         self._plans: dict[tuple, tuple[_Graph, list[str], int]] = {}
-        self._metas: dict[tuple, Any] = {}
+        self._metas: dict[tuple, tuple] = {}  # (template, the op to record) per key
         self._rng_seed: int | None = None
         self._rng_offset = 0
         self.flushes = 0
@@ -349,20 +349,20 @@ class Runtime:
         # tensors once, then remembered.
         key = (id(func), tuple(keys), tuple(kkeys))
         try:
-            template = self._metas.get(key)
+            entry = self._metas.get(key)
         except TypeError:  # an unhashable argument: no memo
-            key, template = None, None
-        if template is None:
+            key, entry = None, None
+        if entry is None:
             template = self._template(func, rargs, rkwargs, tensors)
+            # Note [Reshaped in place]: such an op is recorded as its functional form.
+            entry = (template, _functional_of(func) if _reshapes(template) else func)
             if key is not None:
-                self._metas[key] = template
-        op = _Op(func, rargs, rkwargs, [])
+                self._metas[key] = entry
+        template, recorded = entry
+        op = _Op(recorded, rargs, rkwargs, [])
         if lift is not None:
             op.lifted = self._lift(op, *lift)
-        reshaped = _reshapes(template)
-        if reshaped:  # Note [Reshaped in place]: recorded as its functional form
-            op.func = _functional_of(func)
-        written = list(_writes(op.func))
+        written = list(_writes(recorded))
         if func is aten.native_batch_norm.default and rargs[5]:
             written += [(3, "running_mean"), (4, "running_var")]  # undeclared writes
         for i, name in written:
