@@ -5,7 +5,8 @@
 //     elementwise.cu for LeakyRelu, Exp, Log, Sqrt, Neg, Abs and Softplus;
 //   - broadcasting Add, Sub, Mul, Div, Pow and Transpose: elementwise.cu's kernels over
 //     element_math.h's index maps (at most kMaxIndexDims dims once merged);
-//   - Concat: one strided copy (cudaMemcpy2DAsync) per non-empty input, no kernel;
+//   - Concat (of any element type): one strided copy (cudaMemcpy2DAsync) per non-empty input,
+//     no kernel;
 //   - DepthToSpace, Pad (constant mode) and SoftmaxCrossEntropyLoss: elementwise.cu's kernels.
 // The per-element math and index maps are element_math.h's, which the CPU kernels share.
 // Everything a kernel needs is fixed when it is built; Run only queues work on the context's
@@ -238,27 +239,35 @@ KernelOr Transpose(const Node& n, const Graph& g, DeviceContext* ctx) {
 
 struct ConcatPart {
   size_t input = 0;
-  size_t row_bytes = 0;   // dim_i * inner floats: the source pitch and the width
+  size_t row_bytes = 0;   // dim_i * inner elements: the source pitch and the width
   size_t dst_offset = 0;  // bytes from the output's start to the input's first row
 };
 
 KernelOr Concat(const Node& n, const Graph& g, DeviceContext* ctx) {
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   SALUS_RETURN_IF_ERROR(RequireContext(n, ctx));
   const std::string what = n.Describe();
+  const DataType type = g.value(n.outputs[0]).type;
+  for (ValueId in : n.inputs) {
+    if (g.value(in).type != type) {
+      return InvalidArgumentError(what + ": input '" + g.value(in).name + "' is " +
+                                  DataTypeName(g.value(in).type) + ", the output " +
+                                  DataTypeName(type));
+    }
+  }
+  const size_t elem = ElementSize(type);  // bytes are copied, so any element type will do
   const Shape& y = g.value(n.outputs[0]).shape;
   SALUS_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(n, n.GetInt("axis", 0), y.size()));
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < axis; ++d) outer *= y[d];
   for (size_t d = axis + 1; d < y.size(); ++d) inner *= y[d];
-  const size_t dst_pitch = static_cast<size_t>(y[axis] * inner) * sizeof(float);
+  const size_t dst_pitch = static_cast<size_t>(y[axis] * inner) * elem;
   std::vector<ConcatPart> parts;
   int64_t at = 0;  // along the axis
   for (size_t i = 0; i < n.inputs.size(); ++i) {
     const Shape& s = g.value(n.inputs[i]).shape;
     if (NumElements(s) > 0) {
-      parts.push_back({i, static_cast<size_t>(s[axis] * inner) * sizeof(float),
-                       static_cast<size_t>(at * inner) * sizeof(float)});
+      parts.push_back(
+          {i, static_cast<size_t>(s[axis] * inner) * elem, static_cast<size_t>(at * inner) * elem});
     }
     at += s[axis];
   }

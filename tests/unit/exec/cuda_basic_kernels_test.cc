@@ -387,15 +387,16 @@ TEST(CudaBasicKernelsTest, TransposeOtherCases) {
 // ---------------------------------------------------------------------------------------------
 // Concat.
 
-std::string ConcatModel(const std::vector<Shape>& inputs, int64_t axis) {
+std::string ConcatModel(const std::vector<Shape>& inputs, int64_t axis,
+                        int type = onnx::TensorProto::FLOAT) {
   ModelBuilder mb;
   std::vector<std::string> names;
   for (size_t i = 0; i < inputs.size(); ++i) {
     names.push_back("x" + std::to_string(i));
-    mb.Input(names.back(), inputs[i]);
+    mb.Input(names.back(), inputs[i], type);
   }
   ModelBuilder::Attr(mb.Node("Concat", names, {"y"}), "axis", axis);
-  OutputOfRank(mb, "y", inputs[0].size());
+  OutputOfRank(mb, "y", inputs[0].size(), type);
   return mb.Bytes();
 }
 
@@ -420,6 +421,13 @@ TEST(CudaBasicKernelsTest, Concat) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.scenario);
     ExpectCudaParity(ConcatModel(c.inputs, c.axis));
+  }
+  // Bytes are copied, so int64 (a top-k's indices, joined from its rounds) takes the same path.
+  ParityOptions p;
+  p.int_hi = 1000;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.scenario) + ", int64");
+    ExpectCudaParity(ConcatModel(c.inputs, c.axis, onnx::TensorProto::INT64), {}, p);
   }
 }
 
