@@ -7,7 +7,9 @@ times on the lazy `salus` device (the model moved there, each batch moved there 
 against a salus-server this script starts, alternating rounds, with the same number of threads
 on both sides (torch.set_num_threads and the daemon's OMP_NUM_THREADS). The first `--warmup`
 steps of each run (tracing, compiling, first writes of the state) are dropped. Prints the
-medians and their ratios to eager and writes them as JSON.
+medians and their ratios to eager and writes them as JSON. Eager and the lazy device also run
+a loop that reads the loss only every `--log-every` steps (10), as a loop that logs every so
+often does: there the lazy device records a step while the daemon runs the one before.
 
     .venv-torch/bin/python benchmarks/pytorch/compare.py [--models resnet,encoder] [--rounds 3]
         [--phases]
@@ -101,25 +103,37 @@ def device_phases(model: str, batch: int, steps: int, warmup: int) -> dict[str, 
     return {p: statistics.median(v) for p, v in times.items()}
 
 
-def timed(step, data, steps: int, warmup: int) -> list[float]:  # noqa: ANN001
+def timed(step, data, steps: int, warmup: int, every: int = 1) -> list[float]:  # noqa: ANN001
+    """Seconds per step. The loss reaches the host every `every` steps, as in a loop that logs
+    it that often; with `every` over 1, each of `steps` blocks of `every` steps gives its mean."""
+    for _ in range(warmup):
+        float(step(*data))
     times = []
-    for i in range(steps + warmup):
+    for _ in range(steps):
         t = time.perf_counter()
-        float(step(*data))  # the loss reaches the host, as in a loop that logs it
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
+        for _ in range(every - 1):
+            step(*data)
+        float(step(*data))
+        times.append((time.perf_counter() - t) / every)
     return times
 
 
-def eager_times(args: argparse.Namespace, model: str) -> list[float]:
-    """One round of eager steps: here on the CPU, in a child process on a GPU."""
+def eager_times(args: argparse.Namespace, model: str) -> tuple[list[float], list[float]]:
+    """One round of eager steps, the loss read every step and every --log-every steps: here on
+    the CPU, in a child process on a GPU."""
     if args.device == "cpu":
-        return timed(*make(model, args.batch), args.steps, args.warmup)
+        return eager_round(args, model)
     cmd = [sys.executable, __file__, "--eager-only", "--models", model, "--device", args.device,
            "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--threads", str(args.threads)]
+           "--threads", str(args.threads), "--log-every", str(args.log_every)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])[model]
+    return tuple(json.loads(out.strip().splitlines()[-1])[model])
+
+
+def eager_round(args: argparse.Namespace, model: str) -> tuple[list[float], list[float]]:
+    step, data = make(model, args.batch, "cpu" if args.device == "cpu" else args.device)
+    return (timed(step, data, args.steps, args.warmup),
+            timed(step, data, args.steps // 2, 0, args.log_every))
 
 
 def main() -> None:
@@ -137,12 +151,14 @@ def main() -> None:
                     help="time the eager steps of --models alone and print them as JSON")
     ap.add_argument("--phases", action="store_true",
                     help="also time the lazy device's step phase by phase")
+    ap.add_argument("--log-every", type=int, default=10,
+                    help="the loss is also read only every this many steps, in --steps/2 "
+                         "blocks (eager and the lazy device)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     if args.eager_only:
-        print(json.dumps({model: timed(*make(model, args.batch, args.device), args.steps,
-                                       args.warmup) for model in args.models.split(",")}))
+        print(json.dumps({model: eager_round(args, model) for model in args.models.split(",")}))
         return
 
     import salus_torch
@@ -152,23 +168,31 @@ def main() -> None:
     results = {}
     try:
         for model in args.models.split(","):
-            eager, salus, lazy = [], [], []
+            eager, salus, lazy, eager_logged, lazy_logged = [], [], [], [], []
             for _ in range(args.rounds):
-                eager += eager_times(args, model)
+                every_step, logged = eager_times(args, model)
+                eager += every_step
+                eager_logged += logged
                 step, data = make(model, args.batch)
                 with salus_torch.capture_step(step, endpoint=daemon.endpoint) as captured:
                     salus += timed(captured, data, args.steps, args.warmup)
                 os.environ["SALUS_ENDPOINT"] = daemon.endpoint
                 step, data = make(model, args.batch, "salus")
                 lazy += timed(step, data, args.steps, args.warmup)
+                lazy_logged += timed(step, data, args.steps // 2, 0, args.log_every)
                 salus_torch.device.close()
             e, s, z = statistics.median(eager), statistics.median(salus), statistics.median(lazy)
+            el, zl = statistics.median(eager_logged), statistics.median(lazy_logged)
             results[model] = {"eager_ms": e * 1e3, "salus_ms": s * 1e3, "ratio": s / e,
                               "device_ms": z * 1e3, "device_ratio": z / e,
-                              "samples": len(eager)}
+                              "samples": len(eager), "log_every": args.log_every,
+                              "eager_logged_ms": el * 1e3, "device_logged_ms": zl * 1e3,
+                              "device_logged_ratio": zl / el}
             print(f"{model}: eager {e * 1e3:.2f} ms, capture_step {s * 1e3:.2f} ms "
                   f"({s / e:.2f}x), salus device {z * 1e3:.2f} ms ({z / e:.2f}x) "
                   f"({len(eager)} steps each)", flush=True)
+            print(f"  loss read every {args.log_every} steps: eager {el * 1e3:.2f} ms, salus "
+                  f"device {zl * 1e3:.2f} ms ({zl / el:.2f}x)", flush=True)
             if args.phases:
                 phases = device_phases(model, args.batch, args.steps, args.warmup)
                 results[model]["device_phases_ms"] = phases

@@ -19,6 +19,8 @@ from models import Encoder, ResNet
 from salus_daemon import Daemon
 from test_capture import assert_losses_match, assert_state_match, images, onnx_job, sentences
 
+import salus
+
 HERE = Path(__file__).resolve().parent
 
 torch.set_num_threads(1)
@@ -103,6 +105,58 @@ def test_a_read_inside_a_step_splits_it_correctly(daemon: Daemon) -> None:
     assert_losses_match(got_losses, want_losses)
     assert_state_match(got_state, want_state, atol=3e-5)
     assert salus_torch.device.runtime().flushes == 2 * len(batches)
+
+
+def test_steps_run_ahead_of_a_loop_that_reads_its_losses_later(daemon: Daemon) -> None:
+    """A loop that keeps its losses and reads them after the last step: each step's iteration
+    is in flight while the next one is recorded (Note [Flushes in flight]), and every loss,
+    every parameter and the running statistics still match eager PyTorch."""
+    batches = images(5, 4)
+    results = {}
+    for device in ("cpu", "salus"):
+        m, opt = make("resnet", "sgd", device)
+        kept = []
+        for x, y in batches:
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x.to(device)), y.to(device))
+            loss.backward()
+            opt.step()
+            kept.append(loss.detach())
+            if device == "salus":
+                assert salus_torch.device.runtime().in_flight == 1  # not waited for
+        results[device] = ([float(v) for v in kept],
+                           {k: v.cpu() for k, v in m.state_dict().items()})
+    assert_losses_match(results["salus"][0], results["cpu"][0])
+    assert_state_match(results["salus"][1], results["cpu"][1], atol=3e-5)
+    assert salus_torch.device.runtime().in_flight == 0
+
+
+def test_an_iteration_that_fails_in_flight_reports_once_and_the_device_goes_on(
+        daemon: Daemon) -> None:
+    """An embedding index out of range fails the step's iteration in the daemon, after the
+    flush returned: the next read raises the daemon's error, once; later steps run."""
+    torch.manual_seed(5)
+    emb = torch.nn.Embedding(10, 4)
+    initial = emb.weight.detach().clone()
+    emb = emb.to("salus")
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+
+    def step(index: list[int]) -> torch.Tensor:
+        opt.zero_grad()
+        loss = emb(torch.tensor(index).to("salus")).square().sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    good = step([1, 2])
+    assert float(good) > 0
+    bad = step([1, 12])  # flushed by the optimizer's hook: no error yet
+    with pytest.raises(salus.SalusError, match="out of range"):
+        float(bad)
+    with pytest.raises(RuntimeError, match="no value"):
+        float(bad)  # the failed iteration gave it none; its error was reported already
+    after = step([3, 4])  # rows no step updated yet: their initial values
+    torch.testing.assert_close(float(after), float(initial[[3, 4]].square().sum()))
 
 
 def test_uneven_last_batch_and_an_eval_pass_under_no_grad(daemon: Daemon) -> None:

@@ -26,6 +26,16 @@ A *flush* turns the recording into one functional graph and runs it as one itera
   written into the new one in the same iteration.
 P and E of each graph are known from its shapes when its session is admitted.
 
+Note [Flushes in flight]
+A flush submits its iteration and returns without waiting for it: the script goes on recording
+the next step while the daemon runs this one. Its fetched results (the loss) are *pending*
+until needed. The wait happens at the next flush (which starts from the previous one's end, so
+at most one iteration is in flight), at a host read of a pending value, and before an in-place
+host write into a tensor whose bytes that iteration was fed (they are sent without a copy). An
+iteration that fails in the daemon reports its error at that wait, once; the tensors it was to
+give values to have none. A loop that reads its loss every step waits at once; one that logs
+every few steps overlaps its recording with the daemon's work.
+
 What does not carry across a flush: aliasing between two tensors that were views of each other
 (each keeps its own value afterwards), and values in the daemon that nothing references anymore
 (their slots are reused). Random ops get the daemon's explicit seeds (Note [Random numbers]).
@@ -100,16 +110,33 @@ _LIFT_IDS = {id(f): (names, [a.name for a in f._schema.arguments]) for f, names 
 
 
 class _Loc:
-    """Where a value lives: on the host (`host`), in slot `slot` of a daemon graph, or nowhere
-    but recomputable by `remat` (func, args, kwargs, output index) from live tensors."""
+    """Where a value lives: on the host (`host`), in slot `slot` of a daemon graph, in the
+    reply of the iteration in flight (`pending`, Note [Flushes in flight]), or nowhere but
+    recomputable by `remat` (func, args, kwargs, output index) from live tensors."""
 
-    __slots__ = ("__weakref__", "graph", "host", "remat", "slot")
+    __slots__ = ("__weakref__", "graph", "host", "pending", "remat", "slot")
 
     def __init__(self, host: torch.Tensor | None = None) -> None:
         self.host = host
         self.graph: _Graph | None = None
         self.slot = ""
+        self.pending = False
         self.remat: _Remat | None = None
+
+    def known(self) -> bool:
+        """Whether the value exists somewhere (rather than only as a recording)."""
+        return self.host is not None or self.graph is not None or self.pending
+
+
+@dataclass(eq=False)
+class _Inflight:
+    """The iteration the last flush submitted, and where its fetched values go."""
+
+    pending: salus.client.PendingIteration
+    fills: list[tuple[_Loc, str, torch.Size]]
+    # The locations whose host tensors it was fed (sent without a copy), by id; held, so that
+    # no new location takes one of their ids while it runs.
+    fed: dict[int, _Loc]
 
 
 @dataclass(eq=False)
@@ -285,6 +312,7 @@ class Runtime:
         self._metas: dict[tuple, tuple] = {}  # (template, the op to record) per key
         self._rng_seed: int | None = None
         self._rng_offset = 0
+        self._inflight: _Inflight | None = None
         self.flushes = 0
 
     @property
@@ -312,10 +340,12 @@ class Runtime:
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, SalusTensor)]
         untouched = all(t._uid not in self._seg.refs for t in tensors)
         if untouched and func in (aten.detach.default, aten.alias.default) and \
-                (args[0]._loc.host is not None or args[0]._loc.graph is not None):
+                args[0]._loc.known():
             return SalusTensor(_meta_of(args[0]._meta), args[0]._loc)
         untouched = untouched and all(t._loc.host is not None for t in tensors)
         if untouched and func in _HOST_INPLACE and isinstance(args[0], SalusTensor):
+            if self._inflight is not None and id(args[0]._loc) in self._inflight.fed:
+                self._settle()  # the iteration in flight may still be reading it
             host_args, host_kwargs = pytree.tree_map(self._host_arg, (args, kwargs))
             func(*host_args, **host_kwargs)
             return args[0]
@@ -499,7 +529,7 @@ class Runtime:
         seg.pos[t._uid] = len(seg.order)
         seg.order.append(t._uid)
         seg.metas[t._uid] = t._meta
-        if t._loc.host is not None or t._loc.graph is not None:
+        if t._loc.known():
             seg.inputs[t._uid] = t._loc
         elif t._loc.remat is not None:  # recorded again, as the producer of this tensor
             r = t._loc.remat
@@ -515,7 +545,7 @@ class Runtime:
     def host_value(self, t: SalusTensor) -> torch.Tensor:
         """The value of `t` on the host (flushing what it depends on first)."""
         with self._lock:
-            if t._loc.remat is not None and t._loc.host is None and t._loc.graph is None:
+            if t._loc.remat is not None and not t._loc.known():
                 never = _REMAT[t._loc.remat.func][2]
                 if never is not None:
                     raise RuntimeError(
@@ -526,6 +556,8 @@ class Runtime:
             if t._uid in self._seg.refs:
                 self.flush()
             loc = t._loc
+            if loc.pending:
+                self._settle()
             if loc.host is None:
                 if loc.graph is None:
                     raise RuntimeError("salus device: a tensor with no value (it was never "
@@ -548,7 +580,22 @@ class Runtime:
             with torch._C._ForceDispatchKeyGuard(*_BASE_KEYS):
                 self._flush(seg)
 
+    def _settle(self) -> None:
+        """Waits for the iteration in flight and gives its fetched values to their tensors
+        (Note [Flushes in flight]); raises its error, once, if it failed."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return
+        try:
+            out = inflight.pending.result()
+        finally:
+            for loc, _, _ in inflight.fills:
+                loc.pending = False
+        for loc, name, shape in inflight.fills:
+            loc.host = torch.from_numpy(out[name]).reshape(shape)
+
     def _flush(self, seg: _Segment) -> None:
+        self._settle()  # the state bookkeeping below starts from every earlier flush's end
         # (a tensor whose uid changed since, see zeros_on_host, is alive under its new one)
         alive = {u: t for u in seg.order if (t := seg.refs[u]()) is not None and t._uid == u}
         state_in = [u for u in seg.order if u in seg.inputs
@@ -646,7 +693,9 @@ class Runtime:
             if all(loc is None or id(loc) in moving
                    for loc in map(other.holder, list(other.occupant))):
                 self._drop(other)
-        out = g.session.run(feeds=feeds, fetches=[o for o in outputs if o])
+        fed_locs = {id(loc): loc for u in fed + state_in
+                    if (loc := seg.inputs[u]).host is not None}
+        pending = g.session.submit(feeds=feeds, fetches=[o for o in outputs if o])
         self.flushes += 1
         for name, u in zip(slot_names, slots, strict=False):
             loc = seg.inputs.get(u)
@@ -658,9 +707,13 @@ class Runtime:
             g.occupant[name] = weakref.ref(loc)
             if t is not None:
                 t._loc = loc
+        fills = []
         for u, name in zip(fetch, outputs, strict=False):
             t = alive[u]
-            t._loc = _Loc(torch.from_numpy(np.array(out[name])).reshape(t.shape))
+            t._loc = _Loc()
+            t._loc.pending = True
+            fills.append((t._loc, name, t.shape))
+        self._inflight = _Inflight(pending, fills, fed_locs)
 
     def _drop(self, g: _Graph) -> None:
         del self._graphs[g.digest]
@@ -759,6 +812,10 @@ class Runtime:
     def close(self) -> None:
         """Closes the device's sessions and its connection; its tensors lose their values."""
         with self._lock:
+            try:
+                self._settle()
+            except salus.SalusError:
+                pass
             for g in self._graphs.values():
                 try:
                     g.session.close()
@@ -769,6 +826,11 @@ class Runtime:
             if self._client is not None:
                 self._client.close()
                 self._client = None
+
+    @property
+    def in_flight(self) -> int:
+        """How many flushed iterations the device has not yet waited for (0 or 1)."""
+        return 0 if self._inflight is None else 1
 
     @property
     def sessions(self) -> list[salus.Session]:
