@@ -481,6 +481,7 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.exp.default", &Lowerer::Unary}, {"aten.log.default", &Lowerer::Unary},
       {"aten.sqrt.default", &Lowerer::Unary}, {"aten.relu.default", &Lowerer::Unary},
       {"aten.erf.default", &Lowerer::Unary}, {"aten.tanh.default", &Lowerer::Unary},
+      {"aten.sin.default", &Lowerer::Unary}, {"aten.cos.default", &Lowerer::Unary},
       {"aten.sigmoid.default", &Lowerer::Unary}, {"aten.reciprocal.default", &Lowerer::Unary},
       {"aten.logical_not.default", &Lowerer::Unary}, {"aten.rsqrt.default", &Lowerer::Rsqrt},
       {"aten.sign.default", &Lowerer::Sign}, {"aten.log1p.default", &Lowerer::Log1pExpm1},
@@ -745,6 +746,7 @@ Status Lowerer::Unary() {
       {"aten.sqrt.default", "Sqrt"},       {"aten.relu.default", "Relu"},
       {"aten.erf.default", "Erf"},         {"aten.tanh.default", "Tanh"},
       {"aten.sigmoid.default", "Sigmoid"}, {"aten.reciprocal.default", "Reciprocal"},
+      {"aten.sin.default", "Sin"},         {"aten.cos.default", "Cos"},
       {"aten.logical_not.default", "Not"}};
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));

@@ -310,14 +310,17 @@ KernelOr Cast(const Node& n, const Graph& g) {
 // ---------------------------------------------------------------------------------------------
 // Unary float math.
 
-// Erf, and SalusLog1p and SalusExpm1 (PyTorch's log1p and expm1: exact for small x, where
-// log(1 + x) and exp(x) - 1 lose every digit), by the C library.
+// Erf, Sin, Cos, and SalusLog1p and SalusExpm1 (PyTorch's log1p and expm1: exact for small x,
+// where log(1 + x) and exp(x) - 1 lose every digit), by the C library.
 KernelOr FloatMath(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const int64_t count = NumElements(In(n, g, 0).shape);
-  float (*fn)(float) = n.op == "SalusLog1p"   ? static_cast<float (*)(float)>(std::log1p)
-                       : n.op == "SalusExpm1" ? static_cast<float (*)(float)>(std::expm1)
-                                              : static_cast<float (*)(float)>(std::erf);
+  using Fn = float (*)(float);
+  Fn fn = static_cast<Fn>(std::erf);
+  if (n.op == "SalusLog1p") fn = static_cast<Fn>(std::log1p);
+  if (n.op == "SalusExpm1") fn = static_cast<Fn>(std::expm1);
+  if (n.op == "Sin") fn = static_cast<Fn>(std::sin);
+  if (n.op == "Cos") fn = static_cast<Fn>(std::cos);
   return Loop([count, fn](const KernelArgs& a) {
     const float* x = Input<float>(a, 0);
     float* z = Output<float>(a, 0);
@@ -625,7 +628,9 @@ void RegisterCpuTensorKernels(KernelRegistry* r) {
   r->Register("Where", cpu, Where);
   r->Register("Clip", cpu, Clip);
   r->Register("Cast", cpu, Cast);
-  for (const char* op : {"Erf", "SalusLog1p", "SalusExpm1"}) r->Register(op, cpu, FloatMath);
+  for (const char* op : {"Erf", "SalusLog1p", "SalusExpm1", "Sin", "Cos"}) {
+    r->Register(op, cpu, FloatMath);
+  }
   r->Register("Expand", cpu, Expand);
   r->Register("Gather", cpu, Gather);
   r->Register("Slice", cpu, Slice);

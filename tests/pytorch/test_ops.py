@@ -4,7 +4,8 @@ salus-server: each case's loss and its parameters' gradients match eager PyTorch
 The cases are what users write beside the reference models: other losses (L1, smooth L1, BCE,
 KL divergence, label smoothing), other activations (LeakyReLU, ELU, softplus, Mish), average
 and adaptive pooling, nearest and bilinear resizing, advanced indexing, group and instance
-norm, transposed convolutions, LSTM and GRU layers, embedding bags, slicing and masks,
+norm, transposed convolutions, LSTM and GRU layers, embedding bags, rotary position embeddings
+(sin, cos), slicing and masks,
 cumulative sums, statistics (var, std, max along a dim), cosine similarity, and accuracy
 (argmax, comparisons, counts)."""
 
@@ -64,6 +65,18 @@ class Net(nn.Module):
 
 
 Case = Callable[[Net, dict[str, torch.Tensor]], torch.Tensor]
+
+
+def _rotary(q: torch.Tensor) -> torch.Tensor:
+    """A rotary position embedding of q [..., positions, features], its angles made in the step
+    (as language models compute them in their forward pass)."""
+    t, dim = q.shape[-2], q.shape[-1]
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=q.device).float() / dim))
+    angle = torch.arange(t, device=q.device).float()[:, None] * inv
+    cos, sin = angle.cos().repeat(1, 2), angle.sin().repeat(1, 2)
+    rotated = torch.cat([-q[..., dim // 2:], q[..., :dim // 2]], -1)
+    return q * cos + rotated * sin
+
 
 CASES: dict[str, Case] = {
     "l1 loss (sign)": lambda m, d: F.l1_loss(m.fc(d["x"]), d["bits"]),
@@ -152,6 +165,9 @@ CASES: dict[str, Case] = {
     "1-d convolutions": lambda m, d: (m.deconv1d(m.conv1d(d["seq"])).pow(2).sum()
                                       + F.max_pool1d(m.conv1d(d["seq"]), 2).pow(2).sum()),
     "lstm": lambda m, d: (lambda out, hc: out.pow(2).sum() + hc[1].sum())(*m.lstm(d["seq"])),
+    "rotary embedding, sin and cos": lambda m, d: (
+        (_rotary(d["seq"] * m.fc.weight[0]) * d["seq"]).sum()
+        + torch.sin(m.fc(d["x"]) * 3).pow(2).sum() + torch.cos(m.fc(d["x"]) * 2).sum()),
 }
 
 

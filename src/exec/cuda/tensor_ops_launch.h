@@ -66,7 +66,16 @@ cudaError_t LaunchWriteInt64s(const Int64List& list, int64_t* y, cudaStream_t st
 // ---------------------------------------------------------------------------------------------
 // Math.
 
-enum class TensorUnaryOp : int32_t { kErf, kGeluErf, kGeluTanh, kReciprocal, kLog1p, kExpm1 };
+enum class TensorUnaryOp : int32_t {
+  kErf,
+  kGeluErf,
+  kGeluTanh,
+  kReciprocal,
+  kLog1p,
+  kExpm1,
+  kSin,
+  kCos
+};
 
 // y = op(x) over `count` floats: erff, element_math.h's GeluErf and GeluTanh, 1 / x.
 cudaError_t LaunchTensorUnary(TensorUnaryOp op, const float* x, float* y, int64_t count,

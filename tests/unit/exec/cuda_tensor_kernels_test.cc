@@ -240,6 +240,14 @@ TEST(CudaTensorKernelsTest, FloatUnary) {
     OutputOfRank(mb, "y", 2);
     ExpectCudaParity(mb.Bytes(), {}, Range(-4.f, 4.f));
   }
+  for (const char* op : {"Sin", "Cos"}) {  // positions' angles, as a rotary embedding takes
+    SCOPED_TRACE(op);
+    ModelBuilder mb;
+    mb.Input("x", {4, 33});
+    mb.Node(op, {"x"}, {"y"});
+    OutputOfRank(mb, "y", 2);
+    ExpectCudaParity(mb.Bytes(), {}, Range(-100.f, 100.f));
+  }
   for (const char* approximate : {"none", "tanh"}) {
     SCOPED_TRACE(std::string("Gelu ") + approximate);
     ModelBuilder mb;

@@ -398,6 +398,12 @@ TEST(TensorOpsTest, MinMaxClipAndUnaryMath) {
   EXPECT_NEAR((*erf)[0].floats()[0], -0.8427008f, 1e-6);
   EXPECT_EQ((*erf)[0].floats()[1], 0.f);
   EXPECT_NEAR((*erf)[0].floats()[2], 0.9953223f, 1e-6);
+  auto sin = RunNode(7, "Sin", {}, {Fed(v)});
+  ASSERT_TRUE(sin.ok()) << sin.status();
+  EXPECT_EQ(Floats((*sin)[0]), std::vector<float>({std::sin(-1.f), 0.f, std::sin(2.f)}));
+  auto cos = RunNode(7, "Cos", {}, {Fed(v)});
+  ASSERT_TRUE(cos.ok()) << cos.status();
+  EXPECT_EQ(Floats((*cos)[0]), std::vector<float>({std::cos(-1.f), 1.f, std::cos(2.f)}));
   auto rec = RunNode(17, "Reciprocal", {}, {Fed(HostTensor::FromFloats({3}, {-4.f, 0.5f, 8.f}))});
   ASSERT_TRUE(rec.ok()) << rec.status();
   EXPECT_EQ(Floats((*rec)[0]), std::vector<float>({-0.25f, 2.f, 0.125f}));
