@@ -470,6 +470,8 @@ class Lowerer {
   std::map<int, float> layer_eps_;  // a layer norm's rstd result -> its epsilon
   // An embedding bag's offset2bag and bag_size results -> the values the lowering computed.
   std::map<int, ValueId> bag_results_;
+  // A topk's indices result -> its dim: positions distinct within each slice along that dim.
+  std::map<int, int64_t> distinct_indices_;
   // For each value, the last node that reads it other than as copy_'s destination.
   std::vector<int> last_read_;
 };
@@ -1433,8 +1435,8 @@ Status Lowerer::MaxMinDim() {
 // topk(self, k, dim=-1, largest=True, sorted=True) -> (values, indices) of a float tensor for
 // k up to kMaxTopK: k rounds of SalusArgMax along dim, each taking the best remaining element
 // (ties to the first index, NaN first, as argmax) and masking it out for the next, so the
-// results come sorted. Its gradient (a scatter of k indices per row) is not lowered: top-k
-// serves metrics, under no_grad.
+// results come sorted. Its indices are distinct along dim, which its gradient's scatter relies
+// on (Scatter).
 Status Lowerer::TopK() {
   constexpr int64_t kMaxTopK = 16;
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
@@ -1480,6 +1482,7 @@ Status Lowerer::TopK() {
   SALUS_ASSIGN_OR_RETURN(ValueId v, join(values));
   SALUS_ASSIGN_OR_RETURN(ValueId i, join(indices));
   SALUS_RETURN_IF_ERROR(Bind(0, v));
+  if (Outputs() > 1 && node_->outputs(1) >= 0) distinct_indices_[node_->outputs(1)] = dim;
   return Bind(1, i);
 }
 
@@ -3180,7 +3183,9 @@ Status Lowerer::ScatterAdd() {
 }
 
 // scatter(self, dim, index, value|src) with one index per slice along dim (nll_loss's
-// gradient).
+// gradient), or with a topk's indices along its dim (its gradient, a scatter into zeros):
+// those positions are distinct, so writing src there is adding it into zeros at the positions
+// of Note [Gathers by linear index], and self is kept where nothing was written.
 Status Lowerer::Scatter() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
@@ -3194,6 +3199,30 @@ Status Lowerer::Scatter() {
     if (S(src) != S(index)) return Refuse("scatter with src shaped unlike index");
   }
   SALUS_ASSIGN_OR_RETURN(src, Cast(src, T(x)));
+  SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* index_arg, Arg("index"));
+  const auto distinct = index_arg->kind_case() == v1::AtenArgument::kValue
+                            ? distinct_indices_.find(index_arg->value())
+                            : distinct_indices_.end();
+  if (!OnePerSlice(index, dim, S(x)) && distinct != distinct_indices_.end() &&
+      distinct->second == dim && T(x) == DataType::kFloat32 && S(src) == S(index)) {
+    const Shape xs = S(x);
+    const int64_t count = NumElements(S(index));
+    const DataType f32 = DataType::kFloat32;
+    const std::map<std::string, Attribute> axis0 = {{"axis", IntAttr(0)}};
+    SALUS_ASSIGN_OR_RETURN(ValueId linear, LinearIndexAlong(index, dim, xs));
+    SALUS_ASSIGN_OR_RETURN(linear, ReshapeTo(linear, {count}));
+    SALUS_ASSIGN_OR_RETURN(src, ReshapeTo(src, {count}));
+    SALUS_ASSIGN_OR_RETURN(ValueId placed, EmitShaped("SalusGatherGrad", {linear, src}, axis0, f32,
+                                                      {NumElements(xs)}));
+    SALUS_ASSIGN_OR_RETURN(
+        ValueId hits, EmitShaped("SalusGatherGrad", {linear, Filled(f32, {count}, 1)}, axis0, f32,
+                                 {NumElements(xs)}));
+    SALUS_ASSIGN_OR_RETURN(ValueId hit, Emit("Greater", {hits, Scalar(f32, 0.5)}));
+    SALUS_ASSIGN_OR_RETURN(hit, ReshapeTo(hit, xs));
+    SALUS_ASSIGN_OR_RETURN(placed, ReshapeTo(placed, xs));
+    SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Where", {hit, placed, x}));
+    return Bind(0, y);
+  }
   SALUS_ASSIGN_OR_RETURN(ValueId mask, OneHotAlong(index, dim, S(x)));
   SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Where", {mask, src, x}));
   return Bind(0, y);

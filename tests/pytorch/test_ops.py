@@ -5,7 +5,7 @@ The cases are what users write beside the reference models: other losses (L1, sm
 KL divergence, label smoothing), other activations (LeakyReLU, ELU, softplus, Mish), average
 and adaptive pooling, nearest and bilinear resizing, advanced indexing, group and instance
 norm, transposed convolutions, LSTM and GRU layers, embedding bags, rotary position embeddings
-(sin, cos), slicing and masks,
+(sin, cos), top-k routing, slicing and masks,
 cumulative sums, statistics (var, std, max along a dim), cosine similarity, and accuracy
 (argmax, comparisons, counts)."""
 
@@ -165,6 +165,10 @@ CASES: dict[str, Case] = {
     "1-d convolutions": lambda m, d: (m.deconv1d(m.conv1d(d["seq"])).pow(2).sum()
                                       + F.max_pool1d(m.conv1d(d["seq"]), 2).pow(2).sum()),
     "lstm": lambda m, d: (lambda out, hc: out.pow(2).sum() + hc[1].sum())(*m.lstm(d["seq"])),
+    "top-k routing (topk's gradient)": lambda m, d: (
+        (lambda top: (top.values * d["x"][:, :2]).sum() + top.values.pow(2).sum())(
+            m.fc(d["x"]).softmax(-1).topk(2, dim=-1))
+        + m.fc(d["x"]).topk(3, dim=0, largest=False).values.pow(2).sum()),
     "rotary embedding, sin and cos": lambda m, d: (
         (_rotary(d["seq"] * m.fc.weight[0]) * d["seq"]).sum()
         + torch.sin(m.fc(d["x"]) * 3).pow(2).sum() + torch.cos(m.fc(d["x"]) * 2).sum()),
