@@ -317,6 +317,14 @@ class Lowerer {
   Status Variance();
   Status SliceScatter();
   Status Flip();
+  Status Diagonal();
+  Status DiagonalScatter();
+  struct DiagonalPlan {
+    std::vector<int64_t> perm;       // dim1 and dim2 moved last, the others in order
+    Shape moved;                     // the tensor's shape so permuted
+    std::vector<int64_t> positions;  // the diagonal's offsets in the last two dims flattened
+  };
+  StatusOr<DiagonalPlan> PlanDiagonal(const Shape& xs);
   Status IndexSelect();
   Status Binary();
   Status Compare();
@@ -513,6 +521,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.var.correction", &Lowerer::Variance}, {"aten.std.correction", &Lowerer::Variance},
       {"aten.slice_scatter.default", &Lowerer::SliceScatter},
       {"aten.flip.default", &Lowerer::Flip},
+      {"aten.diagonal_copy.default", &Lowerer::Diagonal},
+      {"aten.diagonal_scatter.default", &Lowerer::DiagonalScatter},
       {"aten.index_select.default", &Lowerer::IndexSelect},
       {"aten.add.Tensor", &Lowerer::Binary}, {"aten.add.Scalar", &Lowerer::Binary},
       {"aten.sub.Tensor", &Lowerer::Binary}, {"aten.sub.Scalar", &Lowerer::Binary},
@@ -1632,6 +1642,94 @@ Status Lowerer::Flip() {
     SALUS_ASSIGN_OR_RETURN(
         y, Emit("Slice", {x, Int64s(starts), Int64s(ends), Int64s(axes), Int64s(steps)}));
   }
+  return Bind(0, y);
+}
+
+// Note [Diagonals]: diagonal_copy(self, offset, dim1, dim2) moves dim1 and dim2 last (the
+// other dims keep their order, as PyTorch's result does), flattens those two, and Gathers the
+// diagonal's positions, constants: (i + max(-offset, 0)) * cols + i + max(offset, 0).
+// diagonal_scatter(self, src, offset, dim1, dim2), its gradient, Gathers each flattened
+// position's element from src with a zero appended (the diagonal's own element there, the zero
+// elsewhere), selects that where the diagonal lies and self elsewhere, and moves the dims back.
+// Only copies and selects: exact, and no NaN from src reaches another position.
+StatusOr<Lowerer::DiagonalPlan> Lowerer::PlanDiagonal(const Shape& xs) {
+  int64_t offset = 0, dim1 = 0, dim2 = 1;
+  SALUS_ASSIGN_OR_RETURN(offset, IntOr("offset", offset));
+  SALUS_ASSIGN_OR_RETURN(dim1, IntOr("dim1", dim1));
+  SALUS_ASSIGN_OR_RETURN(dim2, IntOr("dim2", dim2));
+  if (xs.size() < 2) return Bad("diagonal of a tensor of rank under 2");
+  SALUS_ASSIGN_OR_RETURN(dim1, Axis(dim1, xs.size()));
+  SALUS_ASSIGN_OR_RETURN(dim2, Axis(dim2, xs.size()));
+  if (dim1 == dim2) return Bad("dim1 and dim2 are the same dim");
+  DiagonalPlan plan;
+  for (size_t d = 0; d < xs.size(); ++d) {
+    if (static_cast<int64_t>(d) != dim1 && static_cast<int64_t>(d) != dim2) {
+      plan.perm.push_back(static_cast<int64_t>(d));
+    }
+  }
+  plan.perm.push_back(dim1);
+  plan.perm.push_back(dim2);
+  for (int64_t d : plan.perm) plan.moved.push_back(xs[d]);
+  const int64_t rows = xs[dim1], cols = xs[dim2];
+  const int64_t row0 = std::max<int64_t>(-offset, 0), col0 = std::max<int64_t>(offset, 0);
+  const int64_t length = std::max<int64_t>(0, std::min(rows - row0, cols - col0));
+  if (length == 0) return Refuse("an empty diagonal");
+  for (int64_t i = 0; i < length; ++i) plan.positions.push_back((row0 + i) * cols + col0 + i);
+  return plan;
+}
+
+Status Lowerer::Diagonal() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(DiagonalPlan plan, PlanDiagonal(S(x)));
+  SALUS_ASSIGN_OR_RETURN(ValueId moved, Emit("Transpose", {x}, {{"perm", IntsAttr(plan.perm)}}));
+  Shape flat(plan.moved.begin(), plan.moved.end() - 2);
+  const int64_t last = static_cast<int64_t>(flat.size());
+  flat.push_back(plan.moved[last] * plan.moved[last + 1]);
+  SALUS_ASSIGN_OR_RETURN(moved, ReshapeTo(moved, flat));
+  const int64_t length = static_cast<int64_t>(plan.positions.size());
+  const ValueId where = Constant(HostTensor::FromInt64s({length}, plan.positions));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Gather", {moved, where}, {{"axis", IntAttr(last)}}));
+  return Bind(0, y);
+}
+
+Status Lowerer::DiagonalScatter() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(ValueId src, Tensor("src"));
+  SALUS_ASSIGN_OR_RETURN(DiagonalPlan plan, PlanDiagonal(S(x)));
+  SALUS_ASSIGN_OR_RETURN(src, Cast(src, T(x)));
+  const int64_t length = static_cast<int64_t>(plan.positions.size());
+  Shape lead(plan.moved.begin(), plan.moved.end() - 2);
+  Shape want = lead;
+  want.push_back(length);
+  if (S(src) != want) {
+    return Bad("src " + ShapeString(S(src)) + " is not the diagonal's shape " + ShapeString(want));
+  }
+  const int64_t last = static_cast<int64_t>(lead.size());
+  const int64_t area = plan.moved[last] * plan.moved[last + 1];
+  Shape padding = lead;
+  padding.push_back(1);
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId extended, Emit("Concat", {src, Filled(T(x), padding, 0)}, {{"axis", IntAttr(last)}}));
+  std::vector<int64_t> from(area, length);  // the appended zero, but on the diagonal
+  std::vector<int64_t> on(area, 0);
+  for (int64_t i = 0; i < length; ++i) {
+    from[plan.positions[i]] = i;
+    on[plan.positions[i]] = 1;
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId placed,
+                         Emit("Gather", {extended, Constant(HostTensor::FromInt64s({area}, from))},
+                              {{"axis", IntAttr(last)}}));
+  SALUS_ASSIGN_OR_RETURN(ValueId moved, Emit("Transpose", {x}, {{"perm", IntsAttr(plan.perm)}}));
+  Shape flat = lead;
+  flat.push_back(area);
+  SALUS_ASSIGN_OR_RETURN(moved, ReshapeTo(moved, flat));
+  SALUS_ASSIGN_OR_RETURN(ValueId diagonal,
+                         Cast(Constant(HostTensor::FromInt64s({area}, on)), DataType::kBool));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Where", {diagonal, placed, moved}));
+  SALUS_ASSIGN_OR_RETURN(y, ReshapeTo(y, plan.moved));
+  std::vector<int64_t> back(plan.perm.size());
+  for (size_t d = 0; d < plan.perm.size(); ++d) back[plan.perm[d]] = static_cast<int64_t>(d);
+  SALUS_ASSIGN_OR_RETURN(y, Emit("Transpose", {y}, {{"perm", IntsAttr(back)}}));
   return Bind(0, y);
 }
 

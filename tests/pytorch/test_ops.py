@@ -5,7 +5,7 @@ The cases are what users write beside the reference models: other losses (L1, sm
 KL divergence, label smoothing), other activations (LeakyReLU, ELU, softplus, Mish), average
 and adaptive pooling, nearest and bilinear resizing, advanced indexing, group and instance
 norm, transposed convolutions, LSTM and GRU layers, embedding bags, rotary position embeddings
-(sin, cos), top-k routing, slicing and masks,
+(sin, cos), top-k routing, diagonals, slicing and masks,
 cumulative sums, statistics (var, std, max along a dim), cosine similarity, and accuracy
 (argmax, comparisons, counts)."""
 
@@ -76,6 +76,14 @@ def _rotary(q: torch.Tensor) -> torch.Tensor:
     cos, sin = angle.cos().repeat(1, 2), angle.sin().repeat(1, 2)
     rotated = torch.cat([-q[..., dim // 2:], q[..., :dim // 2]], -1)
     return q * cos + rotated * sin
+
+
+def _barlow_twins(z: torch.Tensor) -> torch.Tensor:
+    """Barlow Twins' loss on one view's features: the cross-correlation's diagonal pulled to 1,
+    the rest to 0."""
+    c = (z - z.mean(0)).t() @ (z - z.mean(0)) / z.shape[0]
+    on = (torch.diagonal(c) - 1).pow(2).sum()
+    return on + 0.005 * (c.pow(2).sum() - torch.diagonal(c).pow(2).sum())
 
 
 CASES: dict[str, Case] = {
@@ -169,6 +177,11 @@ CASES: dict[str, Case] = {
         (lambda top: (top.values * d["x"][:, :2]).sum() + top.values.pow(2).sum())(
             m.fc(d["x"]).softmax(-1).topk(2, dim=-1))
         + m.fc(d["x"]).topk(3, dim=0, largest=False).values.pow(2).sum()),
+    "diagonals (Barlow Twins, offsets, diag)": lambda m, d: (
+        _barlow_twins(m.fc(d["x"]))
+        + torch.diagonal(m.conv(d["img"]), offset=-2, dim1=3, dim2=1).pow(2).sum()
+        + torch.diagonal(m.conv(d["img"]), offset=3, dim1=-1, dim2=-2).pow(2).sum()
+        + torch.diag(m.fc(d["x"])[0]).mul(m.fc(d["x"])[:5]).sum()),
     "rotary embedding, sin and cos": lambda m, d: (
         (_rotary(d["seq"] * m.fc.weight[0]) * d["seq"]).sum()
         + torch.sin(m.fc(d["x"]) * 3).pow(2).sum() + torch.cos(m.fc(d["x"]) * 2).sum()),
