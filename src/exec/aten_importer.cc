@@ -380,8 +380,8 @@ class Lowerer {
   Status MaxPoolBackward();
   Status AvgPool();
   Status AvgPoolBackward();
-  Status AdaptiveAvgPool();
-  Status AdaptiveAvgPoolBackward();
+  Status AdaptivePool();
+  Status AdaptivePoolBackward();
   StatusOr<std::map<std::string, Attribute>> AvgPoolAttrs(const Shape& xs);
   Status BatchNormTrain();
   Status BatchNormEval();
@@ -587,8 +587,10 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.max_pool2d_with_indices_backward.default", &Lowerer::MaxPoolBackward},
       {"aten.avg_pool2d.default", &Lowerer::AvgPool},
       {"aten.avg_pool2d_backward.default", &Lowerer::AvgPoolBackward},
-      {"aten._adaptive_avg_pool2d.default", &Lowerer::AdaptiveAvgPool},
-      {"aten._adaptive_avg_pool2d_backward.default", &Lowerer::AdaptiveAvgPoolBackward},
+      {"aten._adaptive_avg_pool2d.default", &Lowerer::AdaptivePool},
+      {"aten._adaptive_avg_pool2d_backward.default", &Lowerer::AdaptivePoolBackward},
+      {"aten.adaptive_max_pool2d.default", &Lowerer::AdaptivePool},
+      {"aten.adaptive_max_pool2d_backward.default", &Lowerer::AdaptivePoolBackward},
       {"aten._native_batch_norm_legit_functional.default", &Lowerer::BatchNormTrain},
       {"aten._native_batch_norm_legit_no_training.default", &Lowerer::BatchNormEval},
       {"aten._native_batch_norm_legit.no_stats", &Lowerer::BatchNormNoStats},
@@ -2263,19 +2265,21 @@ Status Lowerer::AvgPoolBackward() {
   return Bind(0, dx);
 }
 
-// _adaptive_avg_pool2d(self, output_size) where each output dim divides the input's: average
-// pooling with windows of input / output, no overlap and no padding. Other sizes give windows
-// of varying size, which the engine's pooling has not, and are refused.
+// _adaptive_avg_pool2d(self, output_size) and adaptive_max_pool2d where each output dim
+// divides the input's: average or max pooling with windows of input / output, no overlap and
+// no padding. Other sizes give windows of varying size, which the engine's pooling has not, and
+// are refused.
 namespace {
-StatusOr<std::map<std::string, Attribute>> AdaptiveWindows(const Shape& xs, const Shape& ys) {
+StatusOr<std::map<std::string, Attribute>> AdaptiveWindows(const Shape& xs, const Shape& ys,
+                                                           const std::string& pooling) {
   if (xs.size() != 4 || ys.size() != 4) {
-    return UnimplementedError("adaptive average pooling of a tensor that is not 4-D");
+    return UnimplementedError("adaptive " + pooling + " pooling of a tensor that is not 4-D");
   }
   std::vector<int64_t> kernel;
   for (int d = 2; d < 4; ++d) {
     if (ys[d] <= 0 || xs[d] % ys[d] != 0) {
-      return UnimplementedError("adaptive average pooling from " + ShapeString(xs) + " to " +
-                                ShapeString(ys) + ", whose windows differ in size");
+      return UnimplementedError("adaptive " + pooling + " pooling from " + ShapeString(xs) +
+                                " to " + ShapeString(ys) + ", whose windows differ in size");
     }
     kernel.push_back(xs[d] / ys[d]);
   }
@@ -2285,21 +2289,33 @@ StatusOr<std::map<std::string, Attribute>> AdaptiveWindows(const Shape& xs, cons
 }
 }  // namespace
 
-Status Lowerer::AdaptiveAvgPool() {
+// Both adaptive poolings: the engine's AveragePool or MaxPool (whose indices, as
+// max_pool2d_with_indices', only the matching backward may use).
+Status Lowerer::AdaptivePool() {
+  const bool max = node_->op() == "aten.adaptive_max_pool2d.default";
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(Shape ys, DeclaredShape(0));
-  auto attrs = AdaptiveWindows(S(x), ys);
+  auto attrs = AdaptiveWindows(S(x), ys, max ? "max" : "average");
   if (!attrs.ok()) return Refuse(std::string(attrs.status().message()));
-  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("AveragePool", {x}, *attrs));
-  return Bind(0, y);
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit(max ? "MaxPool" : "AveragePool", {x}, *attrs));
+  SALUS_RETURN_IF_ERROR(Bind(0, y));
+  if (max && Outputs() > 1 && node_->outputs(1) >= 0) pool_indices_.insert(node_->outputs(1));
+  return OkStatus();
 }
 
-Status Lowerer::AdaptiveAvgPoolBackward() {
+Status Lowerer::AdaptivePoolBackward() {
+  const bool max = node_->op() == "aten.adaptive_max_pool2d_backward.default";
+  if (max) {
+    SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* ind, Arg("indices"));
+    if (ind->kind_case() != v1::AtenArgument::kValue || pool_indices_.count(ind->value()) == 0) {
+      return Refuse("indices that are not an adaptive_max_pool2d result");
+    }
+  }
   SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
-  auto attrs = AdaptiveWindows(S(x), S(dy));
+  auto attrs = AdaptiveWindows(S(x), S(dy), max ? "max" : "average");
   if (!attrs.ok()) return Refuse(std::string(attrs.status().message()));
-  (*attrs)["forward_op"] = StringAttr("AveragePool");
+  (*attrs)["forward_op"] = StringAttr(max ? "MaxPool" : "AveragePool");
   (*attrs)["opset"] = IntAttr(kAtenOpset);
   SALUS_ASSIGN_OR_RETURN(ValueId dx,
                          EmitShaped("SalusPoolGrad", {x, dy}, *attrs, DataType::kFloat32, S(x)));

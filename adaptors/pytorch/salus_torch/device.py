@@ -160,6 +160,7 @@ class _Remat:
 # or read either), what they are.
 _REMAT: dict[Any, tuple[set[int], dict[int, Any], str | None]] = {
     aten.max_pool2d_with_indices.default: ({1}, {}, "max pooling's indices"),
+    aten.adaptive_max_pool2d.default: ({1}, {}, "adaptive max pooling's indices"),
     aten.native_batch_norm.default: ({1, 2}, {6: 0.0}, None),
     aten.native_layer_norm.default: ({1, 2}, {}, None),
 }
