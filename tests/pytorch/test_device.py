@@ -186,6 +186,12 @@ def test_tensors_made_on_the_device_and_printed(daemon: Daemon) -> None:
     assert "device='salus:0'" in repr(b)
     z = torch.zeros(3, device="salus") + torch.arange(3, device="salus")
     assert z.tolist() == [0.0, 1.0, 2.0]
+    # Tensors from Python data, made with Python dispatch off (the device's _copy_from).
+    labels = torch.tensor([2, 0, 1], device="salus")
+    weights = b.new_tensor([0.5, 1.0, 2.0])
+    scale = torch.as_tensor([3.0], device="salus")
+    got = (z * weights * scale + labels).cpu()
+    assert labels.dtype == torch.int64 and got.tolist() == [2.0, 3.0, 13.0]
 
 
 def test_ops_later_torch_versions_emit(daemon: Daemon) -> None:

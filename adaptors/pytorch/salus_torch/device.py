@@ -1036,6 +1036,13 @@ def _empty(size: list[int], dtype: torch.dtype | None = None, layout: Any = None
     return SalusTensor(_meta_of(host), _Loc(host))
 
 
+def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """copy_ between the host and the device where Python dispatch is off: torch.tensor(data,
+    device="salus"), new_tensor and as_tensor copy their host tensor in that way."""
+    runtime().dispatch(aten.copy_.default, (dst, src), {})
+    return dst
+
+
 # Note [Fused updates]
 # On the device, PyTorch's optimizers take their single-tensor path (a tensor subclass is not
 # a foreach type), a chain of elementwise ops per parameter. For SGD with momentum, Adam and
@@ -1173,6 +1180,7 @@ def register() -> None:
     _lib = torch.library.Library("aten", "IMPL")
     _lib.impl("empty_strided", _empty_strided, "PrivateUse1")
     _lib.impl("empty.memory_format", _empty, "PrivateUse1")
+    _lib.impl("_copy_from", _copy_from, "PrivateUse1")
     # Factories that fill an out= tensor of another size: made on the host, whole.
     for name in ("arange", "arange.start", "arange.start_step", "linspace", "eye", "eye.m",
                  "randperm"):
