@@ -476,6 +476,8 @@ class Lowerer {
   };
   std::map<int, BatchStats> batch_stats_;
   std::map<int, float> layer_eps_;  // a layer norm's rstd result -> its epsilon
+  // A training batch norm's new running statistics -> the state it updated in place with them.
+  std::map<ValueId, ValueId> bn_updated_;
   // An embedding bag's offset2bag and bag_size results -> the values the lowering computed.
   std::map<int, ValueId> bag_results_;
   // A topk's indices result -> its dim: positions distinct within each slice along that dim.
@@ -627,6 +629,10 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.empty.memory_format", &Lowerer::Empty},
       {"aten.empty_permuted.default", &Lowerer::Empty},  // its layout: the engine's is dense
       {"aten.empty_like.default", &Lowerer::Empty},
+      // (autograd makes a gradient that arrived expanded contiguous through these)
+      {"aten.new_empty_strided.default", &Lowerer::Empty},
+      {"aten.new_empty.default", &Lowerer::Empty},
+      {"aten.empty_strided.default", &Lowerer::Empty},
       {"aten.copy_.default", &Lowerer::CopyInto},
       {"salus.sgd_update.default", &Lowerer::FusedUpdate},
       {"salus.adam_update.default", &Lowerer::FusedUpdate},
@@ -2340,6 +2346,13 @@ Status Lowerer::BatchNormTrain() {
   const Shape xs = S(x);
   if (xs.size() < 2 || T(x) != DataType::kFloat32) return Bad("input must be float with channels");
   const Shape c = {xs[1]};
+  // A module run twice in a step (two views through one encoder) is given the statistics its
+  // first run left: the state itself, which that run's node (earlier in the engine's order)
+  // updated in place.
+  for (ValueId* stat : {&rm, &rv}) {
+    auto updated = bn_updated_.find(*stat);
+    if (updated != bn_updated_.end()) *stat = updated->second;
+  }
   for (ValueId stat : {rm, rv}) {
     if (graph_.value(stat).kind != ValueKind::kState || S(stat) != c) {
       return Refuse("running statistics that are not state tensors of the channels' size");
@@ -2366,6 +2379,8 @@ Status Lowerer::BatchNormTrain() {
   SALUS_RETURN_IF_ERROR(Bind(2, rstd));
   SALUS_RETURN_IF_ERROR(Bind(3, outs[3]));
   SALUS_RETURN_IF_ERROR(Bind(4, outs[4]));
+  bn_updated_[outs[3]] = rm;
+  bn_updated_[outs[4]] = rv;
   if (Outputs() > 2 && node_->outputs(2) >= 0) {
     batch_stats_[node_->outputs(2)] = {outs[1], outs[2], static_cast<float>(eps)};
   }

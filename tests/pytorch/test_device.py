@@ -159,6 +159,34 @@ def test_an_iteration_that_fails_in_flight_reports_once_and_the_device_goes_on(
     torch.testing.assert_close(float(after), float(initial[[3, 4]].square().sum()))
 
 
+def test_a_teacher_updated_as_a_moving_average_of_the_student(daemon: Daemon) -> None:
+    """Mean teacher / model EMA: in-place updates of a second model under no_grad after each
+    step, and a loss that reads the teacher and runs the student twice (two views through one
+    encoder): both models, running statistics included, match eager PyTorch."""
+    batches = images(4, 6)
+    results = {}
+    for device in ("cpu", "salus"):
+        student, opt = make("resnet", "sgd", device)
+        teacher, _ = make("resnet", "sgd", device)
+        losses = []
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            loss = F.cross_entropy(student(x), y) + F.mse_loss(student(x), teacher(x).detach())
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                for t, s in zip(teacher.parameters(), student.parameters(), strict=True):
+                    t.mul_(0.9).add_(s.detach(), alpha=0.1)
+            losses.append(loss.item())
+        results[device] = (losses, {f"{name}.{k}": v.cpu() for name, m in
+                                    (("teacher", teacher), ("student", student))
+                                    for k, v in m.state_dict().items()})
+    assert_losses_match(results["salus"][0], results["cpu"][0])
+    # (the student's BatchNorm ran twice a step: its running statistics were updated twice)
+    assert_state_match(results["salus"][1], results["cpu"][1], atol=3e-5)
+
+
 def test_uneven_last_batch_and_an_eval_pass_under_no_grad(daemon: Daemon) -> None:
     batches = images(3, 2) + [(torch.randn(5, 3, 16, 16), torch.randint(0, 10, (5,)))]
     test_x = torch.randn(6, 3, 16, 16)

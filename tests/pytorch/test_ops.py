@@ -184,6 +184,8 @@ CASES: dict[str, Case] = {
         + torch.diagonal(m.conv(d["img"]), offset=-2, dim1=3, dim2=1).pow(2).sum()
         + torch.diagonal(m.conv(d["img"]), offset=3, dim1=-1, dim2=-2).pow(2).sum()
         + torch.diag(m.fc(d["x"])[0]).mul(m.fc(d["x"])[:5]).sum()),
+    "weight decay by hand (a gradient that arrives expanded)": lambda m, d: (
+        m.fc(d["x"]).pow(2).sum() + 0.1 * m.fc.weight.sum() + 0.01 * m.conv.weight.abs().sum()),
     "rotary embedding, sin and cos": lambda m, d: (
         (_rotary(d["seq"] * m.fc.weight[0]) * d["seq"]).sum()
         + torch.sin(m.fc(d["x"]) * 3).pow(2).sum() + torch.cos(m.fc(d["x"]) * 2).sum()),
