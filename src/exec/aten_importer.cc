@@ -624,6 +624,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.scatter.value", &Lowerer::Scatter}, {"aten.scatter.src", &Lowerer::Scatter},
       {"aten.scatter_add.default", &Lowerer::ScatterAdd},
       {"aten.fmod.Scalar", &Lowerer::Fmod}, {"aten.fmod.Tensor", &Lowerer::Fmod},
+      {"aten.remainder.Scalar", &Lowerer::Fmod}, {"aten.remainder.Tensor", &Lowerer::Fmod},
+      {"aten.remainder.Scalar_Tensor", &Lowerer::Fmod},
       {"aten.native_dropout.default", &Lowerer::Dropout},
       {"aten.bernoulli.p", &Lowerer::Bernoulli},
       {"aten.empty.memory_format", &Lowerer::Empty},
@@ -934,14 +936,26 @@ Status Lowerer::ConstantPad() {
 }
 
 // fmod(self, other): the remainder with the dividend's sign, the engine's Mod with fmod=1.
+// remainder(self, other), Python's %: the remainder with the divisor's sign. For int64 that is
+// Mod with fmod=0; for floats, as PyTorch computes it, fmod's remainder plus the divisor where
+// the two have opposite signs (their product below 0; a zero remainder stays).
 Status Lowerer::Fmod() {
+  const bool remainder = node_->op().rfind("aten.remainder.", 0) == 0;
   SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
   SALUS_ASSIGN_OR_RETURN(ValueId a, TensorOrScalar("self", type));
   SALUS_ASSIGN_OR_RETURN(ValueId b, TensorOrScalar("other", type));
-  if (type == DataType::kBool) return Refuse("fmod of bool tensors");
+  if (type == DataType::kBool)
+    return Refuse(remainder ? "remainder of bool tensors" : "fmod of bool tensors");
   SALUS_ASSIGN_OR_RETURN(a, Cast(a, type));
   SALUS_ASSIGN_OR_RETURN(b, Cast(b, type));
-  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Mod", {a, b}, {{"fmod", IntAttr(1)}}));
+  const bool floored = remainder && type == DataType::kInt64;
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Mod", {a, b}, {{"fmod", IntAttr(floored ? 0 : 1)}}));
+  if (remainder && !floored) {
+    SALUS_ASSIGN_OR_RETURN(ValueId product, Emit("Mul", {y, b}));
+    SALUS_ASSIGN_OR_RETURN(ValueId differ, Emit("Less", {product, Scalar(type, 0)}));
+    SALUS_ASSIGN_OR_RETURN(ValueId shifted, Emit("Add", {y, b}));
+    SALUS_ASSIGN_OR_RETURN(y, Emit("Where", {differ, shifted, y}));
+  }
   return Bind(0, y);
 }
 
