@@ -62,6 +62,8 @@ class Net(nn.Module):
         self.deconv1d = nn.ConvTranspose1d(4, 2, 4, stride=2, padding=1)
         self.deconv = nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1)
         self.grouped_deconv = nn.ConvTranspose2d(4, 4, 2, stride=2, groups=2, bias=False)
+        self.normed = nn.utils.parametrizations.weight_norm(nn.Linear(16, 3))
+        self.normed_last = nn.utils.parametrizations.weight_norm(nn.Conv2d(3, 2, 3), dim=3)
 
 
 Case = Callable[[Net, dict[str, torch.Tensor]], torch.Tensor]
@@ -186,6 +188,8 @@ CASES: dict[str, Case] = {
         + torch.diag(m.fc(d["x"])[0]).mul(m.fc(d["x"])[:5]).sum()),
     "weight decay by hand (a gradient that arrives expanded)": lambda m, d: (
         m.fc(d["x"]).pow(2).sum() + 0.1 * m.fc.weight.sum() + 0.01 * m.conv.weight.abs().sum()),
+    "weight norm (its gradient's decomposition)": lambda m, d: (
+        m.normed(d["x"]).pow(2).sum() + m.normed_last(d["img"]).pow(2).sum()),
     "rotary embedding, sin and cos": lambda m, d: (
         (_rotary(d["seq"] * m.fc.weight[0]) * d["seq"]).sum()
         + torch.sin(m.fc(d["x"]) * 3).pow(2).sum() + torch.cos(m.fc(d["x"]) * 2).sum()),

@@ -1219,10 +1219,18 @@ def _gru_cell_backward_meta(grad_hy: torch.Tensor, workspace: torch.Tensor, has_
             grad_hy.new_empty(bias), grad_hy.new_empty(bias))
 
 
+def _weight_norm_backward_meta(grad_w: torch.Tensor, saved_v: torch.Tensor,
+                               saved_g: torch.Tensor, saved_norms: torch.Tensor, dim: int
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    return saved_v.new_empty(saved_v.shape), saved_g.new_empty(saved_g.shape)
+
+
 def _register_missing_meta(lib: torch.library.Library) -> None:
-    """Meta kernels for the ops `nn.GRU` runs on a non-CPU device, which PyTorch lacks: without
-    them the device cannot know a GRU step's shapes, so it could not record one."""
+    """Meta kernels PyTorch lacks for ops that run on a non-CPU device: `nn.GRU`'s fused cells
+    and weight_norm's gradient. Without them the device cannot know those ops' shapes, so it
+    could not record them."""
     for name, fn in (("_thnn_fused_gru_cell", _gru_cell_meta),
-                     ("_thnn_fused_gru_cell_backward", _gru_cell_backward_meta)):
+                     ("_thnn_fused_gru_cell_backward", _gru_cell_backward_meta),
+                     ("_weight_norm_interface_backward", _weight_norm_backward_meta)):
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
             lib.impl(name, fn, "Meta")

@@ -212,7 +212,21 @@ def _decompositions() -> dict:
     table[torch.ops.aten.linalg_vector_norm.default] = _vector_norm
     table[torch.ops.aten.clamp.default] = _clamp
     table[torch.ops.aten.native_batch_norm.default] = _native_batch_norm
+    table[torch.ops.aten._weight_norm_interface_backward.default] = _weight_norm_backward
     return table
+
+
+def _weight_norm_backward(grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor,
+                          saved_norms: torch.Tensor, dim: int
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight_norm's gradient (PyTorch has kernels for it but no decomposition): with
+    w = v * g / |v|, the norm over every dim but `dim` (kept as size 1, as g and the norms are),
+    dg = sum(dw * v) / |v| and dv = g / |v| * (dw - v * dg / |v|)."""
+    dim = dim % saved_v.dim()
+    others = [d for d in range(saved_v.dim()) if d != dim]
+    grad_g = (grad_w * saved_v).sum(others, keepdim=True) / saved_norms
+    grad_v = saved_g / saved_norms * (grad_w - saved_v * (grad_g / saved_norms))
+    return grad_v, grad_g.reshape(saved_g.shape)
 
 
 def trace(fn: object, args: tuple, modules: list[torch.nn.Module],
