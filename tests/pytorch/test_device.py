@@ -135,6 +135,9 @@ def test_an_iteration_that_fails_in_flight_reports_once_and_the_device_goes_on(
         daemon: Daemon) -> None:
     """An embedding index out of range fails the step's iteration in the daemon, after the
     flush returned: the next read raises the daemon's error, once; later steps run."""
+    if os.environ.get("SALUS_TEST_DEVICE", "cpu").startswith("cuda"):
+        pytest.skip("on CUDA a Gather index out of range gives zeros (checking it would need "
+                    "a host read), so the iteration does not fail")
     torch.manual_seed(5)
     emb = torch.nn.Embedding(10, 4)
     initial = emb.weight.detach().clone()
