@@ -317,6 +317,7 @@ class Lowerer {
   Status Variance();
   Status SliceScatter();
   Status Flip();
+  Status Sort();
   Status Diagonal();
   Status DiagonalScatter();
   struct DiagonalPlan {
@@ -523,6 +524,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.var.correction", &Lowerer::Variance}, {"aten.std.correction", &Lowerer::Variance},
       {"aten.slice_scatter.default", &Lowerer::SliceScatter},
       {"aten.flip.default", &Lowerer::Flip},
+      {"aten.sort.default", &Lowerer::Sort}, {"aten.sort.stable", &Lowerer::Sort},
+      {"aten.argsort.default", &Lowerer::Sort}, {"aten.argsort.stable", &Lowerer::Sort},
       {"aten.diagonal_copy.default", &Lowerer::Diagonal},
       {"aten.diagonal_scatter.default", &Lowerer::DiagonalScatter},
       {"aten.index_select.default", &Lowerer::IndexSelect},
@@ -1665,6 +1668,40 @@ Status Lowerer::Flip() {
         y, Emit("Slice", {x, Int64s(starts), Int64s(ends), Int64s(axes), Int64s(steps)}));
   }
   return Bind(0, y);
+}
+
+// sort(self, dim=-1, descending=False) and sort.stable(self, stable, dim, descending) ->
+// (values, indices), and argsort's forms (the indices alone): the engine's SalusSort, always
+// stable (PyTorch's unstable sort may order equal values either way; the stable order is one
+// of those). NaN sorts as the largest value. Its indices are distinct along dim, so its
+// gradient's scatter is lowered as topk's.
+Status Lowerer::Sort() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  int64_t dim = -1;
+  bool descending = false;
+  SALUS_ASSIGN_OR_RETURN(dim, IntOr("dim", dim));
+  SALUS_ASSIGN_OR_RETURN(descending, BoolOr("descending", descending));
+  const Shape xs = S(x);
+  if (xs.empty()) return Refuse("sort of a 0-d tensor");
+  if (T(x) != DataType::kFloat32 && T(x) != DataType::kInt64) {
+    return Refuse(std::string("sort of a ") + DataTypeName(T(x)) + " tensor");
+  }
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, xs.size()));
+  if (xs[dim] == 0) return Refuse("sort along an empty dim");
+  Node n;
+  n.op = "SalusSort";
+  n.name = NodeName();
+  n.inputs = {x};
+  n.attrs = {{"axis", IntAttr(dim)}, {"descending", IntAttr(descending ? 1 : 0)}};
+  n.outputs = {NewValue(n.name, xs), NewValue(n.name, xs)};
+  graph_.value(n.outputs[0]).type = T(x);
+  graph_.value(n.outputs[1]).type = DataType::kInt64;
+  const std::vector<ValueId> outs = n.outputs;
+  SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
+  if (node_->op().rfind("aten.argsort.", 0) == 0) return Bind(0, outs[1]);
+  SALUS_RETURN_IF_ERROR(Bind(0, outs[0]));
+  if (Outputs() > 1 && node_->outputs(1) >= 0) distinct_indices_[node_->outputs(1)] = dim;
+  return Bind(1, outs[1]);
 }
 
 // Note [Diagonals]: diagonal_copy(self, offset, dim1, dim2) moves dim1 and dim2 last (the

@@ -1,8 +1,9 @@
 // Forward CPU kernels of the tensor ops that exported models use around their layers: int64
 // shape arithmetic, comparisons and logic, Cast, Where, Expand, Gather, Slice, Split, Range,
-// ConstantOfShape, Trilu, Clip, Min, Max, Mod, Shape and Erf; and the int64 and bool forms of
-// Add..Div, Neg, Abs and Concat, whose float forms are cpu_kernels.cc's oneDNN primitives
-// (cpu_tensor_kernels.h). (Gelu and Reciprocal are cpu_kernels.cc's eltwise primitives.)
+// ConstantOfShape, Trilu, Clip, Min, Max, Mod, Shape, Erf, Sin, Cos and SalusSort; and the int64
+// and bool forms of Add..Div, Neg, Abs and Concat, whose float forms are cpu_kernels.cc's oneDNN
+// primitives (cpu_tensor_kernels.h). (Gelu and Reciprocal are cpu_kernels.cc's eltwise
+// primitives.)
 //
 // They are loops over element_math.h's per-element math and index maps, which the CUDA device can
 // share. Ops that only move data (Expand, Gather, Slice, Split, Concat, Where's selection, Trilu)
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <vector>
 
 #include "exec/cpu_kernel_helpers.h"
 #include "exec/dnnl_kernel.h"
@@ -558,6 +560,34 @@ KernelOr ArgMax(const Node& n, const Graph& g) {
   });
 }
 
+// SalusSort: each slice along the axis ordered by SortsBefore (element_math.h).
+KernelOr Sort(const Node& n, const Graph& g) {
+  SALUS_ASSIGN_OR_RETURN(const ArgMaxGeometry geo, SortFor(g, n));
+  const bool descending = n.GetInt("descending", 0) != 0;
+  const Value& x = In(n, g, 0);
+  return WithType(x.type, [&](auto tag) -> KernelOr {
+    using T = decltype(tag);
+    return Loop([geo, descending](const KernelArgs& a) {
+      const T* x = Input<T>(a, 0);
+      T* values = Output<T>(a, 0);
+      int64_t* indices = Output<int64_t>(a, 1);
+      std::vector<int64_t> order(geo.axis_dim);
+      for (int64_t o = 0; o < geo.outer * geo.inner; ++o) {
+        const int64_t base = (o / geo.inner) * geo.axis_dim * geo.inner + o % geo.inner;
+        const T* slice = x + base;
+        for (int64_t i = 0; i < geo.axis_dim; ++i) order[i] = i;
+        std::sort(order.begin(), order.end(), [&](int64_t i, int64_t j) {
+          return SortsBefore(slice[i * geo.inner], i, slice[j * geo.inner], j, descending);
+        });
+        for (int64_t r = 0; r < geo.axis_dim; ++r) {
+          values[base + r * geo.inner] = slice[order[r] * geo.inner];
+          indices[base + r * geo.inner] = order[r];
+        }
+      }
+    });
+  });
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -641,6 +671,7 @@ void RegisterCpuTensorKernels(KernelRegistry* r) {
   r->Register("Shape", cpu, ShapeOf);
   r->Register("SalusAssign", cpu, Assign);
   r->Register("SalusArgMax", cpu, ArgMax);
+  r->Register("SalusSort", cpu, Sort);
 }
 
 }  // namespace salus::exec

@@ -758,4 +758,20 @@ SALUS_HD int64_t ArgMaxAt(const ArgMaxGeometry& g, const T* x, int64_t o) {
   return best;
 }
 
+// SalusSort's order, PyTorch's stable sort: a NaN is the largest value, and equal values keep
+// their order along the axis. Element (a, ia) comes before (b, ib) when its value is smaller
+// (larger if descending), or equal with the smaller index. The order is strict and total, so
+// each element's rank is the number of elements before it: the CPU sorts by it, the CUDA
+// kernel counts it (no two elements share a rank, so results are exact and repeat).
+template <typename T>
+SALUS_HD bool SortsAbove(T a, T b) {  // a > b, a NaN above every number
+  return a != a ? b == b : (b == b && a > b);
+}
+template <typename T>
+SALUS_HD bool SortsBefore(T a, int64_t ia, T b, int64_t ib, bool descending) {
+  if (descending ? SortsAbove(a, b) : SortsAbove(b, a)) return true;
+  if (descending ? SortsAbove(b, a) : SortsAbove(a, b)) return false;
+  return ia < ib;
+}
+
 }  // namespace salus::exec

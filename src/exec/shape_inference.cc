@@ -903,6 +903,22 @@ StatusOr<ArgMaxGeometry> ArgMaxFor(const Graph& graph, const Node& node) {
   return geo;
 }
 
+StatusOr<ArgMaxGeometry> SortFor(const Graph& graph, const Node& node) {
+  SALUS_ASSIGN_OR_RETURN(ArgMaxGeometry geo, ArgMaxFor(graph, node));
+  const Value& x = graph.value(node.inputs[0]);
+  if (node.outputs.size() != 2 || node.outputs[0] == kNoValue || node.outputs[1] == kNoValue) {
+    return InvalidArgumentError(node.Describe() + ": needs the values and indices outputs");
+  }
+  const Value& values = graph.value(node.outputs[0]);
+  const Value& indices = graph.value(node.outputs[1]);
+  if (values.type != x.type || values.shape != x.shape || indices.type != DataType::kInt64 ||
+      indices.shape != x.shape) {
+    return InvalidArgumentError(node.Describe() + ": outputs must be the input's type and int64, " +
+                                "both of the input's shape " + ShapeString(x.shape));
+  }
+  return geo;
+}
+
 namespace {
 
 // Checks that `v` (the node's `what`) is int64 with `count` elements: Philox words.

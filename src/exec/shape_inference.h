@@ -63,6 +63,9 @@ StatusOr<LayerNormSpec> LayerNormFor(const Graph& graph, const Node& node);
 StatusOr<std::string> AssignModeFor(const Graph& graph, const Node& node);
 // SalusArgMax's input (float32 or int64) seen around its axis.
 StatusOr<ArgMaxGeometry> ArgMaxFor(const Graph& graph, const Node& node);
+// SalusSort (attributes axis, descending): its input seen around the axis, after checking its
+// outputs, the sorted values (the input's type and shape) and their indices (int64).
+StatusOr<ArgMaxGeometry> SortFor(const Graph& graph, const Node& node);
 // SalusPhiloxKeyCounter: int64 seed [2] -> key [1], counter [2]; whether the seed is int32
 // (attribute seed_bits 32, else 64).
 StatusOr<bool> PhiloxKeyCounterFor(const Graph& graph, const Node& node);

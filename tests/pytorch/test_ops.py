@@ -5,7 +5,7 @@ The cases are what users write beside the reference models: other losses (L1, sm
 KL divergence, label smoothing), other activations (LeakyReLU, ELU, softplus, Mish), average
 and adaptive pooling, nearest and bilinear resizing, advanced indexing, group and instance
 norm, transposed convolutions, LSTM and GRU layers, embedding bags, rotary position embeddings
-(sin, cos), top-k routing, diagonals, slicing and masks,
+(sin, cos), top-k routing, sorting, diagonals, slicing and masks,
 cumulative sums, statistics (var, std, max along a dim), cosine similarity, and accuracy
 (argmax, comparisons, counts)."""
 
@@ -190,6 +190,9 @@ CASES: dict[str, Case] = {
         m.fc(d["x"]).pow(2).sum() + 0.1 * m.fc.weight.sum() + 0.01 * m.conv.weight.abs().sum()),
     "weight norm (its gradient's decomposition)": lambda m, d: (
         m.normed(d["x"]).pow(2).sum() + m.normed_last(d["img"]).pow(2).sum()),
+    "sort (its gradient)": lambda m, d: (
+        (m.fc(d["x"]).sort(-1).values * d["x"][:, :5]).sum()
+        + m.fc(d["x"]).sort(0, descending=True).values[:3].pow(2).sum()),
     "rotary embedding, sin and cos": lambda m, d: (
         (_rotary(d["seq"] * m.fc.weight[0]) * d["seq"]).sum()
         + torch.sin(m.fc(d["x"]) * 3).pow(2).sum() + torch.cos(m.fc(d["x"]) * 2).sum()),
@@ -339,6 +342,23 @@ def test_bool_and_integer_logic(daemon: Daemon) -> None:
         want = f(a, b, n)
         got = f(a.to("salus"), b.to("salus"), n.to("salus")).cpu()
         assert torch.equal(got, want)
+
+
+def test_sort_and_argsort_keep_ties_in_order_and_put_nan_last(daemon: Daemon) -> None:
+    """The engine's sort is stable and sorts NaN as the largest value, as PyTorch's stable
+    sort does: values and indices equal along any dim, both directions, float and int64."""
+    x = torch.tensor([[3.0, float("nan"), 1.0, 3.0, -0.0, 0.0, 1.0, -2.0],
+                      [5.0, 5.0, 5.0, float("nan"), float("nan"), -1.0, 7.0, 5.0]])
+    n = torch.tensor([[4, -1, 4, 2**40, 0, -1], [1, 1, 1, 0, 9, 1]])
+    for t in (x, n, x.t().contiguous(), torch.randn(3, 4, 70)):
+        for dim in range(-t.dim(), t.dim()):
+            for descending in (False, True):
+                want = torch.sort(t, dim=dim, descending=descending, stable=True)
+                got = torch.sort(t.to("salus"), dim=dim, descending=descending, stable=True)
+                assert torch.equal(got.values.cpu().nan_to_num(9e9), want.values.nan_to_num(9e9))
+                assert torch.equal(got.indices.cpu(), want.indices)
+    assert torch.equal(n.to("salus").argsort(dim=1, stable=True).cpu(),
+                       n.argsort(dim=1, stable=True))
 
 
 def test_remainder_and_fmod_take_their_signs_from_divisor_and_dividend(daemon: Daemon) -> None:

@@ -445,7 +445,8 @@ KernelOr ShapeOf(const Node& n, const Graph& g, DeviceContext*) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Variables (TensorFlow graphs): in-place assignment and ArgMax, as cpu_tensor_kernels.cc's.
+// Variables (TensorFlow graphs): in-place assignment and ArgMax, as cpu_tensor_kernels.cc's;
+// and SalusSort.
 
 KernelOr Assign(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_ASSIGN_OR_RETURN(const std::string mode_name, AssignModeFor(g, n));
@@ -469,6 +470,18 @@ KernelOr ArgMax(const Node& n, const Graph& g, DeviceContext*) {
   return FnKernel([t, geo, what](const KernelArgs& a) -> Status {
     return CudaStatus(
         LaunchArgMax(t, geo, a.inputs[0], static_cast<int64_t*>(a.outputs[0]), StreamOf(a)), what);
+  });
+}
+
+KernelOr Sort(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_ASSIGN_OR_RETURN(const ArgMaxGeometry geo, SortFor(g, n));
+  SALUS_ASSIGN_OR_RETURN(ElemType t, ElemTypeOf(n, In(n, g, 0).type));
+  const bool descending = n.GetInt("descending", 0) != 0;
+  const std::string what = n.Describe();
+  return FnKernel([t, geo, descending, what](const KernelArgs& a) -> Status {
+    return CudaStatus(LaunchSort(t, geo, descending, a.inputs[0], a.outputs[0],
+                                 static_cast<int64_t*>(a.outputs[1]), StreamOf(a)),
+                      what);
   });
 }
 
@@ -524,6 +537,7 @@ void RegisterTensorKernels(KernelRegistry* registry) {
   registry->Register("Shape", cuda, KernelFactory(&ShapeOf));
   registry->Register("SalusAssign", cuda, KernelFactory(&Assign));
   registry->Register("SalusArgMax", cuda, KernelFactory(&ArgMax));
+  registry->Register("SalusSort", cuda, KernelFactory(&Sort));
   registry->Register("SalusPhiloxKeyCounter", cuda, KernelFactory(&PhiloxKeyCounter));
   registry->Register("SalusRandomUniform", cuda, KernelFactory(&RandomUniform));
 }

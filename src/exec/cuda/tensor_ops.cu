@@ -502,6 +502,22 @@ __global__ void ArgMaxKernel(ArgMaxGeometry g, const T* __restrict__ x, int64_t*
   for (int64_t o = FirstIndex(); o < count; o += GridStride()) y[o] = ArgMaxAt(g, x, o);
 }
 
+template <typename T>
+__global__ void SortKernel(ArgMaxGeometry g, bool descending, const T* __restrict__ x,
+                           T* __restrict__ values, int64_t* __restrict__ indices, int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) {
+    const int64_t i = e % g.inner, a = (e / g.inner) % g.axis_dim;
+    const int64_t base = (e / (g.inner * g.axis_dim)) * g.axis_dim * g.inner + i;
+    const T v = x[e];
+    int64_t rank = 0;
+    for (int64_t b = 0; b < g.axis_dim; ++b) {
+      rank += SortsBefore(x[base + b * g.inner], b, v, a, descending) ? 1 : 0;
+    }
+    values[base + rank * g.inner] = v;
+    indices[base + rank * g.inner] = a;
+  }
+}
+
 __global__ void PhiloxKeyCounterKernel(const int64_t* __restrict__ seed, bool int32_seed,
                                        int64_t* __restrict__ key, int64_t* __restrict__ counter) {
   uint64_t k = 0;
@@ -559,6 +575,22 @@ cudaError_t LaunchArgMax(ElemType t, const ArgMaxGeometry& g, const void* x, int
     case ElemType::kInt64:
       return Launch(&ArgMaxKernel<int64_t>, count, stream, g, static_cast<const int64_t*>(x), y,
                     count);
+    case ElemType::kBool:
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchSort(ElemType t, const ArgMaxGeometry& g, bool descending, const void* x,
+                       void* values, int64_t* indices, cudaStream_t stream) {
+  const int64_t count = g.outer * g.axis_dim * g.inner;
+  switch (t) {
+    case ElemType::kFloat32:
+      return Launch(&SortKernel<float>, count, stream, g, descending, static_cast<const float*>(x),
+                    static_cast<float*>(values), indices, count);
+    case ElemType::kInt64:
+      return Launch(&SortKernel<int64_t>, count, stream, g, descending,
+                    static_cast<const int64_t*>(x), static_cast<int64_t*>(values), indices, count);
     case ElemType::kBool:
       break;
   }

@@ -133,6 +133,10 @@ cudaError_t LaunchAssign(AssignMode mode, ElemType t, void* variable, const void
 // y[o] = ArgMaxAt(g, x, o) for the g.outer * g.inner outputs; float32 or int64 x (SalusArgMax).
 cudaError_t LaunchArgMax(ElemType t, const ArgMaxGeometry& g, const void* x, int64_t* y,
                          cudaStream_t stream);
+// SalusSort: each element's rank in its slice (SortsBefore, element_math.h) counted by its own
+// thread, which writes the element and its index there; float32 or int64 x.
+cudaError_t LaunchSort(ElemType t, const ArgMaxGeometry& g, bool descending, const void* x,
+                       void* values, int64_t* indices, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
 // Stateless random numbers (Note [Stateless random numbers] in philox_math.h), TensorFlow's
