@@ -473,8 +473,17 @@ KernelOr ArgMax(const Node& n, const Graph& g, DeviceContext*) {
   });
 }
 
+// Each element counts its rank over its whole slice, so slices are bounded: 4096 elements are
+// 16M comparisons per slice.
+constexpr int64_t kMaxSortedSlice = 4096;
+
 KernelOr Sort(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_ASSIGN_OR_RETURN(const ArgMaxGeometry geo, SortFor(g, n));
+  if (geo.axis_dim > kMaxSortedSlice) {
+    return UnimplementedError(n.Describe() + ": sorting " + std::to_string(geo.axis_dim) +
+                              " elements along the axis (at most " +
+                              std::to_string(kMaxSortedSlice) + " on the GPU)");
+  }
   SALUS_ASSIGN_OR_RETURN(ElemType t, ElemTypeOf(n, In(n, g, 0).type));
   const bool descending = n.GetInt("descending", 0) != 0;
   const std::string what = n.Describe();
