@@ -318,6 +318,7 @@ class Lowerer {
   Status SliceScatter();
   Status Flip();
   Status Sort();
+  StatusOr<ValueId> AdaptiveAverageByMatrices(ValueId x, const Shape& to, bool backward);
   Status Diagonal();
   Status DiagonalScatter();
   struct DiagonalPlan {
@@ -1845,6 +1846,20 @@ HostTensor BilinearMatrix(int64_t in, int64_t out, bool align_corners, std::opti
   return HostTensor::FromFloats(transposed ? Shape{in, out} : Shape{out, in}, m);
 }
 
+// Adaptive average pooling along one dim as the same kind of [out, in] matrix: output row d
+// averages input rows floor(d * in / out) up to ceil((d + 1) * in / out), PyTorch's windows,
+// which differ in size when out does not divide in.
+HostTensor AdaptiveAverageMatrix(int64_t in, int64_t out, bool transposed) {
+  std::vector<float> m(static_cast<size_t>(in * out), 0.f);
+  for (int64_t d = 0; d < out; ++d) {
+    const int64_t start = d * in / out, end = ((d + 1) * in + out - 1) / out;
+    for (int64_t i = start; i < end; ++i) {
+      (transposed ? m[i * out + d] : m[d * in + i]) = 1.f / static_cast<float>(end - start);
+    }
+  }
+  return HostTensor::FromFloats(transposed ? Shape{in, out} : Shape{out, in}, m);
+}
+
 }  // namespace
 
 // x [N, C, H, W] resized to `to` (or, `backward`, the gradient dy of a resize from `to` back
@@ -1864,6 +1879,23 @@ StatusOr<ValueId> Lowerer::Bilinear(ValueId x, const Shape& to, bool align_corne
   // Forward x . A_w^T and A_h . (that); backward dy . A_w and A_h^T . (that).
   const ValueId right = Constant(BilinearMatrix(wi, wo, align_corners, scale_w, !backward));
   const ValueId left = Constant(BilinearMatrix(hi, ho, align_corners, scale_h, backward));
+  SALUS_ASSIGN_OR_RETURN(ValueId t, Emit("MatMul", {x, right}));
+  return Emit("MatMul", {left, t});
+}
+
+// Adaptive average pooling of x [N, C, H, W] to `to` when the windows differ in size: the
+// matrices of AdaptiveAverageMatrix, as bilinear resizing's (A_h . x . A_w^T); `backward`, the
+// gradient dy of a pooling from `to` back to it (A_h^T . dy . A_w).
+StatusOr<ValueId> Lowerer::AdaptiveAverageByMatrices(ValueId x, const Shape& to, bool backward) {
+  const Shape xs = S(x);
+  if (to[0] != xs[0] || to[1] != xs[1] || to[2] <= 0 || to[3] <= 0 || xs[2] <= 0 || xs[3] <= 0) {
+    return Bad("adaptive pooling from " + ShapeString(xs) + " to " + ShapeString(to));
+  }
+  if (T(x) != DataType::kFloat32) return Refuse("adaptive average pooling of a non-float tensor");
+  const int64_t hi = backward ? to[2] : xs[2], ho = backward ? xs[2] : to[2];
+  const int64_t wi = backward ? to[3] : xs[3], wo = backward ? xs[3] : to[3];
+  const ValueId right = Constant(AdaptiveAverageMatrix(wi, wo, !backward));
+  const ValueId left = Constant(AdaptiveAverageMatrix(hi, ho, backward));
   SALUS_ASSIGN_OR_RETURN(ValueId t, Emit("MatMul", {x, right}));
   return Emit("MatMul", {left, t});
 }
@@ -2353,6 +2385,10 @@ Status Lowerer::AdaptivePool() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(Shape ys, DeclaredShape(0));
   auto attrs = AdaptiveWindows(S(x), ys, max ? "max" : "average");
+  if (!attrs.ok() && !max && S(x).size() == 4 && ys.size() == 4) {
+    SALUS_ASSIGN_OR_RETURN(ValueId y, AdaptiveAverageByMatrices(x, ys, false));
+    return Bind(0, y);
+  }
   if (!attrs.ok()) return Refuse(std::string(attrs.status().message()));
   SALUS_ASSIGN_OR_RETURN(ValueId y, Emit(max ? "MaxPool" : "AveragePool", {x}, *attrs));
   SALUS_RETURN_IF_ERROR(Bind(0, y));
@@ -2371,6 +2407,10 @@ Status Lowerer::AdaptivePoolBackward() {
   SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   auto attrs = AdaptiveWindows(S(x), S(dy), max ? "max" : "average");
+  if (!attrs.ok() && !max && S(x).size() == 4 && S(dy).size() == 4) {
+    SALUS_ASSIGN_OR_RETURN(ValueId dx, AdaptiveAverageByMatrices(dy, S(x), true));
+    return Bind(0, dx);
+  }
   if (!attrs.ok()) return Refuse(std::string(attrs.status().message()));
   (*attrs)["forward_op"] = StringAttr(max ? "MaxPool" : "AveragePool");
   (*attrs)["opset"] = IntAttr(kAtenOpset);
