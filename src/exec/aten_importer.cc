@@ -318,6 +318,8 @@ class Lowerer {
   Status SliceScatter();
   Status Flip();
   Status Sort();
+  Status Prod();
+  Status Cumprod();
   StatusOr<ValueId> AdaptiveAverageByMatrices(ValueId x, const Shape& to, bool backward);
   Status Diagonal();
   Status DiagonalScatter();
@@ -525,6 +527,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.var.correction", &Lowerer::Variance}, {"aten.std.correction", &Lowerer::Variance},
       {"aten.slice_scatter.default", &Lowerer::SliceScatter},
       {"aten.flip.default", &Lowerer::Flip},
+      {"aten.prod.default", &Lowerer::Prod}, {"aten.prod.dim_int", &Lowerer::Prod},
+      {"aten.cumprod.default", &Lowerer::Cumprod},
       {"aten.sort.default", &Lowerer::Sort}, {"aten.sort.stable", &Lowerer::Sort},
       {"aten.argsort.default", &Lowerer::Sort}, {"aten.argsort.stable", &Lowerer::Sort},
       {"aten.diagonal_copy.default", &Lowerer::Diagonal},
@@ -1668,6 +1672,57 @@ Status Lowerer::Flip() {
     SALUS_ASSIGN_OR_RETURN(
         y, Emit("Slice", {x, Int64s(starts), Int64s(ends), Int64s(axes), Int64s(steps)}));
   }
+  return Bind(0, y);
+}
+
+// prod(self, dtype=None) and prod.dim_int(self, dim, keepdim=False, dtype=None) of float
+// tensors: ReduceProd. Its gradient, which must survive zeros, is built from cumprods.
+Status Lowerer::Prod() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  if (type != DataType::kFloat32) return Refuse("prod of a non-float tensor");
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, type));
+  const Shape xs = S(x);
+  if (xs.empty()) return Bind(0, x);
+  std::vector<int64_t> axes;
+  bool keepdim = false;
+  if (node_->op() == "aten.prod.default") {
+    for (size_t d = 0; d < xs.size(); ++d) axes.push_back(static_cast<int64_t>(d));
+  } else {
+    SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+    SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, xs.size()));
+    SALUS_ASSIGN_OR_RETURN(keepdim, BoolOr("keepdim", keepdim));
+    axes.push_back(dim);
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Reduce("ReduceProd", x, axes, keepdim));
+  return Bind(0, y);
+}
+
+// cumprod(self, dim, dtype=None) along a dim of at most kMaxCumprod: a running product, one Mul
+// per position in the order PyTorch's scan multiplies, the positions joined by a Concat.
+Status Lowerer::Cumprod() {
+  constexpr int64_t kMaxCumprod = 64;
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  if (type == DataType::kBool) return Refuse("cumprod of bool tensors");
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, type));
+  const Shape xs = S(x);
+  if (xs.empty()) return Bind(0, x);
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, xs.size()));
+  const int64_t n = xs[dim];
+  if (n > kMaxCumprod) return Refuse("cumprod along a dim over " + std::to_string(kMaxCumprod));
+  if (n <= 1) return Bind(0, x);
+  std::vector<ValueId> running;
+  for (int64_t i = 0; i < n; ++i) {
+    SALUS_ASSIGN_OR_RETURN(ValueId at,
+                           Emit("Slice", {x, Int64s({i}), Int64s({i + 1}), Int64s({dim})}));
+    if (!running.empty()) {
+      SALUS_ASSIGN_OR_RETURN(at, Emit("Mul", {running.back(), at}));
+    }
+    running.push_back(at);
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Concat", running, {{"axis", IntAttr(dim)}}));
   return Bind(0, y);
 }
 

@@ -5,7 +5,7 @@ The cases are what users write beside the reference models: other losses (L1, sm
 KL divergence, label smoothing), other activations (LeakyReLU, ELU, softplus, Mish), average
 and adaptive pooling, nearest and bilinear resizing, advanced indexing, group and instance
 norm, transposed convolutions, LSTM and GRU layers, embedding bags, rotary position embeddings
-(sin, cos), top-k routing, sorting, diagonals, slicing and masks,
+(sin, cos), top-k routing, sorting, products, diagonals, slicing and masks,
 cumulative sums, statistics (var, std, max along a dim), cosine similarity, and accuracy
 (argmax, comparisons, counts)."""
 
@@ -195,6 +195,9 @@ CASES: dict[str, Case] = {
     "sort (its gradient)": lambda m, d: (
         (m.fc(d["x"]).sort(-1).values * d["x"][:, :5]).sum()
         + m.fc(d["x"]).sort(0, descending=True).values[:3].pow(2).sum()),
+    "prod and cumprod (their gradients, zeros among the factors)": lambda m, d: (
+        m.fc(d["x"])[:, :3].prod(-1).sum() + (m.fc(d["x"]) * 0.1 + 1).cumprod(0).sum()
+        + torch.relu(m.fc(d["x"])).prod(0).sum() + (m.fc(d["x"]) * 0.5).prod()),
     "rotary embedding, sin and cos": lambda m, d: (
         (_rotary(d["seq"] * m.fc.weight[0]) * d["seq"]).sum()
         + torch.sin(m.fc(d["x"]) * 3).pow(2).sum() + torch.cos(m.fc(d["x"]) * 2).sum()),
