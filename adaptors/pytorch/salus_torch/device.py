@@ -575,6 +575,9 @@ class Runtime:
             seg = self._seg
             if not seg.ops:
                 return
+            # The state bookkeeping of _flush starts from every earlier flush's end; an error
+            # of the iteration in flight is raised here, with this recording still intact.
+            self._settle()
             self._seg = _Segment()
             # A host read flushes from inside __torch_dispatch__, where the dispatch keys that
             # tracing needs are off: trace with the thread's keys as they are outside it.
@@ -596,7 +599,6 @@ class Runtime:
             loc.host = torch.from_numpy(out[name]).reshape(shape)
 
     def _flush(self, seg: _Segment) -> None:
-        self._settle()  # the state bookkeeping below starts from every earlier flush's end
         # (a tensor whose uid changed since, see zeros_on_host, is alive under its new one)
         alive = {u: t for u in seg.order if (t := seg.refs[u]()) is not None and t._uid == u}
         state_in = [u for u in seg.order if u in seg.inputs
