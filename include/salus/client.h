@@ -100,6 +100,9 @@ struct SessionOptions {
   std::map<std::string, std::vector<int64_t>> inputs;
   std::string loss;
   Optimizer optimizer;
+  // On a GPU, let convolutions take cuDNN's FFT and Winograd algorithms: faster for larger
+  // batches, a larger E (ModelSpec.convolution_transforms). Ignored on the CPU.
+  bool convolution_transforms = false;
   int64_t iterations = 0;       // declared length, 0: undeclared
   double duration_seconds = 0;  // declared length, 0: undeclared
   int32_t priority = 0;

@@ -343,6 +343,7 @@ StatusOr<std::unique_ptr<Session>> Client::CreateSession(const SessionOptions& o
       for (int64_t d : dims) in->add_dims(d);
     }
     m->set_loss(o.loss);
+    m->set_convolution_transforms(o.convolution_transforms);
     v1::Optimizer* opt = m->mutable_optimizer();
     opt->set_type(o.optimizer.type);
     opt->set_lr(o.optimizer.lr);

@@ -284,6 +284,11 @@ Status Executable::Build(const CompileOptions& options) {
       KeepBlockedLayouts(&graph_, FusionOptions{device_.type, fetch_ids_}, CpuChannelBlock());
     }
   }
+  if (options.convolution_transforms) {
+    for (Node& n : graph_.nodes()) {
+      if (n.op.find("Conv") != std::string::npos) n.attrs[kConvolutionTransformsAttr] = IntAttr(1);
+    }
+  }
   std::vector<bool> needed;
   const std::vector<bool> live = LiveNodes(&needed);
   SALUS_RETURN_IF_ERROR(CreateKernels(live, &step_node_));

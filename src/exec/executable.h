@@ -86,6 +86,11 @@ struct CompileOptions {
   // Bytes/s of the host<->device copy path the swap planner assumes; 0: the device's default.
   double swap_bandwidth = 0;
   SwapCopies swap_copies = SwapCopies::kAuto;  // the CPU device; a GPU uses its stream
+  // On a CUDA device, let convolutions take cuDNN's FFT and non-fused Winograd algorithms:
+  // deterministic, but rounding more than a direct convolution and often needing far larger
+  // workspaces (so a larger E). Faster training for a job that has the GPU to itself (Note
+  // [Convolution algorithms] in cuda/cudnn_kernels.cc). No effect on the CPU.
+  bool convolution_transforms = false;
   // On a device that has them (CUDA), replay the iteration's kernels as one captured graph
   // (Note [Device graphs] in device.h). Not while swapping or profiling.
   bool device_graphs = DeviceGraphsByDefault();

@@ -18,6 +18,11 @@
 
 namespace salus::exec {
 
+// A node attribute the executable sets (to 1) on convolution nodes when compiled with
+// CompileOptions::convolution_transforms; CUDA's factories then admit cuDNN's transform
+// algorithms (Note [Convolution algorithms] in cuda/cudnn_kernels.cc).
+inline constexpr char kConvolutionTransformsAttr[] = "salus_convolution_transforms";
+
 // A factory gets the compiling thread's context of the device (Note [Device contexts]):
 // CUDA factories query cuDNN and CUB through it to choose algorithms and size workspaces.
 using KernelFactory = std::function<StatusOr<std::unique_ptr<Kernel>>(

@@ -193,6 +193,7 @@ StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec
   auto source = std::make_unique<Source>();
   exec::CompileOptions& o = source->options;
   o.max_folded_bytes = max_folded_bytes;
+  o.convolution_transforms = spec.convolution_transforms();
   for (const v1::InputShape& in : spec.inputs()) {
     if (in.name().empty()) return InvalidArgumentError("an input shape has no name");
     for (int64_t d : in.dims()) {

@@ -41,6 +41,26 @@ def mlp_feeds(batch: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
             "labels": rng.integers(0, 10, batch).astype(np.int64)}
 
 
+def test_convolution_transforms_are_a_gpu_choice_the_cpu_ignores(daemon: Daemon) -> None:
+    """ModelSpec.convolution_transforms reaches the compile; on the CPU it changes neither P, E
+    nor a step's loss."""
+    with salus.connect(daemon.endpoint) as c:
+        losses, sizes = [], []
+        rng = np.random.default_rng(3)
+        feeds = {"x": rng.standard_normal((4, 3, 32, 32), dtype=np.float32),
+                 "labels": rng.integers(0, 10, 4).astype(np.int64)}
+        for transforms in (False, True):
+            s = c.create_session(model=MODELS / "resnet.onnx", mode="train",
+                                 inputs={"x": (4, 3, 32, 32), "labels": (4,)}, loss="loss",
+                                 optimizer={"type": "sgd", "lr": 0.05},
+                                 convolution_transforms=transforms)
+            sizes.append((s.persistent_bytes, s.ephemeral_bytes))
+            losses.append([float(s.run(feeds, ["loss"])["loss"]) for _ in range(2)])
+            s.close()
+    assert sizes[0] == sizes[1]
+    assert losses[0] == losses[1]
+
+
 def test_hello_reports_the_server(daemon: Daemon) -> None:
     with salus.connect(daemon.endpoint) as c:
         assert c.server["protocol_version"] == 1

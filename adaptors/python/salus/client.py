@@ -301,6 +301,7 @@ class Client:
         outputs: list[str] | None = None,
         device: str = "",
         aten_graph: bytes | None = None,
+        convolution_transforms: bool = False,
     ) -> Session:
         """A session of an ONNX `model` (bytes or a path), of a TensorFlow graph (`tf_graph`:
         a serialized GraphDef, bytes or a path, run as written: `inputs` gives every
@@ -308,7 +309,9 @@ class Client:
         optimizer are not used), of an ATen graph (`aten_graph`: a serialized
         salus.v1.AtenGraph as salus_torch traces it, which names its own inputs and outputs),
         or of a `synthetic` profile. `device` pins it to one of the
-        daemon's devices by name ("cpu:1"); empty: the daemon places it."""
+        daemon's devices by name ("cpu:1"); empty: the daemon places it.
+        `convolution_transforms`: on a GPU, let convolutions take cuDNN's FFT and Winograd
+        algorithms (faster for larger batches, a larger E; see ModelSpec in salus.proto)."""
         if (model is None and tf_graph is None and aten_graph is None) == (synthetic is None):
             raise ValueError(
                 "give exactly one of model= (or tf_graph= or aten_graph=) and synthetic=")
@@ -336,6 +339,7 @@ class Client:
             for k, v in (optimizer or {}).items():
                 setattr(cs.model.optimizer, k, v)
             cs.model.seed = seed
+            cs.model.convolution_transforms = convolution_transforms
         else:
             assert synthetic is not None
             cs.synthetic.persistent_bytes = int(synthetic.get("persistent_bytes", 0))

@@ -83,22 +83,25 @@ inline bool RoundsMore(cudnnConvolutionBwdDataAlgo_t a) {
          a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
 }
 
-// Whether FFT and non-fused Winograd algorithms may be chosen: off unless the environment sets
-// SALUS_CUDNN_TRANSFORMS=1 (read once per process; Note [Convolution algorithms]).
-bool TransformAlgorithmsAllowed();
+// Whether FFT and non-fused Winograd algorithms may be chosen for node `n`: when it was compiled
+// with CompileOptions::convolution_transforms (kConvolutionTransformsAttr), or for every node
+// when the environment sets SALUS_CUDNN_TRANSFORMS=1 (read once per process; Note [Convolution
+// algorithms]).
+bool TransformAlgorithmsAllowed(const Node& n);
 
 // Note [Convolution algorithms]. `perf` holds cuDNN's `count` ranked candidates; `workspace`
 // asks cuDNN for an algorithm's workspace with the kernel's descriptors.
 template <typename Perf, typename Algo, typename WorkspaceFn>
 StatusOr<AlgoChoice<Algo>> PickAlgorithm(const Perf* perf, int count, Algo fallback,
-                                         const WorkspaceFn& workspace, const std::string& what) {
+                                         const WorkspaceFn& workspace, bool transforms,
+                                         const std::string& what) {
   for (int i = 0; i < count; ++i) {
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC) continue;
     if (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) {
       continue;
     }
-    if (RoundsMore(p.algo) && !TransformAlgorithmsAllowed()) continue;
+    if (RoundsMore(p.algo) && !transforms) continue;
     size_t bytes = 0;
     if (workspace(p.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kMaxConvWorkspaceBytes) {
       continue;

@@ -27,9 +27,11 @@
 //   - is deterministic: two runs of an iteration, in any lane, give bit-identical results;
 //   - is not a tensor-core variant: the descriptor's math type is CUDNN_FMA_MATH, so no TF32;
 //   - is not FFT-based or non-fused Winograd, whose transforms round more than a direct
-//     convolution and could leave the CPU's results beyond 1e-4 relative (they are
-//     deterministic, and SALUS_CUDNN_TRANSFORMS=1 in the environment admits them: a switch
-//     for measuring what they would save in time and cost in workspace and accuracy);
+//     convolution and could leave the CPU's results beyond 1e-4 relative. They are
+//     deterministic, and faster for larger batches, but their workspaces can grow a lane
+//     several-fold; a session admits them with ModelSpec.convolution_transforms (the
+//     executable marks its convolution nodes, kConvolutionTransformsAttr), and
+//     SALUS_CUDNN_TRANSFORMS=1 in the environment admits them for every session;
 //   - needs at most kMaxConvWorkspaceBytes of workspace for these descriptors.
 // Failing all, implicit GEMM, which supports every configuration without workspace. The
 // workspace is part of the kernel's scratch, so the lane plan (E) includes it.
@@ -50,6 +52,7 @@
 #include "exec/cuda/cuda_util.h"
 #include "exec/cuda/cudnn_helpers.h"
 #include "exec/cuda/pool_bn_launch.h"
+#include "exec/kernel_registry.h"
 #include "exec/window.h"
 
 namespace salus::exec::cuda {
@@ -63,12 +66,12 @@ Status RequireCudnn(const Node& n, const DeviceContext* ctx) {
   return OkStatus();
 }
 
-bool TransformAlgorithmsAllowed() {
+bool TransformAlgorithmsAllowed(const Node& n) {
   static const bool on = [] {
     const char* env = std::getenv("SALUS_CUDNN_TRANSFORMS");
     return env != nullptr && std::string(env) == "1";
   }();
-  return on;
+  return on || n.GetInt(kConvolutionTransformsAttr, 0) != 0;
 }
 
 Status SetTensor(TensorDesc* desc, const Shape& dims, const std::string& what) {
@@ -273,9 +276,9 @@ KernelOr ConvKernel::Create(const Node& n, const Graph& g, DeviceContext* ctx) {
     return cudnnGetConvolutionForwardWorkspaceSize(h, kr.x_.d, kr.w_.d, kr.conv_.d, kr.y_.d, algo,
                                                    bytes);
   };
-  SALUS_ASSIGN_OR_RETURN(
-      auto choice,
-      PickAlgorithm(perf, returned, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, workspace, what));
+  SALUS_ASSIGN_OR_RETURN(auto choice,
+                         PickAlgorithm(perf, returned, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+                                       workspace, TransformAlgorithmsAllowed(n), what));
   k->algo_ = choice.algo;
   k->workspace_bytes_ = choice.workspace_bytes;
 
@@ -409,9 +412,9 @@ KernelOr ConvTransposeKernel::Create(const Node& n, const Graph& g, DeviceContex
                                                         algo, bytes);
   };
   // ALGO_1 is the deterministic one of the two that support every configuration.
-  SALUS_ASSIGN_OR_RETURN(
-      auto choice,
-      PickAlgorithm(perf, returned, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, workspace, what));
+  SALUS_ASSIGN_OR_RETURN(auto choice,
+                         PickAlgorithm(perf, returned, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, workspace,
+                                       TransformAlgorithmsAllowed(n), what));
   k->algo_ = choice.algo;
   k->workspace_bytes_ = choice.workspace_bytes;
 

@@ -150,6 +150,32 @@ TEST(CudaGradKernelsTest, Conv) {
                  1e-3);
 }
 
+// A session's convolution_transforms (kConvolutionTransformsAttr on its convolution nodes)
+// admits cuDNN's FFT and Winograd algorithms: the gradients still match the CPU's, more loosely
+// (the transforms round more), and the lane, which holds the workspaces, is never smaller.
+TEST(CudaGradKernelsTest, ConvWithTransformAlgorithms) {
+  SALUS_REQUIRE_GPU();
+  const Case c = ConvCase("resnet block, batch 64", {64, 16, 16, 16}, {16, 16, 3, 3}, true,
+                          {64, 16, 16, 16}, [](onnx::NodeProto& n) {
+                            ModelBuilder::Attr(n, "pads", std::vector<int64_t>{1, 1, 1, 1});
+                          });
+  const std::string model = CaseModel(c);
+  CompileOptions o = Sgd(1.f);
+  o.convolution_transforms = true;
+  ParityOptions p;
+  p.rtol = 1e-3;
+  p.atol = 1e-3;
+  p.feeds = c.inputs;
+  ExpectTrainingParity(model, o, p, 1);
+  o.device = Device{DeviceType::kCuda, 0};
+  CompileOptions plain = Sgd(1.f);
+  plain.device = o.device;
+  auto with = Executable::Compile(model, o);
+  auto without = Executable::Compile(model, plain);
+  ASSERT_TRUE(with.ok() && without.ok());
+  EXPECT_GE((*with)->ephemeral_bytes(), (*without)->ephemeral_bytes());
+}
+
 Case PoolCase(const std::string& op, Shape x, Shape y,
               std::function<void(onnx::NodeProto&)> attrs = {}) {
   return {op, {{"X", x}}, y, [op, attrs](ModelBuilder& mb) {

@@ -256,6 +256,29 @@ TEST(ExecutableTest, ConvReluFusionKeepsResults) {
   }
 }
 
+// convolution_transforms only widens a CUDA convolution's choice of algorithms: on the CPU the
+// executable is the same, byte for byte in its results.
+TEST(ExecutableTest, ConvolutionTransformsChangeNothingOnTheCpu) {
+  ModelBuilder mb;
+  mb.Input("x", {2, 3, 8, 8});
+  mb.Initializer("w", {4, 3, 3, 3}, RandomFloats(108, 5));
+  mb.Node("Conv", {"x", "w"}, {"y"});
+  mb.Output("y", {2, 4, 6, 6});
+  CompileOptions o;
+  o.convolution_transforms = true;
+  auto with = Executable::Compile(mb.Bytes(), o);
+  auto without = Executable::Compile(mb.Bytes(), {});
+  ASSERT_TRUE(with.ok() && without.ok());
+  EXPECT_EQ((*with)->persistent_bytes(), (*without)->persistent_bytes());
+  EXPECT_EQ((*with)->ephemeral_bytes(), (*without)->ephemeral_bytes());
+  HostTensor x = HostTensor::FromFloats({2, 3, 8, 8}, RandomFloats(384, 7));
+  Memory m1(**with), m2(**without);
+  auto a = RunHost(**with, m1, {x});
+  auto b = RunHost(**without, m2, {x});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)[0].bytes, (*b)[0].bytes);
+}
+
 TEST(ExecutableTest, GemmReluFusionKeepsResults) {
   for (const Shape& c_shape : {Shape{5}, Shape{3, 5}}) {  // C as oneDNN bias, C by the loop
     ModelBuilder mb;
