@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
       "profile", "print seconds per op type to stderr")(
       "no-fuse", "inference: skip the graph rewrites of exec/fusion.h")(
       "no-graphs", "launch kernel by kernel (no device graph replay on CUDA)")(
+      "convolution-transforms", "CUDA: admit cuDNN's FFT and Winograd convolution algorithms")(
       "tf-graph", "the model is a TensorFlow GraphDef")("device", po::value(&device_name),
                                                         "cpu (default), cuda or cuda:N")(
       "warmup", po::value(&warmup), "untimed iterations")("iters", po::value(&iters),
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
   o.device = *device;
   o.fuse = vm.count("no-fuse") == 0;
   o.device_graphs = vm.count("no-graphs") == 0;
+  o.convolution_transforms = vm.count("convolution-transforms") > 0;
   for (const std::string& spec : inputs) {
     const size_t eq = spec.find('=');
     if (eq == std::string::npos) {

@@ -2,6 +2,7 @@
 
     python3 benchmarks/gpu/train_compare.py [--device cuda:0] [--bin build/bin] [--out DIR]
         [--models mlp,lenet5,resnet,espcn,vae] [--batches 32,256] [--iters 50] [--warmup 10]
+        [--convolution-transforms]
 
 Per reference model (benchmarks/models) and batch, the median milliseconds of one training
 step after warm-up, from host feeds to the loss on the host:
@@ -66,6 +67,8 @@ def engine_ms(args: argparse.Namespace, model: str, batch: int, profile: bool = 
         cmd.append("--profile")
     if not graphs:
         cmd.append("--no-graphs")
+    if args.convolution_transforms:
+        cmd.append("--convolution-transforms")
     r = subprocess.run(cmd, capture_output=True, text=True, env=salus_env(), timeout=600)
     if r.returncode != 0:
         return {"error": (r.stderr.strip() or f"exit {r.returncode}").splitlines()[-1]}
@@ -130,7 +133,10 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
              f"Median ms per training step (SGD, lr {LR}, momentum {MOMENTUM}) after "
              f"{env['warmup']} warm-up, of "
              f"{env['iters']}; host feeds to the loss on the host. Target: engine/PyTorch <= "
-             f"{TARGET}.", "", f"- torch: {env['torch']}", "",
+             f"{TARGET}.", "", f"- torch: {env['torch']}",
+             "- engine: convolution transforms "
+             + ("on" if env.get("convolution_transforms") else "off"),
+             "",
              "| model | batch | engine | engine, no graphs | saved by the graph | PyTorch "
              "| engine/PyTorch | no graphs/PyTorch | PyTorch, deterministic cuDNN "
              "| engine/that | P (MiB) | E (MiB) |",
@@ -170,6 +176,9 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true",
                     help="also run each engine step once more with per-op timing (not the "
                     "timed run) and list its five slowest op types")
+    ap.add_argument("--convolution-transforms", action="store_true",
+                    help="compile the engine's steps as a session with convolution_transforms "
+                    "(cuDNN's FFT and Winograd algorithms admitted)")
     ap.add_argument("--out", type=Path,
                     default=Path(os.environ["OUT"]) if os.environ.get("OUT") else REPO / "results")
     args = ap.parse_args()
@@ -177,7 +186,8 @@ def main() -> int:
     stem = "gpu-train-" + args.device.replace(":", "")
     tb = TorchBench(args.device, False)
     env: dict[str, Any] = {"device": args.device, "iters": args.iters, "warmup": args.warmup,
-                           "torch": tb.error or f"{tb.version}, cuDNN {tb.cudnn}, TF32 off"}
+                           "torch": tb.error or f"{tb.version}, cuDNN {tb.cudnn}, TF32 off",
+                           "convolution_transforms": args.convolution_transforms}
     if not tb.error:
         env["device_name"] = tb.name
     rows: list[dict[str, Any]] = []
