@@ -269,6 +269,20 @@ def test_a_direct_write_records_what_copy_records(daemon: Daemon) -> None:
     assert recordings[0] == recordings[1]
 
 
+def test_session_options_reach_the_daemon(daemon: Daemon) -> None:
+    """set_session_options: the device's sessions are made with them (an interactive latency
+    class, a priority, a name), and the loop still matches eager PyTorch."""
+    salus_torch.device.set_session_options(latency_class="interactive", priority=3,
+                                           name="torch:eval-service")
+    batches = images(2, 8)
+    want_losses, _ = loop("resnet", "sgd", "cpu", batches)
+    got_losses, _ = loop("resnet", "sgd", "salus", batches)
+    assert_losses_match(got_losses, want_losses)
+    made = salus_torch.device.runtime().client.sessions()
+    assert made and all(s["name"] == "torch:eval-service" and s["priority"] == 3
+                        and s["latency_class"] == "interactive" for s in made)
+
+
 def test_an_op_the_engine_lacks_is_refused_by_name(daemon: Daemon) -> None:
     x = torch.randn(2, 3, 8, 8).to("salus")
     y = torch.erfinv(x)

@@ -314,6 +314,7 @@ class Runtime:
         self._rng_seed: int | None = None
         self._rng_offset = 0
         self._inflight: _Inflight | None = None
+        self._session_options: dict[str, Any] = {}
         self.flushes = 0
 
     @property
@@ -644,8 +645,9 @@ class Runtime:
             digest = hashlib.sha256(blob).hexdigest()[:16]
             g = self._graphs.get(digest)
             if g is None:
-                session = self.client.create_session(
-                    aten_graph=blob, name=f"torch:salus-device:{len(self._graphs)}")
+                options = {"name": f"torch:salus-device:{len(self._graphs)}"}
+                options.update(self._session_options)
+                session = self.client.create_session(aten_graph=blob, **options)
                 g = _Graph(session, digest, blob)
                 self._graphs[digest] = g
             plan = self._plans[key] = (g, outputs, draws)
@@ -830,6 +832,12 @@ class Runtime:
                 self._client.close()
                 self._client = None
 
+    def set_session_options(self, **options: Any) -> None:
+        """Options of Client.create_session for the sessions made from now on (priority,
+        latency_class, iterations, device, convolution_transforms, name...)."""
+        with self._lock:
+            self._session_options = dict(options)
+
     @property
     def in_flight(self) -> int:
         """How many flushed iterations the device has not yet waited for (0 or 1)."""
@@ -999,6 +1007,13 @@ def runtime() -> Runtime:
     if _runtime is None:
         _runtime = Runtime(os.environ.get("SALUS_ENDPOINT"))
     return _runtime
+
+
+def set_session_options(**options: Any) -> None:
+    """Options of `salus.Client.create_session` for the daemon sessions the device makes from
+    now on, one per graph: `priority`, `latency_class="interactive"` (a lane of its own),
+    `device`, `convolution_transforms=True` (on a GPU)... Call it before the first step."""
+    runtime().set_session_options(**options)
 
 
 def flush() -> None:
