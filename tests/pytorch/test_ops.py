@@ -198,6 +198,12 @@ CASES: dict[str, Case] = {
     "prod and cumprod (their gradients, zeros among the factors)": lambda m, d: (
         m.fc(d["x"])[:, :3].prod(-1).sum() + (m.fc(d["x"]) * 0.1 + 1).cumprod(0).sum()
         + torch.relu(m.fc(d["x"])).prod(0).sum() + (m.fc(d["x"]) * 0.5).prod()),
+    "cdist (prototypes; p = 2 by differences and by a product, 1, inf, a zero distance)":
+        lambda m, d: (torch.cdist(m.fc(d["x"]), m.fc(d["x"])[:3] * 0.5).sum()
+                      + torch.cdist(m.fc(d["x"].repeat(4, 1)), d["x"][:4, :5]).pow(2).sum()
+                      + torch.cdist(m.fc(d["x"]), d["x"][:4, :5], p=1).sum()
+                      + torch.cdist(m.fc(d["x"]), d["x"][:4, :5], p=float("inf")).sum()
+                      + torch.cdist(m.fc(d["x"])[:4], m.fc(d["x"])[:4]).sum()),
     "rotary embedding, sin and cos": lambda m, d: (
         (_rotary(d["seq"] * m.fc.weight[0]) * d["seq"]).sum()
         + torch.sin(m.fc(d["x"]) * 3).pow(2).sum() + torch.cos(m.fc(d["x"]) * 2).sum()),
