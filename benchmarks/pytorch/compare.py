@@ -131,7 +131,7 @@ def eager_times(args: argparse.Namespace, model: str) -> tuple[list[float], list
 
 
 def eager_round(args: argparse.Namespace, model: str) -> tuple[list[float], list[float]]:
-    step, data = make(model, args.batch, "cpu" if args.device == "cpu" else args.device)
+    step, data = make(model, args.batch, args.device)
     return (timed(step, data, args.steps, args.warmup),
             timed(step, data, args.steps // 2, 0, args.log_every))
 

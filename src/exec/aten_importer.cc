@@ -320,7 +320,6 @@ class Lowerer {
   Status Sort();
   Status Prod();
   Status Cumprod();
-  StatusOr<ValueId> AdaptiveAverageByMatrices(ValueId x, const Shape& to, bool backward);
   Status Diagonal();
   Status DiagonalScatter();
   struct DiagonalPlan {
@@ -422,9 +421,11 @@ class Lowerer {
   Status UpsampleNearestBackward();
   Status UpsampleBilinear();
   Status PadBackward();
-  StatusOr<ValueId> Bilinear(ValueId x, const Shape& to, bool align_corners,
-                             std::optional<double> scale_h, std::optional<double> scale_w,
-                             bool backward);
+  // A per-dim matrix of Note [Bilinear as matrices]: [out, in], or [in, out] if transposed,
+  // for dim 2 (height) or 3 (width).
+  using DimMatrix = std::function<HostTensor(int64_t in, int64_t out, bool transposed, int dim)>;
+  StatusOr<ValueId> ByMatrices(ValueId x, const Shape& to, bool backward, const std::string& what,
+                               const DimMatrix& matrix);
   // Advanced indexing by index tensors on consecutive dims (Note [Advanced indexing]).
   struct Indexed {
     int64_t first = 0;          // the first indexed dim
@@ -455,6 +456,19 @@ class Lowerer {
   StatusOr<ValueId> OneHotAlong(ValueId index, int64_t dim, const Shape& like);
   bool OnePerSlice(ValueId index, int64_t dim, const Shape& like) const;
   StatusOr<ValueId> LinearIndexAlong(ValueId index, int64_t dim, const Shape& like);
+  // LinearIndexAlong flattened, and float `values` of as many elements added into zeros of
+  // `like`'s shape at those positions (SalusGatherGrad, in a fixed order).
+  StatusOr<ValueId> FlatIndexAlong(ValueId index, int64_t dim, const Shape& like) {
+    SALUS_ASSIGN_OR_RETURN(ValueId linear, LinearIndexAlong(index, dim, like));
+    return ReshapeTo(linear, {NumElements(S(index))});
+  }
+  StatusOr<ValueId> AddedAt(ValueId flat_index, ValueId values, const Shape& like) {
+    SALUS_ASSIGN_OR_RETURN(values, ReshapeTo(values, S(flat_index)));
+    SALUS_ASSIGN_OR_RETURN(
+        ValueId added, EmitShaped("SalusGatherGrad", {flat_index, values}, {{"axis", IntAttr(0)}},
+                                  DataType::kFloat32, {NumElements(like)}));
+    return ReshapeTo(added, like);
+  }
   Status ScatterAdd();
   Status Fmod();
   StatusOr<ValueId> ArgMaxAlong(ValueId x, bool min, std::optional<int64_t> dim, bool keep);
@@ -1901,10 +1915,10 @@ HostTensor BilinearMatrix(int64_t in, int64_t out, bool align_corners, std::opti
   return HostTensor::FromFloats(transposed ? Shape{in, out} : Shape{out, in}, m);
 }
 
-// Adaptive average pooling along one dim as the same kind of [out, in] matrix: output row d
+// Adaptive average pooling along a dim as the same kind of [out, in] matrix: output row d
 // averages input rows floor(d * in / out) up to ceil((d + 1) * in / out), PyTorch's windows,
 // which differ in size when out does not divide in.
-HostTensor AdaptiveAverageMatrix(int64_t in, int64_t out, bool transposed) {
+HostTensor AdaptiveAverageMatrix(int64_t in, int64_t out, bool transposed, int /*dim*/) {
   std::vector<float> m(static_cast<size_t>(in * out), 0.f);
   for (int64_t d = 0; d < out; ++d) {
     const int64_t start = d * in / out, end = ((d + 1) * in + out - 1) / out;
@@ -1917,40 +1931,23 @@ HostTensor AdaptiveAverageMatrix(int64_t in, int64_t out, bool transposed) {
 
 }  // namespace
 
-// x [N, C, H, W] resized to `to` (or, `backward`, the gradient dy of a resize from `to` back
-// to it), by Note [Bilinear as matrices].
-StatusOr<ValueId> Lowerer::Bilinear(ValueId x, const Shape& to, bool align_corners,
-                                    std::optional<double> scale_h, std::optional<double> scale_w,
-                                    bool backward) {
+// x [N, C, H, W] mapped to `to` by a linear map per spatial dim (Note [Bilinear as matrices]:
+// bilinear resizing, adaptive average pooling with uneven windows), or, `backward`, the
+// gradient dy of such a map from `to` back to x's sizes.
+StatusOr<ValueId> Lowerer::ByMatrices(ValueId x, const Shape& to, bool backward,
+                                      const std::string& what, const DimMatrix& matrix) {
   const Shape xs = S(x);
   if (xs.size() != 4 || to.size() != 4 || to[0] != xs[0] || to[1] != xs[1] || to[2] <= 0 ||
       to[3] <= 0 || xs[2] <= 0 || xs[3] <= 0) {
-    return Bad("bilinear resizing needs 4-D tensors of the same batch and channels");
+    return Bad(what + " needs 4-D tensors of the same batch and channels");
   }
-  if (T(x) != DataType::kFloat32) return Refuse("bilinear resizing of a non-float tensor");
-  // Forward: in = x's sizes, out = to's. Backward: the resize went from to's sizes to x's.
+  if (T(x) != DataType::kFloat32) return Refuse(what + " of a non-float tensor");
+  // Forward: in = x's sizes, out = to's. Backward: the map went from to's sizes to x's.
   const int64_t hi = backward ? to[2] : xs[2], ho = backward ? xs[2] : to[2];
   const int64_t wi = backward ? to[3] : xs[3], wo = backward ? xs[3] : to[3];
   // Forward x . A_w^T and A_h . (that); backward dy . A_w and A_h^T . (that).
-  const ValueId right = Constant(BilinearMatrix(wi, wo, align_corners, scale_w, !backward));
-  const ValueId left = Constant(BilinearMatrix(hi, ho, align_corners, scale_h, backward));
-  SALUS_ASSIGN_OR_RETURN(ValueId t, Emit("MatMul", {x, right}));
-  return Emit("MatMul", {left, t});
-}
-
-// Adaptive average pooling of x [N, C, H, W] to `to` when the windows differ in size: the
-// matrices of AdaptiveAverageMatrix, as bilinear resizing's (A_h . x . A_w^T); `backward`, the
-// gradient dy of a pooling from `to` back to it (A_h^T . dy . A_w).
-StatusOr<ValueId> Lowerer::AdaptiveAverageByMatrices(ValueId x, const Shape& to, bool backward) {
-  const Shape xs = S(x);
-  if (to[0] != xs[0] || to[1] != xs[1] || to[2] <= 0 || to[3] <= 0 || xs[2] <= 0 || xs[3] <= 0) {
-    return Bad("adaptive pooling from " + ShapeString(xs) + " to " + ShapeString(to));
-  }
-  if (T(x) != DataType::kFloat32) return Refuse("adaptive average pooling of a non-float tensor");
-  const int64_t hi = backward ? to[2] : xs[2], ho = backward ? xs[2] : to[2];
-  const int64_t wi = backward ? to[3] : xs[3], wo = backward ? xs[3] : to[3];
-  const ValueId right = Constant(AdaptiveAverageMatrix(wi, wo, !backward));
-  const ValueId left = Constant(AdaptiveAverageMatrix(hi, ho, backward));
+  const ValueId right = Constant(matrix(wi, wo, !backward, 3));
+  const ValueId left = Constant(matrix(hi, ho, backward, 2));
   SALUS_ASSIGN_OR_RETURN(ValueId t, Emit("MatMul", {x, right}));
   return Emit("MatMul", {left, t});
 }
@@ -1990,7 +1987,11 @@ Status Lowerer::UpsampleBilinear() {
   } else {
     SALUS_ASSIGN_OR_RETURN(to, DeclaredShape(0));
   }
-  SALUS_ASSIGN_OR_RETURN(ValueId y, Bilinear(x, to, align, sh, sw, backward));
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId y, ByMatrices(x, to, backward, "bilinear resizing",
+                            [&](int64_t in, int64_t out, bool transposed, int dim) {
+                              return BilinearMatrix(in, out, align, dim == 2 ? sh : sw, transposed);
+                            }));
   return Bind(0, y);
 }
 
@@ -2441,7 +2442,8 @@ Status Lowerer::AdaptivePool() {
   SALUS_ASSIGN_OR_RETURN(Shape ys, DeclaredShape(0));
   auto attrs = AdaptiveWindows(S(x), ys, max ? "max" : "average");
   if (!attrs.ok() && !max && S(x).size() == 4 && ys.size() == 4) {
-    SALUS_ASSIGN_OR_RETURN(ValueId y, AdaptiveAverageByMatrices(x, ys, false));
+    SALUS_ASSIGN_OR_RETURN(
+        ValueId y, ByMatrices(x, ys, false, "adaptive average pooling", AdaptiveAverageMatrix));
     return Bind(0, y);
   }
   if (!attrs.ok()) return Refuse(std::string(attrs.status().message()));
@@ -2463,7 +2465,8 @@ Status Lowerer::AdaptivePoolBackward() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   auto attrs = AdaptiveWindows(S(x), S(dy), max ? "max" : "average");
   if (!attrs.ok() && !max && S(x).size() == 4 && S(dy).size() == 4) {
-    SALUS_ASSIGN_OR_RETURN(ValueId dx, AdaptiveAverageByMatrices(dy, S(x), true));
+    SALUS_ASSIGN_OR_RETURN(
+        ValueId dx, ByMatrices(dy, S(x), true, "adaptive average pooling", AdaptiveAverageMatrix));
     return Bind(0, dx);
   }
   if (!attrs.ok()) return Refuse(std::string(attrs.status().message()));
@@ -3434,7 +3437,7 @@ Status Lowerer::ScatterAdd() {
   const Shape xs = S(x), is = S(index);
   if (xs.empty()) return Refuse("scatter_add into a 0-d tensor");
   SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, xs.size()));
-  SALUS_ASSIGN_OR_RETURN(ValueId linear, LinearIndexAlong(index, dim, xs));
+  SALUS_ASSIGN_OR_RETURN(ValueId linear, FlatIndexAlong(index, dim, xs));
   SALUS_ASSIGN_OR_RETURN(src, Cast(src, DataType::kFloat32));
   const Shape ss = S(src);
   if (ss.size() != is.size()) return Bad("src and index differ in rank");
@@ -3446,13 +3449,7 @@ Status Lowerer::ScatterAdd() {
     }
     SALUS_ASSIGN_OR_RETURN(src, Emit("Slice", {src, Int64s(starts), Int64s(is), Int64s(axes)}));
   }
-  const int64_t count = NumElements(is);
-  SALUS_ASSIGN_OR_RETURN(linear, ReshapeTo(linear, {count}));
-  SALUS_ASSIGN_OR_RETURN(src, ReshapeTo(src, {count}));
-  SALUS_ASSIGN_OR_RETURN(ValueId added,
-                         EmitShaped("SalusGatherGrad", {linear, src}, {{"axis", IntAttr(0)}},
-                                    DataType::kFloat32, {NumElements(xs)}));
-  SALUS_ASSIGN_OR_RETURN(added, ReshapeTo(added, xs));
+  SALUS_ASSIGN_OR_RETURN(ValueId added, AddedAt(linear, src, xs));
   SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Add", {x, added}));
   return Bind(0, y);
 }
@@ -3481,20 +3478,11 @@ Status Lowerer::Scatter() {
   if (!OnePerSlice(index, dim, S(x)) && distinct != distinct_indices_.end() &&
       distinct->second == dim && T(x) == DataType::kFloat32 && S(src) == S(index)) {
     const Shape xs = S(x);
-    const int64_t count = NumElements(S(index));
     const DataType f32 = DataType::kFloat32;
-    const std::map<std::string, Attribute> axis0 = {{"axis", IntAttr(0)}};
-    SALUS_ASSIGN_OR_RETURN(ValueId linear, LinearIndexAlong(index, dim, xs));
-    SALUS_ASSIGN_OR_RETURN(linear, ReshapeTo(linear, {count}));
-    SALUS_ASSIGN_OR_RETURN(src, ReshapeTo(src, {count}));
-    SALUS_ASSIGN_OR_RETURN(ValueId placed, EmitShaped("SalusGatherGrad", {linear, src}, axis0, f32,
-                                                      {NumElements(xs)}));
-    SALUS_ASSIGN_OR_RETURN(
-        ValueId hits, EmitShaped("SalusGatherGrad", {linear, Filled(f32, {count}, 1)}, axis0, f32,
-                                 {NumElements(xs)}));
+    SALUS_ASSIGN_OR_RETURN(ValueId linear, FlatIndexAlong(index, dim, xs));
+    SALUS_ASSIGN_OR_RETURN(ValueId placed, AddedAt(linear, src, xs));
+    SALUS_ASSIGN_OR_RETURN(ValueId hits, AddedAt(linear, Filled(f32, S(linear), 1), xs));
     SALUS_ASSIGN_OR_RETURN(ValueId hit, Emit("Greater", {hits, Scalar(f32, 0.5)}));
-    SALUS_ASSIGN_OR_RETURN(hit, ReshapeTo(hit, xs));
-    SALUS_ASSIGN_OR_RETURN(placed, ReshapeTo(placed, xs));
     SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Where", {hit, placed, x}));
     return Bind(0, y);
   }

@@ -246,15 +246,9 @@ struct ConcatPart {
 KernelOr Concat(const Node& n, const Graph& g, DeviceContext* ctx) {
   SALUS_RETURN_IF_ERROR(RequireContext(n, ctx));
   const std::string what = n.Describe();
-  const DataType type = g.value(n.outputs[0]).type;
-  for (ValueId in : n.inputs) {
-    if (g.value(in).type != type) {
-      return InvalidArgumentError(what + ": input '" + g.value(in).name + "' is " +
-                                  DataTypeName(g.value(in).type) + ", the output " +
-                                  DataTypeName(type));
-    }
-  }
-  const size_t elem = ElementSize(type);  // bytes are copied, so any element type will do
+  // Bytes are copied, so any element type will do (shape inference made the inputs' types the
+  // output's).
+  const size_t elem = ElementSize(g.value(n.outputs[0]).type);
   const Shape& y = g.value(n.outputs[0]).shape;
   SALUS_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(n, n.GetInt("axis", 0), y.size()));
   int64_t outer = 1, inner = 1;

@@ -90,11 +90,13 @@ inline bool RoundsMore(cudnnConvolutionBwdDataAlgo_t a) {
 bool TransformAlgorithmsAllowed(const Node& n);
 
 // Note [Convolution algorithms]. `perf` holds cuDNN's `count` ranked candidates; `workspace`
-// asks cuDNN for an algorithm's workspace with the kernel's descriptors.
+// asks cuDNN for an algorithm's workspace with the kernel's descriptors; `node` is the kernel's
+// (whether it admits the transform algorithms).
 template <typename Perf, typename Algo, typename WorkspaceFn>
 StatusOr<AlgoChoice<Algo>> PickAlgorithm(const Perf* perf, int count, Algo fallback,
-                                         const WorkspaceFn& workspace, bool transforms,
+                                         const WorkspaceFn& workspace, const Node& node,
                                          const std::string& what) {
+  const bool transforms = TransformAlgorithmsAllowed(node);
   for (int i = 0; i < count; ++i) {
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC) continue;

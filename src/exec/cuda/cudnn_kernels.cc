@@ -276,9 +276,9 @@ KernelOr ConvKernel::Create(const Node& n, const Graph& g, DeviceContext* ctx) {
     return cudnnGetConvolutionForwardWorkspaceSize(h, kr.x_.d, kr.w_.d, kr.conv_.d, kr.y_.d, algo,
                                                    bytes);
   };
-  SALUS_ASSIGN_OR_RETURN(auto choice,
-                         PickAlgorithm(perf, returned, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
-                                       workspace, TransformAlgorithmsAllowed(n), what));
+  SALUS_ASSIGN_OR_RETURN(
+      auto choice,
+      PickAlgorithm(perf, returned, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, workspace, n, what));
   k->algo_ = choice.algo;
   k->workspace_bytes_ = choice.workspace_bytes;
 
@@ -412,9 +412,9 @@ KernelOr ConvTransposeKernel::Create(const Node& n, const Graph& g, DeviceContex
                                                         algo, bytes);
   };
   // ALGO_1 is the deterministic one of the two that support every configuration.
-  SALUS_ASSIGN_OR_RETURN(auto choice,
-                         PickAlgorithm(perf, returned, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, workspace,
-                                       TransformAlgorithmsAllowed(n), what));
+  SALUS_ASSIGN_OR_RETURN(
+      auto choice,
+      PickAlgorithm(perf, returned, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, workspace, n, what));
   k->algo_ = choice.algo;
   k->workspace_bytes_ = choice.workspace_bytes;
 

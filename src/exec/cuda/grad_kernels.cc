@@ -120,8 +120,8 @@ class ConvGradDataKernel final : public Kernel {
                                                           algo, bytes);
     };
     SALUS_ASSIGN_OR_RETURN(
-        auto choice, PickAlgorithm(perf, returned, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, workspace,
-                                   TransformAlgorithmsAllowed(n), k->what_));
+        auto choice,
+        PickAlgorithm(perf, returned, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, workspace, n, k->what_));
     k->algo_ = choice.algo;
     k->workspace_bytes_ = choice.workspace_bytes;
     return std::unique_ptr<Kernel>(std::move(k));
@@ -181,8 +181,8 @@ class ConvGradWeightsKernel final : public Kernel {
                                                             kr.w_.d, algo, bytes);
     };
     SALUS_ASSIGN_OR_RETURN(
-        auto choice, PickAlgorithm(perf, returned, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, workspace,
-                                   TransformAlgorithmsAllowed(n), k->what_));
+        auto choice,
+        PickAlgorithm(perf, returned, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, workspace, n, k->what_));
     k->algo_ = choice.algo;
     k->workspace_bytes_ = choice.workspace_bytes;
     k->has_bias_ = n.output(1) != kNoValue;
