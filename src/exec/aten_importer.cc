@@ -298,6 +298,7 @@ class Lowerer {
   // --- lowerings (one per operator family) ---
   Status Unary();
   Status Rsqrt();
+  Status Rounding();
   Status Sign();
   Status Log1pExpm1();
   Status IsNan();
@@ -512,6 +513,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.sqrt.default", &Lowerer::Unary}, {"aten.relu.default", &Lowerer::Unary},
       {"aten.erf.default", &Lowerer::Unary}, {"aten.tanh.default", &Lowerer::Unary},
       {"aten.sin.default", &Lowerer::Unary}, {"aten.cos.default", &Lowerer::Unary},
+      {"aten.atan.default", &Lowerer::Unary}, {"aten.floor.default", &Lowerer::Rounding},
+      {"aten.ceil.default", &Lowerer::Rounding}, {"aten.round.default", &Lowerer::Rounding},
       {"aten.sigmoid.default", &Lowerer::Unary}, {"aten.reciprocal.default", &Lowerer::Unary},
       {"aten.logical_not.default", &Lowerer::Unary}, {"aten.rsqrt.default", &Lowerer::Rsqrt},
       {"aten.sign.default", &Lowerer::Sign}, {"aten.log1p.default", &Lowerer::Log1pExpm1},
@@ -540,6 +543,7 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.amin.default", &Lowerer::ReduceOp},
       {"aten.var.correction", &Lowerer::Variance}, {"aten.std.correction", &Lowerer::Variance},
       {"aten.slice_scatter.default", &Lowerer::SliceScatter},
+      {"aten.select_scatter.default", &Lowerer::SliceScatter},
       {"aten.flip.default", &Lowerer::Flip},
       {"aten.prod.default", &Lowerer::Prod}, {"aten.prod.dim_int", &Lowerer::Prod},
       {"aten.cumprod.default", &Lowerer::Cumprod},
@@ -791,10 +795,25 @@ Status Lowerer::Unary() {
       {"aten.erf.default", "Erf"},         {"aten.tanh.default", "Tanh"},
       {"aten.sigmoid.default", "Sigmoid"}, {"aten.reciprocal.default", "Reciprocal"},
       {"aten.sin.default", "Sin"},         {"aten.cos.default", "Cos"},
-      {"aten.logical_not.default", "Not"}};
+      {"aten.atan.default", "Atan"},       {"aten.logical_not.default", "Not"}};
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
   SALUS_ASSIGN_OR_RETURN(x, Cast(x, type));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit(ops.at(node_->op()), {x}));
+  return Bind(0, y);
+}
+
+// floor, ceil and round (half to even, as ONNX's Round): the engine's Floor, Ceil and Round on
+// floats; an integer tensor is its own value.
+Status Lowerer::Rounding() {
+  static const std::map<std::string, std::string> ops = {{"aten.floor.default", "Floor"},
+                                                         {"aten.ceil.default", "Ceil"},
+                                                         {"aten.round.default", "Round"}};
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  if (type == DataType::kBool) return Refuse("rounding of a bool tensor");
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, type));
+  if (type != DataType::kFloat32) return Bind(0, x);
   SALUS_ASSIGN_OR_RETURN(ValueId y, Emit(ops.at(node_->op()), {x}));
   return Bind(0, y);
 }
@@ -1622,7 +1641,10 @@ Status Lowerer::Variance() {
 // slice_scatter(self, src, dim=0, start=None, end=None, step=1): self with the slice replaced
 // by src, as a Concat of self's parts before and after it around src (slicing's gradient is
 // zeros with the slice's gradient scattered in). Steps other than 1 are refused.
+// select_scatter(self, src, dim, index) likewise, src taking a slice of one along dim (what an
+// assignment into a selected row, `x[:, 0] = v`, becomes once functionalized).
 Status Lowerer::SliceScatter() {
+  const bool select = node_->op() == "aten.select_scatter.default";
   SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(ValueId src, Tensor("src"));
@@ -1630,14 +1652,34 @@ Status Lowerer::SliceScatter() {
   SALUS_ASSIGN_OR_RETURN(dim, IntOr("dim", dim));
   SALUS_ASSIGN_OR_RETURN(step, IntOr("step", step));
   const Shape xs = S(x);
-  if (xs.empty()) return Bad("slice_scatter into a 0-d tensor");
+  const char* what = select ? "select_scatter" : "slice_scatter";
+  if (xs.empty()) return Bad(std::string(what) + " into a 0-d tensor");
   SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, xs.size()));
   const int64_t size = xs[dim];
   int64_t start = 0, end = size;
-  SALUS_ASSIGN_OR_RETURN(start, IntOr("start", start));
-  SALUS_ASSIGN_OR_RETURN(end, IntOr("end", end));
-  start = std::clamp<int64_t>(start < 0 ? start + size : start, 0, size);
-  end = std::clamp<int64_t>(end < 0 ? end + size : end, start, size);
+  if (select) {
+    SALUS_ASSIGN_OR_RETURN(start, Int("index"));
+    if (start < -size || start >= size) {
+      return Bad("index " + std::to_string(start) + " is out of range for dim " +
+                 std::to_string(dim) + " of size " + std::to_string(size));
+    }
+    start = start < 0 ? start + size : start;
+    end = start + 1;
+    Shape one = xs;
+    one[dim] = 1;
+    Shape selected = xs;
+    selected.erase(selected.begin() + dim);
+    if (S(src) != selected) {
+      return Bad("src is " + ShapeString(S(src)) + " where the selection is " +
+                 ShapeString(selected));
+    }
+    SALUS_ASSIGN_OR_RETURN(src, ReshapeTo(src, one));
+  } else {
+    SALUS_ASSIGN_OR_RETURN(start, IntOr("start", start));
+    SALUS_ASSIGN_OR_RETURN(end, IntOr("end", end));
+    start = std::clamp<int64_t>(start < 0 ? start + size : start, 0, size);
+    end = std::clamp<int64_t>(end < 0 ? end + size : end, start, size);
+  }
   if (step != 1) return Refuse("slice_scatter with a step other than 1");
   Shape want = xs;
   want[dim] = end - start;

@@ -312,8 +312,9 @@ KernelOr Cast(const Node& n, const Graph& g) {
 // ---------------------------------------------------------------------------------------------
 // Unary float math.
 
-// Erf, Sin, Cos, and SalusLog1p and SalusExpm1 (PyTorch's log1p and expm1: exact for small x,
-// where log(1 + x) and exp(x) - 1 lose every digit), by the C library.
+// Erf, Sin, Cos, Atan, Floor, Ceil, Round (half to even), and SalusLog1p and SalusExpm1 (PyTorch's
+// log1p and expm1: exact for small x, where log(1 + x) and exp(x) - 1 lose every digit), by the C
+// library.
 KernelOr FloatMath(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const int64_t count = NumElements(In(n, g, 0).shape);
@@ -323,6 +324,10 @@ KernelOr FloatMath(const Node& n, const Graph& g) {
   if (n.op == "SalusExpm1") fn = static_cast<Fn>(std::expm1);
   if (n.op == "Sin") fn = static_cast<Fn>(std::sin);
   if (n.op == "Cos") fn = static_cast<Fn>(std::cos);
+  if (n.op == "Atan") fn = static_cast<Fn>(std::atan);
+  if (n.op == "Floor") fn = static_cast<Fn>(std::floor);
+  if (n.op == "Ceil") fn = static_cast<Fn>(std::ceil);
+  if (n.op == "Round") fn = static_cast<Fn>(std::nearbyint);  // the default mode: to even
   return Loop([count, fn](const KernelArgs& a) {
     const float* x = Input<float>(a, 0);
     float* z = Output<float>(a, 0);
@@ -658,7 +663,8 @@ void RegisterCpuTensorKernels(KernelRegistry* r) {
   r->Register("Where", cpu, Where);
   r->Register("Clip", cpu, Clip);
   r->Register("Cast", cpu, Cast);
-  for (const char* op : {"Erf", "SalusLog1p", "SalusExpm1", "Sin", "Cos"}) {
+  for (const char* op :
+       {"Erf", "SalusLog1p", "SalusExpm1", "Sin", "Cos", "Atan", "Floor", "Ceil", "Round"}) {
     r->Register(op, cpu, FloatMath);
   }
   r->Register("Expand", cpu, Expand);

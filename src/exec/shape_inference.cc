@@ -26,7 +26,7 @@ const std::set<std::string>& Ops() {
       "ReduceSumSquare",
       "Mod", "Cast", "Range", "ConstantOfShape", "Equal", "Less", "Greater", "LessOrEqual",
       "GreaterOrEqual", "Not", "And", "Or", "Where", "Expand", "Gather", "Slice", "Split", "Erf",
-      "Gelu", "Clip", "Min", "Max", "Trilu", "Reciprocal", "Sin", "Cos",
+      "Gelu", "Clip", "Min", "Max", "Trilu", "Reciprocal", "Sin", "Cos", "Atan", "Floor", "Ceil", "Round",
       "LSTM"};
   // clang-format on
   return ops;
@@ -442,7 +442,8 @@ Status InferNodeShapes(Graph* graph, int node_index) {
                                 std::to_string(n.GetInt("to", 0)));
     }
     set_out(0, to, in(0).shape);
-  } else if (op == "Erf" || op == "Reciprocal" || op == "Gelu" || op == "Sin" || op == "Cos") {
+  } else if (op == "Erf" || op == "Reciprocal" || op == "Gelu" || op == "Sin" || op == "Cos" ||
+             op == "Atan" || op == "Floor" || op == "Ceil" || op == "Round") {
     SALUS_RETURN_IF_ERROR(type_in(0, {DataType::kFloat32}));
     if (op == "Gelu") {
       const std::string approximate = n.GetString("approximate", "none");

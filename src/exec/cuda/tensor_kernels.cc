@@ -3,8 +3,8 @@
 //   - data movement (Gather, Where, Expand, Slice, Trilu) for float, int64 and bool:
 //     tensor_ops.cu's kernels over element_math.h's index maps, moving elements by their size;
 //     Split: one strided copy (cudaMemcpy2DAsync) per output, no kernel;
-//   - elementwise math (Erf, Gelu, Reciprocal, SalusLog1p, SalusExpm1, Sin, Cos, Cast, Clip, Min,
-//   Max, Mod, the comparisons, And,
+//   - elementwise math (Erf, Gelu, Reciprocal, SalusLog1p, SalusExpm1, Sin, Cos, Atan, Floor, Ceil,
+//   Round, Cast, Clip, Min, Max, Mod, the comparisons, And,
 //     Or, Not): tensor_ops.cu's kernels over element_math.h's per-element functions, broadcasting
 //     through its IndexMap (at most kMaxIndexDims dims once merged);
 //   - generators (Range, ConstantOfShape, Shape): small fill kernels, the values passed by value
@@ -254,6 +254,14 @@ KernelOr FloatUnary(const Node& n, const Graph& g, DeviceContext*) {
     op = TensorUnaryOp::kSin;
   } else if (n.op == "Cos") {
     op = TensorUnaryOp::kCos;
+  } else if (n.op == "Atan") {
+    op = TensorUnaryOp::kAtan;
+  } else if (n.op == "Floor") {
+    op = TensorUnaryOp::kFloor;
+  } else if (n.op == "Ceil") {
+    op = TensorUnaryOp::kCeil;
+  } else if (n.op == "Round") {
+    op = TensorUnaryOp::kRound;
   }
   const int64_t count = NumElements(In(n, g, 0).shape);
   const std::string what = n.Describe();
@@ -529,7 +537,8 @@ void RegisterTensorKernels(KernelRegistry* registry) {
   registry->Register("Slice", cuda, KernelFactory(&Slice));
   registry->Register("Split", cuda, KernelFactory(&Split));
   registry->Register("Trilu", cuda, KernelFactory(&Trilu));
-  for (const char* op : {"Erf", "Gelu", "Reciprocal", "SalusLog1p", "SalusExpm1", "Sin", "Cos"}) {
+  for (const char* op : {"Erf", "Gelu", "Reciprocal", "SalusLog1p", "SalusExpm1", "Sin", "Cos",
+                         "Atan", "Floor", "Ceil", "Round"}) {
     registry->Register(op, cuda, KernelFactory(&FloatUnary));
   }
   registry->Register("Cast", cuda, KernelFactory(&Cast));

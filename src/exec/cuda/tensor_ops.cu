@@ -145,6 +145,18 @@ __global__ void TensorUnaryKernel(const float* __restrict__ x, float* __restrict
       case TensorUnaryOp::kCos:
         y[e] = cosf(v);
         break;
+      case TensorUnaryOp::kAtan:
+        y[e] = atanf(v);
+        break;
+      case TensorUnaryOp::kFloor:
+        y[e] = floorf(v);
+        break;
+      case TensorUnaryOp::kCeil:
+        y[e] = ceilf(v);
+        break;
+      case TensorUnaryOp::kRound:
+        y[e] = rintf(v);  // half to even
+        break;
     }
   }
 }
@@ -349,6 +361,14 @@ cudaError_t LaunchTensorUnary(TensorUnaryOp op, const float* x, float* y, int64_
       return Launch(&TensorUnaryKernel<TensorUnaryOp::kSin>, count, stream, x, y, count);
     case TensorUnaryOp::kCos:
       return Launch(&TensorUnaryKernel<TensorUnaryOp::kCos>, count, stream, x, y, count);
+    case TensorUnaryOp::kAtan:
+      return Launch(&TensorUnaryKernel<TensorUnaryOp::kAtan>, count, stream, x, y, count);
+    case TensorUnaryOp::kFloor:
+      return Launch(&TensorUnaryKernel<TensorUnaryOp::kFloor>, count, stream, x, y, count);
+    case TensorUnaryOp::kCeil:
+      return Launch(&TensorUnaryKernel<TensorUnaryOp::kCeil>, count, stream, x, y, count);
+    case TensorUnaryOp::kRound:
+      return Launch(&TensorUnaryKernel<TensorUnaryOp::kRound>, count, stream, x, y, count);
   }
   return cudaErrorInvalidValue;
 }

@@ -74,7 +74,11 @@ enum class TensorUnaryOp : int32_t {
   kLog1p,
   kExpm1,
   kSin,
-  kCos
+  kCos,
+  kAtan,
+  kFloor,
+  kCeil,
+  kRound
 };
 
 // y = op(x) over `count` floats: erff, element_math.h's GeluErf and GeluTanh, 1 / x.

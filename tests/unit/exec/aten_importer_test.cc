@@ -185,6 +185,47 @@ TEST(AtenImporter, RefusesMalformedGraphs) {
   }
 }
 
+// select_scatter (an assignment into a column) lowers as a slice of width 1; an index outside
+// the dim is refused naming it.
+TEST(AtenImporter, SelectScatterWritesOneColumnAndRefusesAnIndexOutside) {
+  for (int64_t index : {1, -1, 3}) {
+    SCOPED_TRACE(index);
+    AtenGraphBuilder b;
+    const int x = b.Value("x", {2, 3});
+    const int src = b.Value("src", {2});
+    b.graph().add_inputs(x);
+    b.graph().add_inputs(src);
+    const int y = b.Value("y", {2, 3});
+    auto* n = b.Node("aten.select_scatter.default", {y});
+    AtenGraphBuilder::Tensor(n, "self", x);
+    AtenGraphBuilder::Tensor(n, "src", src);
+    v1::AtenArgument* dim = n->add_args();
+    dim->set_name("dim");
+    dim->set_int_value(1);
+    v1::AtenArgument* at = n->add_args();
+    at->set_name("index");
+    at->set_int_value(index);
+    b.graph().add_outputs(y);
+    auto exe = Executable::CompileAten(b.Bytes(), CompileOptions{});
+    if (index == 3) {
+      ASSERT_FALSE(exe.ok());
+      EXPECT_EQ(exe.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(exe.status().message().find("index 3 is out of range"), std::string::npos)
+          << exe.status().message();
+      continue;
+    }
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    Memory mem(**exe);
+    auto out = RunHost(**exe, mem,
+                       {HostTensor::FromFloats({2, 3}, {1, 2, 3, 4, 5, 6}),
+                        HostTensor::FromFloats({2}, {-1, -2})});
+    ASSERT_TRUE(out.ok()) << out.status();
+    const std::vector<float> want = index == 1 ? std::vector<float>{1, -1, 3, 4, -2, 6}
+                                               : std::vector<float>{1, 2, -1, 4, 5, -2};
+    EXPECT_EQ(std::vector<float>((*out)[0].floats(), (*out)[0].floats() + 6), want);
+  }
+}
+
 // p, buf (state); g, lr (inputs); salus.sgd_update then the copy_ writes the tracer emits.
 AtenGraphBuilder SgdStep(bool read_after) {
   AtenGraphBuilder b;

@@ -240,7 +240,7 @@ TEST(CudaTensorKernelsTest, FloatUnary) {
     OutputOfRank(mb, "y", 2);
     ExpectCudaParity(mb.Bytes(), {}, Range(-4.f, 4.f));
   }
-  for (const char* op : {"Sin", "Cos"}) {  // positions' angles, as a rotary embedding takes
+  for (const char* op : {"Sin", "Cos", "Atan", "Floor", "Ceil", "Round"}) {
     SCOPED_TRACE(op);
     ModelBuilder mb;
     mb.Input("x", {4, 33});

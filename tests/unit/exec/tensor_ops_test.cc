@@ -404,6 +404,18 @@ TEST(TensorOpsTest, MinMaxClipAndUnaryMath) {
   auto cos = RunNode(7, "Cos", {}, {Fed(v)});
   ASSERT_TRUE(cos.ok()) << cos.status();
   EXPECT_EQ(Floats((*cos)[0]), std::vector<float>({std::cos(-1.f), 1.f, std::cos(2.f)}));
+  auto atan = RunNode(7, "Atan", {}, {Fed(v)});
+  ASSERT_TRUE(atan.ok()) << atan.status();
+  EXPECT_EQ(Floats((*atan)[0]), std::vector<float>({std::atan(-1.f), 0.f, std::atan(2.f)}));
+  const HostTensor halves = HostTensor::FromFloats({5}, {-2.5f, -0.7f, 0.5f, 1.5f, 2.2f});
+  for (const auto& [op, want] : std::vector<std::pair<std::string, std::vector<float>>>{
+           {"Floor", {-3.f, -1.f, 0.f, 1.f, 2.f}},
+           {"Ceil", {-2.f, -0.f, 1.f, 2.f, 3.f}},
+           {"Round", {-2.f, -1.f, 0.f, 2.f, 2.f}}}) {  // halves to even
+    auto r = RunNode(11, op, {}, {Fed(halves)});
+    ASSERT_TRUE(r.ok()) << op << ": " << r.status();
+    EXPECT_EQ(Floats((*r)[0]), want) << op;
+  }
   auto rec = RunNode(17, "Reciprocal", {}, {Fed(HostTensor::FromFloats({3}, {-4.f, 0.5f, 8.f}))});
   ASSERT_TRUE(rec.ok()) << rec.status();
   EXPECT_EQ(Floats((*rec)[0]), std::vector<float>({-0.25f, 2.f, 0.125f}));
