@@ -67,7 +67,11 @@ def loop(model: str, optimizer: str, device: str, batches: list, read_inside: bo
 @pytest.mark.parametrize("model,optimizer", [("resnet", "sgd"), ("resnet", "adam"),
                                              ("encoder", "sgd"), ("encoder", "adam")])
 def test_unmodified_loop_matches_eager(daemon: Daemon, model: str, optimizer: str) -> None:
-    batches = images(5, 1) if model == "resnet" else sentences(5, 1)
+    # (Batches with no ReLU input within rounding of 0: with seed 1 one sat at 6e-8 in the
+    # fifth step, so a CPU whose kernels round otherwise flipped it, and the gradients before
+    # it moved by 5%. With seed 8 both optimizers' states differ by under 1% of the tolerance
+    # on an AVX2 CPU.)
+    batches = images(5, 8) if model == "resnet" else sentences(5, 1)
     want_losses, want_state = loop(model, optimizer, "cpu", batches)
     got_losses, got_state = loop(model, optimizer, "salus", batches)
     assert_losses_match(got_losses, want_losses)
