@@ -251,6 +251,32 @@ def test_ops_later_torch_versions_emit(daemon: Daemon) -> None:
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
 
 
+def test_in_place_writes_through_views_reach_their_base(daemon: Daemon) -> None:
+    """Writes into a row, a column, a slice from an offset and a diagonal of a tensor (the
+    pattern of `x[:, 1] = v`, `x[1:].mul_(2)`, and of affine_grid's gradient, which fills the
+    columns of an empty tensor), and through a detach(): the tensor holds every write
+    afterwards, as on the CPU."""
+    def writes(device: str) -> torch.Tensor:
+        g = torch.Generator().manual_seed(6)
+        x = torch.randn(4, 5, generator=g).to(device)
+        x[:, 1] = torch.arange(4.0).to(device)
+        x[2].fill_(7.0)
+        x[1:].mul_(2.0)
+        x[:, 3:].add_(x[:, :2])
+        x.diagonal().zero_()
+        grid = torch.empty(2, 3, device=device)
+        grid.select(-1, 0).copy_(torch.tensor([5.0, 6.0]))
+        grid.select(-1, 1).fill_(1.0)
+        grid.select(-1, 2).fill_(2.0)
+        # a detach() run at once shares its tensor's value (Note [Shared locations]), as
+        # F.embedding's max_norm relies on: written through it, read through the tensor
+        shared = torch.randn(3, 3, generator=g).to(device)
+        shared.detach().mul_(2.0)
+        return torch.cat([x.flatten(), grid.flatten(), (shared + 1).flatten()]).cpu()
+
+    torch.testing.assert_close(writes("salus"), writes("cpu"))
+
+
 def test_a_direct_write_records_what_copy_records(daemon: Daemon) -> None:
     """The fused optimizer updates record their writes with _record_copy: the recording (and
     so the plan that a later step must find again) is the one a copy_ through

@@ -36,6 +36,13 @@ iteration that fails in the daemon reports its error at that wait, once; the ten
 give values to have none. A loop that reads its loss every step waits at once; one that logs
 every few steps overlaps its recording with the daemon's work.
 
+Note [Shared locations]
+`detach()` or `alias` of a tensor whose value exists, run at once, makes a tensor with the same
+location (F.embedding's max_norm renormalizes `weight.detach()` in place, then reads `weight`).
+In a recording, the first of such tensors used is the input; the others are its aliases, the
+same tensor when the recording is replayed, so a write through one is read through the other,
+and the location they share holds the result afterwards.
+
 What does not carry across a flush: aliasing between two tensors that were views of each other
 (each keeps its own value afterwards), and values in the daemon that nothing references anymore
 (their slots are reused). Random ops get the daemon's explicit seeds (Note [Random numbers]).
@@ -223,6 +230,10 @@ class _Segment:
     refs: dict[int, weakref.ref] = field(default_factory=dict)
     metas: dict[int, torch.Tensor] = field(default_factory=dict)
     inputs: dict[int, _Loc] = field(default_factory=dict)  # uid -> location before the segment
+    # Tensors sharing one location (a detach() or alias run at once, Runtime._dispatch): the
+    # first one used is the input, the others are its aliases in the recording.
+    by_loc: dict[int, int] = field(default_factory=dict)  # id(location) -> uid
+    alias: dict[int, int] = field(default_factory=dict)  # uid -> the uid it aliases
     producer: dict[int, tuple[_Op, int]] = field(default_factory=dict)  # uids made in it
     mutated: set[int] = field(default_factory=set)
     scalars: list[float] = field(default_factory=list)
@@ -288,6 +299,17 @@ _BASE_KEYS = (torch._C._dispatch_tls_local_include_set(),
               torch._C._dispatch_tls_local_exclude_set())
 
 
+_VIEWS: dict[int, bool] = {}
+
+
+def _is_view(func: Any) -> bool:
+    """Whether `func`'s result aliases its first argument (select, view, transpose, ...)."""
+    view = _VIEWS.get(id(func))
+    if view is None:
+        view = _VIEWS[id(func)] = bool(getattr(func, "is_view", False))
+    return view
+
+
 def _meta_of(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
 
@@ -340,7 +362,9 @@ class Runtime:
             return self._record(func, args, kwargs)
         # (these ops take their tensors as arguments of their own, never in lists)
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, SalusTensor)]
-        untouched = all(t._uid not in self._seg.refs for t in tensors)
+        # (not used in the recording, under its uid or as the value another tensor shares)
+        untouched = all(t._uid not in self._seg.refs and id(t._loc) not in self._seg.by_loc
+                        for t in tensors)
         if untouched and func in (aten.detach.default, aten.alias.default) and \
                 args[0]._loc.known():
             return SalusTensor(_meta_of(args[0]._meta), args[0]._loc)
@@ -400,7 +424,7 @@ class Runtime:
         for i, name in written:
             v = rargs[i] if i < len(rargs) else rkwargs.get(name)
             if isinstance(v, _Ref):
-                seg.mutated.add(v.uid)
+                self._mutate(v.uid)
 
         def wrap(m: Any) -> Any:
             if not (type(m) is tuple and _is_leaf(m)):
@@ -436,11 +460,27 @@ class Runtime:
         seg = self._seg
         self._use(dst)
         self._use(src)
-        seg.mutated.add(dst._uid)
+        self._mutate(dst._uid)
         seg.ops.append(_Op(_COPY, (_Ref(dst._uid), _Ref(src._uid)), {}, [dst._uid]))
         pos = seg.pos
         seg.sig.append(((_COPY_ID, (dst._key, src._key), ()), (pos[dst._uid], pos[src._uid]),
                         (pos[dst._uid],)))
+
+    def _mutate(self, uid: int) -> None:
+        """Notes a write into `uid`, and into what it is a view of when a view op of this
+        recording made it (`empty(...).select(-1, 0).copy_(...)`): a tensor from before the
+        recording written through a view is state, not an input."""
+        seg = self._seg
+        uid = seg.alias.get(uid, uid)
+        while uid not in seg.mutated:
+            seg.mutated.add(uid)
+            made = seg.producer.get(uid)
+            if made is None or not _is_view(made[0].func):
+                return
+            base = next((a for a in made[0].args if isinstance(a, _Ref)), None)
+            if base is None:
+                return
+            uid = base.uid
 
     @staticmethod
     def _template(func: Any, rargs: tuple, rkwargs: dict, tensors: list[SalusTensor]) -> Any:
@@ -452,6 +492,8 @@ class Runtime:
         def meta(a: Any) -> Any:
             return fresh[a.uid] if isinstance(a, _Ref) else _to_device(a, "meta")
 
+        # (each meta's geometry before the op; its offset is 0 where the tensor's is not)
+        geometry = {id(m): (m.shape, m.stride(), m.storage_offset()) for m in fresh.values()}
         try:
             mout = func(*_map(meta, rargs), **_map(meta, rkwargs))
         except Exception as e:
@@ -464,9 +506,7 @@ class Runtime:
             k = where.get(id(m))
             if k is None:
                 return ("new", m)
-            before = tensors[k]._meta
-            if (m.shape, m.stride(), m.storage_offset()) != \
-                    (before.shape, before.stride(), before.storage_offset()):
+            if (m.shape, m.stride(), m.storage_offset()) != geometry[id(m)]:
                 return ("reshaped", k, m)  # transpose_, unsqueeze_, ...: Note [Reshaped in place]
             return ("arg", k)
 
@@ -532,7 +572,11 @@ class Runtime:
         seg.order.append(t._uid)
         seg.metas[t._uid] = t._meta
         if t._loc.known():
-            seg.inputs[t._uid] = t._loc
+            first = seg.by_loc.setdefault(id(t._loc), t._uid)
+            if first != t._uid:  # Note [Shared locations]
+                seg.alias[t._uid] = first
+            else:
+                seg.inputs[t._uid] = t._loc
         elif t._loc.remat is not None:  # recorded again, as the producer of this tensor
             r = t._loc.remat
             if r.seg is not seg:
@@ -635,7 +679,8 @@ class Runtime:
         role = dict.fromkeys(state_in, "S") | dict.fromkeys(fed, "F") | \
             dict.fromkeys(write, "W") | dict.fromkeys(fetch, "O")
         # (Each op's entry holds its arguments' shapes, so a tensor's role is all that is left.)
-        key = (tuple(seg.sig), "".join(role.get(u, "-") for u in seg.order))
+        key = (tuple(seg.sig), "".join(role.get(u, "-") for u in seg.order),
+               tuple(sorted((seg.pos[a], seg.pos[u]) for a, u in seg.alias.items())))
         plan = self._plans.get(key)
         if plan is None:
             gm = self._trace(seg, state_in, fed, write, fetch)
@@ -759,6 +804,8 @@ class Runtime:
             env: dict[int, torch.Tensor] = {}
             env.update(zip(state_in, state[:len(state_in)], strict=False))
             env.update(zip(fed, inputs[:len(fed)], strict=False))
+            for a, u in seg.alias.items():
+                env[a] = env[u]
             scalars = inputs[len(fed):]
             for op in seg.ops:
                 def value(a: Any) -> Any:
