@@ -6,8 +6,10 @@ KL divergence, label smoothing), other activations (LeakyReLU, ELU, softplus, Mi
 and adaptive pooling, nearest and bilinear resizing, advanced indexing, group and instance
 norm, transposed convolutions, LSTM and GRU layers, embedding bags, rotary position embeddings
 (sin, cos), top-k routing, sorting, products, diagonals, slicing and masks,
-cumulative sums, statistics (var, std, max along a dim), cosine similarity, and accuracy
-(argmax, comparisons, counts)."""
+cumulative sums, statistics (var, std, max along a dim), cosine similarity, accuracy
+(argmax, comparisons, counts), and what the adaptor decomposes itself: a spatial transformer
+(affine_grid, grid_sample), bicubic resizing, LocalResponseNorm, nn.Bilinear,
+multi_margin_loss, atan2 and Embedding(max_norm=...)."""
 
 from __future__ import annotations
 
@@ -64,6 +66,9 @@ class Net(nn.Module):
         self.grouped_deconv = nn.ConvTranspose2d(4, 4, 2, stride=2, groups=2, bias=False)
         self.normed = nn.utils.parametrizations.weight_norm(nn.Linear(16, 3))
         self.normed_last = nn.utils.parametrizations.weight_norm(nn.Conv2d(3, 2, 3), dim=3)
+        self.bilinear = nn.Bilinear(16, 5, 3)
+        self.lrn = nn.LocalResponseNorm(3)
+        self.capped = nn.Embedding(10, 4, max_norm=1.5)
 
 
 Case = Callable[[Net, dict[str, torch.Tensor]], torch.Tensor]
@@ -207,7 +212,41 @@ CASES: dict[str, Case] = {
     "rotary embedding, sin and cos": lambda m, d: (
         (_rotary(d["seq"] * m.fc.weight[0]) * d["seq"]).sum()
         + torch.sin(m.fc(d["x"]) * 3).pow(2).sum() + torch.cos(m.fc(d["x"]) * 2).sum()),
+    "atan2 (angles; x of 0 on either side of y)": lambda m, d: (
+        torch.atan2(m.fc(d["x"]), m.fc(d["x"]).roll(1, 0)).pow(2).sum()
+        + torch.atan2(m.fc(d["x"]), torch.relu(m.fc(d["x"]).roll(2, 1))).sum()),
+    "grid_sample (a spatial transformer; padding modes, corners, nearest)": lambda m, d: (
+        _warp(m, d, "bilinear", "zeros", False) + _warp(m, d, "bilinear", "border", True)
+        + _warp(m, d, "bilinear", "reflection", False) + _warp(m, d, "nearest", "zeros", True)),
+    "bicubic resizing (by a factor; to a size, corners aligned)": lambda m, d: (
+        F.interpolate(m.conv(d["img"]), scale_factor=2, mode="bicubic").pow(2).sum()
+        + F.interpolate(m.conv(d["img"]), size=(9, 20), mode="bicubic",
+                        align_corners=True).mul(d["img"][:, :4, :9, :4].sum()).sum()),
+    "LocalResponseNorm (3-D average pooling over channels)": lambda m, d: (
+        m.lrn(m.conv(d["img"])).pow(2).sum()
+        + F.avg_pool3d(m.conv(d["img"]).unsqueeze(1), (2, 3, 3), (1, 2, 2), (1, 1, 0))
+        .pow(2).sum()),
+    "Embedding(max_norm=...) (rows renormalized in place, one named twice)": lambda m, d: (
+        m.capped(d["bag_idx"]).pow(2).sum() + m.capped(d["bag_2d"]).sum()
+        + m.capped.weight.sum()),
+    "nn.Bilinear": lambda m, d: m.bilinear(d["x"], m.fc(d["x"])).pow(2).sum(),
+    "multi_margin_loss (p 1 and 2, margins, class weights, reductions)": lambda m, d: (
+        F.multi_margin_loss(m.fc(d["x"]), d["y"])
+        + F.multi_margin_loss(m.fc(d["x"]), d["y"], p=2, margin=0.5,
+                              weight=torch.arange(1.0, 6.0).to(d["x"].device),
+                              reduction="sum")),
 }
+
+
+def _warp(m: Net, d: dict[str, torch.Tensor], mode: str, padding: str,
+          align_corners: bool) -> torch.Tensor:
+    """A spatial transformer: an affine grid from a layer's output, the image sampled there."""
+    theta = 0.3 * m.fc(d["x"][:6]).reshape(-1)[:24].reshape(4, 2, 3) + torch.tensor(
+        [[1.0, 0, 0], [0, 1, 0]]).to(d["x"].device)
+    grid = F.affine_grid(theta, [4, 4, 10, 12], align_corners=align_corners)
+    out = F.grid_sample(m.conv(d["img"]), grid, mode=mode, padding_mode=padding,
+                        align_corners=align_corners)
+    return (out * d["img"][:, :1, :10, :12]).sum()
 
 
 def _run(case: Case, device: str) -> tuple[float, dict[str, torch.Tensor]]:

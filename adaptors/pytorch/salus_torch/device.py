@@ -1289,12 +1289,20 @@ def _weight_norm_backward_meta(grad_w: torch.Tensor, saved_v: torch.Tensor,
     return saved_v.new_empty(saved_v.shape), saved_g.new_empty(saved_g.shape)
 
 
+def _multi_margin_loss_backward_meta(grad: torch.Tensor, input: torch.Tensor,
+                                     target: torch.Tensor, p: float, margin: float,
+                                     weight: torch.Tensor | None = None, reduction: int = 1
+                                     ) -> torch.Tensor:
+    return input.new_empty(input.shape)
+
+
 def _register_missing_meta(lib: torch.library.Library) -> None:
-    """Meta kernels PyTorch lacks for ops that run on a non-CPU device: `nn.GRU`'s fused cells
-    and weight_norm's gradient. Without them the device cannot know those ops' shapes, so it
-    could not record them."""
+    """Meta kernels PyTorch lacks for ops that run on a non-CPU device: `nn.GRU`'s fused cells,
+    weight_norm's and multi_margin_loss's gradients. Without them the device cannot know those
+    ops' shapes, so it could not record them."""
     for name, fn in (("_thnn_fused_gru_cell", _gru_cell_meta),
                      ("_thnn_fused_gru_cell_backward", _gru_cell_backward_meta),
-                     ("_weight_norm_interface_backward", _weight_norm_backward_meta)):
+                     ("_weight_norm_interface_backward", _weight_norm_backward_meta),
+                     ("multi_margin_loss_backward", _multi_margin_loss_backward_meta)):
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
             lib.impl(name, fn, "Meta")

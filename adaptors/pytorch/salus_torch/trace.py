@@ -201,6 +201,8 @@ _EXTRA_DECOMPOSE = (
     torch.ops.aten.hardtanh_backward.default,
     torch.ops.aten.nll_loss2d_forward.default,
     torch.ops.aten.nll_loss2d_backward.default,
+    torch.ops.aten.upsample_bicubic2d.default,
+    torch.ops.aten.upsample_bicubic2d.vec,
 )
 
 
@@ -215,7 +217,182 @@ def _decompositions() -> dict:
     table[torch.ops.aten._weight_norm_interface_backward.default] = _weight_norm_backward
     table[torch.ops.aten._cdist_forward.default] = _cdist_forward
     table[torch.ops.aten._cdist_backward.default] = _cdist_backward
+    table[torch.ops.aten.grid_sampler_2d.default] = _grid_sampler_2d
+    table[torch.ops.aten.grid_sampler_2d_backward.default] = _grid_sampler_2d_backward
+    table[torch.ops.aten.upsample_bicubic2d_backward.default] = _upsample_bicubic2d_backward
+    table[torch.ops.aten.multi_margin_loss_backward.default] = _multi_margin_loss_backward
+    table[torch.ops.aten.avg_pool3d.default] = _avg_pool3d
+    table[torch.ops.aten.avg_pool3d_backward.default] = _avg_pool3d_backward
+    table[torch.ops.aten._trilinear.default] = _trilinear
+    table[torch.ops.aten.atan2.default] = _atan2
+    table[torch.ops.aten.embedding_renorm_.default] = _embedding_renorm_
     return table
+
+
+# The dispatch keys of this thread outside any op: a decomposition runs inside one, where
+# autograd is off (see _vjp).
+_BASE_KEYS = (torch._C._dispatch_tls_local_include_set(),
+              torch._C._dispatch_tls_local_exclude_set())
+
+
+def _vjp(forward: object, inputs: tuple[torch.Tensor, ...], grad: torch.Tensor
+         ) -> tuple[torch.Tensor, ...]:
+    """Note [Gradients of decompositions]: the gradient of `forward` (a decomposition of some
+    forward operator, in operators the engine has) at `inputs`, for the output gradient `grad`.
+    A backward operator with no decomposition of its own is decomposed this way: autograd, run
+    inside the trace, differentiates the forward's decomposition, so the graph holds the
+    gradients of its gathers, products and selects, which the importer lowers. Zeros stand for
+    an input the forward does not depend on."""
+    with torch._C._ForceDispatchKeyGuard(*_BASE_KEYS), torch.enable_grad():
+        xs = [x.detach().requires_grad_(True) for x in inputs]
+        grads = torch.autograd.grad(forward(*xs), xs, grad, allow_unused=True)
+    return tuple(torch.zeros_like(x) if g is None else g
+                 for x, g in zip(inputs, grads, strict=True))
+
+
+_DECOMPOSED = get_decompositions([torch.ops.aten.grid_sampler_2d.default,
+                                  torch.ops.aten.upsample_bicubic2d.default,
+                                  torch.ops.aten.multi_margin_loss.default])
+
+
+def _grid_sampler_2d(input: torch.Tensor, grid: torch.Tensor, interpolation: int = 0,
+                     padding: int = 0, align_corners: bool = False) -> torch.Tensor:
+    """grid_sample as PyTorch decomposes it (gathers at the corners, weighted), but for
+    reflection padding, which that decomposition computes in int8: there the grid is reflected
+    here first, in floats, and sampled with border padding (the clamp a reflected point needs).
+    Bicubic sampling reflects each of its sixteen taps instead, and is left whole."""
+    forward = _DECOMPOSED[torch.ops.aten.grid_sampler_2d.default]
+    if padding == 2:
+        if interpolation == 2:
+            return NotImplemented  # type: ignore[return-value]
+        height, width = input.shape[-2:]
+        x, y = grid.split(1, -1)  # (their gradient is a cat; a select's would not lower)
+        grid = torch.cat([_reflected(x, width, align_corners),
+                          _reflected(y, height, align_corners)], -1)
+        padding = 1
+    return forward(input, grid, interpolation, padding, align_corners)
+
+
+def _reflected(coords: torch.Tensor, size: int, align_corners: bool) -> torch.Tensor:
+    """Normalized sampling coordinates along a dim of `size`, reflected at its edges (at the
+    outer pixels' centres with align_corners, at their outer edges without) as grid_sample's
+    reflection padding does, and normalized again."""
+    scale = (size - 1) / 2 if align_corners else size / 2
+    if scale == 0:
+        return torch.zeros_like(coords)
+    centre = (size - 1) / 2
+    low, span = (0.0, size - 1.0) if align_corners else (-0.5, float(size))
+    if span == 0:
+        return torch.zeros_like(coords)
+    dist = (coords * scale + centre - low).abs()
+    extra = torch.fmod(dist, span)
+    even = torch.fmod(torch.floor(dist / span), 2) == 0
+    pixel = torch.where(even, extra + low, span + low - extra).clamp(0, size - 1)
+    return (pixel - centre) / scale
+
+
+def _grid_sampler_2d_backward(grad: torch.Tensor, input: torch.Tensor, grid: torch.Tensor,
+                              interpolation: int, padding: int, align_corners: bool,
+                              output_mask: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+    """grid_sample's gradient for the input and the grid (Note [Gradients of decompositions])."""
+    if padding == 2 and interpolation == 2:
+        return NotImplemented  # type: ignore[return-value]
+    return _vjp(lambda x, g: _grid_sampler_2d(x, g, interpolation, padding, align_corners),
+                (input, grid), grad)
+
+
+def _upsample_bicubic2d_backward(grad: torch.Tensor, output_size: list[int],
+                                 input_size: list[int], align_corners: bool,
+                                 scales_h: float | None = None, scales_w: float | None = None
+                                 ) -> torch.Tensor:
+    """Bicubic resizing's gradient. Resizing is linear, so the gradient of its decomposition
+    at zeros of the input's shape is the gradient anywhere (Note [Gradients of
+    decompositions])."""
+    forward = _DECOMPOSED[torch.ops.aten.upsample_bicubic2d.default]
+    zeros = grad.new_zeros(input_size)
+    return _vjp(lambda x: forward(x, output_size, align_corners, scales_h, scales_w),
+                (zeros,), grad)[0]
+
+
+def _multi_margin_loss_backward(grad: torch.Tensor, input: torch.Tensor, target: torch.Tensor,
+                                p: float, margin: float, weight: torch.Tensor | None = None,
+                                reduction: int = 1) -> torch.Tensor:
+    """multi_margin_loss's gradient (Note [Gradients of decompositions])."""
+    forward = _DECOMPOSED[torch.ops.aten.multi_margin_loss.default]
+    return _vjp(lambda x: forward(x, target, p, margin, weight, reduction), (input,), grad)[0]
+
+
+def _avg_pool3d(x: torch.Tensor, kernel_size: list[int], stride: list[int] | None = None,
+                padding: object = 0, ceil_mode: bool = False, count_include_pad: bool = True,
+                divisor_override: int | None = None) -> torch.Tensor:
+    """3-D average pooling (LocalResponseNorm's, over channels) as two 2-D ones: over height
+    and width in each depth slice, then over depth with height and width flattened. With the
+    padding counted (the default), the mean of the means is the mean of the window. Other
+    settings are left whole, refused by name."""
+    def three(v: object) -> list[int]:
+        v = [v] if isinstance(v, int) else list(v)
+        return v * 3 if len(v) == 1 else v
+
+    k = three(kernel_size)
+    s = three(stride) if stride else k
+    p = three(padding)
+    if ceil_mode or divisor_override or (any(p) and not count_include_pad) or x.dim() != 5:
+        return NotImplemented  # type: ignore[return-value]
+    n, c, d, h, w = x.shape
+    plane = torch.nn.functional.avg_pool2d(x.reshape(n, c * d, h, w), k[1:], s[1:], p[1:])
+    h2, w2 = plane.shape[-2:]
+    depth = torch.nn.functional.avg_pool2d(plane.reshape(n, c, d, h2 * w2), (k[0], 1),
+                                           (s[0], 1), (p[0], 0))
+    return depth.reshape(n, c, depth.shape[2], h2, w2)
+
+
+def _avg_pool3d_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: list[int],
+                         stride: list[int], padding: list[int], ceil_mode: bool,
+                         count_include_pad: bool, divisor_override: int | None
+                         ) -> torch.Tensor:
+    """_avg_pool3d's gradient (Note [Gradients of decompositions])."""
+    args = (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    if _avg_pool3d(x, *args) is NotImplemented:
+        return NotImplemented  # type: ignore[return-value]
+    return _vjp(lambda t: _avg_pool3d(t, *args), (x,), grad)[0]
+
+
+def _trilinear(i1: torch.Tensor, i2: torch.Tensor, i3: torch.Tensor, expand1: list[int],
+               expand2: list[int], expand3: list[int], sumdim: list[int],
+               unroll_dim: int = 1) -> torch.Tensor:
+    """nn.Bilinear's product (and its gradients, which are this op again) as one einsum:
+    each input's dims are the common dims it is not expanded on, the summed dims leave."""
+    rank = i1.dim() + len(expand1)
+    letters = "abcdefghijklmnopqrstuvwxyz"[:rank]
+
+    def spec(expand: list[int]) -> str:
+        return "".join(ch for d, ch in enumerate(letters) if d not in expand)
+
+    out = "".join(ch for d, ch in enumerate(letters) if d not in sumdim)
+    return torch.einsum(f"{spec(expand1)},{spec(expand2)},{spec(expand3)}->{out}", i1, i2, i3)
+
+
+def _embedding_renorm_(weight: torch.Tensor, indices: torch.Tensor, max_norm: float,
+                       norm_type: float) -> torch.Tensor:
+    """Embedding(max_norm=...)'s renormalization, in place: every row that `indices` names and
+    whose norm exceeds max_norm is scaled by max_norm / (norm + 1e-7), as PyTorch's kernel does.
+    The rows named are marked by a scatter-add of ones (each row scaled once however often it
+    is named), and every row's norm is taken, so no row is written twice."""
+    named = torch.zeros(weight.shape[0], dtype=weight.dtype).index_put(
+        (indices.reshape(-1),), torch.ones(indices.numel(), dtype=weight.dtype),
+        accumulate=True) > 0
+    norms = _vector_norm(weight, norm_type, 1)
+    scale = torch.where(named & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
+    return weight.copy_(weight * scale.unsqueeze(1))
+
+
+def _atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """atan2 from the engine's atan: atan(y / x), moved by pi into the left half-plane, and
+    pi / 2 with y's sign where x is 0 (0 where y is 0 too; PyTorch would give +-0 or +-pi
+    there by the zeros' signs)."""
+    a = torch.atan(y / x)
+    a = torch.where(x < 0, torch.where(y >= 0, a + torch.pi, a - torch.pi), a)
+    return torch.where(x == 0, torch.sign(y) * (torch.pi / 2), a)
 
 
 def _cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float,
