@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -238,30 +239,29 @@ KernelOr Trilu(const Node& n, const Graph& g, DeviceContext*) {
 // ---------------------------------------------------------------------------------------------
 // Elementwise math.
 
+// The unary kernel's case for each op registered with FloatUnary (Gelu's depends on its
+// approximation).
+const std::map<std::string, TensorUnaryOp>& UnaryOps() {
+  static const auto* ops =
+      new std::map<std::string, TensorUnaryOp>{{"Erf", TensorUnaryOp::kErf},
+                                               {"Gelu", TensorUnaryOp::kGeluErf},
+                                               {"Reciprocal", TensorUnaryOp::kReciprocal},
+                                               {"SalusLog1p", TensorUnaryOp::kLog1p},
+                                               {"SalusExpm1", TensorUnaryOp::kExpm1},
+                                               {"Sin", TensorUnaryOp::kSin},
+                                               {"Cos", TensorUnaryOp::kCos},
+                                               {"Atan", TensorUnaryOp::kAtan},
+                                               {"Floor", TensorUnaryOp::kFloor},
+                                               {"Ceil", TensorUnaryOp::kCeil},
+                                               {"Round", TensorUnaryOp::kRound}};
+  return *ops;
+}
+
 KernelOr FloatUnary(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  TensorUnaryOp op = TensorUnaryOp::kErf;
-  if (n.op == "Gelu") {
-    op = n.GetString("approximate", "none") == "tanh" ? TensorUnaryOp::kGeluTanh
-                                                      : TensorUnaryOp::kGeluErf;
-  } else if (n.op == "Reciprocal") {
-    op = TensorUnaryOp::kReciprocal;
-  } else if (n.op == "SalusLog1p") {
-    op = TensorUnaryOp::kLog1p;
-  } else if (n.op == "SalusExpm1") {
-    op = TensorUnaryOp::kExpm1;
-  } else if (n.op == "Sin") {
-    op = TensorUnaryOp::kSin;
-  } else if (n.op == "Cos") {
-    op = TensorUnaryOp::kCos;
-  } else if (n.op == "Atan") {
-    op = TensorUnaryOp::kAtan;
-  } else if (n.op == "Floor") {
-    op = TensorUnaryOp::kFloor;
-  } else if (n.op == "Ceil") {
-    op = TensorUnaryOp::kCeil;
-  } else if (n.op == "Round") {
-    op = TensorUnaryOp::kRound;
+  TensorUnaryOp op = UnaryOps().at(n.op);
+  if (n.op == "Gelu" && n.GetString("approximate", "none") == "tanh") {
+    op = TensorUnaryOp::kGeluTanh;
   }
   const int64_t count = NumElements(In(n, g, 0).shape);
   const std::string what = n.Describe();
@@ -537,8 +537,7 @@ void RegisterTensorKernels(KernelRegistry* registry) {
   registry->Register("Slice", cuda, KernelFactory(&Slice));
   registry->Register("Split", cuda, KernelFactory(&Split));
   registry->Register("Trilu", cuda, KernelFactory(&Trilu));
-  for (const char* op : {"Erf", "Gelu", "Reciprocal", "SalusLog1p", "SalusExpm1", "Sin", "Cos",
-                         "Atan", "Floor", "Ceil", "Round"}) {
+  for (const auto& [op, unused] : UnaryOps()) {
     registry->Register(op, cuda, KernelFactory(&FloatUnary));
   }
   registry->Register("Cast", cuda, KernelFactory(&Cast));
