@@ -229,6 +229,8 @@ CASES: dict[str, Case] = {
     "Embedding(max_norm=...) (rows renormalized in place, one named twice)": lambda m, d: (
         m.capped(d["bag_idx"]).pow(2).sum() + m.capped(d["bag_2d"]).sum()
         + m.capped.weight.sum()),
+    "packed sequences (LSTM and GRU, unsorted lengths, padded again)": lambda m, d: _packed(
+        m, d),
     "nn.Bilinear": lambda m, d: m.bilinear(d["x"], m.fc(d["x"])).pow(2).sum(),
     "multi_margin_loss (p 1 and 2, margins, class weights, reductions)": lambda m, d: (
         F.multi_margin_loss(m.fc(d["x"]), d["y"])
@@ -236,6 +238,20 @@ CASES: dict[str, Case] = {
                               weight=torch.arange(1.0, 6.0).to(d["x"].device),
                               reduction="sum")),
 }
+
+
+def _packed(m: Net, d: dict[str, torch.Tensor]) -> torch.Tensor:
+    """LSTM and GRU layers over padded sequences of different lengths, packed (unsorted, and
+    sorted) and padded again."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    packed = pack_padded_sequence(d["seq"], torch.tensor([4, 6, 2]), batch_first=True,
+                                  enforce_sorted=False)
+    out, (h, c) = m.lstm(packed)
+    padded, lengths = pad_packed_sequence(out, batch_first=True)
+    assert lengths.tolist() == [4, 6, 2]
+    g_out, g_h = m.gru(pack_padded_sequence(d["seq"], torch.tensor([6, 5, 3]), batch_first=True))
+    return (padded.pow(2).sum() + h.sum() + c.pow(2).sum() + g_h.pow(2).sum()
+            + (g_out.data * d["x"][:1, :8]).sum())
 
 
 def _warp(m: Net, d: dict[str, torch.Tensor], mode: str, padding: str,

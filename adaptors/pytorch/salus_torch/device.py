@@ -83,7 +83,8 @@ _FETCH_MAX = 1
 _HOST_INPLACE = {
     aten.fill_.Scalar, aten.zero_.default, aten.normal_.default, aten.uniform_.default,
     aten.copy_.default, aten.random_.default, getattr(aten.random_, "from"), aten.random_.to,
-    aten.bernoulli_.float, aten.exponential_.default, aten.fill_.Tensor,
+    aten.bernoulli_.float, aten.exponential_.default, aten.fill_.Tensor, aten.scatter_.src,
+    aten.scatter_.value,
 }
 # Ops that may run at once rather than be recorded (see Runtime._dispatch).
 _EAGER = _HOST_INPLACE | {aten.detach.default, aten.alias.default}
@@ -358,23 +359,41 @@ class Runtime:
         if func is aten.copy_.default and not isinstance(args[0], SalusTensor):
             self.flush()
             return args[0].copy_(self.host_value(args[1]))
+        if func is aten.empty_like.default and \
+                kwargs.get("dtype", args[0].dtype) in (torch.int64, torch.bool):
+            # An index buffer, made on the host as the factories are: what fills it from host
+            # values runs there too (the inverse permutation of a packed sequence's sort).
+            return _empty(args[0].shape, dtype=kwargs.get("dtype", args[0].dtype))
         if fid not in _EAGER_IDS:
             return self._record(func, args, kwargs)
         # (these ops take their tensors as arguments of their own, never in lists)
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, SalusTensor)]
-        # (not used in the recording, under its uid or as the value another tensor shares)
-        untouched = all(t._uid not in self._seg.refs and id(t._loc) not in self._seg.by_loc
-                        for t in tensors)
-        if untouched and func in (aten.detach.default, aten.alias.default) and \
-                args[0]._loc.known():
-            return SalusTensor(_meta_of(args[0]._meta), args[0]._loc)
-        untouched = untouched and all(t._loc.host is not None for t in tensors)
-        if untouched and func in _HOST_INPLACE and isinstance(args[0], SalusTensor):
-            if self._inflight is not None and id(args[0]._loc) in self._inflight.fed:
+        seg = self._seg
+
+        def untouched(t: SalusTensor) -> bool:
+            """Not used in the recording, under its uid or as a value another one shares."""
+            return t._uid not in seg.refs and id(t._loc) not in seg.by_loc
+
+        def current(t: SalusTensor) -> bool:
+            """Its host value is its value: nothing recorded writes it."""
+            return t._loc.host is not None and t._uid not in seg.mutated and \
+                seg.by_loc.get(id(t._loc), t._uid) not in seg.mutated
+
+        dest = args[0]
+        if func in (aten.detach.default, aten.alias.default) and untouched(dest) and \
+                dest._loc.known():
+            return SalusTensor(_meta_of(dest._meta), dest._loc)
+        # An in-place op into an untouched host value, from values the recording does not
+        # change (initialisation; the inverse permutation of a packed sequence's sort).
+        if func in _HOST_INPLACE and isinstance(dest, SalusTensor) and untouched(dest) and \
+                all(current(t) for t in tensors):
+            if self._inflight is not None and id(dest._loc) in self._inflight.fed:
                 self._settle()  # the iteration in flight may still be reading it
-            host_args, host_kwargs = pytree.tree_map(self._host_arg, (args, kwargs))
+            host_args, host_kwargs = pytree.tree_map(
+                lambda a: a._loc.host if isinstance(a, SalusTensor) else _to_device(a, "cpu"),
+                (args, kwargs))
             func(*host_args, **host_kwargs)
-            return args[0]
+            return dest
         return self._record(func, args, kwargs)
 
     def _host_arg(self, a: Any) -> Any:
@@ -1252,6 +1271,8 @@ def register() -> None:
         _lib.impl(name, _host_factory(getattr(getattr(aten, packet), overload or "default")),
                   "PrivateUse1")
     _register_missing_meta(_lib)
+    # (above autograd: made of differentiable ops, so autograd records their gradients)
+    _lib.impl("_pack_padded_sequence", _pack_padded_sequence, "AutogradPrivateUse1")
     # In eval under no_grad, nn.TransformerEncoderLayer and nn.MultiheadAttention take a fused
     # "fast path" on any device PyTorch lists, PrivateUse1 included. Its fused ops have no meta
     # kernels, so the device could not record them: the fast path is turned off for the
@@ -1287,6 +1308,41 @@ def _weight_norm_backward_meta(grad_w: torch.Tensor, saved_v: torch.Tensor,
                                saved_g: torch.Tensor, saved_norms: torch.Tensor, dim: int
                                ) -> tuple[torch.Tensor, torch.Tensor]:
     return saved_v.new_empty(saved_v.shape), saved_g.new_empty(saved_g.shape)
+
+
+def _pack_padded_sequence(input: torch.Tensor, lengths: torch.Tensor, batch_first: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """pack_padded_sequence's packing on the device. PyTorch's kernel reads the lengths and
+    copies rows, so it has no meta kernel and could not be recorded. Here the lengths (on the
+    host, as PyTorch requires) give the batch sizes and the rows to keep, and the packed data
+    is one gather of those rows, whose gradient autograd records as a scatter-add. The RNN
+    layers then run on the packed data step by step (PyTorch's own packed-sequence loop, its
+    slices and cells recorded), and pad_packed_sequence's copies are recorded as they come."""
+    if lengths.device.type != "cpu" or lengths.dim() != 1 or lengths.dtype != torch.int64:
+        raise RuntimeError("'lengths' argument should be a 1D CPU int64 tensor, but got "
+                           f"{lengths.dim()}D {lengths.device.type} {lengths.dtype} tensor")
+    if batch_first:
+        input = input.transpose(0, 1)
+    steps, batch = input.shape[:2]
+    sizes = lengths.tolist()
+    if len(sizes) != batch:
+        raise RuntimeError(f"Expected `len(lengths)` to be equal to batch_size, but got "
+                           f"{len(sizes)} (batch_size={batch})")
+    if sizes and sizes[-1] <= 0:
+        raise RuntimeError("Length of all samples has to be greater than 0, but found an "
+                           "element in 'lengths' that is <= 0")
+    if any(a < b for a, b in zip(sizes, sizes[1:], strict=False)):
+        raise RuntimeError("`lengths` array must be sorted in decreasing order when "
+                           "`enforce_sorted` is True. You can pass `enforce_sorted=False` to "
+                           "pack_padded_sequence and/or pack_sequence to sidestep this "
+                           "requirement if you do not need ONNX exportability.")
+    if sizes and sizes[0] > steps:
+        raise RuntimeError(f"the longest length {sizes[0]} exceeds the input's {steps} steps")
+    batch_sizes = [sum(1 for n in sizes if n > t) for t in range(sizes[0] if sizes else 0)]
+    rows = torch.tensor([t * batch + b for t, n in enumerate(batch_sizes) for b in range(n)],
+                        dtype=torch.int64)
+    data = input.reshape(steps * batch, *input.shape[2:])[rows.to(input.device)]
+    return data, torch.tensor(batch_sizes, dtype=torch.int64)
 
 
 def _multi_margin_loss_backward_meta(grad: torch.Tensor, input: torch.Tensor,
