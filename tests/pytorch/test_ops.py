@@ -229,6 +229,8 @@ CASES: dict[str, Case] = {
     "Embedding(max_norm=...) (rows renormalized in place, one named twice)": lambda m, d: (
         m.capped(d["bag_idx"]).pow(2).sum() + m.capped(d["bag_2d"]).sum()
         + m.capped.weight.sum()),
+    "CTC loss (padded and concatenated targets, a repeat, an empty and an impossible one)":
+        lambda m, d: _ctc(m, d),
     "packed sequences (LSTM and GRU, unsorted lengths, padded again)": lambda m, d: _packed(
         m, d),
     "nn.Bilinear": lambda m, d: m.bilinear(d["x"], m.fc(d["x"])).pow(2).sum(),
@@ -238,6 +240,19 @@ CASES: dict[str, Case] = {
                               weight=torch.arange(1.0, 6.0).to(d["x"].device),
                               reduction="sum")),
 }
+
+
+def _ctc(m: Net, d: dict[str, torch.Tensor]) -> torch.Tensor:
+    """CTC over a per-step classifier of a sequence (6 steps, 3 samples, 5 classes, 0 the
+    blank): padded targets with a repeated label, concatenated targets with an empty one, and
+    a target too long for its input, whose infinite loss zero_infinity drops."""
+    log_probs = m.fc(d["seq"]).permute(1, 0, 2).log_softmax(-1)  # (T, N, C)
+    padded = torch.tensor([[1, 2, 2], [3, 4, 0], [4, 0, 0]]).to(log_probs.device)
+    joined = torch.tensor([2, 3, 1, 4, 2]).to(log_probs.device)
+    impossible = torch.tensor([[1, 1, 1, 1], [2, 3, 2, 3], [4, 4, 4, 4]]).to(log_probs.device)
+    return (F.ctc_loss(log_probs, padded, torch.tensor([6, 5, 4]), torch.tensor([3, 2, 1]))
+            + F.ctc_loss(log_probs, joined, (6, 6, 3), (2, 0, 3), reduction="sum")
+            + F.ctc_loss(log_probs, impossible, (6, 6, 6), (4, 4, 2), zero_infinity=True))
 
 
 def _packed(m: Net, d: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -1273,6 +1273,7 @@ def register() -> None:
     _register_missing_meta(_lib)
     # (above autograd: made of differentiable ops, so autograd records their gradients)
     _lib.impl("_pack_padded_sequence", _pack_padded_sequence, "AutogradPrivateUse1")
+    _lib.impl("_ctc_loss.Tensor", _ctc_loss_of_tensors, "AutogradPrivateUse1")
     # In eval under no_grad, nn.TransformerEncoderLayer and nn.MultiheadAttention take a fused
     # "fast path" on any device PyTorch lists, PrivateUse1 included. Its fused ops have no meta
     # kernels, so the device could not record them: the fast path is turned off for the
@@ -1345,6 +1346,17 @@ def _pack_padded_sequence(input: torch.Tensor, lengths: torch.Tensor, batch_firs
     return data, torch.tensor(batch_sizes, dtype=torch.int64)
 
 
+def _ctc_loss_of_tensors(log_probs: torch.Tensor, targets: torch.Tensor,
+                         input_lengths: torch.Tensor, target_lengths: torch.Tensor,
+                         blank: int = 0, zero_infinity: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """CTC with its lengths as tensors, as its form with the lengths as numbers: the numbers
+    fix the loss's graph (and a device tensor's are read on the host), as PyTorch's CPU
+    kernel reads them."""
+    return aten._ctc_loss.default(log_probs, targets, input_lengths.tolist(),
+                                  target_lengths.tolist(), blank, zero_infinity)
+
+
 def _multi_margin_loss_backward_meta(grad: torch.Tensor, input: torch.Tensor,
                                      target: torch.Tensor, p: float, margin: float,
                                      weight: torch.Tensor | None = None, reduction: int = 1
@@ -1352,13 +1364,19 @@ def _multi_margin_loss_backward_meta(grad: torch.Tensor, input: torch.Tensor,
     return input.new_empty(input.shape)
 
 
+def _ctc_loss_backward_meta(grad: torch.Tensor, log_probs: torch.Tensor, *args: Any,
+                            **kwargs: Any) -> torch.Tensor:
+    return log_probs.new_empty(log_probs.shape)
+
+
 def _register_missing_meta(lib: torch.library.Library) -> None:
     """Meta kernels PyTorch lacks for ops that run on a non-CPU device: `nn.GRU`'s fused cells,
-    weight_norm's and multi_margin_loss's gradients. Without them the device cannot know those
-    ops' shapes, so it could not record them."""
+    weight_norm's, multi_margin_loss's and CTC's gradients. Without them the device cannot
+    know those ops' shapes, so it could not record them."""
     for name, fn in (("_thnn_fused_gru_cell", _gru_cell_meta),
                      ("_thnn_fused_gru_cell_backward", _gru_cell_backward_meta),
                      ("_weight_norm_interface_backward", _weight_norm_backward_meta),
-                     ("multi_margin_loss_backward", _multi_margin_loss_backward_meta)):
+                     ("multi_margin_loss_backward", _multi_margin_loss_backward_meta),
+                     ("_ctc_loss_backward", _ctc_loss_backward_meta)):
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
             lib.impl(name, fn, "Meta")

@@ -226,6 +226,8 @@ def _decompositions() -> dict:
     table[torch.ops.aten._trilinear.default] = _trilinear
     table[torch.ops.aten.atan2.default] = _atan2
     table[torch.ops.aten.embedding_renorm_.default] = _embedding_renorm_
+    table[torch.ops.aten._ctc_loss.default] = _ctc_loss
+    table[torch.ops.aten._ctc_loss_backward.default] = _ctc_loss_backward
     return table
 
 
@@ -384,6 +386,83 @@ def _embedding_renorm_(weight: torch.Tensor, indices: torch.Tensor, max_norm: fl
     norms = _vector_norm(weight, norm_type, 1)
     scale = torch.where(named & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
     return weight.copy_(weight * scale.unsqueeze(1))
+
+
+def _ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: list[int],
+              target_lengths: list[int], blank: int = 0, zero_infinity: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """CTC's negative log likelihood per sample and its log alphas (N, T, 2S + 1), by the
+    forward recursion over the T steps, all samples and label positions at once: each
+    position's alpha is the log-sum-exp of its own, its predecessor's and (between different
+    labels) the one two back, plus the step's log probability of its label. The lengths are
+    numbers in the graph, so a different length is a different graph."""
+    steps, batch, _ = log_probs.shape
+    width = max(target_lengths, default=0) if targets.dim() == 1 else targets.shape[1]
+    if targets.dim() == 1:  # concatenated: padded rows by constant positions
+        starts = [sum(target_lengths[:n]) for n in range(batch)]
+        where = [starts[n] + min(s, max(target_lengths[n] - 1, 0)) for n in range(batch)
+                 for s in range(width)]
+        targets = targets[torch.tensor(where, dtype=torch.int64)].reshape(batch, width) \
+            if targets.numel() else torch.zeros(batch, width, dtype=torch.int64)
+    labels = 2 * width + 1
+    blanks = torch.full((batch, width), blank, dtype=torch.int64)
+    ext = torch.cat([torch.stack([blanks, targets.to(torch.int64)], -1).reshape(batch, -1),
+                     torch.full((batch, 1), blank, dtype=torch.int64)], 1)  # (N, L)
+    skip = torch.cat([torch.zeros(batch, 2, dtype=torch.bool),
+                      (ext[:, 2:] != blank) & (ext[:, 2:] != ext[:, :-2])], 1)
+    emit = log_probs.permute(1, 0, 2).gather(
+        2, ext.unsqueeze(1).expand(batch, steps, labels))  # (N, T, L)
+    position = torch.arange(labels).unsqueeze(0)
+    ends = torch.tensor([2 * n + 1 for n in target_lengths], dtype=torch.int64).unsqueeze(1)
+    none = torch.tensor(float("-inf"), dtype=log_probs.dtype)
+    alpha = torch.where((position < 2) & (position < ends), emit[:, 0], none)
+    alphas = [alpha]
+    for t in range(1, steps):
+        one = torch.cat([none.expand(batch, 1), alpha[:, :-1]], 1)
+        two = torch.where(skip, torch.cat([none.expand(batch, 2), alpha[:, :-2]], 1), none)
+        top = torch.maximum(torch.maximum(alpha, one), two)
+        empty = top == float("-inf")
+        top = torch.where(empty, 0.0, top)
+        total = (alpha - top).exp() + (one - top).exp() + (two - top).exp()
+        alpha = torch.where(empty, none, torch.log(torch.where(empty, 1.0, total)) + top) \
+            + emit[:, t]
+        alphas.append(alpha)
+    log_alpha = torch.stack(alphas, 1)
+    # The likelihood: the last step's alphas at the final blank and the final label.
+    last = [(n * steps + input_lengths[n] - 1) * labels + 2 * target_lengths[n] - k
+            for n in range(batch) for k in (0, 1)]
+    pair = log_alpha.reshape(-1)[torch.tensor(last, dtype=torch.int64)].reshape(batch, 2)
+    has_label = torch.tensor([[True, n > 0] for n in target_lengths])
+    pair = torch.where(has_label, pair, none)
+    top = pair.amax(1, keepdim=True)
+    empty = top == float("-inf")
+    top = torch.where(empty, 0.0, top)
+    likelihood = torch.where(empty, none, torch.log(torch.where(
+        empty, 1.0, (pair - top).exp().sum(1, keepdim=True))) + top).squeeze(1)
+    nll = -likelihood
+    if zero_infinity:
+        nll = torch.where(nll == float("inf"), 0.0, nll)
+    return nll, log_alpha
+
+
+def _ctc_loss_backward(grad: torch.Tensor, log_probs: torch.Tensor, targets: torch.Tensor,
+                       input_lengths: list[int], target_lengths: list[int], nll: torch.Tensor,
+                       log_alpha: torch.Tensor, blank: int, zero_infinity: bool = False
+                       ) -> torch.Tensor:
+    """CTC's gradient as PyTorch's kernel gives it: the gradient of _ctc_loss's likelihood
+    (Note [Gradients of decompositions]) plus exp(log_probs) on each sample's steps (PyTorch's
+    kernel assumes the log probabilities come from a log-softmax, whose gradient then removes
+    that term again), zero past a sample's length, and zero for a sample whose loss is
+    infinite when zero_infinity is set."""
+    steps, batch, _ = log_probs.shape
+    nll_of = lambda lp: _ctc_loss(lp, targets, input_lengths, target_lengths, blank,  # noqa: E731
+                                  zero_infinity)[0]
+    (exact,) = _vjp(nll_of, (log_probs,), grad)
+    within = torch.tensor([[t < input_lengths[n] for n in range(batch)] for t in range(steps)])
+    kept = within.unsqueeze(2)
+    if zero_infinity:
+        kept = kept & (nll != float("inf")).reshape(1, batch, 1)
+    return torch.where(kept, exact + log_probs.exp() * grad.reshape(1, batch, 1), 0.0)
 
 
 def _atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
