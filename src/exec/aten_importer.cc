@@ -1640,7 +1640,8 @@ Status Lowerer::Variance() {
 
 // slice_scatter(self, src, dim=0, start=None, end=None, step=1): self with the slice replaced
 // by src, as a Concat of self's parts before and after it around src (slicing's gradient is
-// zeros with the slice's gradient scattered in). Steps other than 1 are refused.
+// zeros with the slice's gradient scattered in); with a step, src's rows are gathered into
+// their places and selected there.
 // select_scatter(self, src, dim, index) likewise, src taking a slice of one along dim (what an
 // assignment into a selected row, `x[:, 0] = v`, becomes once functionalized).
 Status Lowerer::SliceScatter() {
@@ -1680,14 +1681,29 @@ Status Lowerer::SliceScatter() {
     start = std::clamp<int64_t>(start < 0 ? start + size : start, 0, size);
     end = std::clamp<int64_t>(end < 0 ? end + size : end, start, size);
   }
-  if (step != 1) return Refuse("slice_scatter with a step other than 1");
+  if (step <= 0) return Bad("slice_scatter with a step of " + std::to_string(step));
   Shape want = xs;
-  want[dim] = end - start;
+  want[dim] = (end - start + step - 1) / step;
   if (S(src) != want) {
     return Bad("src is " + ShapeString(S(src)) + " where the slice is " + ShapeString(want));
   }
   SALUS_ASSIGN_OR_RETURN(x, Cast(x, type));
   SALUS_ASSIGN_OR_RETURN(src, Cast(src, type));
+  if (step > 1) {  // (x[:, ::2]'s gradient) src's rows gathered into place, where they go
+    if (want[dim] == 0) return Bind(0, x);
+    std::vector<int64_t> from(size, 0);
+    Shape along(xs.size(), 1);
+    along[dim] = size;
+    HostTensor mask(DataType::kBool, along);
+    for (int64_t i = start; i < end; i += step) {
+      from[i] = (i - start) / step;
+      mask.bytes[i] = std::byte(1);
+    }
+    SALUS_ASSIGN_OR_RETURN(ValueId placed,
+                           Emit("Gather", {src, Int64s(from)}, {{"axis", IntAttr(dim)}}));
+    SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Where", {Constant(std::move(mask)), placed, x}));
+    return Bind(0, y);
+  }
   std::vector<ValueId> parts;
   auto piece = [&](int64_t from, int64_t to) -> Status {
     if (to <= from) return OkStatus();

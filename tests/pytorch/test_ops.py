@@ -231,6 +231,7 @@ CASES: dict[str, Case] = {
         + m.capped.weight.sum()),
     "CTC loss (padded and concatenated targets, a repeat, an empty and an impossible one)":
         lambda m, d: _ctc(m, d),
+    "strided slices and writes into them (interleaved pairs)": lambda m, d: _strided(m, d),
     "packed sequences (LSTM and GRU, unsorted lengths, padded again)": lambda m, d: _packed(
         m, d),
     "nn.Bilinear": lambda m, d: m.bilinear(d["x"], m.fc(d["x"])).pow(2).sum(),
@@ -253,6 +254,18 @@ def _ctc(m: Net, d: dict[str, torch.Tensor]) -> torch.Tensor:
     return (F.ctc_loss(log_probs, padded, torch.tensor([6, 5, 4]), torch.tensor([3, 2, 1]))
             + F.ctc_loss(log_probs, joined, (6, 6, 3), (2, 0, 3), reduction="sum")
             + F.ctc_loss(log_probs, impossible, (6, 6, 6), (4, 4, 2), zero_infinity=True))
+
+
+def _strided(m: Net, d: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Slices with steps (interleaved pairs rotated, as some rotary embeddings do) and an
+    assignment into a strided view: their gradients scatter with a step."""
+    y = m.fc(d["x"])
+    even, odd = y[:, ::2], y[:, 1::2]
+    pairs = torch.stack([-odd, even[:, :2]], -1).flatten(1)
+    z = m.conv(d["img"])
+    w = z.clone()
+    w[:, :, ::3, 1::2] = 0.5 * z[:, :, 1::3, ::2]
+    return (pairs * y[:, :4]).sum() + even.pow(2).sum() + w.pow(2).sum() + z[..., 2:9:4].sum()
 
 
 def _packed(m: Net, d: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -460,8 +473,6 @@ def test_remainder_and_fmod_take_their_signs_from_divisor_and_dividend(daemon: D
      lambda x: F.avg_pool2d(x, 3, 2, padding=1, ceil_mode=True)),
     ("topk with k over 16", lambda x: x.flatten(1).topk(20).values),
     ("adaptive max pooling from", lambda x: F.adaptive_max_pool2d(x, 3)),
-    ("slice_scatter with a step other than 1", lambda x: torch.autograd.grad(
-        x[:, :, ::2].sum(), x)[0]),
 ])
 def test_what_the_lowerings_leave_out_is_refused_by_name(daemon: Daemon, what: str,
                                                          case: Callable) -> None:
