@@ -1973,6 +1973,21 @@ HostTensor BilinearMatrix(int64_t in, int64_t out, bool align_corners, std::opti
   return HostTensor::FromFloats(transposed ? Shape{in, out} : Shape{out, in}, m);
 }
 
+// Nearest resizing along a dim as the same kind of 0/1 [out, in] matrix: output row d copies
+// input row min(floor(d * s), in - 1), s = 1 / scale when the op was given one and in / out
+// otherwise, computed in float as PyTorch computes it.
+HostTensor NearestMatrix(int64_t in, int64_t out, std::optional<double> scale, bool transposed) {
+  std::vector<float> m(static_cast<size_t>(in * out), 0.f);
+  const float s = scale && *scale > 0 ? static_cast<float>(1.0 / *scale)
+                                      : static_cast<float>(in) / static_cast<float>(out);
+  for (int64_t d = 0; d < out; ++d) {
+    const int64_t i =
+        std::min<int64_t>(static_cast<int64_t>(std::floor(static_cast<float>(d) * s)), in - 1);
+    (transposed ? m[i * out + d] : m[d * in + i]) = 1.f;
+  }
+  return HostTensor::FromFloats(transposed ? Shape{in, out} : Shape{out, in}, m);
+}
+
 // Adaptive average pooling along a dim as the same kind of [out, in] matrix: output row d
 // averages input rows floor(d * in / out) up to ceil((d + 1) * in / out), PyTorch's windows,
 // which differ in size when out does not divide in.
@@ -3367,10 +3382,12 @@ Status Lowerer::Index() {
   return Bind(0, y);
 }
 
-// upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h, scales_w) where
+// upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h, scales_w). Where
 // each output size is a whole multiple k of the input's (and the scales, when given, are
-// those k): each input element was copied into a k x k block, so its gradient is the block's
-// sum. Other ratios are refused.
+// those k), each input element was copied into a k x k block, so its gradient is the block's
+// sum. Other ratios (a U-Net's odd sizes) are the transposed 0/1 copy matrices per dim
+// (ByMatrices with NearestMatrix): each input element gathers the gradients of the outputs
+// that copied it.
 Status Lowerer::UpsampleNearestBackward() {
   SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
   SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> in, Ints("input_size"));
@@ -3379,18 +3396,25 @@ Status Lowerer::UpsampleNearestBackward() {
     return Bad("grad_output " + ShapeString(ys) + " does not fit input_size");
   }
   std::vector<int64_t> k;
+  std::optional<double> scales[2];
+  bool blocks_sum = true;
   for (int d = 2; d < 4; ++d) {
-    if (in[d] <= 0 || ys[d] % in[d] != 0) {
-      return Refuse("nearest upsampling by a ratio that is not whole");
-    }
-    k.push_back(ys[d] / in[d]);
     const std::string scale = d == 2 ? "scales_h" : "scales_w";
     if (!IsNone(scale)) {
-      SALUS_ASSIGN_OR_RETURN(double sc, Number(scale));
-      if (sc != static_cast<double>(k.back())) {
-        return Refuse("nearest upsampling whose scale differs from its sizes' ratio");
-      }
+      SALUS_ASSIGN_OR_RETURN(scales[d - 2], Number(scale));
     }
+    if (in[d] <= 0) return Bad("input_size " + ShapeString(in) + " is empty");
+    k.push_back(ys[d] / in[d]);
+    blocks_sum = blocks_sum && ys[d] % in[d] == 0 &&
+                 (!scales[d - 2] || *scales[d - 2] == static_cast<double>(k.back()));
+  }
+  if (!blocks_sum) {
+    SALUS_ASSIGN_OR_RETURN(ValueId dx,
+                           ByMatrices(dy, in, true, "nearest resizing",
+                                      [&](int64_t i, int64_t o, bool transposed, int dim) {
+                                        return NearestMatrix(i, o, scales[dim - 2], transposed);
+                                      }));
+    return Bind(0, dx);
   }
   SALUS_ASSIGN_OR_RETURN(ValueId blocks, ReshapeTo(dy, {in[0], in[1], in[2], k[0], in[3], k[1]}));
   SALUS_ASSIGN_OR_RETURN(ValueId dx, Reduce("ReduceSum", blocks, {3, 5}, false));

@@ -232,6 +232,11 @@ CASES: dict[str, Case] = {
     "CTC loss (padded and concatenated targets, a repeat, an empty and an impossible one)":
         lambda m, d: _ctc(m, d),
     "strided slices and writes into them (interleaved pairs)": lambda m, d: _strided(m, d),
+    "nearest resizing by ratios that are not whole (sizes, a scale of 1.5, shrinking)":
+        lambda m, d: (
+            F.interpolate(m.conv(d["img"]), size=(20, 9), mode="nearest").pow(2).sum()
+            + F.interpolate(m.conv(d["img"]), scale_factor=1.5, mode="nearest").sum()
+            + (F.interpolate(m.conv(d["img"]), size=(5, 31)) * d["img"][:, :1, :5, :1]).sum()),
     "packed sequences (LSTM and GRU, unsorted lengths, padded again)": lambda m, d: _packed(
         m, d),
     "nn.Bilinear": lambda m, d: m.bilinear(d["x"], m.fc(d["x"])).pow(2).sum(),
