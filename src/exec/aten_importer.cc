@@ -1559,8 +1559,25 @@ Status Lowerer::TopK() {
   return Bind(1, i);
 }
 
-// cumsum(self, dim, dtype=None) along a dim of at most kMaxCumsum: a MatMul with the constant
-// [n, n] upper-triangular matrix of ones, the dim moved last and back. Integer and bool inputs
+namespace {
+
+// The [n, n] matrix of ones on and above the diagonal (above it only, `strict`): x . U is x's
+// running sum along its last dim (the sum before each position).
+HostTensor UpperOnes(int64_t n, bool strict) {
+  std::vector<float> upper(static_cast<size_t>(n * n), 0.f);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = strict ? i + 1 : i; j < n; ++j) upper[i * n + j] = 1.f;
+  }
+  return HostTensor::FromFloats({n, n}, upper);
+}
+
+}  // namespace
+
+// cumsum(self, dim, dtype=None): a MatMul with the constant [n, n] upper-triangular matrix of
+// ones, the dim moved last and back. Along a dim over kMaxCumsum (a long sequence's position
+// ids), in blocks of kMaxCumsum instead: the dim zero-padded to whole blocks, each block's
+// running sum by one such MatMul, plus the sum of the blocks before it (the blocks' totals by
+// a strictly upper-triangular MatMul), up to kMaxCumsum blocks. Integer and bool inputs
 // (position ids from a mask) are summed in float, exact below 2^24, and cast back.
 Status Lowerer::Cumsum() {
   constexpr int64_t kMaxCumsum = 2048;
@@ -1574,7 +1591,10 @@ Status Lowerer::Cumsum() {
   }
   SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, xs.size()));
   const int64_t n = xs[dim];
-  if (n > kMaxCumsum) return Refuse("cumsum along a dim over " + std::to_string(kMaxCumsum));
+  const int64_t blocks = (n + kMaxCumsum - 1) / kMaxCumsum;
+  if (blocks > kMaxCumsum) {
+    return Refuse("cumsum along a dim over " + std::to_string(kMaxCumsum * kMaxCumsum));
+  }
   SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
   const int64_t last = static_cast<int64_t>(xs.size()) - 1;
   std::vector<int64_t> perm(xs.size());
@@ -1583,12 +1603,38 @@ Status Lowerer::Cumsum() {
   if (dim != last) {
     SALUS_ASSIGN_OR_RETURN(x, Emit("Transpose", {x}, {{"perm", IntsAttr(perm)}}));
   }
-  std::vector<float> upper(static_cast<size_t>(n * n), 0.f);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = i; j < n; ++j) upper[i * n + j] = 1.f;
+  ValueId y = x;
+  if (blocks == 1) {
+    SALUS_ASSIGN_OR_RETURN(y, Emit("MatMul", {x, Constant(UpperOnes(n, false))}));
+  } else {
+    Shape moved = S(x);  // [..., n]
+    Shape padded = moved;
+    padded.back() = blocks * kMaxCumsum;
+    if (padded.back() > n) {
+      Shape zeros = moved;
+      zeros.back() = padded.back() - n;
+      SALUS_ASSIGN_OR_RETURN(
+          x, Emit("Concat", {x, Filled(DataType::kFloat32, zeros, 0)}, {{"axis", IntAttr(last)}}));
+    }
+    Shape split = moved;
+    split.back() = blocks;
+    split.push_back(kMaxCumsum);  // [..., blocks, B]
+    SALUS_ASSIGN_OR_RETURN(x, ReshapeTo(x, split));
+    SALUS_ASSIGN_OR_RETURN(ValueId within,
+                           Emit("MatMul", {x, Constant(UpperOnes(kMaxCumsum, false))}));
+    SALUS_ASSIGN_OR_RETURN(ValueId totals, Reduce("ReduceSum", x, {last + 1}, false));
+    SALUS_ASSIGN_OR_RETURN(ValueId before,
+                           Emit("MatMul", {totals, Constant(UpperOnes(blocks, true))}));
+    Shape column = split;
+    column.back() = 1;
+    SALUS_ASSIGN_OR_RETURN(before, ReshapeTo(before, column));
+    SALUS_ASSIGN_OR_RETURN(y, Emit("Add", {within, before}));
+    SALUS_ASSIGN_OR_RETURN(y, ReshapeTo(y, padded));
+    if (padded.back() > n) {
+      SALUS_ASSIGN_OR_RETURN(
+          y, Emit("Slice", {y, Int64s({0}), Int64s({n}), Int64s({last}), Int64s({1})}));
+    }
   }
-  SALUS_ASSIGN_OR_RETURN(ValueId y,
-                         Emit("MatMul", {x, Constant(HostTensor::FromFloats({n, n}, upper))}));
   if (dim != last) {
     SALUS_ASSIGN_OR_RETURN(y, Emit("Transpose", {y}, {{"perm", IntsAttr(perm)}}));
   }

@@ -118,6 +118,8 @@ CASES: dict[str, Case] = {
     "abs and minimum": lambda m, d: torch.minimum(m.fc(d["x"]).abs(), torch.tensor(0.3)).sum(),
     "cumsum": lambda m, d: (m.fc(d["x"]).cumsum(-1).pow(2).sum()
                             + m.fc(d["x"]).cumsum(0).pow(3).sum()),
+    "cumsum along 5000 (in blocks)": lambda m, d: (
+        m.fc(d["x"]).repeat(1, 1000).cumsum(1)[:, ::7].mul(0.01).pow(2).mean()),
     "index_select": lambda m, d: m.fc(d["x"]).index_select(0, torch.tensor([0, 2, 2])).pow(2)
     .sum(),
     "average pooling": lambda m, d: F.avg_pool2d(m.conv(d["img"]), 2).pow(2).sum(),
@@ -378,11 +380,14 @@ def test_top_k_for_metrics(daemon: Daemon) -> None:
 
 
 def test_position_ids_from_a_mask(daemon: Daemon) -> None:
-    """A language model's position ids: an int64 cumsum of the attention mask."""
+    """A language model's position ids: an int64 cumsum of the attention mask, also over a
+    context of 6000 tokens (cumsum in blocks)."""
     mask = torch.tensor([[1, 1, 1, 0, 0], [0, 1, 1, 1, 1]])
-    for f in (lambda m: m.cumsum(1) * m - 1, lambda m: (m > 0).cumsum(-1),
-              lambda m: m.cumsum(0)):
-        assert torch.equal(f(mask.to("salus")).cpu(), f(mask))
+    long = (torch.arange(2 * 6000).reshape(2, 6000) % 7 != 3).long()
+    for m in (mask, long):
+        for f in (lambda m: m.cumsum(1) * m - 1, lambda m: (m > 0).cumsum(-1),
+                  lambda m: m.cumsum(0)):
+            assert torch.equal(f(m.to("salus")).cpu(), f(m))
 
 
 def test_ops_that_reshape_a_tensor_in_place(daemon: Daemon) -> None:
