@@ -2298,10 +2298,10 @@ Status Lowerer::Convolution() {
                                             {"pads", IntsAttr(pads)},
                                             {"dilations", IntsAttr(dilation)},
                                             {"group", IntAttr(groups)}};
-  if (transposed) {
-    for (int64_t p : output_padding) {
-      if (p != 0) return Refuse("a transposed convolution with output_padding");
-    }
+  if (transposed &&
+      std::any_of(output_padding.begin(), output_padding.end(), [](int64_t p) { return p != 0; })) {
+    if (output_padding.size() != spatial) return Bad("output_padding needs one entry per dim");
+    attrs["output_padding"] = IntsAttr(output_padding);  // (extra rows at the end, ONNX's)
   }
   // Note [1-D convolutions]: the engine's convolutions are 2-D, so a 1-D one (Conv1d) runs as
   // a 2-D one over a height of 1, its input, weight and output given that dim and losing it.
@@ -2313,6 +2313,9 @@ Status Lowerer::Convolution() {
              {"pads", IntsAttr({0, padding[0], 0, padding[0]})},
              {"dilations", IntsAttr({1, dilation[0]})},
              {"group", IntAttr(groups)}};
+    if (transposed && output_padding.size() == 1 && output_padding[0] != 0) {
+      attrs["output_padding"] = IntsAttr({0, output_padding[0]});
+    }
   }
   std::vector<ValueId> inputs = {x, w};
   if (b != kNoValue) inputs.push_back(b);
@@ -2393,10 +2396,9 @@ Status Lowerer::ConvolutionBackward() {
 Status Lowerer::TransposedConvolutionBackward(ValueId dy, ValueId x, ValueId w,
                                               std::map<std::string, Attribute> attrs,
                                               const std::function<bool(int)>& wanted) {
-  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> output_padding, Ints("output_padding"));
-  for (int64_t p : output_padding) {
-    if (p != 0) return Refuse("the gradient of a transposed convolution with output_padding");
-  }
+  // (With output_padding, the transposed output has up to stride - 1 more rows at its end than
+  // the convolution of the input's size needs; that convolution's output is still the input's
+  // size, the extra rows only reaching it through the padding, as in PyTorch.)
   if (wanted(0)) {
     std::map<std::string, Attribute> conv = attrs;
     conv.erase("forward_op");

@@ -69,6 +69,11 @@ class Net(nn.Module):
         self.bilinear = nn.Bilinear(16, 5, 3)
         self.lrn = nn.LocalResponseNorm(3)
         self.capped = nn.Embedding(10, 4, max_norm=1.5)
+        # (a decoder's upsampling to exact sizes: output_padding below the padding, and above)
+        self.padded_deconv = nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1)
+        self.wide_deconv = nn.ConvTranspose2d(4, 3, 2, stride=3, output_padding=2, dilation=2)
+        self.padded_deconv1d = nn.ConvTranspose1d(4, 2, 3, stride=2, padding=1,
+                                                  output_padding=1)
 
 
 Case = Callable[[Net, dict[str, torch.Tensor]], torch.Tensor]
@@ -183,6 +188,10 @@ CASES: dict[str, Case] = {
                                         .manual_seed(5)).to(d["x"].device)),
     "frozen batch norm (eval mode) trained through": lambda m, d: m.bn.eval()(
         m.conv(d["img"])).pow(2).sum(),
+    "transposed convolutions with output_padding (2-D, dilated, 1-D)": lambda m, d: (
+        m.padded_deconv(m.conv(d["img"])).pow(2).sum()
+        + (m.wide_deconv(m.conv(d["img"])) * d["img"][:, :1, :1, :1]).sum()
+        + m.padded_deconv1d(m.conv1d(d["seq"])).pow(2).sum()),
     "1-d convolutions": lambda m, d: (m.deconv1d(m.conv1d(d["seq"])).pow(2).sum()
                                       + F.max_pool1d(m.conv1d(d["seq"]), 2).pow(2).sum()),
     "lstm": lambda m, d: (lambda out, hc: out.pow(2).sum() + hc[1].sum())(*m.lstm(d["seq"])),
