@@ -226,6 +226,65 @@ TEST(AtenImporter, SelectScatterWritesOneColumnAndRefusesAnIndexOutside) {
   }
 }
 
+// slice_scatter with a step (x[:, 1::2]'s gradient): src's columns land at 1 and 3.
+TEST(AtenImporter, SliceScatterWithAStep) {
+  AtenGraphBuilder b;
+  const int x = b.Value("x", {2, 5});
+  const int src = b.Value("src", {2, 2});
+  b.graph().add_inputs(x);
+  b.graph().add_inputs(src);
+  const int y = b.Value("y", {2, 5});
+  auto* n = b.Node("aten.slice_scatter.default", {y});
+  AtenGraphBuilder::Tensor(n, "self", x);
+  AtenGraphBuilder::Tensor(n, "src", src);
+  for (const auto& [name, v] : std::vector<std::pair<std::string, int64_t>>{
+           {"dim", 1}, {"start", 1}, {"end", 5}, {"step", 2}}) {
+    v1::AtenArgument* a = n->add_args();
+    a->set_name(name);
+    a->set_int_value(v);
+  }
+  b.graph().add_outputs(y);
+  auto exe = Executable::CompileAten(b.Bytes(), CompileOptions{});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  Memory mem(**exe);
+  auto out = RunHost(**exe, mem,
+                     {HostTensor::FromFloats({2, 5}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}),
+                      HostTensor::FromFloats({2, 2}, {-1, -2, -3, -4})});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(std::vector<float>((*out)[0].floats(), (*out)[0].floats() + 10),
+            std::vector<float>({0, -1, 2, -2, 4, 5, -3, 7, -4, 9}));
+}
+
+// cumsum along a dim over 2048 runs in blocks: exact for integers in float.
+TEST(AtenImporter, CumsumAlongALongDimInBlocks) {
+  constexpr int64_t kLong = 5000;
+  AtenGraphBuilder b;
+  const int x = b.Value("x", {2, kLong});
+  b.graph().add_inputs(x);
+  const int y = b.Value("y", {2, kLong});
+  auto* n = b.Node("aten.cumsum.default", {y});
+  AtenGraphBuilder::Tensor(n, "self", x);
+  v1::AtenArgument* dim = n->add_args();
+  dim->set_name("dim");
+  dim->set_int_value(-1);
+  b.graph().add_outputs(y);
+  auto exe = Executable::CompileAten(b.Bytes(), CompileOptions{});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  std::vector<float> v(2 * kLong);
+  for (int64_t i = 0; i < 2 * kLong; ++i) v[i] = static_cast<float>(i % 7) - 2.f;
+  Memory mem(**exe);
+  auto out = RunHost(**exe, mem, {HostTensor::FromFloats({2, kLong}, v)});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const float* got = (*out)[0].floats();
+  for (int64_t row = 0; row < 2; ++row) {
+    float sum = 0;
+    for (int64_t i = 0; i < kLong; ++i) {
+      sum += v[row * kLong + i];
+      ASSERT_EQ(got[row * kLong + i], sum) << row << ", " << i;
+    }
+  }
+}
+
 // p, buf (state); g, lr (inputs); salus.sgd_update then the copy_ writes the tracer emits.
 AtenGraphBuilder SgdStep(bool read_after) {
   AtenGraphBuilder b;
