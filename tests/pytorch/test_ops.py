@@ -136,6 +136,9 @@ CASES: dict[str, Case] = {
         m.conv(d["img"]) * 3, (3, 5)).pow(2).sum(),
     "adaptive max pooling": lambda m, d: (F.adaptive_max_pool2d(m.conv(d["img"]), 7).pow(2).sum()
                                           + F.adaptive_max_pool2d(m.conv(d["img"]), 1).sum()),
+    "adaptive max pooling by windows of different sizes": lambda m, d: (
+        F.adaptive_max_pool2d(m.conv(d["img"]), (5, 3)).pow(2).sum()
+        + (F.adaptive_max_pool2d(torch.relu(m.conv(d["img"])), (4, 6)) * 2).sum()),
     "adaptive average pooling": lambda m, d: F.adaptive_avg_pool2d(m.conv(d["img"]), 7).pow(2)
     .sum(),
     "nearest upsampling": lambda m, d: (
@@ -491,7 +494,8 @@ def test_remainder_and_fmod_take_their_signs_from_divisor_and_dividend(daemon: D
     ("average pooling with ceil_mode, padding and count_include_pad",
      lambda x: F.avg_pool2d(x, 3, 2, padding=1, ceil_mode=True)),
     ("topk with k over 16", lambda x: x.flatten(1).topk(20).values),
-    ("adaptive max pooling from", lambda x: F.adaptive_max_pool2d(x, 3)),
+    ("only 2-D convolutions", lambda x: F.conv3d(x.unsqueeze(1),
+                                                 torch.ones(2, 1, 2, 3, 3).to(x.device))),
 ])
 def test_what_the_lowerings_leave_out_is_refused_by_name(daemon: Daemon, what: str,
                                                          case: Callable) -> None:

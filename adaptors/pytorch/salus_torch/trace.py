@@ -227,6 +227,8 @@ def _decompositions() -> dict:
     table[torch.ops.aten.atan2.default] = _atan2
     table[torch.ops.aten.embedding_renorm_.default] = _embedding_renorm_
     table[torch.ops.aten._ctc_loss.default] = _ctc_loss
+    table[torch.ops.aten.adaptive_max_pool2d.default] = _adaptive_max_pool2d
+    table[torch.ops.aten.adaptive_max_pool2d_backward.default] = _adaptive_max_pool2d_backward
     table[torch.ops.aten._ctc_loss_backward.default] = _ctc_loss_backward
     return table
 
@@ -463,6 +465,53 @@ def _ctc_loss_backward(grad: torch.Tensor, log_probs: torch.Tensor, targets: tor
     if zero_infinity:
         kept = kept & (nll != float("inf")).reshape(1, batch, 1)
     return torch.where(kept, exact + log_probs.exp() * grad.reshape(1, batch, 1), 0.0)
+
+
+def _adaptive_windows(size: int, out: int) -> list[range]:
+    """PyTorch's adaptive pooling windows along a dim: floor(i * size / out) up to
+    ceil((i + 1) * size / out)."""
+    return [range(i * size // out, -(-(i + 1) * size // out)) for i in range(out)]
+
+
+def _adaptive_size(x: torch.Tensor, output_size: list[int | None]) -> tuple[int, int]:
+    return tuple(size if size is not None else full  # type: ignore[return-value]
+                 for size, full in zip(output_size, x.shape[-2:], strict=True))
+
+
+def _adaptive_max_pool2d(x: torch.Tensor, output_size: list[int]
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adaptive max pooling whose output does not divide the input (the importer pools the
+    dividing case whole): every window's positions gathered into a row (padded with -inf where
+    a window is smaller than the largest), and the row's max and its first position, as
+    PyTorch scans a window, give the value and the index. Its gradient goes to that position
+    alone, as PyTorch's does."""
+    height, width = x.shape[-2:]
+    out_h, out_w = _adaptive_size(x, output_size)
+    if height % out_h == 0 and width % out_w == 0:
+        return NotImplemented  # type: ignore[return-value]
+    windows = [[[r * width + c for r in rows for c in cols]
+                for cols in _adaptive_windows(width, out_w)]
+               for rows in _adaptive_windows(height, out_h)]
+    longest = max(len(w) for row in windows for w in row)
+    none = height * width  # the -inf column appended below
+    table = torch.tensor([[w + [none] * (longest - len(w)) for w in row] for row in windows],
+                         dtype=torch.int64)  # (out_h, out_w, longest)
+    flat = x.reshape(*x.shape[:-2], height * width)
+    flat = torch.cat([flat, torch.full_like(flat[..., :1], float("-inf"))], -1)
+    rows = flat[..., table.reshape(-1)].reshape(*x.shape[:-2], out_h, out_w, longest)
+    values, where = rows.max(-1)
+    index = table.expand(*where.shape, longest).gather(-1, where.unsqueeze(-1)).squeeze(-1)
+    return values, index
+
+
+def _adaptive_max_pool2d_backward(grad: torch.Tensor, x: torch.Tensor, indices: torch.Tensor
+                                  ) -> torch.Tensor:
+    """_adaptive_max_pool2d's gradient (Note [Gradients of decompositions]); the dividing
+    case is left whole for the importer."""
+    size = list(grad.shape[-2:])
+    if x.shape[-2] % size[0] == 0 and x.shape[-1] % size[1] == 0:
+        return NotImplemented  # type: ignore[return-value]
+    return _vjp(lambda t: _adaptive_max_pool2d(t, size)[0], (x,), grad)[0]
 
 
 def _atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
