@@ -228,6 +228,8 @@ def _decompositions() -> dict:
     table[torch.ops.aten.embedding_renorm_.default] = _embedding_renorm_
     table[torch.ops.aten._ctc_loss.default] = _ctc_loss
     table[torch.ops.aten.adaptive_max_pool2d.default] = _adaptive_max_pool2d
+    table[torch.ops.aten.avg_pool2d.default] = _avg_pool2d
+    table[torch.ops.aten.avg_pool2d_backward.default] = _avg_pool2d_backward
     table[torch.ops.aten.adaptive_max_pool2d_backward.default] = _adaptive_max_pool2d_backward
     table[torch.ops.aten._ctc_loss_backward.default] = _ctc_loss_backward
     return table
@@ -465,6 +467,47 @@ def _ctc_loss_backward(grad: torch.Tensor, log_probs: torch.Tensor, targets: tor
     if zero_infinity:
         kept = kept & (nll != float("inf")).reshape(1, batch, 1)
     return torch.where(kept, exact + log_probs.exp() * grad.reshape(1, batch, 1), 0.0)
+
+
+def _avg_pool2d(x: torch.Tensor, kernel_size: list[int], stride: list[int] | None = None,
+                padding: object = 0, ceil_mode: bool = False, count_include_pad: bool = True,
+                divisor_override: int | None = None) -> torch.Tensor:
+    """Average pooling with ceil_mode, padding and count_include_pad together, which the
+    engine's pooling divides otherwise: PyTorch divides a window that runs past the padded
+    input by the part inside the padding. So the padding is made explicit (zeros) and the
+    padded input pooled without padding and without counting outside it, which divides the
+    same way; the one window PyTorch drops (one that would start in the right padding) is
+    sliced off. Every other configuration is left whole, for the importer."""
+    def two(v: object) -> list[int]:
+        v = [v] if isinstance(v, int) else list(v)
+        return v * 2 if len(v) == 1 else v
+
+    k, p = two(kernel_size), two(padding)
+    s = two(stride) if stride else k
+    if not (ceil_mode and count_include_pad and any(p)) or divisor_override or x.dim() != 4:
+        return NotImplemented  # type: ignore[return-value]
+    sizes = []
+    for d in range(2):
+        size = x.shape[2 + d]
+        out = -(-(size + 2 * p[d] - k[d]) // s[d]) + 1
+        if (out - 1) * s[d] >= size + p[d]:
+            out -= 1
+        sizes.append(out)
+    padded = torch.nn.functional.pad(x, (p[1], p[1], p[0], p[0]))
+    y = torch.nn.functional.avg_pool2d(padded, k, s, 0, True, False)
+    return y[..., :sizes[0], :sizes[1]]
+
+
+def _avg_pool2d_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: list[int],
+                         stride: list[int], padding: list[int], ceil_mode: bool,
+                         count_include_pad: bool, divisor_override: int | None
+                         ) -> torch.Tensor:
+    """_avg_pool2d's gradient (Note [Gradients of decompositions]) where it decomposes."""
+    args = (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    if not (ceil_mode and count_include_pad and any(padding)) or divisor_override or \
+            x.dim() != 4:
+        return NotImplemented  # type: ignore[return-value]
+    return _vjp(lambda t: _avg_pool2d(t, *args), (x,), grad)[0]
 
 
 def _adaptive_windows(size: int, out: int) -> list[range]:
