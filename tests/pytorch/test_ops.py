@@ -250,6 +250,10 @@ CASES: dict[str, Case] = {
     "CTC loss (padded and concatenated targets, a repeat, an empty and an impossible one)":
         lambda m, d: _ctc(m, d),
     "strided slices and writes into them (interleaved pairs)": lambda m, d: _strided(m, d),
+    "indexing by index tensors on dims apart": lambda m, d: (
+        m.conv(d["img"])[torch.tensor([0, 2, 3, 2]), :, :, torch.tensor([1, 5, 9, 13])]
+        .pow(2).sum()
+        + m.conv(d["img"])[torch.tensor([[1], [3]]), 1:3, torch.tensor([4, 0, 7])].sum()),
     "nearest resizing by ratios that are not whole (sizes, a scale of 1.5, shrinking)":
         lambda m, d: (
             F.interpolate(m.conv(d["img"]), size=(20, 9), mode="nearest").pow(2).sum()

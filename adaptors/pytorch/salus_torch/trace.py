@@ -229,6 +229,8 @@ def _decompositions() -> dict:
     table[torch.ops.aten._ctc_loss.default] = _ctc_loss
     table[torch.ops.aten.adaptive_max_pool2d.default] = _adaptive_max_pool2d
     table[torch.ops.aten.avg_pool2d.default] = _avg_pool2d
+    table[torch.ops.aten.index.Tensor] = _index
+    table[torch.ops.aten.index_put.default] = _index_put
     table[torch.ops.aten.avg_pool2d_backward.default] = _avg_pool2d_backward
     table[torch.ops.aten.adaptive_max_pool2d_backward.default] = _adaptive_max_pool2d_backward
     table[torch.ops.aten._ctc_loss_backward.default] = _ctc_loss_backward
@@ -467,6 +469,40 @@ def _ctc_loss_backward(grad: torch.Tensor, log_probs: torch.Tensor, targets: tor
     if zero_infinity:
         kept = kept & (nll != float("inf")).reshape(1, batch, 1)
     return torch.where(kept, exact + log_probs.exp() * grad.reshape(1, batch, 1), 0.0)
+
+
+def _apart(indices: list[torch.Tensor | None]) -> list[int] | None:
+    """The dims indexed by integer tensors, when they are not consecutive (x[i, :, j])."""
+    dims = [d for d, i in enumerate(indices) if i is not None]
+    if not dims or dims == list(range(dims[0], dims[-1] + 1)) or \
+            any(indices[d].dtype in (torch.bool, torch.uint8) for d in dims):
+        return None
+    return dims
+
+
+def _index(x: torch.Tensor, indices: list[torch.Tensor | None]) -> torch.Tensor:
+    """Advanced indexing by tensors on dims apart: PyTorch puts the indices' broadcast dims
+    first, then the other dims in order, which is indexing on consecutive dims (what the
+    importer lowers) of x with the indexed dims moved to the front."""
+    dims = _apart(indices)
+    if dims is None:
+        return NotImplemented  # type: ignore[return-value]
+    rest = [d for d in range(x.dim()) if d not in dims]
+    return torch.ops.aten.index.Tensor(x.permute(dims + rest), [indices[d] for d in dims])
+
+
+def _index_put(x: torch.Tensor, indices: list[torch.Tensor | None], values: torch.Tensor,
+               accumulate: bool = False) -> torch.Tensor:
+    """index_put on dims apart (the gradient of _index's indexing): on x with those dims
+    moved to the front, as indexing them there, and moved back."""
+    dims = _apart(indices)
+    if dims is None:
+        return NotImplemented  # type: ignore[return-value]
+    order = dims + [d for d in range(x.dim()) if d not in dims]
+    back = [order.index(d) for d in range(x.dim())]
+    put = torch.ops.aten.index_put.default(x.permute(order), [indices[d] for d in dims], values,
+                                           accumulate)
+    return put.permute(back)
 
 
 def _avg_pool2d(x: torch.Tensor, kernel_size: list[int], stride: list[int] | None = None,
