@@ -1146,7 +1146,9 @@ Status Lowerer::Binary() {
   } else {
     engine = "Min";
   }
-  if (type == DataType::kBool && engine != "Max" && engine != "Min") {
+  if (type == DataType::kBool && (engine == "Mul" || engine == "Add")) {
+    engine = engine == "Mul" ? "And" : "Or";  // PyTorch's bool product and sum
+  } else if (type == DataType::kBool && engine != "Max" && engine != "Min") {
     return Refuse("arithmetic on bool tensors");
   }
   SALUS_ASSIGN_OR_RETURN(ValueId y, Emit(engine, {a, b}));

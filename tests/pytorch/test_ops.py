@@ -250,6 +250,20 @@ CASES: dict[str, Case] = {
     "CTC loss (padded and concatenated targets, a repeat, an empty and an impossible one)":
         lambda m, d: _ctc(m, d),
     "strided slices and writes into them (interleaved pairs)": lambda m, d: _strided(m, d),
+    "math from what the engine has (sinh, cosh, tan, asin, acos, exp2, log2, log10, trunc, "
+    "hypot, fmax, nan_to_num)": lambda m, d: (
+        (torch.sinh(m.fc(d["x"])) + torch.cosh(m.fc(d["x"])) + torch.tan(m.fc(d["x"]) * 0.3)
+         + torch.asin(m.fc(d["x"]).tanh() * 0.9) * torch.acos(m.fc(d["x"]).tanh() * 0.9)
+         + torch.exp2(m.fc(d["x"])) + torch.log2(m.fc(d["x"]).exp())
+         + torch.log10(m.fc(d["x"]).exp()) * torch.trunc(m.fc(d["x"]) * 3)
+         + torch.hypot(m.fc(d["x"]), m.fc(d["x"]).roll(1, 0))
+         + torch.fmax(m.fc(d["x"]), m.fc(d["x"]).roll(1, 0))
+         + torch.nan_to_num(m.fc(d["x"]).log(), nan=0.5, neginf=-3.0)).sum()),
+    "median and kthvalue (their gradients), bucketize": lambda m, d: (
+        m.fc(d["x"]).median(1).values.pow(2).sum() + m.fc(d["x"]).median().pow(2)
+        + m.fc(d["x"]).kthvalue(2, 0, keepdim=True).values.pow(2).sum()
+        + (torch.bucketize(m.fc(d["x"]).detach(), torch.tensor([-0.5, 0.0, 0.5]).to(
+            d["x"].device), right=True) * m.fc(d["x"])).sum()),
     "indexing by index tensors on dims apart": lambda m, d: (
         m.conv(d["img"])[torch.tensor([0, 2, 3, 2]), :, :, torch.tensor([1, 5, 9, 13])]
         .pow(2).sum()

@@ -1369,14 +1369,26 @@ def _ctc_loss_backward_meta(grad: torch.Tensor, log_probs: torch.Tensor, *args: 
     return log_probs.new_empty(log_probs.shape)
 
 
+def _kthvalue_meta(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = list(x.shape)
+    if shape:
+        if keepdim:
+            shape[dim] = 1
+        else:
+            del shape[dim]
+    return x.new_empty(shape), x.new_empty(shape, dtype=torch.int64)
+
+
 def _register_missing_meta(lib: torch.library.Library) -> None:
     """Meta kernels PyTorch lacks for ops that run on a non-CPU device: `nn.GRU`'s fused cells,
-    weight_norm's, multi_margin_loss's and CTC's gradients. Without them the device cannot
+    weight_norm's, multi_margin_loss's and CTC's gradients, kthvalue. Without them the device cannot
     know those ops' shapes, so it could not record them."""
     for name, fn in (("_thnn_fused_gru_cell", _gru_cell_meta),
                      ("_thnn_fused_gru_cell_backward", _gru_cell_backward_meta),
                      ("_weight_norm_interface_backward", _weight_norm_backward_meta),
                      ("multi_margin_loss_backward", _multi_margin_loss_backward_meta),
-                     ("_ctc_loss_backward", _ctc_loss_backward_meta)):
+                     ("_ctc_loss_backward", _ctc_loss_backward_meta),
+                     ("kthvalue", _kthvalue_meta)):
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
             lib.impl(name, fn, "Meta")

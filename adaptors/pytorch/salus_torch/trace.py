@@ -21,6 +21,7 @@ import contextlib
 import operator
 import types
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
@@ -230,6 +231,7 @@ def _decompositions() -> dict:
     table[torch.ops.aten.adaptive_max_pool2d.default] = _adaptive_max_pool2d
     table[torch.ops.aten.avg_pool2d.default] = _avg_pool2d
     table[torch.ops.aten.index.Tensor] = _index
+    table.update(_MATH)
     table[torch.ops.aten.index_put.default] = _index_put
     table[torch.ops.aten.avg_pool2d_backward.default] = _avg_pool2d_backward
     table[torch.ops.aten.adaptive_max_pool2d_backward.default] = _adaptive_max_pool2d_backward
@@ -469,6 +471,66 @@ def _ctc_loss_backward(grad: torch.Tensor, log_probs: torch.Tensor, targets: tor
     if zero_infinity:
         kept = kept & (nll != float("inf")).reshape(1, batch, 1)
     return torch.where(kept, exact + log_probs.exp() * grad.reshape(1, batch, 1), 0.0)
+
+
+_LN2, _LN10 = 0.6931471805599453, 2.302585092994046
+
+
+def _median(x: torch.Tensor, dim: int | None = None, keepdim: bool = False
+            ) -> Any:
+    """median as the lower middle of a stable sort (PyTorch's median is the lower one of an
+    even count), with its index along dim; over all elements, the value alone."""
+    return _kth(x.reshape(-1) if dim is None else x, (x.numel() + 1) // 2 if dim is None
+                else (x.shape[dim] + 1) // 2, 0 if dim is None else dim, keepdim, dim is None)
+
+
+def _kth(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False,
+         value_only: bool = False) -> Any:
+    """The k-th smallest along dim (kthvalue; 1-based) from a stable sort, and its index."""
+    values, indices = torch.sort(x, dim=dim, stable=True)
+    value = values.narrow(dim, k - 1, 1)
+    index = indices.narrow(dim, k - 1, 1)
+    if not keepdim:
+        value, index = value.squeeze(dim), index.squeeze(dim)
+    return value.reshape(()) if value_only else (value, index)
+
+
+def _bucketize(x: torch.Tensor, boundaries: torch.Tensor, *, out_int32: bool = False,
+               right: bool = False) -> torch.Tensor:
+    """bucketize: how many boundaries lie below x (at or below, with right)."""
+    below = x.unsqueeze(-1) >= boundaries if right else x.unsqueeze(-1) > boundaries
+    return below.sum(-1, dtype=torch.int32 if out_int32 else torch.int64)
+
+
+def _fmax_fmin(pick: Any) -> Any:
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """fmax/fmin: maximum/minimum, but a NaN loses to a number."""
+        return torch.where(torch.isnan(b), a, torch.where(torch.isnan(a), b, pick(a, b)))
+    return f
+
+
+# Elementwise math the engine has no kernel for, from what it has. sinh uses expm1, so it keeps
+# its digits near 0.
+_MATH = {
+    torch.ops.aten.sinh.default: lambda x: (torch.expm1(x) - torch.expm1(-x)) * 0.5,
+    torch.ops.aten.cosh.default: lambda x: (torch.exp(x) + torch.exp(-x)) * 0.5,
+    torch.ops.aten.tan.default: lambda x: torch.sin(x) / torch.cos(x),
+    torch.ops.aten.asin.default: lambda x: torch.atan(x / torch.sqrt((1 - x) * (1 + x))),
+    torch.ops.aten.acos.default:
+        lambda x: torch.pi / 2 - torch.atan(x / torch.sqrt((1 - x) * (1 + x))),
+    torch.ops.aten.exp2.default: lambda x: torch.exp(x * _LN2),
+    torch.ops.aten.log2.default: lambda x: torch.log(x) / _LN2,
+    torch.ops.aten.log10.default: lambda x: torch.log(x) / _LN10,
+    torch.ops.aten.trunc.default:
+        lambda x: torch.where(x < 0, torch.ceil(x), torch.floor(x)),
+    torch.ops.aten.hypot.default: lambda a, b: torch.sqrt(a * a + b * b),
+    torch.ops.aten.fmax.default: _fmax_fmin(torch.maximum),
+    torch.ops.aten.fmin.default: _fmax_fmin(torch.minimum),
+    torch.ops.aten.bucketize.Tensor: _bucketize,
+    torch.ops.aten.median.dim: _median,
+    torch.ops.aten.median.default: _median,
+    torch.ops.aten.kthvalue.default: _kth,
+}
 
 
 def _apart(indices: list[torch.Tensor | None]) -> list[int] | None:
