@@ -218,24 +218,29 @@ def _decompositions() -> dict:
     table[torch.ops.aten._weight_norm_interface_backward.default] = _weight_norm_backward
     table[torch.ops.aten._cdist_forward.default] = _cdist_forward
     table[torch.ops.aten._cdist_backward.default] = _cdist_backward
-    table[torch.ops.aten.grid_sampler_2d.default] = _grid_sampler_2d
-    table[torch.ops.aten.grid_sampler_2d_backward.default] = _grid_sampler_2d_backward
-    table[torch.ops.aten.upsample_bicubic2d_backward.default] = _upsample_bicubic2d_backward
-    table[torch.ops.aten.multi_margin_loss_backward.default] = _multi_margin_loss_backward
-    table[torch.ops.aten.avg_pool3d.default] = _avg_pool3d
-    table[torch.ops.aten.avg_pool3d_backward.default] = _avg_pool3d_backward
-    table[torch.ops.aten._trilinear.default] = _trilinear
-    table[torch.ops.aten.atan2.default] = _atan2
-    table[torch.ops.aten.embedding_renorm_.default] = _embedding_renorm_
-    table[torch.ops.aten._ctc_loss.default] = _ctc_loss
-    table[torch.ops.aten.adaptive_max_pool2d.default] = _adaptive_max_pool2d
-    table[torch.ops.aten.avg_pool2d.default] = _avg_pool2d
-    table[torch.ops.aten.index.Tensor] = _index
+    # Operators the importer lacks or lowers only in part, each with its backward; a
+    # decomposition that returns NotImplemented leaves its op whole (lowered, or refused).
+    a = torch.ops.aten
+    table.update({
+        a.grid_sampler_2d.default: _grid_sampler_2d,
+        a.grid_sampler_2d_backward.default: _grid_sampler_2d_backward,
+        a.upsample_bicubic2d_backward.default: _upsample_bicubic2d_backward,
+        a.multi_margin_loss_backward.default: _multi_margin_loss_backward,
+        a.avg_pool2d.default: _avg_pool2d,
+        a.avg_pool2d_backward.default: _avg_pool2d_backward,
+        a.avg_pool3d.default: _avg_pool3d,
+        a.avg_pool3d_backward.default: _avg_pool3d_backward,
+        a.adaptive_max_pool2d.default: _adaptive_max_pool2d,
+        a.adaptive_max_pool2d_backward.default: _adaptive_max_pool2d_backward,
+        a._ctc_loss.default: _ctc_loss,
+        a._ctc_loss_backward.default: _ctc_loss_backward,
+        a.index.Tensor: _index,
+        a.index_put.default: _index_put,
+        a._trilinear.default: _trilinear,
+        a.embedding_renorm_.default: _embedding_renorm_,
+        a.atan2.default: _atan2,
+    })
     table.update(_MATH)
-    table[torch.ops.aten.index_put.default] = _index_put
-    table[torch.ops.aten.avg_pool2d_backward.default] = _avg_pool2d_backward
-    table[torch.ops.aten.adaptive_max_pool2d_backward.default] = _adaptive_max_pool2d_backward
-    table[torch.ops.aten._ctc_loss_backward.default] = _ctc_loss_backward
     return table
 
 
@@ -276,7 +281,7 @@ def _grid_sampler_2d(input: torch.Tensor, grid: torch.Tensor, interpolation: int
         if interpolation == 2:
             return NotImplemented  # type: ignore[return-value]
         height, width = input.shape[-2:]
-        x, y = grid.split(1, -1)  # (their gradient is a cat; a select's would not lower)
+        x, y = grid.split(1, -1)
         grid = torch.cat([_reflected(x, width, align_corners),
                           _reflected(y, height, align_corners)], -1)
         padding = 1
