@@ -337,6 +337,19 @@ def _multi_margin_loss_backward(grad: torch.Tensor, input: torch.Tensor, target:
     return _vjp(lambda x: forward(x, target, p, margin, weight, reduction), (input,), grad)[0]
 
 
+def _per_dim(v: object, dims: int) -> list[int]:
+    """A pooling argument (a number, or one or `dims` of them) as one number per pooled dim."""
+    v = [v] if isinstance(v, int) else list(v)
+    return v * dims if len(v) == 1 else v
+
+
+def _avg_pool3d_decomposes(x: torch.Tensor, padding: object, ceil_mode: bool,
+                           count_include_pad: bool, divisor_override: int | None) -> bool:
+    """Whether _avg_pool3d decomposes (its backward asks the same)."""
+    return x.dim() == 5 and not ceil_mode and not divisor_override and \
+        (count_include_pad or not any(_per_dim(padding, 3)))
+
+
 def _avg_pool3d(x: torch.Tensor, kernel_size: list[int], stride: list[int] | None = None,
                 padding: object = 0, ceil_mode: bool = False, count_include_pad: bool = True,
                 divisor_override: int | None = None) -> torch.Tensor:
@@ -344,15 +357,11 @@ def _avg_pool3d(x: torch.Tensor, kernel_size: list[int], stride: list[int] | Non
     and width in each depth slice, then over depth with height and width flattened. With the
     padding counted (the default), the mean of the means is the mean of the window. Other
     settings are left whole, refused by name."""
-    def three(v: object) -> list[int]:
-        v = [v] if isinstance(v, int) else list(v)
-        return v * 3 if len(v) == 1 else v
-
-    k = three(kernel_size)
-    s = three(stride) if stride else k
-    p = three(padding)
-    if ceil_mode or divisor_override or (any(p) and not count_include_pad) or x.dim() != 5:
+    if not _avg_pool3d_decomposes(x, padding, ceil_mode, count_include_pad, divisor_override):
         return NotImplemented  # type: ignore[return-value]
+    k = _per_dim(kernel_size, 3)
+    s = _per_dim(stride, 3) if stride else k
+    p = _per_dim(padding, 3)
     n, c, d, h, w = x.shape
     plane = torch.nn.functional.avg_pool2d(x.reshape(n, c * d, h, w), k[1:], s[1:], p[1:])
     h2, w2 = plane.shape[-2:]
@@ -367,7 +376,7 @@ def _avg_pool3d_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: list[
                          ) -> torch.Tensor:
     """_avg_pool3d's gradient (Note [Gradients of decompositions])."""
     args = (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-    if _avg_pool3d(x, *args) is NotImplemented:
+    if not _avg_pool3d_decomposes(x, padding, ceil_mode, count_include_pad, divisor_override):
         return NotImplemented  # type: ignore[return-value]
     return _vjp(lambda t: _avg_pool3d(t, *args), (x,), grad)[0]
 
@@ -572,6 +581,13 @@ def _index_put(x: torch.Tensor, indices: list[torch.Tensor | None], values: torc
     return put.permute(back)
 
 
+def _avg_pool2d_decomposes(x: torch.Tensor, padding: object, ceil_mode: bool,
+                           count_include_pad: bool, divisor_override: int | None) -> bool:
+    """Whether _avg_pool2d decomposes (its backward asks the same)."""
+    return x.dim() == 4 and ceil_mode and count_include_pad and not divisor_override and \
+        any(_per_dim(padding, 2))
+
+
 def _avg_pool2d(x: torch.Tensor, kernel_size: list[int], stride: list[int] | None = None,
                 padding: object = 0, ceil_mode: bool = False, count_include_pad: bool = True,
                 divisor_override: int | None = None) -> torch.Tensor:
@@ -581,14 +597,10 @@ def _avg_pool2d(x: torch.Tensor, kernel_size: list[int], stride: list[int] | Non
     padded input pooled without padding and without counting outside it, which divides the
     same way; the one window PyTorch drops (one that would start in the right padding) is
     sliced off. Every other configuration is left whole, for the importer."""
-    def two(v: object) -> list[int]:
-        v = [v] if isinstance(v, int) else list(v)
-        return v * 2 if len(v) == 1 else v
-
-    k, p = two(kernel_size), two(padding)
-    s = two(stride) if stride else k
-    if not (ceil_mode and count_include_pad and any(p)) or divisor_override or x.dim() != 4:
+    if not _avg_pool2d_decomposes(x, padding, ceil_mode, count_include_pad, divisor_override):
         return NotImplemented  # type: ignore[return-value]
+    k, p = _per_dim(kernel_size, 2), _per_dim(padding, 2)
+    s = _per_dim(stride, 2) if stride else k
     sizes = []
     for d in range(2):
         size = x.shape[2 + d]
@@ -607,8 +619,7 @@ def _avg_pool2d_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: list[
                          ) -> torch.Tensor:
     """_avg_pool2d's gradient (Note [Gradients of decompositions]) where it decomposes."""
     args = (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-    if not (ceil_mode and count_include_pad and any(padding)) or divisor_override or \
-            x.dim() != 4:
+    if not _avg_pool2d_decomposes(x, padding, ceil_mode, count_include_pad, divisor_override):
         return NotImplemented  # type: ignore[return-value]
     return _vjp(lambda t: _avg_pool2d(t, *args), (x,), grad)[0]
 
