@@ -144,14 +144,23 @@ StatusOr<ConvSpec> ConvFor(const Node& n, const Shape& xs, const Shape& ws, cons
     c.bias = PlainDesc({ws[0]});
   } else {
     SALUS_ASSIGN_OR_RETURN(win, ComputeTransposedWindow(n, spatial, kernel));
+    // W is [C_in, C_out / group, k...], read as oneDNN's [(group,) oc, ic, k...].
     const int64_t ocg = ws[1], icg = ws[0] / group, khw = NumElements(kernel);
     out = {xs[0], ocg * group};
-    if (group == 1) {
-      c.weights = StridedDesc({ocg, icg, kernel[0], kernel[1]}, {khw, ocg * khw, kernel[1], 1});
-    } else {
-      c.weights = StridedDesc({group, ocg, icg, kernel[0], kernel[1]},
-                              {icg * ocg * khw, khw, ocg * khw, kernel[1], 1});
+    Shape dims = {ocg, icg}, strides = {khw, ocg * khw};
+    dims.insert(dims.end(), kernel.begin(), kernel.end());
+    int64_t step = 1;
+    Shape kernel_strides(kernel.size());
+    for (size_t d = kernel.size(); d-- > 0;) {
+      kernel_strides[d] = step;
+      step *= kernel[d];
     }
+    strides.insert(strides.end(), kernel_strides.begin(), kernel_strides.end());
+    if (group > 1) {
+      dims.insert(dims.begin(), group);
+      strides.insert(strides.begin(), icg * ocg * khw);
+    }
+    c.weights = StridedDesc(dims, strides);
     c.bias = PlainDesc({ocg * group});
   }
   out.insert(out.end(), win.out.begin(), win.out.end());

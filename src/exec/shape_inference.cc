@@ -579,7 +579,9 @@ Status InferNodeShapes(Graph* graph, int node_index) {
     const Shape& x = in(0).shape;
     const Shape& w = in(1).shape;
     SALUS_RETURN_IF_ERROR(Expect(n, x.size() == w.size() && x.size() >= 3, "bad X/W rank"));
-    if (x.size() != 4) return UnimplementedError(n.Describe() + ": only 2-D convolutions");
+    if (x.size() != 4 && x.size() != 5) {
+      return UnimplementedError(n.Describe() + ": only 2-D and 3-D convolutions");
+    }
     const int64_t group = n.GetInt("group", 1);
     SALUS_RETURN_IF_ERROR(Expect(n, group >= 1 && x[1] % group == 0, "bad group"));
     std::vector<int64_t> spatial(x.begin() + 2, x.end());

@@ -88,7 +88,7 @@ std::string PoolModel(const std::string& op, const Shape& x, const WindowAttrs& 
 }
 
 // Parity, or a skip when the CPU itself refuses the model (the engine's shape inference takes
-// only 2-D convolutions and pooling today; these cases run once it takes more).
+// 2-D and 3-D convolutions and 2-D pooling today; the other cases run once it takes more).
 void ParityUnlessTheCpuRefuses(const std::string& model, const ParityOptions& p = {}) {
   auto cpu = Executable::Compile(model, {});
   if (!cpu.ok() && cpu.status().code() == StatusCode::kUnimplemented) {

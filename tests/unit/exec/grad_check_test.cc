@@ -170,6 +170,16 @@ TEST(GradCheckTest, Conv) {
                     auto& n = mb.Node("Conv", {"X", "W"}, {"y"});
                     ModelBuilder::Attr(n, "dilations", std::vector<int64_t>{2, 2});
                   }});
+  CheckGradients({"3-d conv grouped strided padded dilated with bias",
+                  {P("X", {1, 4, 4, 5, 5}, 13), P("W", {4, 2, 2, 3, 3}, 14), P("B", {4}, 15)},
+                  {1, 4, 3, 3, 3},
+                  [](ModelBuilder& mb) {
+                    auto& n = mb.Node("Conv", {"X", "W", "B"}, {"y"});
+                    ModelBuilder::Attr(n, "group", int64_t{2});
+                    ModelBuilder::Attr(n, "strides", std::vector<int64_t>{2, 2, 1});
+                    ModelBuilder::Attr(n, "pads", std::vector<int64_t>{1, 1, 1, 1, 1, 1});
+                    ModelBuilder::Attr(n, "dilations", std::vector<int64_t>{1, 1, 2});
+                  }});
 }
 
 TEST(GradCheckTest, Pooling) {
