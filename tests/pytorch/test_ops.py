@@ -9,7 +9,8 @@ norm, transposed convolutions, LSTM and GRU layers, embedding bags, rotary posit
 cumulative sums, statistics (var, std, max along a dim), cosine similarity, accuracy
 (argmax, comparisons, counts), and what the adaptor decomposes itself: a spatial transformer
 (affine_grid, grid_sample), bicubic resizing, LocalResponseNorm, nn.Bilinear,
-multi_margin_loss, atan2 and Embedding(max_norm=...)."""
+multi_margin_loss, atan2 and Embedding(max_norm=...); indexing by bool masks, which the
+device reads on the host, overwriting index_put, and scans (cummax, logcumsumexp)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,12 @@ class Net(nn.Module):
         self.wide_deconv = nn.ConvTranspose2d(4, 3, 2, stride=3, output_padding=2, dilation=2)
         self.padded_deconv1d = nn.ConvTranspose1d(4, 2, 3, stride=2, padding=1,
                                                   output_padding=1)
+        # (video and volume models: 3-D convolutions, grouped and dilated, and their transposes)
+        self.conv3d = nn.Conv3d(4, 4, (2, 3, 3), stride=(1, 2, 1), padding=(1, 0, 2),
+                                dilation=(1, 2, 1), groups=2)
+        self.deconv3d = nn.ConvTranspose3d(4, 2, 3, stride=2, padding=1, output_padding=1)
+        self.grouped_deconv3d = nn.ConvTranspose3d(4, 4, (1, 2, 2), stride=(1, 2, 2), groups=2,
+                                                   bias=False)
 
 
 Case = Callable[[Net, dict[str, torch.Tensor]], torch.Tensor]
@@ -281,7 +288,74 @@ CASES: dict[str, Case] = {
         + F.multi_margin_loss(m.fc(d["x"]), d["y"], p=2, margin=0.5,
                               weight=torch.arange(1.0, 6.0).to(d["x"].device),
                               reduction="sum")),
+    "3-D convolutions and max pooling (grouped, dilated, transposed; ceil_mode)": lambda m, d: (
+        m.conv3d(_volume(m, d)).pow(2).sum() + m.deconv3d(_volume(m, d)).pow(2).sum()
+        + m.grouped_deconv3d(_volume(m, d)).pow(2).sum()
+        + F.max_pool3d(_volume(m, d), (2, 3, 3), 2, (1, 1, 0)).pow(2).sum()
+        + F.max_pool3d(F.relu(_volume(m, d)), 3, 2, 1, ceil_mode=True).sum()),
+    "indexing by bool masks (x[mask], writes through one, masked_select and _scatter, nonzero)":
+        lambda m, d: _masks(m, d),
+    "unique and bincount (on the host; inverse, counts, dim, consecutive, weights)":
+        lambda m, d: _counted(m, d),
+    "overwriting index_put (trace's gradient, x[i] = v, repeated positions of one value)":
+        lambda m, d: (
+            torch.trace(m.fc(d["x"])[:5]).pow(2)
+            + _put(m.fc(d["x"]), torch.tensor([3, 0, 5]), m.fc(d["x"])[:3] * 2).pow(2).sum()
+            + _put(m.fc(d["x"]), d["y"], 1.5).pow(2).sum()),
+    "scans (cummax, cummin and their indices, logcumsumexp with -inf, cumprod along 150)":
+    lambda m, d: (
+        m.fc(d["x"]).cummax(1).values.pow(2).sum() + m.fc(d["x"]).cummin(0).values.sum()
+        + torch.where(d["bits"].repeat(1, 30) > 0, 0.0, m.fc(d["x"]).repeat(1, 30) * 0.3 + 1)
+        .cumprod(1)[:, ::9].pow(2).sum()
+        + (m.fc(d["x"]).relu().cummax(1).indices * m.fc(d["x"])).sum()
+        + m.fc(d["x"]).masked_fill(d["bits"] > 0, float("-inf")).logcumsumexp(1)
+        .clamp_min(-50).sum()),
+    "linear and trilinear resizing (their gradients)": lambda m, d: (
+        F.interpolate(m.conv(d["img"]).unsqueeze(1), scale_factor=(1, 2, 2), mode="trilinear")
+        .pow(2).sum()
+        + F.interpolate(m.conv(d["img"]).unsqueeze(1), size=(3, 5, 7), mode="trilinear",
+                        align_corners=True).sum()
+        + F.interpolate(d["seq"] * m.fc.weight[0, 0], scale_factor=2, mode="linear")
+        .pow(2).sum()),
 }
+
+
+def _volume(m: Net, d: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A [batch, channels, depth, height, width] volume from the 2-D layers' output."""
+    return m.conv(d["img"]).reshape(4, 4, 2, 7, 14)
+
+
+def _counted(m: Net, d: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Class counts as a loss's weights, as imbalanced-data scripts compute them in the step."""
+    out = m.fc(d["x"])
+    classes, inverse, counts = torch.unique(d["y"], return_inverse=True, return_counts=True)
+    weights = 1.0 / torch.bincount(d["y"], minlength=5).float().clamp_min(1)
+    weighted = F.cross_entropy(out, d["y"], weight=weights)
+    return (weighted + (out[:, :1] * counts[inverse].float().unsqueeze(1)).sum()
+            + out.sum() * (classes.float().sum() + torch.unique(d["bag_2d"], dim=1).sum()
+                           + torch.unique_consecutive(d["bag_idx"]).sum()
+                           + torch.bincount(d["y"], weights=d["bag_psw"]).sum()))
+
+
+def _put(x: torch.Tensor, at: torch.Tensor, value: torch.Tensor | float) -> torch.Tensor:
+    """`x[at] = value` on a copy."""
+    x = x.clone()
+    x[at.to(x.device)] = value
+    return x
+
+
+def _masks(m: Net, d: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Masks made in the step (so reading them splits it): the valid rows' loss, elements
+    selected and overwritten, a masked_scatter, and nonzero's positions."""
+    out = m.fc(d["x"])
+    valid = d["y"] != 2
+    loss = F.cross_entropy(out[valid], d["y"][valid])
+    picked = out[d["bits"] > 0].pow(2).sum() + out.masked_select(out > 0).sum()
+    written = _put(out, d["bits"] > 0, 0.0)
+    written[out < -0.3] = written[out < -0.3] * 3 + 1
+    scattered = torch.zeros(8, 5).to(out.device).masked_scatter(d["bits"] > 0, out * 3)
+    rows = out[torch.nonzero(d["y"] > 1).squeeze(1)]
+    return loss + picked + written.pow(2).sum() + scattered.pow(2).sum() + rows.pow(2).sum()
 
 
 def _ctc(m: Net, d: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -392,6 +466,36 @@ def test_accuracy_and_label_smoothing_in_a_training_loop(daemon: Daemon) -> None
     for k, (got, want) in enumerate(zip(results["salus"], results["cpu"], strict=True)):
         assert got[0] == pytest.approx(want[0], rel=1e-4), f"entry {k}"
         assert got[1:] == want[1:], f"entry {k}"
+
+
+def test_a_loss_over_masked_tokens_trains_as_eager(daemon: Daemon) -> None:
+    """Note [Values that give shapes] in device.py: a loop whose loss covers only the tokens a
+    mask made in the step keeps (another count each step) trains as eager PyTorch does, and
+    the graphs of earlier counts do not pile up as open sessions."""
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 5, (8,), generator=g))
+               for _ in range(4)]
+    results = {}
+    for device in ("cpu", "salus"):
+        m = Net().to(device)
+        opt = torch.optim.Adam(m.parameters(), lr=0.01)
+        log = []
+        for x, y in batches + batches[:1]:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            out = m.fc(x)
+            keep = y != 0
+            loss = F.cross_entropy(out[keep], y[keep])
+            loss.backward()
+            opt.step()
+            log.append((loss.item(), int(keep.sum().item())))
+            if device == "salus":
+                assert len(salus_torch.device.runtime().sessions) <= 3
+        results[device] = log
+    assert len({n for _, n in results["cpu"]}) > 1  # the counts differ between steps
+    for k, (got, want) in enumerate(zip(results["salus"], results["cpu"], strict=True)):
+        assert got[0] == pytest.approx(want[0], rel=1e-4), f"step {k}"
+        assert got[1] == want[1], f"step {k}"
 
 
 def test_top_k_for_metrics(daemon: Daemon) -> None:
@@ -514,8 +618,9 @@ def test_remainder_and_fmod_take_their_signs_from_divisor_and_dividend(daemon: D
 
 @pytest.mark.parametrize("what,case", [
     ("topk with k over 16", lambda x: x.flatten(1).topk(20).values),
-    ("only 2-D convolutions", lambda x: F.conv3d(x.unsqueeze(1),
-                                                 torch.ones(2, 1, 2, 3, 3).to(x.device))),
+    ("3-D max pooling's indices", lambda x: F.max_pool3d(x.unsqueeze(1), 2,
+                                                         return_indices=True)[1]),
+    ("max_unpool2d", lambda x: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2)),
 ])
 def test_what_the_lowerings_leave_out_is_refused_by_name(daemon: Daemon, what: str,
                                                          case: Callable) -> None:

@@ -51,11 +51,13 @@ What does not carry across a flush: aliasing between two tensors that were views
 from __future__ import annotations
 
 import atexit
+import collections
 import gc
 import hashlib
 import itertools
 import os
 import threading
+import time
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -78,6 +80,9 @@ NAME = "salus"
 # host rather than kept in the daemon: a loss, a metric. (Small gradients are not fetched: each
 # fetch costs the round trip more than the slot costs the session.)
 _FETCH_MAX = 1
+
+# Traced graphs kept by plan key after their sessions close (Note [Plans]).
+_TRACED_MAX = 64
 
 # Ops run at once on the host value of a tensor not yet used in the recording: initialisation.
 _HOST_INPLACE = {
@@ -169,6 +174,7 @@ class _Remat:
 _REMAT: dict[Any, tuple[set[int], dict[int, Any], str | None]] = {
     aten.max_pool2d_with_indices.default: ({1}, {}, "max pooling's indices"),
     aten.adaptive_max_pool2d.default: ({1}, {}, "adaptive max pooling's indices"),
+    aten.max_pool3d_with_indices.default: ({1}, {}, "3-D max pooling's indices"),
     aten.native_batch_norm.default: ({1, 2}, {6: 0.0}, None),
     aten.native_layer_norm.default: ({1, 2}, {}, None),
 }
@@ -333,6 +339,12 @@ class Runtime:
         self._seg = _Segment()
         self._graphs: dict[str, _Graph] = {}
         self._plans: dict[tuple, tuple[_Graph, list[str], int]] = {}
+        # Note [Plans]: graphs traced, by plan key, kept when their session closes (a mask's
+        # count seen again): (serialized graph, its digest, its outputs, its random draws)
+        self._traced: collections.OrderedDict[tuple, tuple[bytes, str, list[str], int]] = \
+            collections.OrderedDict()
+        self._collected_at = float("-inf")
+        self._collect_cost = 0.0
         self._metas: dict[tuple, tuple] = {}  # (template, the op to record) per key
         self._rng_seed: int | None = None
         self._rng_offset = 0
@@ -365,6 +377,11 @@ class Runtime:
             # values runs there too (the inverse permutation of a packed sequence's sort).
             return _empty(args[0].shape, dtype=kwargs.get("dtype", args[0].dtype))
         if fid not in _EAGER_IDS:
+            by_value = _BY_VALUE.get(fid)
+            if by_value is not None:  # Note [Values that give shapes]
+                out = by_value(self, args, kwargs)
+                if out is not NotImplemented:
+                    return out
             return self._record(func, args, kwargs)
         # (these ops take their tensors as arguments of their own, never in lists)
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, SalusTensor)]
@@ -702,11 +719,21 @@ class Runtime:
                tuple(sorted((seg.pos[a], seg.pos[u]) for a, u in seg.alias.items())))
         plan = self._plans.get(key)
         if plan is None:
-            gm = self._trace(seg, state_in, fed, write, fetch)
-            graph, outputs, _ = _trace._serialize(gm, slot_names, input_names)
-            draws = _trace._number_draws(graph)
-            blob = graph.SerializeToString()
-            digest = hashlib.sha256(blob).hexdigest()[:16]
+            traced = self._traced.get(key)
+            if traced is None:
+                gm = self._trace(seg, state_in, fed, write, fetch)
+                graph, outputs, _ = _trace._serialize(gm, slot_names, input_names)
+                draws = _trace._number_draws(graph)  # (numbers them in the graph)
+                blob = graph.SerializeToString()
+                traced = (blob, hashlib.sha256(blob).hexdigest()[:16], outputs, draws)
+                self._traced[key] = traced
+                if len(self._traced) > _TRACED_MAX:
+                    self._traced.popitem(last=False)
+                del gm, graph
+                self._collect()
+            else:
+                self._traced.move_to_end(key)
+            blob, digest, outputs, draws = traced
             g = self._graphs.get(digest)
             if g is None:
                 options = {"name": f"torch:salus-device:{len(self._graphs)}"}
@@ -715,12 +742,6 @@ class Runtime:
                 g = _Graph(session, digest, blob)
                 self._graphs[digest] = g
             plan = self._plans[key] = (g, outputs, draws)
-            # Tracing leaves tens of thousands of objects in reference cycles (fake tensors,
-            # FX graphs). Collected here, inside a flush that already took a trace's time,
-            # rather than by a full collection that Python would start in some later step
-            # (about 150 ms on the development VM, in an encoder step of 15 ms).
-            del gm
-            gc.collect()
         g, outputs, draws = plan
         feeds: dict[str, np.ndarray] = {}
         for name, u in zip(input_names, fed, strict=False):
@@ -783,6 +804,22 @@ class Runtime:
             t._loc.pending = True
             fills.append((t._loc, name, t.shape))
         self._inflight = _Inflight(pending, fills, fed_locs)
+
+    def _collect(self) -> None:
+        """Note [Collections after a trace]: tracing leaves tens of thousands of objects in
+        reference cycles (fake tensors, FX graphs). They are collected here, inside a flush
+        that already took a trace's time, rather than by a full collection that Python would
+        start in some later step (about 150 ms on the development VM, in an encoder step of
+        15 ms). A job whose graphs keep changing (a mask's count, Note [Values that give
+        shapes]) traces in many steps: it collects only when the time since its last
+        collection is at least 20 times what that one took, so the collections cost it at
+        most about 5%, and Python's own collector still runs as it would."""
+        start = time.perf_counter()
+        if start - self._collected_at < 20 * self._collect_cost:
+            return
+        gc.collect()
+        self._collected_at = time.perf_counter()
+        self._collect_cost = self._collected_at - start
 
     def _drop(self, g: _Graph) -> None:
         del self._graphs[g.digest]
@@ -1392,3 +1429,125 @@ def _register_missing_meta(lib: torch.library.Library) -> None:
                      ("kthvalue", _kthvalue_meta)):
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
             lib.impl(name, fn, "Meta")
+
+
+# Note [Values that give shapes]
+# Some ops' result shapes depend on their arguments' values: nonzero, unique, bincount, and
+# indexing by a bool mask (`x[mask]`, `x[mask] = v`, masked_select, masked_scatter). No meta
+# kernel can know them, so the recording cannot. The first ones have no gradient: they run on
+# the host values of their arguments (a read, as below). For a mask, as PyTorch's CUDA kernels
+# do, the device reads the mask on the host (a read inside a step, which flushes what the mask
+# depends on first, Note [The lazy device]), and the op is recorded with the positions of its
+# true elements: a bool mask of k dims becomes k int64 index tensors, as PyTorch's own
+# indexing makes of it. Those positions are host values, inputs of the graph. The mask's value
+# fixes the recorded shapes, so each different count of true elements is a graph of its own:
+# traced, sent and compiled once, then found again as any other (Note [Plans]).
+
+
+def _is_mask(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
+
+
+def _host_of(rt: Runtime, t: torch.Tensor) -> torch.Tensor:
+    return rt.host_value(t) if isinstance(t, SalusTensor) else t
+
+
+def _on_device(host: torch.Tensor) -> SalusTensor:
+    """A host tensor as a device tensor whose value is on the host (an input of the graph)."""
+    host = host.contiguous()
+    return SalusTensor(_meta_of(host), _Loc(host))
+
+
+def _positions(rt: Runtime, mask: torch.Tensor, shape: Any = None) -> list[SalusTensor]:
+    """The positions of `mask`'s true elements (broadcast to `shape`), one int64 tensor per
+    dim (Note [Values that give shapes])."""
+    host = _host_of(rt, mask)
+    if host.dim() == 0:
+        raise RuntimeError("salus device: indexing by a 0-dim bool tensor is not supported")
+    if shape is not None:
+        host = host.expand(shape)
+    return [_on_device(c) for c in host.nonzero().unbind(1)]
+
+
+def _by_positions(rt: Runtime, indices: list) -> list | None:
+    """`indices` with each bool mask replaced by its positions, or None when none is a mask."""
+    if not any(_is_mask(i) for i in indices):
+        return None
+    out: list = []
+    for i in indices:
+        out.extend(_positions(rt, i) if _is_mask(i) else [i])
+    return out
+
+
+def _indexing(func: Any) -> Any:
+    """index / index_put and their forms, whose second argument is the indices."""
+    def run(rt: Runtime, args: tuple, kwargs: dict) -> Any:
+        indices = _by_positions(rt, list(args[1] if len(args) > 1 else kwargs["indices"]))
+        if indices is None:
+            return NotImplemented
+        if len(args) > 1:
+            return func(args[0], indices, *args[2:], **kwargs)
+        return func(*args, **{**kwargs, "indices": indices})
+    return run
+
+
+def _run_on_host(func: Any) -> Any:
+    """An op whose results' shapes depend on values and which has no gradient (nonzero,
+    unique, bincount): run on the host values of its arguments, its results device tensors
+    whose values are on the host."""
+    def run(rt: Runtime, args: tuple, kwargs: dict) -> Any:
+        host_args, host_kwargs = pytree.tree_map(rt._host_arg, (args, kwargs))
+        return pytree.tree_map(
+            lambda r: _on_device(r) if isinstance(r, torch.Tensor) else r,
+            func(*host_args, **host_kwargs))
+    return run
+
+
+def _masked_select(rt: Runtime, args: tuple, kwargs: dict) -> Any:
+    x, mask = args
+    shape = torch.broadcast_shapes(x.shape, mask.shape)
+    return aten.index.Tensor(x.expand(shape), _positions(rt, mask, shape))
+
+
+def _masked_scatter(inplace: bool) -> Any:
+    def run(rt: Runtime, args: tuple, kwargs: dict) -> Any:
+        x, mask, source = args
+        shape = x.shape if inplace else torch.broadcast_shapes(x.shape, mask.shape)
+        at = _positions(rt, mask, shape)
+        count = at[0].shape[0] if at else 0
+        if source.numel() < count:
+            raise RuntimeError(f"masked_scatter: the source has {source.numel()} elements, "
+                               f"fewer than the mask's {count} true ones")
+        taken = source.reshape(-1)[:count]
+        if inplace:
+            return aten.index_put_.default(x, at, taken)
+        return aten.index_put.default(x.expand(shape), at, taken)
+    return run
+
+
+def _masked_scatter_backward(rt: Runtime, args: tuple, kwargs: dict) -> Any:
+    """The source's gradient of masked_scatter: the output gradient at the mask's true
+    elements, in order, then zeros up to the source's size."""
+    grad, mask, sizes = args
+    taken = aten.index.Tensor(grad, _positions(rt, mask, grad.shape))
+    total = 1
+    for s in sizes:
+        total *= s
+    return aten.constant_pad_nd.default(taken, [0, total - taken.shape[0]]).reshape(sizes)
+
+
+_BY_VALUE: dict[int, Any] = {id(f): h for f, h in (
+    (aten.index.Tensor, _indexing(aten.index.Tensor)),
+    (aten._unsafe_index.Tensor, _indexing(aten._unsafe_index.Tensor)),
+    (aten.index_put.default, _indexing(aten.index_put.default)),
+    (aten.index_put_.default, _indexing(aten.index_put_.default)),
+    (aten._index_put_impl_.default, _indexing(aten._index_put_impl_.default)),
+    (aten._unsafe_index_put.default, _indexing(aten._unsafe_index_put.default)),
+    *((f, _run_on_host(f)) for f in (
+        aten.nonzero.default, aten._unique2.default, aten.unique_dim.default,
+        aten.unique_consecutive.default, aten.bincount.default)),
+    (aten.masked_select.default, _masked_select),
+    (aten.masked_scatter.default, _masked_scatter(False)),
+    (aten.masked_scatter_.default, _masked_scatter(True)),
+    (aten.masked_scatter_backward.default, _masked_scatter_backward),
+)}

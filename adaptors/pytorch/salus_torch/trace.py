@@ -224,18 +224,24 @@ def _decompositions() -> dict:
     table.update({
         a.grid_sampler_2d.default: _grid_sampler_2d,
         a.grid_sampler_2d_backward.default: _grid_sampler_2d_backward,
-        a.upsample_bicubic2d_backward.default: _upsample_bicubic2d_backward,
+        a.upsample_bicubic2d_backward.default: _resize_backward(a.upsample_bicubic2d.default),
+        a.upsample_trilinear3d_backward.default: _resize_backward(a.upsample_trilinear3d.default),
+        a.upsample_linear1d_backward.default: _resize_backward(a.upsample_linear1d.default),
         a.multi_margin_loss_backward.default: _multi_margin_loss_backward,
         a.avg_pool2d.default: _avg_pool2d,
         a.avg_pool2d_backward.default: _avg_pool2d_backward,
         a.avg_pool3d.default: _avg_pool3d,
         a.avg_pool3d_backward.default: _avg_pool3d_backward,
+        a.max_pool3d_with_indices.default: _max_pool3d,
+        a.max_pool3d_with_indices_backward.default: _max_pool3d_backward,
         a.adaptive_max_pool2d.default: _adaptive_max_pool2d,
         a.adaptive_max_pool2d_backward.default: _adaptive_max_pool2d_backward,
         a._ctc_loss.default: _ctc_loss,
         a._ctc_loss_backward.default: _ctc_loss_backward,
         a.index.Tensor: _index,
         a.index_put.default: _index_put,
+        a.index_put_.default: _index_put_,
+        a._index_put_impl_.default: _index_put_,
         a._trilinear.default: _trilinear,
         a.embedding_renorm_.default: _embedding_renorm_,
         a.atan2.default: _atan2,
@@ -267,6 +273,8 @@ def _vjp(forward: object, inputs: tuple[torch.Tensor, ...], grad: torch.Tensor
 
 _DECOMPOSED = get_decompositions([torch.ops.aten.grid_sampler_2d.default,
                                   torch.ops.aten.upsample_bicubic2d.default,
+                                  torch.ops.aten.upsample_trilinear3d.default,
+                                  torch.ops.aten.upsample_linear1d.default,
                                   torch.ops.aten.multi_margin_loss.default])
 
 
@@ -316,17 +324,16 @@ def _grid_sampler_2d_backward(grad: torch.Tensor, input: torch.Tensor, grid: tor
                 (input, grid), grad)
 
 
-def _upsample_bicubic2d_backward(grad: torch.Tensor, output_size: list[int],
-                                 input_size: list[int], align_corners: bool,
-                                 scales_h: float | None = None, scales_w: float | None = None
-                                 ) -> torch.Tensor:
-    """Bicubic resizing's gradient. Resizing is linear, so the gradient of its decomposition
-    at zeros of the input's shape is the gradient anywhere (Note [Gradients of
-    decompositions])."""
-    forward = _DECOMPOSED[torch.ops.aten.upsample_bicubic2d.default]
-    zeros = grad.new_zeros(input_size)
-    return _vjp(lambda x: forward(x, output_size, align_corners, scales_h, scales_w),
-                (zeros,), grad)[0]
+def _resize_backward(forward_op: Any) -> Any:
+    """The gradient of a resizing (`forward_op`: bicubic, trilinear). Resizing is linear, so
+    the gradient of its decomposition at zeros of the input's shape is the gradient anywhere
+    (Note [Gradients of decompositions])."""
+    def backward(grad: torch.Tensor, output_size: list[int], input_size: list[int],
+                 align_corners: bool, *scales: float | None) -> torch.Tensor:
+        forward = _DECOMPOSED[forward_op]
+        zeros = grad.new_zeros(input_size)
+        return _vjp(lambda x: forward(x, output_size, align_corners, *scales), (zeros,), grad)[0]
+    return backward
 
 
 def _multi_margin_loss_backward(grad: torch.Tensor, input: torch.Tensor, target: torch.Tensor,
@@ -379,6 +386,54 @@ def _avg_pool3d_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: list[
     if not _avg_pool3d_decomposes(x, padding, ceil_mode, count_include_pad, divisor_override):
         return NotImplemented  # type: ignore[return-value]
     return _vjp(lambda t: _avg_pool3d(t, *args), (x,), grad)[0]
+
+
+@torch.library.custom_op("salus::max_pool3d_indices", mutates_args=(),
+                         schema="(Tensor out) -> Tensor")
+def _max_pool3d_indices(out: torch.Tensor) -> torch.Tensor:
+    """Stands for 3-D max pooling's indices in a graph (Note [3-D max pooling]): the engine
+    does not compute them, so a graph that uses them is refused with this name."""
+    raise RuntimeError("3-D max pooling's indices are not computed")
+
+
+@_max_pool3d_indices.register_fake
+def _(out: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(out, dtype=torch.int64)
+
+
+def _max_pool3d(x: torch.Tensor, kernel_size: list[int], stride: list[int] | None = None,
+                padding: object = 0, dilation: object = 1, ceil_mode: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Note [3-D max pooling]: the maximum over a 3-D window is the maximum over its depth of
+    the 2-D maxima of its depth slices, and each dim's output size depends on that dim alone
+    (ceil_mode, dilation and padding included). So it is two 2-D max poolings, as _avg_pool3d.
+    Its gradient goes to the first maximum of each window in (depth, height, width) order, as
+    PyTorch's does: the depth pooling takes the first slice holding it, the slice's pooling the
+    first position there. The indices are not computed; only its backward used them, and that
+    is the gradient of this decomposition."""
+    if x.dim() != 5:
+        return NotImplemented  # type: ignore[return-value]
+    k = _per_dim(kernel_size, 3)
+    s = _per_dim(stride, 3) if stride else k
+    p, dil = _per_dim(padding, 3), _per_dim(dilation, 3)
+    n, c, d, h, w = x.shape
+    pool = torch.nn.functional.max_pool2d
+    plane = pool(x.reshape(n, c * d, h, w), k[1:], s[1:], p[1:], dil[1:], ceil_mode)
+    h2, w2 = plane.shape[-2:]
+    depth = pool(plane.reshape(n, c, d, h2 * w2), (k[0], 1), (s[0], 1), (p[0], 0),
+                 (dil[0], 1), ceil_mode)
+    out = depth.reshape(n, c, depth.shape[2], h2, w2)
+    return out, _max_pool3d_indices(out)
+
+
+def _max_pool3d_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: list[int],
+                         stride: list[int], padding: list[int], dilation: list[int],
+                         ceil_mode: bool, indices: torch.Tensor) -> torch.Tensor:
+    """_max_pool3d's gradient (Note [Gradients of decompositions])."""
+    if x.dim() != 5:
+        return NotImplemented  # type: ignore[return-value]
+    args = (kernel_size, stride, padding, dilation, ceil_mode)
+    return _vjp(lambda t: _max_pool3d(t, *args)[0], (x,), grad)[0]
 
 
 def _trilinear(i1: torch.Tensor, i2: torch.Tensor, i3: torch.Tensor, expand1: list[int],
@@ -523,6 +578,63 @@ def _fmax_fmin(pick: Any) -> Any:
     return f
 
 
+# The longest dim the importer's cumprod takes (kMaxCumprod in aten_importer.cc).
+_RUNNING_PRODUCT_MAX = 64
+
+
+def _scan(x: torch.Tensor, dim: int, combine: Any, fill: float) -> torch.Tensor:
+    """Note [Scans]: a cumulative `combine` along dim in log2(n) steps, each combining every
+    position with the one `step` before it (`fill` before the start), the step doubling. The
+    engine has cumulative sums only; this gives any associative combination from elementwise
+    ops, slices and concatenations."""
+    dim = dim % x.dim() if x.dim() else 0
+    n = x.shape[dim] if x.dim() else 1
+    step = 1
+    while step < n:
+        shape = list(x.shape)
+        shape[dim] = step
+        before = torch.cat([torch.full(shape, fill, dtype=x.dtype, device=x.device),
+                            x.narrow(dim, 0, n - step)], dim)
+        x = combine(x, before)
+        step *= 2
+    return x
+
+
+def _cumulative_extreme(pick: Any, fill: float) -> Any:
+    def f(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cummax/cummin (Note [Scans]): the running extreme, and the last position at or
+        before each where x equals the extreme it has there (PyTorch's kernel moves the index
+        on ties too), or a NaN (which, as there, stays the extreme)."""
+        if not x.is_floating_point():
+            return NotImplemented  # type: ignore[return-value]
+        values = _scan(x, dim, pick, fill)
+        dim = dim % x.dim() if x.dim() else 0
+        shape = [1] * x.dim()
+        if x.dim():
+            shape[dim] = x.shape[dim]
+        at = torch.arange(x.shape[dim] if x.dim() else 1, dtype=x.dtype,
+                          device=x.device).reshape(shape)
+        record = (x == values) | torch.isnan(x)
+        last = _scan(torch.where(record, at, -1.0), dim, torch.maximum, -1.0)
+        return values, last.to(torch.int64)
+    return f
+
+
+def _long_cumprod(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """cumprod along a dim longer than the importer's running product takes (which multiplies
+    in PyTorch's order), as a scan (Note [Scans]): the same products, grouped otherwise."""
+    if x.dim() == 0 or x.shape[dim] <= _RUNNING_PRODUCT_MAX or not x.is_floating_point():
+        return NotImplemented  # type: ignore[return-value]
+    return _scan(x if dtype is None else x.to(dtype), dim, torch.mul, 1.0)
+
+
+def _logaddexp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """log(exp(a) + exp(b)), exact where both are -inf (the scan's fill) or one is inf."""
+    top = torch.maximum(a, b)
+    return torch.where(top.abs() == float("inf"), top,
+                       top + torch.log1p(torch.exp(-(a - b).abs())))
+
+
 # Elementwise math the engine has no kernel for, from what it has. sinh uses expm1, so it keeps
 # its digits near 0.
 _MATH = {
@@ -544,6 +656,11 @@ _MATH = {
     torch.ops.aten.median.dim: _median,
     torch.ops.aten.median.default: _median,
     torch.ops.aten.kthvalue.default: _kth,
+    torch.ops.aten.cummax.default: _cumulative_extreme(torch.maximum, float("-inf")),
+    torch.ops.aten.cummin.default: _cumulative_extreme(torch.minimum, float("inf")),
+    torch.ops.aten.logcumsumexp.default:
+        lambda x, dim: _scan(x, dim, _logaddexp, float("-inf")),
+    torch.ops.aten.cumprod.default: _long_cumprod,
 }
 
 
@@ -570,15 +687,42 @@ def _index(x: torch.Tensor, indices: list[torch.Tensor | None]) -> torch.Tensor:
 def _index_put(x: torch.Tensor, indices: list[torch.Tensor | None], values: torch.Tensor,
                accumulate: bool = False) -> torch.Tensor:
     """index_put on dims apart (the gradient of _index's indexing): on x with those dims
-    moved to the front, as indexing them there, and moved back."""
+    moved to the front, as indexing them there, and moved back. An overwriting index_put
+    (`x[i] = v`) is two accumulating ones (Note [Overwriting index_put])."""
     dims = _apart(indices)
     if dims is None:
-        return NotImplemented  # type: ignore[return-value]
+        if accumulate or not x.is_floating_point():
+            return NotImplemented  # type: ignore[return-value]
+        return _overwrite(x, indices, values)
     order = dims + [d for d in range(x.dim()) if d not in dims]
     back = [order.index(d) for d in range(x.dim())]
     put = torch.ops.aten.index_put.default(x.permute(order), [indices[d] for d in dims], values,
                                            accumulate)
     return put.permute(back)
+
+
+def _index_put_(x: torch.Tensor, indices: list[torch.Tensor | None], values: torch.Tensor,
+                accumulate: bool = False, unsafe: bool = False) -> torch.Tensor:
+    """The in-place forms of index_put, where _index_put decomposes it."""
+    put = _index_put(x, indices, values, accumulate)
+    return put if put is NotImplemented else x.copy_(put)
+
+
+def _overwrite(x: torch.Tensor, indices: list[torch.Tensor | None], values: torch.Tensor
+               ) -> torch.Tensor:
+    """Note [Overwriting index_put]: the importer lowers index_put as a scatter that adds.
+    Overwriting is the sum of the values put at each position, divided by how many were put
+    there, where any were, and x elsewhere. Positions put once (a mask's, a permutation's)
+    take their value exactly. PyTorch leaves the result of repeated positions undefined; here
+    it is their mean, which is the value itself when all are equal (`x[i] = 0`)."""
+    at = [k for k, i in enumerate(indices) if i is not None]
+    shape = torch.broadcast_shapes(*[indices[k].shape for k in at])
+    put_shape = (*x.shape[:at[0]], *shape, *x.shape[at[-1] + 1:])
+    values = values.to(x.dtype).expand(put_shape)
+    index_put = torch.ops.aten.index_put.default
+    counts = index_put(torch.zeros_like(x), indices, torch.ones_like(values), True)
+    sums = index_put(torch.zeros_like(x), indices, values, True)
+    return torch.where(counts > 0, sums / counts.clamp_min(1), x)
 
 
 def _avg_pool2d_decomposes(x: torch.Tensor, padding: object, ceil_mode: bool,
