@@ -102,28 +102,33 @@ KernelOr ConvGradWeights(const Node& n, const Graph& g) {
 KernelOr PoolGrad(const Node& n, const Graph& g) {
   SALUS_ASSIGN_OR_RETURN(PoolSpec p,
                          PoolFor(n, g.value(n.inputs[0]).shape, n.GetString("forward_op", "")));
+  // Note [Blocked pooling] in cpu_kernel_helpers.h.
+  const dnnl::memory::desc src = PoolLayout(p.src), dst = PoolLayout(p.dst);
   dnnl::pooling_v2_forward::primitive_desc fwd(
-      dnnl::pooling_v2_forward::desc(prop_kind::forward_training, p.alg, p.src, p.dst, p.strides,
+      dnnl::pooling_v2_forward::desc(prop_kind::forward_training, p.alg, src, dst, p.strides,
                                      p.kernel, p.dilation, p.pad_l, p.pad_r),
       UserScratchpad(), CpuEngine());
   dnnl::pooling_v2_backward::primitive_desc pd(
-      dnnl::pooling_v2_backward::desc(p.alg, p.src, p.dst, p.strides, p.kernel, p.dilation, p.pad_l,
+      dnnl::pooling_v2_backward::desc(p.alg, src, dst, p.strides, p.kernel, p.dilation, p.pad_l,
                                       p.pad_r),
       UserScratchpad(), CpuEngine(), fwd);
   auto k = std::make_unique<DnnlKernel>();
-  std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_DIFF_DST, p.dst, Slot::In(1)},
-                                           {DNNL_ARG_DIFF_SRC, p.src, Slot::Out(0)}};
+  std::vector<DnnlKernel::Binding> bind;
   if (p.alg == algorithm::pooling_max) {
+    // The forward again, for the workspace that says where each window's maximum was.
     auto ws = fwd.workspace_desc();
     const size_t ws_off = k->AddTemp(ws.get_size());
-    const size_t dst_off = k->AddTemp(p.dst.get_size());
+    const size_t dst_off = k->AddTemp(dst.get_size());
     k->AddPrimitive(dnnl::pooling_v2_forward(fwd),
-                    {{DNNL_ARG_SRC, p.src, Slot::In(0)},
-                     {DNNL_ARG_DST, p.dst, Slot::Temp(dst_off)},
+                    {k->Input(DNNL_ARG_SRC, p.src, src, Slot::In(0)),
+                     {DNNL_ARG_DST, dst, Slot::Temp(dst_off)},
                      {DNNL_ARG_WORKSPACE, ws, Slot::Temp(ws_off)}},
                     fwd.scratchpad_desc().get_size());
     bind.push_back({DNNL_ARG_WORKSPACE, ws, Slot::Temp(ws_off)});
   }
+  // (the gradient's reorder back is appended after the backward primitive, not the forward)
+  bind.push_back(k->Input(DNNL_ARG_DIFF_DST, p.dst, dst, Slot::In(1)));
+  bind.push_back(k->Output(DNNL_ARG_DIFF_SRC, p.src, src, Slot::Out(0)));
   k->AddPrimitive(dnnl::pooling_v2_backward(pd), bind, pd.scratchpad_desc().get_size());
   return std::unique_ptr<Kernel>(std::move(k));
 }

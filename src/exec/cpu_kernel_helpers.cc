@@ -125,6 +125,10 @@ StatusOr<SoftmaxSpec> SoftmaxFor(const Node& n, const Graph& g, ValueId x) {
   return spec;
 }
 
+dnnl::memory::desc PoolLayout(const dnnl::memory::desc& plain) {
+  return plain.dims().size() == 4 ? BlockedDesc(plain.dims(), CpuChannelBlock()) : plain;
+}
+
 StatusOr<ConvSpec> ConvFor(const Node& n, const Shape& xs, const Shape& ws, const std::string& op) {
   const int64_t group = n.GetInt("group", 1);
   std::vector<int64_t> spatial(xs.begin() + 2, xs.end()), kernel(ws.begin() + 2, ws.end());

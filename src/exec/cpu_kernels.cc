@@ -318,12 +318,14 @@ KernelOr ConvTranspose(const Node& n, const Graph& g) {
 KernelOr Pool(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   SALUS_ASSIGN_OR_RETURN(PoolSpec p, PoolFor(n, g.value(n.inputs[0]).shape, n.op));
-  dnnl::pooling_v2_forward::desc d(prop_kind::forward_training, p.alg, p.src, p.dst, p.strides,
+  // Note [Blocked pooling] in cpu_kernel_helpers.h.
+  const dnnl::memory::desc src = PoolLayout(p.src), dst = PoolLayout(p.dst);
+  dnnl::pooling_v2_forward::desc d(prop_kind::forward_training, p.alg, src, dst, p.strides,
                                    p.kernel, p.dilation, p.pad_l, p.pad_r);
   dnnl::pooling_v2_forward::primitive_desc pd(d, UserScratchpad(), CpuEngine());
   auto k = std::make_unique<DnnlKernel>();
-  std::vector<DnnlKernel::Binding> bind = {{DNNL_ARG_SRC, p.src, Slot::In(0)},
-                                           {DNNL_ARG_DST, p.dst, Slot::Out(0)}};
+  std::vector<DnnlKernel::Binding> bind = {k->Input(DNNL_ARG_SRC, p.src, src, Slot::In(0)),
+                                           k->Output(DNNL_ARG_DST, p.dst, dst, Slot::Out(0))};
   if (p.alg == algorithm::pooling_max) {
     auto ws = pd.workspace_desc();
     if (ws.get_size() > 0)
