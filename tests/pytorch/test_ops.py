@@ -498,6 +498,52 @@ def test_a_loss_over_masked_tokens_trains_as_eager(daemon: Daemon) -> None:
         assert got[1] == want[1], f"step {k}"
 
 
+@pytest.mark.parametrize("name,make", [
+    ("adam, foreach", lambda p: torch.optim.Adam(p, lr=0.01, foreach=True)),
+    ("adamw, amsgrad, foreach", lambda p: torch.optim.AdamW(p, lr=0.01, amsgrad=True,
+                                                             foreach=True)),
+    ("sgd, nesterov, foreach", lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True,
+                                                         weight_decay=0.01, foreach=True)),
+    ("rmsprop, centered", lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.9,
+                                                        centered=True)),
+    ("adagrad, foreach", lambda p: torch.optim.Adagrad(p, lr=0.1, foreach=True)),
+    ("nadam", lambda p: torch.optim.NAdam(p, lr=0.01)),
+    ("radam, foreach", lambda p: torch.optim.RAdam(p, lr=0.01, foreach=True)),
+    ("adamax, foreach", lambda p: torch.optim.Adamax(p, lr=0.01, foreach=True)),
+    ("adadelta", lambda p: torch.optim.Adadelta(p)),
+    ("rprop (masked writes), foreach", lambda p: torch.optim.Rprop(p, lr=0.01, foreach=True)),
+])
+def test_optimizers_match_eager_in_one_graph_per_step(daemon: Daemon, name: str,
+                                                      make: Callable) -> None:
+    """torch.optim's other optimizers, and their foreach=True forms (Note [Foreach ops] in
+    device.py), with clip_grad_norm_(foreach=True): five steps match eager, and after the
+    second (the first makes the optimizer's state) each step is one iteration of the graph
+    already traced (the step sizes that change every step are lifted, Rprop's masked writes
+    are masked_fill)."""
+    results = {}
+    for device in ("cpu", "salus"):
+        m = Net().to(device)
+        opt = make(m.fc.parameters())
+        d = {k: v.to(device) for k, v in _data().items()}
+        losses = []
+        for step in range(5):
+            if device == "salus" and step == 2:
+                before = (salus_torch.device.runtime().traces,
+                          salus_torch.device.runtime().flushes)
+            opt.zero_grad()
+            loss = F.cross_entropy(m.fc(d["x"]), d["y"])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(m.fc.parameters(), 0.5, foreach=True)
+            opt.step()
+            losses.append(loss.item())
+        results[device] = (losses, m.fc.weight.detach().cpu())
+        if device == "salus":
+            rt = salus_torch.device.runtime()
+            assert (rt.traces, rt.flushes) == (before[0], before[1] + 3)
+    assert results["salus"][0] == pytest.approx(results["cpu"][0], rel=1e-4)
+    torch.testing.assert_close(results["salus"][1], results["cpu"][1], rtol=1e-4, atol=1e-5)
+
+
 def test_top_k_for_metrics(daemon: Daemon) -> None:
     """topk under no_grad, as a top-5 accuracy reads it: values sorted, indices, both ends."""
     g = torch.Generator().manual_seed(3)

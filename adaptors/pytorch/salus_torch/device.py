@@ -351,6 +351,7 @@ class Runtime:
         self._inflight: _Inflight | None = None
         self._session_options: dict[str, Any] = {}
         self.flushes = 0
+        self.traces = 0  # recordings traced into a new graph (the others found their plan)
 
     @property
     def client(self) -> salus.Client:
@@ -722,6 +723,7 @@ class Runtime:
             traced = self._traced.get(key)
             if traced is None:
                 gm = self._trace(seg, state_in, fed, write, fetch)
+                self.traces += 1
                 graph, outputs, _ = _trace._serialize(gm, slot_names, input_names)
                 draws = _trace._number_draws(graph)  # (numbers them in the graph)
                 blob = graph.SerializeToString()
@@ -1479,9 +1481,33 @@ def _by_positions(rt: Runtime, indices: list) -> list | None:
     return out
 
 
+def _as_masked_fill(func: Any, args: tuple, kwargs: dict) -> Any:
+    """`x[mask] = v` of one value (Rprop's `sign[sign.gt(0)] = etaplus`) is masked_fill, whose
+    shapes do not depend on the mask: no read. NotImplemented for any other index_put."""
+    if func not in _INDEX_PUTS:
+        return NotImplemented
+    given = dict(zip(("self", "indices", "values", "accumulate"), args, strict=False)) | kwargs
+    x, indices, values = given["self"], given["indices"], given["values"]
+    if given.get("accumulate", False) or len(indices) != 1 or not _is_mask(indices[0]) or \
+            values.numel() != 1:
+        return NotImplemented
+    mask = indices[0]
+    if mask.dim() == 0 or mask.dim() > x.dim() or mask.shape != x.shape[:mask.dim()]:
+        return NotImplemented
+    if mask.dtype != torch.bool:
+        mask = mask.bool()
+    mask = mask.reshape(*mask.shape, *([1] * (x.dim() - mask.dim())))
+    fill = aten.masked_fill_.Tensor if func is not aten.index_put.default \
+        else aten.masked_fill.Tensor
+    return fill(x, mask, values.reshape(()).to(x.dtype))
+
+
 def _indexing(func: Any) -> Any:
     """index / index_put and their forms, whose second argument is the indices."""
     def run(rt: Runtime, args: tuple, kwargs: dict) -> Any:
+        filled = _as_masked_fill(func, args, kwargs)
+        if filled is not NotImplemented:
+            return filled
         indices = _by_positions(rt, list(args[1] if len(args) > 1 else kwargs["indices"]))
         if indices is None:
             return NotImplemented
@@ -1536,7 +1562,61 @@ def _masked_scatter_backward(rt: Runtime, args: tuple, kwargs: dict) -> Any:
     return aten.constant_pad_nd.default(taken, [0, total - taken.shape[0]]).reshape(sizes)
 
 
-_BY_VALUE: dict[int, Any] = {id(f): h for f, h in (
+_INDEX_PUTS = (aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
+
+# Note [Foreach ops]
+# An optimizer built with foreach=True (and other multi-tensor code) calls _foreach_* ops, one
+# over every parameter at once, which the engine has no kernels for. The device records each
+# as the same op per tensor: _foreach_addcdiv_(params, a, b, scalars) as addcdiv_(params[i],
+# a[i], b[i], value=scalars[i]) for each i. Their float arguments are then lifted as any
+# op's (Note [Lifted scalars]), so Adam's step sizes, new every step, keep the step one graph.
+def _foreach(func: Any) -> Any:
+    schema = func._schema
+    name = schema.name.removeprefix("aten::_foreach_")
+    inplace = name.endswith("_")
+    base = name.rstrip("_")
+    names = [a.name for a in schema.arguments]
+    lists = {a.name for a in schema.arguments if isinstance(a.type, torch.ListType)}
+    keyword = {a.name for a in schema.arguments if a.kwarg_only}
+
+    def one(given: dict) -> Any:
+        x = given["self"]
+        if base in ("addcmul", "addcdiv"):
+            value = given.get("scalars", given.get("value", 1))
+            if isinstance(value, torch.Tensor):  # the .Tensor form: one 0-d tensor each
+                t1, t2 = given["tensor1"], given["tensor2"]
+                term = (t1 * t2 if base == "addcmul" else t1 / t2) * value
+                return x.add_(term) if inplace else x + term
+            return getattr(aten, name)(x, given["tensor1"], given["tensor2"], value=value)
+        if base == "norm":
+            return torch.linalg.vector_norm(x, given.get("ord", 2), dtype=given.get("dtype"))
+        if base == "max":
+            return torch.amax(x)
+        if base == "copy":
+            return x.copy_(given["src"], given.get("non_blocking", False))
+        positional = [given[n] for n in names if n in given and n not in keyword]
+        named = {n: given[n] for n in keyword if n in given}
+        if inplace and not hasattr(aten, name):  # (maximum_, minimum_: no such ops)
+            return x.copy_(getattr(aten, base)(*positional, **named))
+        return getattr(aten, name)(*positional, **named)
+
+    def run(rt: Runtime, args: tuple, kwargs: dict) -> Any:
+        given = dict(zip(names, args, strict=False)) | kwargs
+        count = len(next(given[n] for n in names if n in lists))
+        out = [one({n: v[i] if n in lists else v for n, v in given.items()})
+               for i in range(count)]
+        return None if inplace else out
+    return run
+
+
+_FOREACH = [getattr(getattr(aten, op), overload or "default")
+            for op, _, overload in (n.removeprefix("aten::").partition(".")
+                                    for n in torch._C._dispatch_get_all_op_names()
+                                    if n.startswith("aten::_foreach_"))
+            if not overload.endswith("out")]
+
+# Ops rewritten before they are recorded: Note [Values that give shapes], Note [Foreach ops].
+_BY_VALUE: dict[int, Any] = {id(f): _foreach(f) for f in _FOREACH} | {id(f): h for f, h in (
     (aten.index.Tensor, _indexing(aten.index.Tensor)),
     (aten._unsafe_index.Tensor, _indexing(aten._unsafe_index.Tensor)),
     (aten.index_put.default, _indexing(aten.index_put.default)),
