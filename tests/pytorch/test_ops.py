@@ -116,6 +116,7 @@ CASES: dict[str, Case] = {
     "kl divergence (isnan)": lambda m, d: F.kl_div(F.log_softmax(m.fc(d["x"]), -1), d["probs"],
                                                    reduction="batchmean"),
     "leaky relu": lambda m, d: F.leaky_relu(m.fc(d["x"]), 0.1).pow(2).sum(),
+    "rrelu in eval": lambda m, d: F.rrelu(m.fc(d["x"]), training=False).pow(2).sum(),
     "elu (expm1)": lambda m, d: F.elu(m.fc(d["x"]) * 4).pow(2).sum(),
     "softplus and mish": lambda m, d: (F.softplus(m.fc(d["x"]) * 8) + F.mish(m.fc(d["x"]))).sum(),
     "var and std": lambda m, d: m.fc(d["x"]).var(-1).sum() + m.fc(d["x"]).std(0).sum(),

@@ -194,9 +194,9 @@ def _native_batch_norm(x: torch.Tensor, weight: torch.Tensor | None,
 
 
 # PyTorch decompositions outside its Core-ATen set (in torch 2.4) whose results the importer
-# lowers: hardtanh (ReLU6) and the 2-D nll_loss of segmentation would otherwise reach the
-# daemon whole and be refused. (Some others, constant_pad_nd's and var_mean's, produce prims
-# ops instead; those are lowered whole.)
+# lowers: hardtanh (ReLU6), RReLU's gradient and the 2-D nll_loss of segmentation would
+# otherwise reach the daemon whole and be refused. (Some others, constant_pad_nd's and
+# var_mean's, produce prims ops instead; those are lowered whole.)
 _EXTRA_DECOMPOSE = (
     torch.ops.aten.hardtanh.default,
     torch.ops.aten.hardtanh_backward.default,
@@ -204,6 +204,7 @@ _EXTRA_DECOMPOSE = (
     torch.ops.aten.nll_loss2d_backward.default,
     torch.ops.aten.upsample_bicubic2d.default,
     torch.ops.aten.upsample_bicubic2d.vec,
+    torch.ops.aten.rrelu_with_noise_backward.default,
 )
 
 
