@@ -347,13 +347,15 @@ def _put(x: torch.Tensor, at: torch.Tensor, value: torch.Tensor | float) -> torc
 
 def _masks(m: Net, d: dict[str, torch.Tensor]) -> torch.Tensor:
     """Masks made in the step (so reading them splits it): the valid rows' loss, elements
-    selected and overwritten, a masked_scatter, and nonzero's positions."""
+    selected and overwritten (through a mask with no true element too), a masked_scatter, and
+    nonzero's positions."""
     out = m.fc(d["x"])
     valid = d["y"] != 2
     loss = F.cross_entropy(out[valid], d["y"][valid])
     picked = out[d["bits"] > 0].pow(2).sum() + out.masked_select(out > 0).sum()
     written = _put(out, d["bits"] > 0, 0.0)
     written[out < -0.3] = written[out < -0.3] * 3 + 1
+    written[d["y"] > 100] = out[:0]  # a mask with no true element: empty feeds
     scattered = torch.zeros(8, 5).to(out.device).masked_scatter(d["bits"] > 0, out * 3)
     rows = out[torch.nonzero(d["y"] > 1).squeeze(1)]
     return loss + picked + written.pow(2).sum() + scattered.pow(2).sum() + rows.pow(2).sum()

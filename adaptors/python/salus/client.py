@@ -662,7 +662,8 @@ class Session:
                 spec.buffer.buffer_id, spec.buffer.offset = where
                 keep.append(arr)
             else:
-                frames.append(memoryview(arr).cast("B"))
+                # (a tensor with no elements is an empty frame; memoryview cannot cast it)
+                frames.append(memoryview(arr).cast("B") if arr.size else memoryview(b""))
         body.fetches.extend(fetches or [])
         body.state_only = state_only
         try:
