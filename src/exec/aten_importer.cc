@@ -2305,8 +2305,9 @@ Status Lowerer::Convolution() {
     if (output_padding.size() != spatial) return Bad("output_padding needs one entry per dim");
     attrs["output_padding"] = IntsAttr(output_padding);  // (extra rows at the end, ONNX's)
   }
-  // Note [1-D convolutions]: the engine's convolutions are 2-D, so a 1-D one (Conv1d) runs as
-  // a 2-D one over a height of 1, its input, weight and output given that dim and losing it.
+  // Note [1-D convolutions]: the engine's convolutions are 2-D and 3-D, so a 1-D one (Conv1d)
+  // runs as a 2-D one over a height of 1, its input, weight and output given that dim and
+  // losing it.
   const bool one_d = spatial == 1;
   if (one_d) {
     SALUS_ASSIGN_OR_RETURN(x, AddHeight(x));
