@@ -419,6 +419,10 @@ class Runtime:
 
     def _on_host(self, func: Any, args: tuple, kwargs: dict) -> Any:
         self.flush()
+        return self._host_call(func, args, kwargs)
+
+    def _host_call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """`func` on the host values of its arguments (each flushing what it depends on)."""
         host_args, host_kwargs = pytree.tree_map(self._host_arg, (args, kwargs))
         return func(*host_args, **host_kwargs)
 
@@ -1450,10 +1454,6 @@ def _is_mask(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
 
 
-def _host_of(rt: Runtime, t: torch.Tensor) -> torch.Tensor:
-    return rt.host_value(t) if isinstance(t, SalusTensor) else t
-
-
 def _on_device(host: torch.Tensor) -> SalusTensor:
     """A host tensor as a device tensor whose value is on the host (an input of the graph)."""
     host = host.contiguous()
@@ -1463,7 +1463,7 @@ def _on_device(host: torch.Tensor) -> SalusTensor:
 def _positions(rt: Runtime, mask: torch.Tensor, shape: Any = None) -> list[SalusTensor]:
     """The positions of `mask`'s true elements (broadcast to `shape`), one int64 tensor per
     dim (Note [Values that give shapes])."""
-    host = _host_of(rt, mask)
+    host = rt._host_arg(mask)
     if host.dim() == 0:
         raise RuntimeError("salus device: indexing by a 0-dim bool tensor is not supported")
     if shape is not None:
@@ -1522,10 +1522,8 @@ def _run_on_host(func: Any) -> Any:
     unique, bincount): run on the host values of its arguments, its results device tensors
     whose values are on the host."""
     def run(rt: Runtime, args: tuple, kwargs: dict) -> Any:
-        host_args, host_kwargs = pytree.tree_map(rt._host_arg, (args, kwargs))
-        return pytree.tree_map(
-            lambda r: _on_device(r) if isinstance(r, torch.Tensor) else r,
-            func(*host_args, **host_kwargs))
+        return pytree.tree_map(lambda r: _on_device(r) if isinstance(r, torch.Tensor) else r,
+                               rt._host_call(func, args, kwargs))
     return run
 
 

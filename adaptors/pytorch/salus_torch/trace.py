@@ -230,11 +230,12 @@ def _decompositions() -> dict:
         a.upsample_linear1d_backward.default: _resize_backward(a.upsample_linear1d.default),
         a.multi_margin_loss_backward.default: _multi_margin_loss_backward,
         a.avg_pool2d.default: _avg_pool2d,
-        a.avg_pool2d_backward.default: _avg_pool2d_backward,
+        a.avg_pool2d_backward.default: _pool_backward(_avg_pool2d, _avg_pool2d_decomposes, 6),
         a.avg_pool3d.default: _avg_pool3d,
-        a.avg_pool3d_backward.default: _avg_pool3d_backward,
+        a.avg_pool3d_backward.default: _pool_backward(_avg_pool3d, _avg_pool3d_decomposes, 6),
         a.max_pool3d_with_indices.default: _max_pool3d,
-        a.max_pool3d_with_indices_backward.default: _max_pool3d_backward,
+        a.max_pool3d_with_indices_backward.default:
+            _pool_backward(_max_pool3d, lambda x, *args: x.dim() == 5, 5),
         a.adaptive_max_pool2d.default: _adaptive_max_pool2d,
         a.adaptive_max_pool2d_backward.default: _adaptive_max_pool2d_backward,
         a._ctc_loss.default: _ctc_loss,
@@ -351,9 +352,11 @@ def _per_dim(v: object, dims: int) -> list[int]:
     return v * dims if len(v) == 1 else v
 
 
-def _avg_pool3d_decomposes(x: torch.Tensor, padding: object, ceil_mode: bool,
-                           count_include_pad: bool, divisor_override: int | None) -> bool:
-    """Whether _avg_pool3d decomposes (its backward asks the same)."""
+def _avg_pool3d_decomposes(x: torch.Tensor, kernel_size: object, stride: object,
+                           padding: object = 0, ceil_mode: bool = False,
+                           count_include_pad: bool = True, divisor_override: int | None = None
+                           ) -> bool:
+    """Whether _avg_pool3d decomposes, for its arguments (its backward asks the same)."""
     return x.dim() == 5 and not ceil_mode and not divisor_override and \
         (count_include_pad or not any(_per_dim(padding, 3)))
 
@@ -365,28 +368,43 @@ def _avg_pool3d(x: torch.Tensor, kernel_size: list[int], stride: list[int] | Non
     and width in each depth slice, then over depth with height and width flattened. With the
     padding counted (the default), the mean of the means is the mean of the window. Other
     settings are left whole, refused by name."""
-    if not _avg_pool3d_decomposes(x, padding, ceil_mode, count_include_pad, divisor_override):
+    if not _avg_pool3d_decomposes(x, kernel_size, stride, padding, ceil_mode,
+                                  count_include_pad, divisor_override):
         return NotImplemented  # type: ignore[return-value]
+    return _slices_then_depth(
+        x, lambda t, k, s, p, _: torch.nn.functional.avg_pool2d(t, k, s, p),
+        kernel_size, stride, padding, 1)
+
+
+def _slices_then_depth(x: torch.Tensor, pool: Any, kernel_size: object, stride: object,
+                       padding: object, dilation: object) -> torch.Tensor:
+    """A 3-D pooling as two 2-D ones, `pool(t, kernel, stride, padding, dilation)`: over
+    height and width in each depth slice, then over depth with height and width flattened."""
     k = _per_dim(kernel_size, 3)
     s = _per_dim(stride, 3) if stride else k
-    p = _per_dim(padding, 3)
+    p, dil = _per_dim(padding, 3), _per_dim(dilation, 3)
     n, c, d, h, w = x.shape
-    plane = torch.nn.functional.avg_pool2d(x.reshape(n, c * d, h, w), k[1:], s[1:], p[1:])
+    plane = pool(x.reshape(n, c * d, h, w), k[1:], s[1:], p[1:], dil[1:])
     h2, w2 = plane.shape[-2:]
-    depth = torch.nn.functional.avg_pool2d(plane.reshape(n, c, d, h2 * w2), (k[0], 1),
-                                           (s[0], 1), (p[0], 0))
+    depth = pool(plane.reshape(n, c, d, h2 * w2), (k[0], 1), (s[0], 1), (p[0], 0), (dil[0], 1))
     return depth.reshape(n, c, depth.shape[2], h2, w2)
 
 
-def _avg_pool3d_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: list[int],
-                         stride: list[int], padding: list[int], ceil_mode: bool,
-                         count_include_pad: bool, divisor_override: int | None
-                         ) -> torch.Tensor:
-    """_avg_pool3d's gradient (Note [Gradients of decompositions])."""
-    args = (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-    if not _avg_pool3d_decomposes(x, padding, ceil_mode, count_include_pad, divisor_override):
-        return NotImplemented  # type: ignore[return-value]
-    return _vjp(lambda t: _avg_pool3d(t, *args), (x,), grad)[0]
+def _pool_backward(forward: Any, decomposes: Any, arity: int) -> Any:
+    """The gradient of a pooling `forward` decomposes (Note [Gradients of decompositions]):
+    backward(grad, x, *args), where forward takes x and the first `arity` of args (a max
+    pooling's backward also gets its indices, which the decomposition does not need) and
+    `decomposes(x, *those)` says whether the forward decomposes."""
+    def backward(grad: torch.Tensor, x: torch.Tensor, *args: Any) -> torch.Tensor:
+        args = args[:arity]
+        if not decomposes(x, *args):
+            return NotImplemented  # type: ignore[return-value]
+
+        def first(t: torch.Tensor) -> torch.Tensor:
+            out = forward(t, *args)
+            return out[0] if isinstance(out, tuple) else out
+        return _vjp(first, (x,), grad)[0]
+    return backward
 
 
 @torch.library.custom_op("salus::max_pool3d_indices", mutates_args=(),
@@ -414,27 +432,10 @@ def _max_pool3d(x: torch.Tensor, kernel_size: list[int], stride: list[int] | Non
     is the gradient of this decomposition."""
     if x.dim() != 5:
         return NotImplemented  # type: ignore[return-value]
-    k = _per_dim(kernel_size, 3)
-    s = _per_dim(stride, 3) if stride else k
-    p, dil = _per_dim(padding, 3), _per_dim(dilation, 3)
-    n, c, d, h, w = x.shape
-    pool = torch.nn.functional.max_pool2d
-    plane = pool(x.reshape(n, c * d, h, w), k[1:], s[1:], p[1:], dil[1:], ceil_mode)
-    h2, w2 = plane.shape[-2:]
-    depth = pool(plane.reshape(n, c, d, h2 * w2), (k[0], 1), (s[0], 1), (p[0], 0),
-                 (dil[0], 1), ceil_mode)
-    out = depth.reshape(n, c, depth.shape[2], h2, w2)
+    out = _slices_then_depth(
+        x, lambda t, k, s, p, dil: torch.nn.functional.max_pool2d(t, k, s, p, dil, ceil_mode),
+        kernel_size, stride, padding, dilation)
     return out, _max_pool3d_indices(out)
-
-
-def _max_pool3d_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: list[int],
-                         stride: list[int], padding: list[int], dilation: list[int],
-                         ceil_mode: bool, indices: torch.Tensor) -> torch.Tensor:
-    """_max_pool3d's gradient (Note [Gradients of decompositions])."""
-    if x.dim() != 5:
-        return NotImplemented  # type: ignore[return-value]
-    args = (kernel_size, stride, padding, dilation, ceil_mode)
-    return _vjp(lambda t: _max_pool3d(t, *args)[0], (x,), grad)[0]
 
 
 def _trilinear(i1: torch.Tensor, i2: torch.Tensor, i3: torch.Tensor, expand1: list[int],
@@ -726,9 +727,11 @@ def _overwrite(x: torch.Tensor, indices: list[torch.Tensor | None], values: torc
     return torch.where(counts > 0, sums / counts.clamp_min(1), x)
 
 
-def _avg_pool2d_decomposes(x: torch.Tensor, padding: object, ceil_mode: bool,
-                           count_include_pad: bool, divisor_override: int | None) -> bool:
-    """Whether _avg_pool2d decomposes (its backward asks the same)."""
+def _avg_pool2d_decomposes(x: torch.Tensor, kernel_size: object, stride: object,
+                           padding: object = 0, ceil_mode: bool = False,
+                           count_include_pad: bool = True, divisor_override: int | None = None
+                           ) -> bool:
+    """Whether _avg_pool2d decomposes, for its arguments (its backward asks the same)."""
     return x.dim() == 4 and ceil_mode and count_include_pad and not divisor_override and \
         any(_per_dim(padding, 2))
 
@@ -742,7 +745,8 @@ def _avg_pool2d(x: torch.Tensor, kernel_size: list[int], stride: list[int] | Non
     padded input pooled without padding and without counting outside it, which divides the
     same way; the one window PyTorch drops (one that would start in the right padding) is
     sliced off. Every other configuration is left whole, for the importer."""
-    if not _avg_pool2d_decomposes(x, padding, ceil_mode, count_include_pad, divisor_override):
+    if not _avg_pool2d_decomposes(x, kernel_size, stride, padding, ceil_mode,
+                                  count_include_pad, divisor_override):
         return NotImplemented  # type: ignore[return-value]
     k, p = _per_dim(kernel_size, 2), _per_dim(padding, 2)
     s = _per_dim(stride, 2) if stride else k
@@ -756,17 +760,6 @@ def _avg_pool2d(x: torch.Tensor, kernel_size: list[int], stride: list[int] | Non
     padded = torch.nn.functional.pad(x, (p[1], p[1], p[0], p[0]))
     y = torch.nn.functional.avg_pool2d(padded, k, s, 0, True, False)
     return y[..., :sizes[0], :sizes[1]]
-
-
-def _avg_pool2d_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: list[int],
-                         stride: list[int], padding: list[int], ceil_mode: bool,
-                         count_include_pad: bool, divisor_override: int | None
-                         ) -> torch.Tensor:
-    """_avg_pool2d's gradient (Note [Gradients of decompositions]) where it decomposes."""
-    args = (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-    if not _avg_pool2d_decomposes(x, padding, ceil_mode, count_include_pad, divisor_override):
-        return NotImplemented  # type: ignore[return-value]
-    return _vjp(lambda t: _avg_pool2d(t, *args), (x,), grad)[0]
 
 
 def _adaptive_windows(size: int, out: int) -> list[range]:

@@ -47,6 +47,11 @@ class AtenGraphBuilder {
     a->set_name(name);
     a->set_float_value(v);
   }
+  static void Int(v1::AtenNode* n, const std::string& name, int64_t v) {
+    v1::AtenArgument* a = n->add_args();
+    a->set_name(name);
+    a->set_int_value(v);
+  }
   static void Ints(v1::AtenNode* n, const std::string& name, std::vector<int64_t> v) {
     v1::AtenArgument* a = n->add_args();
     a->set_name(name);
@@ -187,25 +192,29 @@ TEST(AtenImporter, RefusesMalformedGraphs) {
 
 // select_scatter (an assignment into a column) lowers as a slice of width 1; an index outside
 // the dim is refused naming it.
+// A graph of one `op` writing input `src` into input `x`, its output of x's shape the graph's;
+// the caller adds the op's other arguments.
+v1::AtenNode* ScatterInto(AtenGraphBuilder& b, const std::string& op, const Shape& x_shape,
+                          const Shape& src_shape) {
+  const int x = b.Value("x", x_shape);
+  const int src = b.Value("src", src_shape);
+  b.graph().add_inputs(x);
+  b.graph().add_inputs(src);
+  const int y = b.Value("y", x_shape);
+  v1::AtenNode* n = b.Node(op, {y});
+  AtenGraphBuilder::Tensor(n, "self", x);
+  AtenGraphBuilder::Tensor(n, "src", src);
+  b.graph().add_outputs(y);
+  return n;
+}
+
 TEST(AtenImporter, SelectScatterWritesOneColumnAndRefusesAnIndexOutside) {
   for (int64_t index : {1, -1, 3}) {
     SCOPED_TRACE(index);
     AtenGraphBuilder b;
-    const int x = b.Value("x", {2, 3});
-    const int src = b.Value("src", {2});
-    b.graph().add_inputs(x);
-    b.graph().add_inputs(src);
-    const int y = b.Value("y", {2, 3});
-    auto* n = b.Node("aten.select_scatter.default", {y});
-    AtenGraphBuilder::Tensor(n, "self", x);
-    AtenGraphBuilder::Tensor(n, "src", src);
-    v1::AtenArgument* dim = n->add_args();
-    dim->set_name("dim");
-    dim->set_int_value(1);
-    v1::AtenArgument* at = n->add_args();
-    at->set_name("index");
-    at->set_int_value(index);
-    b.graph().add_outputs(y);
+    v1::AtenNode* n = ScatterInto(b, "aten.select_scatter.default", {2, 3}, {2});
+    AtenGraphBuilder::Int(n, "dim", 1);
+    AtenGraphBuilder::Int(n, "index", index);
     auto exe = Executable::CompileAten(b.Bytes(), CompileOptions{});
     if (index == 3) {
       ASSERT_FALSE(exe.ok());
@@ -229,21 +238,11 @@ TEST(AtenImporter, SelectScatterWritesOneColumnAndRefusesAnIndexOutside) {
 // slice_scatter with a step (x[:, 1::2]'s gradient): src's columns land at 1 and 3.
 TEST(AtenImporter, SliceScatterWithAStep) {
   AtenGraphBuilder b;
-  const int x = b.Value("x", {2, 5});
-  const int src = b.Value("src", {2, 2});
-  b.graph().add_inputs(x);
-  b.graph().add_inputs(src);
-  const int y = b.Value("y", {2, 5});
-  auto* n = b.Node("aten.slice_scatter.default", {y});
-  AtenGraphBuilder::Tensor(n, "self", x);
-  AtenGraphBuilder::Tensor(n, "src", src);
+  v1::AtenNode* n = ScatterInto(b, "aten.slice_scatter.default", {2, 5}, {2, 2});
   for (const auto& [name, v] : std::vector<std::pair<std::string, int64_t>>{
            {"dim", 1}, {"start", 1}, {"end", 5}, {"step", 2}}) {
-    v1::AtenArgument* a = n->add_args();
-    a->set_name(name);
-    a->set_int_value(v);
+    AtenGraphBuilder::Int(n, name, v);
   }
-  b.graph().add_outputs(y);
   auto exe = Executable::CompileAten(b.Bytes(), CompileOptions{});
   ASSERT_TRUE(exe.ok()) << exe.status();
   Memory mem(**exe);
