@@ -320,6 +320,68 @@ def test_an_op_the_engine_lacks_is_refused_by_name(daemon: Daemon) -> None:
         y.cpu()
 
 
+def test_uint8_images_and_int32_labels_as_a_data_loader_gives_them(daemon: Daemon) -> None:
+    """Note [Host dtypes]: tensors of dtypes the engine lacks stay on the host, where the ops on
+    them alone run; the loop converts them as it would for CUDA, and trains as eager does."""
+    gen = torch.Generator().manual_seed(11)
+    batches = [(torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8, generator=gen),
+                torch.randint(0, 10, (4,), dtype=torch.int32, generator=gen),
+                torch.rand(4, generator=gen, dtype=torch.float64)) for _ in range(3)]
+    results = {}
+    for device in ("cpu", "salus"):
+        m, opt = make("resnet", "sgd", device)
+        losses = []
+        for x, y, w in batches:
+            x, y, w = x.to(device), y.to(device), w.to(device)
+            assert x.device.type == device and x.dtype == torch.uint8
+            opt.zero_grad()
+            loss = (F.cross_entropy(m(x.float() / 255), y.long(), reduction="none")
+                    * w.float()).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        results[device] = (losses, {k: v.cpu() for k, v in m.state_dict().items()})
+    assert_losses_match(results["salus"][0], results["cpu"][0])
+    assert_state_match(results["salus"][1], results["cpu"][1], atol=3e-5)
+    # On the host alone, any op runs; meeting the device's values, a clear refusal.
+    x = torch.arange(6, dtype=torch.int32).to("salus")
+    assert (x * 2).sum().item() == 30 and x.flip(0).cpu().tolist() == [5, 4, 3, 2, 1, 0]
+    h = torch.randn(6).to("salus") * 2
+    with pytest.raises(RuntimeError, match="takes a torch.int32 tensor, and has values the device"):
+        h + x
+    with pytest.raises(RuntimeError, match="makes a torch.float64 tensor"):
+        h.double()
+
+
+def test_autocast_falls_back_to_float32_and_a_grad_scaler_scales(daemon: Daemon) -> None:
+    """A mixed-precision loop unchanged: autocast on the device warns that the engine has no
+    half type and leaves the ops in float32, and GradScaler scales, unscales (skipping the
+    steps whose gradients overflow) and moves its scale as eager PyTorch's does."""
+    batches = images(5, 2)
+    results = {}
+    for device in ("cpu", "salus"):
+        m, opt = make("resnet", "sgd", device)
+        scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 105, growth_interval=1)
+        losses, scales = [], []
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "salus"):
+                loss = F.cross_entropy(m(x), y)
+            scaler.scale(loss * 1e3).backward()
+            scaler.step(opt)
+            scaler.update()
+            losses.append(loss.item())
+            scales.append(scaler.get_scale())
+        results[device] = (losses, scales, {k: v.cpu() for k, v in m.state_dict().items()})
+    assert results["salus"][1] == results["cpu"][1]
+    scales = results["cpu"][1]  # the scale grew, then steps whose gradients overflowed were skipped
+    assert any(b > a for a, b in zip(scales, scales[1:], strict=False))
+    assert any(b < a for a, b in zip(scales, scales[1:], strict=False))
+    assert_losses_match(results["salus"][0], results["cpu"][0])
+    assert_state_match(results["salus"][2], results["cpu"][2], atol=3e-5)
+
+
 def test_two_device_jobs_and_an_onnx_job_share_the_daemon(daemon: Daemon) -> None:
     """Under FAIR, two processes training on the salus device and an ONNX job run at once;
     each reproduces its solo run exactly, and the device jobs match eager PyTorch."""

@@ -104,6 +104,16 @@ _EAGER_IDS = frozenset(map(id, _EAGER))
 _COPY = aten.copy_.default
 _COPY_ID = id(_COPY)
 
+# Note [Host dtypes]
+# The engine computes in float32, int64 and bool. A tensor of another dtype moved to the
+# device keeps its host value there: images as uint8, arrays from NumPy as float64 or int32.
+# An op whose tensors are all such host values (`x.float() / 255`, `y.long()`) runs on the host
+# at once, as the factories do, and its result is a host value of the device, which the graph
+# takes as an input when it is of an engine dtype. An op that mixes a tensor of another dtype
+# with values the device computes, or that would make one from them (`h.double()`), is refused
+# by name as it is called, with the dtype, rather than when its recording is flushed.
+_ENGINE_DTYPES = frozenset({torch.float32, torch.int64, torch.bool})
+
 # Note [Lifted scalars]: Python floats in these arguments become graph inputs.
 _LIFT: dict[Any, tuple[str, ...]] = {}
 for _name in ("add", "sub"):
@@ -442,6 +452,9 @@ class Runtime:
             r, k = scan(v, tensors, lift)
             rkwargs[n] = r
             kkeys.append((n, k))
+        for t in tensors:
+            if t._key[0] not in _ENGINE_DTYPES:  # Note [Host dtypes]
+                return self._on_host_values(func, args, kwargs, tensors, f"takes a {t.dtype}")
         # Note [Plans]: the output shapes of an op on given shapes are computed on meta
         # tensors once, then remembered.
         key = (id(func), tuple(keys), tuple(kkeys))
@@ -452,10 +465,15 @@ class Runtime:
         if entry is None:
             template = self._template(func, rargs, rkwargs, tensors)
             # Note [Reshaped in place]: such an op is recorded as its functional form.
-            entry = (template, _functional_of(func) if _reshapes(template) else func)
+            entry = (template, _functional_of(func) if _reshapes(template) else func,
+                     _odd_dtype(template))
             if key is not None:
                 self._metas[key] = entry
-        template, recorded = entry
+        template, recorded, odd = entry
+        if odd is not None:  # Note [Host dtypes]
+            return self._on_host_values(func, args, kwargs, tensors, f"makes a {odd}")
+        for t in tensors:
+            self._use(t)
         op = _Op(recorded, rargs, rkwargs, [])
         if lift is not None:
             op.lifted = self._lift(op, *lift)
@@ -579,8 +597,7 @@ class Runtime:
             if not isinstance(a, SalusTensor):
                 a = self._wrap_host(a)  # a host tensor given to a device op
             kind = SalusTensor
-        if kind is SalusTensor:
-            self._use(a)
+        if kind is SalusTensor:  # (used by _record once all its tensors are known)
             tensors.append(a)
             return _Ref(a._uid), a._key
         if kind is list or kind is tuple:
@@ -589,6 +606,40 @@ class Runtime:
             parts = [self._scan(e, tensors, lift) for e in a]
             return kind(p[0] for p in parts), tuple(p[1] for p in parts)
         return a, (float if lift is not None and kind is float else a)
+
+    def _on_host_values(self, func: Any, args: tuple, kwargs: dict,
+                        tensors: list[SalusTensor], odd: str) -> Any:
+        """Note [Host dtypes]: `func`, which takes or makes (`odd`) a tensor of a dtype the
+        engine lacks, run on the host values of its tensors, which must all have one that
+        nothing recorded writes."""
+        seg = self._seg
+        written = _writes(func)
+        for t in tensors:
+            current = t._loc.host is not None and t._uid not in seg.mutated and \
+                seg.by_loc.get(id(t._loc), t._uid) not in seg.mutated
+            untouched = t._uid not in seg.refs and id(t._loc) not in seg.by_loc
+            if not current or (not untouched and _is_written(t, args, kwargs, written)):
+                raise RuntimeError(
+                    f"salus device: {func} {odd} tensor, and has values the device computes; "
+                    "the engine computes in float32, int64 and bool, and a tensor of another "
+                    "dtype stays on the host: convert it (.float(), .long()) before its values "
+                    "meet the device's")
+        if self._inflight is not None and \
+                any(id(t._loc) in self._inflight.fed for t in tensors):
+            self._settle()  # the iteration in flight may still be reading a value written here
+        by_host = {id(t._loc.host): t for t in tensors}
+        host_args, host_kwargs = pytree.tree_map(
+            lambda a: a._loc.host if isinstance(a, SalusTensor) else _to_device(a, "cpu"),
+            (args, kwargs))
+        out = func(*host_args, **host_kwargs)
+
+        def wrap(h: Any) -> Any:
+            if not isinstance(h, torch.Tensor):
+                return h
+            same = by_host.get(id(h))  # an in-place op or out= returns its argument
+            return same if same is not None else SalusTensor(_meta_of(h), _Loc(h))
+
+        return pytree.tree_map(wrap, out)
 
     def _wrap_host(self, a: torch.Tensor) -> SalusTensor:
         """A host tensor given to a device op, as an input of the segment (once per value)."""
@@ -971,6 +1022,23 @@ def _map(fn: Any, x: Any) -> Any:
     return fn(x)
 
 
+def _odd_dtype(template: Any) -> torch.dtype | None:
+    """The first dtype of an op's new outputs that the engine lacks (Note [Host dtypes])."""
+    odd = []
+
+    def leaf(m: Any) -> None:
+        if type(m) is tuple and m[0] == "new" and m[1].dtype not in _ENGINE_DTYPES:
+            odd.append(m[1].dtype)
+    _map_out(leaf, template)
+    return odd[0] if odd else None
+
+
+def _is_written(t: SalusTensor, args: tuple, kwargs: dict,
+                written: tuple[tuple[int, str], ...]) -> bool:
+    """Whether `t` is an argument that an op writing `written` writes."""
+    return any((args[i] if i < len(args) else kwargs.get(name)) is t for i, name in written)
+
+
 def _is_leaf(x: tuple) -> bool:
     """Whether a template entry is ("arg", k), ("new", meta) or ("reshaped", k, meta)."""
     return (len(x) == 2 and (x[0] == "arg" or x[0] == "new")) or \
@@ -1301,6 +1369,9 @@ def register() -> None:
     module.get_rng_state = lambda device=None: torch.empty(0, dtype=torch.uint8)
     module.set_rng_state = lambda state, device=None: None
     module.synchronize = lambda device=None: flush()
+    # Note [Host dtypes]: no half type in the engine, so `torch.autocast("salus")` warns that
+    # its dtype is not supported and leaves the ops in float32, as on a CPU without bfloat16.
+    module.get_amp_supported_dtype = lambda: [torch.float32]
     torch._register_device_module(NAME, module)
     _load_extension()  # compiled once per machine and torch version, then cached
     _lib = torch.library.Library("aten", "IMPL")
@@ -1607,6 +1678,16 @@ def _foreach(func: Any) -> Any:
     return run
 
 
+def _amp_unscale(rt: Runtime, args: tuple, kwargs: dict) -> None:
+    """GradScaler's unscale, per gradient as Note [Foreach ops] records the others: each
+    gradient times the inverse scale, and `found_inf` 1 once one has a non-finite element."""
+    grads, found_inf, inv_scale = (*args, *kwargs.values())
+    for g in grads:
+        bad = aten.logical_not(aten.isfinite(g)).any().to(found_inf.dtype)
+        found_inf.copy_(aten.maximum(found_inf, bad))
+        g.mul_(inv_scale)
+
+
 _FOREACH = [getattr(getattr(aten, op), overload or "default")
             for op, _, overload in (n.removeprefix("aten::").partition(".")
                                     for n in torch._C._dispatch_get_all_op_names()
@@ -1628,4 +1709,5 @@ _BY_VALUE: dict[int, Any] = {id(f): _foreach(f) for f in _FOREACH} | {id(f): h f
     (aten.masked_scatter.default, _masked_scatter(False)),
     (aten.masked_scatter_.default, _masked_scatter(True)),
     (aten.masked_scatter_backward.default, _masked_scatter_backward),
+    (aten._amp_foreach_non_finite_check_and_unscale_.default, _amp_unscale),
 )}
