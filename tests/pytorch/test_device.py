@@ -353,6 +353,23 @@ def test_uint8_images_and_int32_labels_as_a_data_loader_gives_them(daemon: Daemo
         h.double()
 
 
+def test_initialisation_in_place_runs_on_the_host_values(daemon: Daemon) -> None:
+    """In-place ops on a device tensor's host value, from host values (an initialiser's
+    `erfinv_` and `clamp_`, a hand-made rescale), run on the host at once: PyTorch's numbers,
+    nothing sent to the daemon."""
+    flushes = salus_torch.device.runtime().flushes
+    results = {}
+    for device in ("cpu", "salus"):
+        torch.manual_seed(5)
+        w = torch.empty(8, 6, device=device)
+        torch.nn.init.trunc_normal_(w, std=0.02, a=-0.03, b=0.03)
+        with torch.no_grad():
+            w.mul_(2).add_(torch.ones(6, device=device))
+        results[device] = w
+    assert salus_torch.device.runtime().flushes == flushes
+    torch.testing.assert_close(results["salus"].cpu(), results["cpu"], rtol=0, atol=0)
+
+
 def test_autocast_falls_back_to_float32_and_a_grad_scaler_scales(daemon: Daemon) -> None:
     """A mixed-precision loop unchanged: autocast on the device warns that the engine has no
     half type and leaves the ops in float32, and GradScaler scales, unscales (skipping the

@@ -112,6 +112,10 @@ _COPY_ID = id(_COPY)
 # takes as an input when it is of an engine dtype. An op that mixes a tensor of another dtype
 # with values the device computes, or that would make one from them (`h.double()`), is refused
 # by name as it is called, with the dtype, rather than when its recording is flushed.
+# In the same way, an in-place op into a host value that the recording has not read, from host
+# values nothing recorded writes, runs on the host: initialisers made of in-place ops
+# (`trunc_normal_`'s `erfinv_` and `clamp_`), a rescale of a fresh batch. It gives the value
+# the recording would, sooner.
 _ENGINE_DTYPES = frozenset({torch.float32, torch.int64, torch.bool})
 
 # Note [Lifted scalars]: Python floats in these arguments become graph inputs.
@@ -472,6 +476,10 @@ class Runtime:
         template, recorded, odd = entry
         if odd is not None:  # Note [Host dtypes]
             return self._on_host_values(func, args, kwargs, tensors, f"makes a {odd}")
+        if template == ("arg", 0) and tensors and args and args[0] is tensors[0] and \
+                self._host_values(tensors, first_untouched=True):
+            # An in-place op on a host value from host values: Note [Host dtypes].
+            return self._on_host_values(func, args, kwargs, tensors, "")
         for t in tensors:
             self._use(t)
         op = _Op(recorded, rargs, rkwargs, [])
@@ -607,18 +615,25 @@ class Runtime:
             return kind(p[0] for p in parts), tuple(p[1] for p in parts)
         return a, (float if lift is not None and kind is float else a)
 
+    def _host_values(self, tensors: list[SalusTensor], first_untouched: bool) -> bool:
+        """Whether each tensor's host value is its value (nothing recorded writes it), and the
+        first one's is not read by the recording either (an op may write into it)."""
+        seg = self._seg
+        for t in tensors:
+            if t._loc.host is None or t._uid in seg.mutated or \
+                    seg.by_loc.get(id(t._loc), t._uid) in seg.mutated:
+                return False
+        t = tensors[0]
+        return not first_untouched or (t._uid not in seg.refs and id(t._loc) not in seg.by_loc)
+
     def _on_host_values(self, func: Any, args: tuple, kwargs: dict,
                         tensors: list[SalusTensor], odd: str) -> Any:
         """Note [Host dtypes]: `func`, which takes or makes (`odd`) a tensor of a dtype the
-        engine lacks, run on the host values of its tensors, which must all have one that
-        nothing recorded writes."""
-        seg = self._seg
+        engine lacks, or writes in place into a host value, run on the host values of its
+        tensors, which must all have one that nothing recorded writes."""
         written = _writes(func)
         for t in tensors:
-            current = t._loc.host is not None and t._uid not in seg.mutated and \
-                seg.by_loc.get(id(t._loc), t._uid) not in seg.mutated
-            untouched = t._uid not in seg.refs and id(t._loc) not in seg.by_loc
-            if not current or (not untouched and _is_written(t, args, kwargs, written)):
+            if not self._host_values([t], _is_written(t, args, kwargs, written)):
                 raise RuntimeError(
                     f"salus device: {func} {odd} tensor, and has values the device computes; "
                     "the engine computes in float32, int64 and bool, and a tensor of another "
