@@ -300,7 +300,7 @@ class Lowerer {
   Status Rsqrt();
   Status Rounding();
   Status Sign();
-  Status Log1pExpm1();
+  Status FloatSpecial();
   Status IsNan();
   Status LeakyRelu();
   Status LeakyReluBackward();
@@ -517,8 +517,11 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.ceil.default", &Lowerer::Rounding}, {"aten.round.default", &Lowerer::Rounding},
       {"aten.sigmoid.default", &Lowerer::Unary}, {"aten.reciprocal.default", &Lowerer::Unary},
       {"aten.logical_not.default", &Lowerer::Unary}, {"aten.rsqrt.default", &Lowerer::Rsqrt},
-      {"aten.sign.default", &Lowerer::Sign}, {"aten.log1p.default", &Lowerer::Log1pExpm1},
-      {"aten.expm1.default", &Lowerer::Log1pExpm1}, {"aten.isnan.default", &Lowerer::IsNan},
+      {"aten.sign.default", &Lowerer::Sign}, {"aten.log1p.default", &Lowerer::FloatSpecial},
+      {"aten.expm1.default", &Lowerer::FloatSpecial},
+      {"aten.lgamma.default", &Lowerer::FloatSpecial},
+      {"aten.digamma.default", &Lowerer::FloatSpecial},
+      {"aten.erfinv.default", &Lowerer::FloatSpecial}, {"aten.isnan.default", &Lowerer::IsNan},
       {"aten.leaky_relu.default", &Lowerer::LeakyRelu},
       {"aten.leaky_relu_backward.default", &Lowerer::LeakyReluBackward},
       {"aten.bitwise_not.default", &Lowerer::Bitwise},
@@ -841,13 +844,19 @@ Status Lowerer::Sign() {
 }
 
 // log1p and expm1: the engine's SalusLog1p and SalusExpm1 (log(1 + x) and exp(x) - 1 would
-// lose every digit of a small x).
-Status Lowerer::Log1pExpm1() {
+// lose every digit of a small x); lgamma, digamma and erfinv: its SalusLgamma, SalusDigamma and
+// SalusErfinv. Their gradients are made of these and ordinary ops by PyTorch (digamma's, the
+// trigamma, is polygamma, which the engine lacks).
+Status Lowerer::FloatSpecial() {
+  static const std::map<std::string, std::string> ops = {{"aten.log1p.default", "SalusLog1p"},
+                                                         {"aten.expm1.default", "SalusExpm1"},
+                                                         {"aten.lgamma.default", "SalusLgamma"},
+                                                         {"aten.digamma.default", "SalusDigamma"},
+                                                         {"aten.erfinv.default", "SalusErfinv"}};
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
-  SALUS_ASSIGN_OR_RETURN(
-      ValueId y, EmitShaped(node_->op() == "aten.log1p.default" ? "SalusLog1p" : "SalusExpm1", {x},
-                            {}, DataType::kFloat32, S(x)));
+  SALUS_ASSIGN_OR_RETURN(ValueId y,
+                         EmitShaped(ops.at(node_->op()), {x}, {}, DataType::kFloat32, S(x)));
   return Bind(0, y);
 }
 

@@ -314,7 +314,7 @@ KernelOr Cast(const Node& n, const Graph& g) {
 
 // Erf, Sin, Cos, Atan, Floor, Ceil, Round (half to even), and SalusLog1p and SalusExpm1 (PyTorch's
 // log1p and expm1: exact for small x, where log(1 + x) and exp(x) - 1 lose every digit), by the C
-// library.
+// library; SalusLgamma, SalusDigamma and SalusErfinv by element_math.h.
 KernelOr FloatMath(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const int64_t count = NumElements(In(n, g, 0).shape);
@@ -328,6 +328,9 @@ KernelOr FloatMath(const Node& n, const Graph& g) {
   if (n.op == "Floor") fn = static_cast<Fn>(std::floor);
   if (n.op == "Ceil") fn = static_cast<Fn>(std::ceil);
   if (n.op == "Round") fn = static_cast<Fn>(std::nearbyint);  // the default mode: to even
+  if (n.op == "SalusLgamma") fn = Lgamma;                     // element_math.h's formulas
+  if (n.op == "SalusDigamma") fn = Digamma;
+  if (n.op == "SalusErfinv") fn = Erfinv;
   return Loop([count, fn](const KernelArgs& a) {
     const float* x = Input<float>(a, 0);
     float* z = Output<float>(a, 0);
@@ -663,8 +666,8 @@ void RegisterCpuTensorKernels(KernelRegistry* r) {
   r->Register("Where", cpu, Where);
   r->Register("Clip", cpu, Clip);
   r->Register("Cast", cpu, Cast);
-  for (const char* op :
-       {"Erf", "SalusLog1p", "SalusExpm1", "Sin", "Cos", "Atan", "Floor", "Ceil", "Round"}) {
+  for (const char* op : {"Erf", "SalusLog1p", "SalusExpm1", "Sin", "Cos", "Atan", "Floor", "Ceil",
+                         "Round", "SalusLgamma", "SalusDigamma", "SalusErfinv"}) {
     r->Register(op, cpu, FloatMath);
   }
   r->Register("Expand", cpu, Expand);

@@ -533,6 +533,64 @@ SALUS_HD float GeluTanh(float x) {
   return 0.5f * x * (1.f + tanhf(kSqrtTwoOverPi * (x + 0.044715f * x * x * x)));
 }
 
+// Special functions of PyTorch's lgamma, digamma and erfinv (SalusLgamma, SalusDigamma,
+// SalusErfinv), computed in double and rounded once.
+
+// log|Gamma(x)|: the C library's, reentrant on the host (lgammaf writes the global signgam).
+SALUS_HD float Lgamma(float x) {
+#ifdef __CUDA_ARCH__
+  return lgammaf(x);
+#else
+  int sign = 0;
+  return lgammaf_r(x, &sign);
+#endif
+}
+
+// Digamma, psi(x) = Gamma'(x) / Gamma(x): -inf at 0 (+inf at -0), NaN at the negative integers;
+// negative x through the reflection psi(x) = psi(1 - x) - pi / tan(pi x), then the recurrence
+// psi(x) = psi(x + 1) - 1 / x up to x >= 10, where the asymptotic series
+// ln x - 1 / (2x) - sum B_2k / (2k x^2k) (five terms) is exact to about 1e-12.
+SALUS_HD float Digamma(float xf) {
+  constexpr double kPi = 3.14159265358979323846;
+  if (xf == 0.f) return copysignf(INFINITY, -xf);
+  double x = xf;
+  double result = 0.0;
+  if (x < 0.0) {
+    if (x == floor(x)) return NAN;
+    result = -kPi / tan(kPi * x);
+    x = 1.0 - x;
+  }
+  while (x < 10.0) {
+    result -= 1.0 / x;
+    x += 1.0;
+  }
+  const double z = 1.0 / (x * x);
+  const double series =
+      z * (1.0 / 12 - z * (1.0 / 120 - z * (1.0 / 252 - z * (1.0 / 240 - z * (1.0 / 132)))));
+  return static_cast<float>(result + log(x) - 0.5 / x - series);
+}
+
+// The inverse of erf on (-1, 1): +-inf at +-1, NaN beyond. A closed-form first guess (within
+// about 2e-3 relative: ln(1 - y^2) through two square roots, with the constant 0.147), then
+// Newton steps on erf, written through erfc where y is near 1 so that the tail keeps its
+// digits.
+SALUS_HD float Erfinv(float yf) {
+  constexpr double kPi = 3.14159265358979323846;
+  constexpr double kTwoOverSqrtPi = 1.12837916709551257;
+  if (!(yf >= -1.f && yf <= 1.f)) return NAN;
+  const double a = fabs(static_cast<double>(yf));
+  if (a == 1.0) return copysignf(INFINITY, yf);
+  if (a == 0.0) return yf;
+  const double l = log((1.0 - a) * (1.0 + a));
+  const double b = 2.0 / (kPi * 0.147) + 0.5 * l;
+  double x = sqrt(sqrt(b * b - l / 0.147) - b);
+  for (int step = 0; step < 4; ++step) {
+    const double f = a < 0.5 ? erf(x) - a : (1.0 - a) - erfc(x);
+    x -= f / (kTwoOverSqrtPi * exp(-x * x));
+  }
+  return copysignf(static_cast<float>(x), yf);
+}
+
 // Clip: max(x, lo), then min(., hi), so a NaN x stays NaN and lo > hi gives hi everywhere (ONNX's
 // rule).
 template <typename T>

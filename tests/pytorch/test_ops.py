@@ -9,8 +9,9 @@ norm, transposed convolutions, LSTM and GRU layers, embedding bags, rotary posit
 cumulative sums, statistics (var, std, max along a dim), cosine similarity, accuracy
 (argmax, comparisons, counts), and what the adaptor decomposes itself: a spatial transformer
 (affine_grid, grid_sample), bicubic resizing, LocalResponseNorm, nn.Bilinear,
-multi_margin_loss, atan2 and Embedding(max_norm=...); indexing by bool masks, which the
-device reads on the host, overwriting index_put, and scans (cummax, logcumsumexp)."""
+multi_margin_loss, atan2 and Embedding(max_norm=...); lgamma, digamma and erfinv; indexing
+by bool masks, which the device reads on the host, overwriting index_put, and scans (cummax,
+logcumsumexp)."""
 
 from __future__ import annotations
 
@@ -241,6 +242,12 @@ CASES: dict[str, Case] = {
     "atan2 (angles; x of 0 on either side of y)": lambda m, d: (
         torch.atan2(m.fc(d["x"]), m.fc(d["x"]).roll(1, 0)).pow(2).sum()
         + torch.atan2(m.fc(d["x"]), torch.relu(m.fc(d["x"]).roll(2, 1))).sum()),
+    "lgamma, digamma, erfinv (a Gamma likelihood; a probit)": lambda m, d: (
+        -torch.distributions.Gamma(F.softplus(m.fc(d["x"])) + 0.1,
+                                   F.softplus(m.fc(d["x"]).roll(1, 0)) + 0.5
+                                   ).log_prob(d["probs"] * 3 + 0.1).sum()
+        + torch.erfinv(torch.tanh(m.fc(d["x"])) * 0.95).pow(2).sum()
+        + (torch.digamma(d["x"].abs()[:, :5] + 0.05) * m.fc(d["x"])).sum()),
     "grid_sample (a spatial transformer; padding modes, corners, nearest)": lambda m, d: (
         _warp(m, d, "bilinear", "zeros", False) + _warp(m, d, "bilinear", "border", True)
         + _warp(m, d, "bilinear", "reflection", False) + _warp(m, d, "nearest", "zeros", True)),
@@ -442,6 +449,21 @@ def test_log1p_and_expm1_keep_small_values_and_their_limits(daemon: Daemon) -> N
         got, want = f(x.to("salus")).cpu(), f(x)
         torch.testing.assert_close(got, want, rtol=2e-6, atol=0, equal_nan=True,
                                    msg=f.__name__)
+
+
+def test_lgamma_digamma_and_erfinv_over_their_domains(daemon: Daemon) -> None:
+    """The engine's special functions (element_math.h) against PyTorch's, poles, tails and
+    the values outside their domains included."""
+    x = torch.tensor([-2.5, -0.5, -1e-3, 1e-4, 0.1, 0.5, 1.0, 1.5, 2.0, 3.7, 9.9, 10.0, 30.0,
+                      1e4, 0.0, -0.0, -1.0, -3.0, float("inf"), float("nan")])
+    for f in (torch.lgamma, torch.digamma):
+        got, want = f(x.to("salus")).cpu(), f(x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True,
+                                   msg=f.__name__)
+    y = torch.tensor([-1.0, -0.9999999, -0.9, -0.3, 0.0, -0.0, 1e-6, 0.2, 0.5, 0.7, 0.99,
+                      0.99999, 0.9999999, 1.0, 1.5, -2.0, float("nan")])
+    got, want = torch.erfinv(y.to("salus")).cpu(), torch.erfinv(y)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=0, equal_nan=True)
 
 
 def test_accuracy_and_label_smoothing_in_a_training_loop(daemon: Daemon) -> None:

@@ -253,7 +253,10 @@ const std::map<std::string, TensorUnaryOp>& UnaryOps() {
                                                {"Atan", TensorUnaryOp::kAtan},
                                                {"Floor", TensorUnaryOp::kFloor},
                                                {"Ceil", TensorUnaryOp::kCeil},
-                                               {"Round", TensorUnaryOp::kRound}};
+                                               {"Round", TensorUnaryOp::kRound},
+                                               {"SalusLgamma", TensorUnaryOp::kLgamma},
+                                               {"SalusDigamma", TensorUnaryOp::kDigamma},
+                                               {"SalusErfinv", TensorUnaryOp::kErfinv}};
   return *ops;
 }
 

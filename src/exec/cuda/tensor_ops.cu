@@ -157,6 +157,15 @@ __global__ void TensorUnaryKernel(const float* __restrict__ x, float* __restrict
       case TensorUnaryOp::kRound:
         y[e] = rintf(v);  // half to even
         break;
+      case TensorUnaryOp::kLgamma:
+        y[e] = Lgamma(v);
+        break;
+      case TensorUnaryOp::kDigamma:
+        y[e] = Digamma(v);
+        break;
+      case TensorUnaryOp::kErfinv:
+        y[e] = Erfinv(v);
+        break;
     }
   }
 }
@@ -369,6 +378,12 @@ cudaError_t LaunchTensorUnary(TensorUnaryOp op, const float* x, float* y, int64_
       return Launch(&TensorUnaryKernel<TensorUnaryOp::kCeil>, count, stream, x, y, count);
     case TensorUnaryOp::kRound:
       return Launch(&TensorUnaryKernel<TensorUnaryOp::kRound>, count, stream, x, y, count);
+    case TensorUnaryOp::kLgamma:
+      return Launch(&TensorUnaryKernel<TensorUnaryOp::kLgamma>, count, stream, x, y, count);
+    case TensorUnaryOp::kDigamma:
+      return Launch(&TensorUnaryKernel<TensorUnaryOp::kDigamma>, count, stream, x, y, count);
+    case TensorUnaryOp::kErfinv:
+      return Launch(&TensorUnaryKernel<TensorUnaryOp::kErfinv>, count, stream, x, y, count);
   }
   return cudaErrorInvalidValue;
 }

@@ -78,7 +78,10 @@ enum class TensorUnaryOp : int32_t {
   kAtan,
   kFloor,
   kCeil,
-  kRound
+  kRound,
+  kLgamma,
+  kDigamma,
+  kErfinv
 };
 
 // y = op(x) over `count` floats: erff, element_math.h's GeluErf and GeluTanh, 1 / x.

@@ -8,6 +8,7 @@
 //   - Binary ops: every broadcast pattern (same shapes, scalars on either side, rows, columns,
 //     middle dims, both sides broadcasting, rank 6, empty) and op, against the CPU.
 //   - Unary ops: ApplyUnary over a sweep and the special values, against the CPU's oneDNN.
+//   - Special functions: Lgamma, Digamma, Erfinv at known values, poles and out of domain.
 //   - Transpose: every permutation of ranks 1 to 5, with and without size-1 dims.
 //   - Pad: opset 17's inputs and opset 10's attributes, pads on any dims, empty inputs, a rank
 //     the map cannot hold (the CPU's fallback); negative pads are refused at compile time.
@@ -500,6 +501,41 @@ void CheckTranspose(const Shape& x_shape, const std::vector<int64_t>& perm, bool
   const CpuResult cpu = RunCpu(mb.Bytes(), {x});
   ASSERT_TRUE(cpu.status.ok()) << cpu.status;
   ExpectSame(Floats(cpu.outputs[0]), HostTranspose(x, perm), 0, "map against the CPU");
+}
+
+// Lgamma, Digamma and Erfinv (PyTorch's lgamma, digamma and erfinv) at known values, poles and
+// outside their domains, and Erfinv as erf's inverse over a sweep.
+TEST(SpecialFunctionTest, KnownValuesPolesAndInverse) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  EXPECT_NEAR(Lgamma(0.5f), 0.5723649429f, 1e-6);   // log(sqrt(pi))
+  EXPECT_NEAR(Lgamma(-0.5f), 1.2655121235f, 1e-6);  // log(2 sqrt(pi))
+  EXPECT_NEAR(Lgamma(30.f), 71.2570389672f, 1e-4);  // log(29!)
+  EXPECT_EQ(Lgamma(0.f), kInf);
+  EXPECT_NEAR(Digamma(1.f), -0.5772156649f, 1e-6);  // minus the Euler-Mascheroni constant
+  EXPECT_NEAR(Digamma(0.5f), -1.9635100260f, 1e-6);
+  EXPECT_NEAR(Digamma(10.f), 2.2517525891f, 1e-6);   // the series' first point
+  EXPECT_NEAR(Digamma(9.99f), 2.2507020f, 1e-5);     // the recurrence's last one
+  EXPECT_NEAR(Digamma(-0.5f), 0.0364899740f, 1e-6);  // the reflection
+  EXPECT_EQ(Digamma(0.f), -kInf);
+  EXPECT_EQ(Digamma(-0.f), kInf);
+  EXPECT_TRUE(std::isnan(Digamma(-2.f)));
+  EXPECT_TRUE(std::isnan(Digamma(std::nanf(""))));
+  EXPECT_EQ(Digamma(kInf), kInf);
+  EXPECT_NEAR(Erfinv(0.5f), 0.4769362762f, 1e-7);
+  EXPECT_EQ(Erfinv(1.f), kInf);
+  EXPECT_EQ(Erfinv(-1.f), -kInf);
+  EXPECT_TRUE(std::isnan(Erfinv(1.5f)));
+  EXPECT_TRUE(std::isnan(Erfinv(std::nanf(""))));
+  EXPECT_TRUE(std::signbit(Erfinv(-0.f)));
+  for (float x = -3.5f; x <= 3.5f; x += 0.0625f) {
+    const float y = std::erf(x);
+    if (std::fabs(y) == 1.f) continue;
+    // erf is flat in the tails: compare where a float y still tells x apart.
+    EXPECT_NEAR(std::erf(Erfinv(y)), y, 2e-7f) << x;
+    if (std::fabs(x) < 2.f) {
+      EXPECT_NEAR(Erfinv(y), x, 4e-6f * std::max(1.f, std::fabs(x))) << x;
+    }
+  }
 }
 
 TEST(TransposeTest, EveryPermutationOfRanksOneToFive) {
