@@ -343,14 +343,17 @@ def test_uint8_images_and_int32_labels_as_a_data_loader_gives_them(daemon: Daemo
         results[device] = (losses, {k: v.cpu() for k, v in m.state_dict().items()})
     assert_losses_match(results["salus"][0], results["cpu"][0])
     assert_state_match(results["salus"][1], results["cpu"][1], atol=3e-5)
-    # On the host alone, any op runs; meeting the device's values, a clear refusal.
+    # On host values alone, any op runs there; with values the device computes, those are read
+    # first (a metric summed in float64); from a tensor that requires grad, a clear refusal.
     x = torch.arange(6, dtype=torch.int32).to("salus")
     assert (x * 2).sum().item() == 30 and x.flip(0).cpu().tolist() == [5, 4, 3, 2, 1, 0]
-    h = torch.randn(6).to("salus") * 2
-    with pytest.raises(RuntimeError, match="takes a torch.int32 tensor, and has values the device"):
-        h + x
-    with pytest.raises(RuntimeError, match="makes a torch.float64 tensor"):
-        h.double()
+    h = torch.arange(6.0).to("salus") * 2
+    flushes = salus_torch.device.runtime().flushes
+    total = (h + x).double().sum() + h.double().sum()
+    assert salus_torch.device.runtime().flushes == flushes + 1  # h read once
+    assert total.dtype == torch.float64 and total.item() == 75.0
+    with pytest.raises(RuntimeError, match="makes a torch.float16 tensor from one that requires"):
+        torch.nn.Linear(3, 2).to("salus").half()
 
 
 def test_initialisation_in_place_runs_on_the_host_values(daemon: Daemon) -> None:

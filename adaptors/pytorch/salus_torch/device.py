@@ -110,8 +110,10 @@ _COPY_ID = id(_COPY)
 # An op whose tensors are all such host values (`x.float() / 255`, `y.long()`) runs on the host
 # at once, as the factories do, and its result is a host value of the device, which the graph
 # takes as an input when it is of an engine dtype. An op that mixes a tensor of another dtype
-# with values the device computes, or that would make one from them (`h.double()`), is refused
-# by name as it is called, with the dtype, rather than when its recording is flushed.
+# with values the device computes, or makes one from them (`loss.detach().double()`, a metric
+# summed in float64), reads those values first, as `.item()` does, which splits the step. A
+# tensor that requires grad is never read so: an op that would take or make a tensor of another
+# dtype from one (`model.half()`, `model.double()`) is refused by name as it is called.
 # In the same way, an in-place op into a host value that the recording has not read, from host
 # values nothing recorded writes, runs on the host: initialisers made of in-place ops
 # (`trunc_normal_`'s `erfinv_` and `clamp_`), a rescale of a fresh batch. It gives the value
@@ -629,22 +631,29 @@ class Runtime:
     def _on_host_values(self, func: Any, args: tuple, kwargs: dict,
                         tensors: list[SalusTensor], odd: str) -> Any:
         """Note [Host dtypes]: `func`, which takes or makes (`odd`) a tensor of a dtype the
-        engine lacks, or writes in place into a host value, run on the host values of its
-        tensors, which must all have one that nothing recorded writes."""
+        engine lacks, or writes in place into a host value (`odd` empty), run on the host
+        values of its tensors: values the device computes are read first."""
         written = _writes(func)
         for t in tensors:
-            if not self._host_values([t], _is_written(t, args, kwargs, written)):
+            if odd and t.requires_grad:
                 raise RuntimeError(
-                    f"salus device: {func} {odd} tensor, and has values the device computes; "
-                    "the engine computes in float32, int64 and bool, and a tensor of another "
-                    "dtype stays on the host: convert it (.float(), .long()) before its values "
-                    "meet the device's")
+                    f"salus device: {func} {odd} tensor from one that requires grad; the "
+                    "engine trains in float32 (a model in half or double precision is not "
+                    "supported, and torch.autocast on the device keeps float32): detach it, "
+                    "or read it with .item(), first")
+            if _is_written(t, args, kwargs, written) and not self._host_values([t], True):
+                raise RuntimeError(
+                    f"salus device: {func} {odd} tensor and writes into one the device "
+                    "computes; the engine computes in float32, int64 and bool: convert it "
+                    "(.float(), .long()) first")
+        values = {id(t): t._loc.host if self._host_values([t], False) else self.host_value(t)
+                  for t in tensors}  # (a read flushes the recording, as .item() does)
         if self._inflight is not None and \
                 any(id(t._loc) in self._inflight.fed for t in tensors):
             self._settle()  # the iteration in flight may still be reading a value written here
-        by_host = {id(t._loc.host): t for t in tensors}
+        by_host = {id(values[id(t)]): t for t in tensors}
         host_args, host_kwargs = pytree.tree_map(
-            lambda a: a._loc.host if isinstance(a, SalusTensor) else _to_device(a, "cpu"),
+            lambda a: values[id(a)] if isinstance(a, SalusTensor) else _to_device(a, "cpu"),
             (args, kwargs))
         out = func(*host_args, **host_kwargs)
 
