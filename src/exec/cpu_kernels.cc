@@ -335,15 +335,24 @@ KernelOr Pool(const Node& n, const Graph& g) {
   return std::unique_ptr<Kernel>(std::move(k));
 }
 
+// Transpose: a oneDNN reorder. oneDNN has no 64-bit type, so an int64 tensor moves as pairs of
+// floats' bits (a trailing dim of 2 that stays in place): a reorder between two f32 layouts
+// copies bits.
 KernelOr Transpose(const Node& n, const Graph& g) {
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  const Shape& x = g.value(n.inputs[0]).shape;
-  const Shape& y = g.value(n.outputs[0]).shape;
+  const bool int64 = g.value(n.inputs[0]).type == DataType::kInt64;
+  if (!int64) SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  Shape x = g.value(n.inputs[0]).shape;
+  Shape y = g.value(n.outputs[0]).shape;
   std::vector<int64_t> perm = n.GetInts("perm");
   if (perm.empty()) {
     for (int64_t i = static_cast<int64_t>(x.size()) - 1; i >= 0; --i) perm.push_back(i);
   }
   if (x.empty()) return Copy(n, g);
+  if (int64) {
+    x.push_back(2);
+    y.push_back(2);
+    perm.push_back(static_cast<int64_t>(perm.size()));
+  }
   Shape ys = DenseStrides(y);
   Shape dst_strides(x.size());
   for (size_t j = 0; j < perm.size(); ++j) dst_strides[perm[j]] = ys[j];

@@ -358,8 +358,8 @@ def test_uint8_images_and_int32_labels_as_a_data_loader_gives_them(daemon: Daemo
 
 def test_initialisation_in_place_runs_on_the_host_values(daemon: Daemon) -> None:
     """In-place ops on a device tensor's host value, from host values (an initialiser's
-    `erfinv_` and `clamp_`, a hand-made rescale), run on the host at once: PyTorch's numbers,
-    nothing sent to the daemon."""
+    `erfinv_` and `clamp_`, a hand-made rescale), run on the host at once, as does the QR of
+    `orthogonal_`: PyTorch's numbers, nothing sent to the daemon."""
     flushes = salus_torch.device.runtime().flushes
     results = {}
     for device in ("cpu", "salus"):
@@ -368,9 +368,51 @@ def test_initialisation_in_place_runs_on_the_host_values(daemon: Daemon) -> None
         torch.nn.init.trunc_normal_(w, std=0.02, a=-0.03, b=0.03)
         with torch.no_grad():
             w.mul_(2).add_(torch.ones(6, device=device))
-        results[device] = w
+        q = torch.nn.init.orthogonal_(torch.empty(7, 5, device=device))  # QR on the host
+        results[device] = (w, q)
     assert salus_torch.device.runtime().flushes == flushes
-    torch.testing.assert_close(results["salus"].cpu(), results["cpu"], rtol=0, atol=0)
+    torch.testing.assert_close(results["salus"][0].cpu(), results["cpu"][0], rtol=0, atol=0)
+    torch.testing.assert_close(results["salus"][1].cpu(), results["cpu"][1], rtol=0, atol=0)
+
+
+def test_script_idioms_channels_last_deepcopy_sampling_and_a_mapped_checkpoint(
+        daemon: Daemon) -> None:
+    """What scripts do around the step, on both devices alike: a channels-last model, an EMA
+    copy by copy.deepcopy, actions sampled from a Categorical (multinomial, on the host from
+    PyTorch's generator; the samples transposed as int64), and a checkpoint loaded with
+    map_location set to the device."""
+    batches = images(3, 2)
+    results = {}
+    for device in ("cpu", "salus"):
+        m, opt = make("resnet", "sgd", device)
+        m = m.to(memory_format=torch.channels_last)
+        ema = torch.optim.swa_utils.AveragedModel(m)
+        losses, actions = [], []
+        for x, y in batches:
+            x, y = x.to(device).to(memory_format=torch.channels_last), y.to(device)
+            opt.zero_grad()
+            logits = m(x)
+            loss = F.cross_entropy(logits, y)
+            loss.backward()
+            opt.step()
+            ema.update_parameters(m)
+            dist = torch.distributions.Categorical(logits=logits.detach())
+            actions.append(dist.sample((2,)).T.cpu())
+            losses.append(loss.item())
+        buf = io.BytesIO()
+        torch.save({"model": m.state_dict(), "opt": opt.state_dict()}, buf)
+        buf.seek(0)
+        saved = torch.load(buf, map_location=device, weights_only=True)
+        m2, opt2 = make("resnet", "sgd", device)
+        m2.load_state_dict(saved["model"])
+        opt2.load_state_dict(saved["opt"])
+        results[device] = (losses, torch.cat(actions),
+                           {k: v.cpu() for k, v in ema.module.state_dict().items()},
+                           {k: v.cpu() for k, v in m2.state_dict().items()})
+    assert_losses_match(results["salus"][0], results["cpu"][0])
+    assert torch.equal(results["salus"][1], results["cpu"][1])
+    assert_state_match(results["salus"][2], results["cpu"][2], atol=3e-5)
+    assert_state_match(results["salus"][3], results["cpu"][3], atol=3e-5)
 
 
 def test_autocast_falls_back_to_float32_and_a_grad_scaler_scales(daemon: Daemon) -> None:

@@ -102,6 +102,8 @@ _HOST_READ_IDS = frozenset(map(id, _HOST_READS))
 _EAGER_IDS = frozenset(map(id, _EAGER))
 
 _COPY = aten.copy_.default
+_CHANNELS_LAST = (torch.channels_last, torch.channels_last_3d)
+_HOST_COPIES = (aten._to_copy.default, aten.clone.default)
 _COPY_ID = id(_COPY)
 
 # Note [Host dtypes]
@@ -117,7 +119,9 @@ _COPY_ID = id(_COPY)
 # In the same way, an in-place op into a host value that the recording has not read, from host
 # values nothing recorded writes, runs on the host: initialisers made of in-place ops
 # (`trunc_normal_`'s `erfinv_` and `clamp_`), a rescale of a fresh batch. It gives the value
-# the recording would, sooner.
+# the recording would, sooner. So does a copy or conversion of a host value the recording has
+# not read (`model.to(memory_format=...)` before training: the recording would hold a weak
+# reference to the parameter, and Module._apply could not swap it).
 _ENGINE_DTYPES = frozenset({torch.float32, torch.int64, torch.bool})
 
 # Note [Lifted scalars]: Python floats in these arguments become graph inputs.
@@ -308,6 +312,17 @@ class SalusTensor(torch.Tensor):
         # torch.save / pickle: the value, as a host tensor (as if saved after `.cpu()`).
         return self.detach().cpu().__reduce_ex__(protocol)
 
+    def __deepcopy__(self, memo: dict) -> SalusTensor:
+        # copy.deepcopy(model) (an EMA or teacher copy): a clone on the device, recorded as
+        # any op, rather than a copy of the wrapper's location and the runtime behind it.
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone()
+        new.requires_grad_(self.requires_grad)
+        memo[id(self)] = new
+        return new
+
     def tolist(self) -> Any:
         return self.cpu().tolist()
 
@@ -444,6 +459,11 @@ class Runtime:
 
     def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
         seg = self._seg
+        if kwargs.get("memory_format") in _CHANNELS_LAST:
+            # A layout hint (`model.to(memory_format=torch.channels_last)`, for faster CUDA
+            # convolutions): the engine picks its own layouts, and the device's tensors are
+            # contiguous, so their strides say what the graph computes.
+            kwargs = {**kwargs, "memory_format": torch.contiguous_format}
         tensors: list[SalusTensor] = []  # the op's tensor arguments, in order
         lift = _LIFT_IDS.get(id(func))
         scan = self._scan
@@ -478,9 +498,10 @@ class Runtime:
         template, recorded, odd = entry
         if odd is not None:  # Note [Host dtypes]
             return self._on_host_values(func, args, kwargs, tensors, f"makes a {odd}")
-        if template == ("arg", 0) and tensors and args and args[0] is tensors[0] and \
-                self._host_values(tensors, first_untouched=True):
-            # An in-place op on a host value from host values: Note [Host dtypes].
+        if (template == ("arg", 0) or func in _HOST_COPIES) and tensors and args and \
+                args[0] is tensors[0] and self._host_values(tensors, first_untouched=True):
+            # An in-place op on a host value from host values, or a copy of one not yet read
+            # (Module._apply's conversions, which then swap the parameter): Note [Host dtypes].
             return self._on_host_values(func, args, kwargs, tensors, "")
         for t in tensors:
             self._use(t)
@@ -1243,14 +1264,16 @@ def _load_extension() -> None:
 def _empty_strided(size: list[int], stride: list[int], dtype: torch.dtype | None = None,
                    layout: Any = None, device: Any = None, pin_memory: Any = None
                    ) -> SalusTensor:
-    host = torch.empty_strided(size, stride, dtype=dtype)
+    # (Contiguous whatever the strides asked: the device keeps no layouts, see _record's
+    # memory_format. PyTorch asks for channels-last strides moving a model so converted.)
+    host = torch.empty(size, dtype=dtype)
     return SalusTensor(_meta_of(host), _Loc(host))
 
 
 def _empty(size: list[int], dtype: torch.dtype | None = None, layout: Any = None,
            device: Any = None, pin_memory: Any = None, memory_format: Any = None
            ) -> SalusTensor:
-    host = torch.empty(size, dtype=dtype, memory_format=memory_format or torch.contiguous_format)
+    host = torch.empty(size, dtype=dtype)  # (contiguous: see _empty_strided)
     return SalusTensor(_meta_of(host), _Loc(host))
 
 
@@ -1397,6 +1420,11 @@ def register() -> None:
     # its dtype is not supported and leaves the ops in float32, as on a CPU without bfloat16.
     module.get_amp_supported_dtype = lambda: [torch.float32]
     torch._register_device_module(NAME, module)
+    # torch.load(..., map_location="salus"): device tensors are saved as host tensors (see
+    # SalusTensor.__reduce_ex__), and are loaded so; load_state_dict puts them on the device.
+    torch.serialization.register_package(
+        11, lambda storage: None,
+        lambda storage, location: storage if location.startswith(NAME) else None)
     _load_extension()  # compiled once per machine and torch version, then cached
     _lib = torch.library.Library("aten", "IMPL")
     _lib.impl("empty_strided", _empty_strided, "PrivateUse1")
@@ -1728,7 +1756,10 @@ _BY_VALUE: dict[int, Any] = {id(f): _foreach(f) for f in _FOREACH} | {id(f): h f
     (aten._unsafe_index_put.default, _indexing(aten._unsafe_index_put.default)),
     *((f, _run_on_host(f)) for f in (
         aten.nonzero.default, aten._unique2.default, aten.unique_dim.default,
-        aten.unique_consecutive.default, aten.bincount.default)),
+        aten.unique_consecutive.default, aten.bincount.default,
+        # (QR, which the engine lacks, for nn.init.orthogonal_: its gradient stays refused;
+        # sampling from PyTorch's generator, as the factories draw: Categorical.sample())
+        aten.linalg_qr.default, aten.multinomial.default)),
     (aten.masked_select.default, _masked_select),
     (aten.masked_scatter.default, _masked_scatter(False)),
     (aten.masked_scatter_.default, _masked_scatter(True)),

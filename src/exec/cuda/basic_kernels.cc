@@ -204,15 +204,23 @@ KernelOr Binary(const Node& n, const Graph& g, DeviceContext*) {
   });
 }
 
+// Transpose: a gather by an index map. An int64 tensor moves as pairs of floats' bits (a
+// trailing dim of 2 that stays in place; loads and stores copy bits).
 KernelOr Transpose(const Node& n, const Graph& g, DeviceContext* ctx) {
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const bool int64 = g.value(n.inputs[0]).type == DataType::kInt64;
+  if (!int64) SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const std::string what = n.Describe();
-  const Shape& x = g.value(n.inputs[0]).shape;
-  const Shape& y = g.value(n.outputs[0]).shape;
+  Shape x = g.value(n.inputs[0]).shape;
+  Shape y = g.value(n.outputs[0]).shape;
   if (x.empty()) return Copy(n, g, ctx);
   std::vector<int64_t> perm = n.GetInts("perm");
   if (perm.empty()) {
     for (int64_t i = static_cast<int64_t>(x.size()) - 1; i >= 0; --i) perm.push_back(i);
+  }
+  if (int64) {
+    x.push_back(2);
+    y.push_back(2);
+    perm.push_back(static_cast<int64_t>(perm.size()));
   }
   // Output dim j runs over input dim perm[j].
   const Shape dense = DenseStrides(x);

@@ -471,6 +471,23 @@ TEST(TensorOpsTest, GatherAnyAxisAndEmbeddingLookup) {
   EXPECT_NE(bad.status().message().find("index 4 out of range"), std::string::npos) << bad.status();
 }
 
+// int64 Transpose (sampled indices, labels.T): moved as pairs of 32-bit halves, values beyond
+// 32 bits and negative ones intact.
+TEST(TensorOpsTest, TransposeOfInt64) {
+  std::vector<int64_t> values(24);
+  for (int64_t i = 0; i < 24; ++i) values[i] = (i % 2 ? -1 : 1) * ((int64_t{1} << 40) + i);
+  auto out = RunNode(13, "Transpose", {{"perm", IntsAttr({2, 0, 1})}},
+                     {Fed(HostTensor::FromInt64s({2, 3, 4}, values))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ((*out)[0].shape, Shape({4, 2, 3}));
+  const std::vector<int64_t> got = Int64s((*out)[0]);
+  for (int64_t a = 0; a < 2; ++a) {
+    for (int64_t b = 0; b < 3; ++b) {
+      for (int64_t c = 0; c < 4; ++c) EXPECT_EQ(got[c * 6 + a * 3 + b], values[a * 12 + b * 4 + c]);
+    }
+  }
+}
+
 TEST(TensorOpsTest, GatherBadInputIsInvalidArgument) {
   // A constant index out of range is found at compile time.
   auto oob = RunNode(
