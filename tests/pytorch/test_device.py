@@ -415,6 +415,39 @@ def test_script_idioms_channels_last_deepcopy_sampling_and_a_mapped_checkpoint(
     assert_state_match(results["salus"][3], results["cpu"][3], atol=3e-5)
 
 
+def test_a_vae_draws_its_noise_as_eager_pytorch_does(daemon: Daemon) -> None:
+    """Note [Draws on the host]: randn_like in the reparameterisation and Gumbel noise
+    (empty_like(x).exponential_()) inside the step are drawn from PyTorch's generator, so a
+    VAE with a Gumbel-softmax head trains exactly as it does eagerly, in one graph per step."""
+    gen = torch.Generator().manual_seed(3)
+    batches = [torch.rand(8, 12, generator=gen) for _ in range(4)]
+    results = {}
+    for device in ("cpu", "salus"):
+        torch.manual_seed(9)
+        enc, dec = torch.nn.Linear(12, 8), torch.nn.Linear(4, 12)
+        head = torch.nn.Linear(4, 3)
+        model = torch.nn.ModuleList([enc, dec, head]).to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        losses = []
+        flushes = salus_torch.device.runtime().flushes
+        for x in batches:
+            x = x.to(device)
+            mu, logvar = enc(x).chunk(2, dim=1)
+            z = mu + torch.exp(0.5 * logvar) * torch.randn_like(mu)
+            kl = -0.5 * torch.mean(1 + logvar - mu.pow(2) - logvar.exp())
+            pick = F.gumbel_softmax(head(z), tau=0.5, hard=True)
+            loss = F.mse_loss(torch.sigmoid(dec(z)), x) + kl + 0.1 * pick[:, 0].mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        if device == "salus":
+            assert salus_torch.device.runtime().flushes - flushes == len(batches)
+        results[device] = (losses, {k: v.cpu() for k, v in model.state_dict().items()})
+    assert_losses_match(results["salus"][0], results["cpu"][0])
+    assert_state_match(results["salus"][1], results["cpu"][1], atol=3e-5)
+
+
 def test_autocast_falls_back_to_float32_and_a_grad_scaler_scales(daemon: Daemon) -> None:
     """A mixed-precision loop unchanged: autocast on the device warns that the engine has no
     half type and leaves the ops in float32, and GradScaler scales, unscales (skipping the

@@ -89,7 +89,7 @@ _HOST_INPLACE = {
     aten.fill_.Scalar, aten.zero_.default, aten.normal_.default, aten.uniform_.default,
     aten.copy_.default, aten.random_.default, getattr(aten.random_, "from"), aten.random_.to,
     aten.bernoulli_.float, aten.exponential_.default, aten.fill_.Tensor, aten.scatter_.src,
-    aten.scatter_.value,
+    aten.scatter_.value, aten.cauchy_.default, aten.log_normal_.default, aten.geometric_.default,
 }
 # Ops that may run at once rather than be recorded (see Runtime._dispatch).
 _EAGER = _HOST_INPLACE | {aten.detach.default, aten.alias.default}
@@ -104,6 +104,11 @@ _EAGER_IDS = frozenset(map(id, _EAGER))
 _COPY = aten.copy_.default
 _CHANNELS_LAST = (torch.channels_last, torch.channels_last_3d)
 _HOST_COPIES = (aten._to_copy.default, aten.clone.default)
+# In-place random fills of a whole tensor: Note [Draws on the host].
+_RANDOM_FILLS = frozenset({
+    aten.normal_.default, aten.uniform_.default, aten.exponential_.default,
+    aten.random_.default, getattr(aten.random_, "from"), aten.random_.to,
+    aten.cauchy_.default, aten.log_normal_.default, aten.geometric_.default})
 _COPY_ID = id(_COPY)
 
 # Note [Host dtypes]
@@ -443,7 +448,20 @@ class Runtime:
                 (args, kwargs))
             func(*host_args, **host_kwargs)
             return dest
+        if func in _RANDOM_FILLS and isinstance(dest, SalusTensor):
+            return self._draw_into(func, args, kwargs)
         return self._record(func, args, kwargs)
+
+    def _draw_into(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Note [Draws on the host]: a random fill of a device tensor, drawn on the host."""
+        dest = args[0]
+        made = self._seg.producer.get(dest._uid)
+        if made is not None and _is_view(made[0].func):
+            return self._record(func, args, kwargs)  # (a write into a view: refused by name)
+        host = torch.empty(dest.shape, dtype=dest.dtype)
+        func(host, *args[1:], **{k: _to_device(v, "cpu") for k, v in kwargs.items()})
+        dest._uid, dest._loc = next(_uids), _Loc(host)  # a value of its own from here on
+        return dest
 
     def _host_arg(self, a: Any) -> Any:
         return self.host_value(a) if isinstance(a, SalusTensor) else _to_device(a, "cpu")
@@ -1577,6 +1595,24 @@ def _is_mask(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
 
 
+# Note [Draws on the host]
+# Random numbers inside a step other than dropout's (`torch.randn_like(std)` in a VAE's
+# reparameterisation, `rand_like`, Gumbel noise by `empty_like(x).exponential_()`) are drawn
+# on the host from PyTorch's generator, as the factories draw, and enter the graph as inputs:
+# only their shapes are needed, so nothing is read and the step does not split, and the numbers
+# are those eager PyTorch on the CPU would draw. A fill gives its tensor a value of its own (a
+# new identity, as zeros_on_host does): what read the tensor before the fill keeps the old one.
+# A fill of a view the recording made would have to write through to its base: recorded, and
+# refused by name.
+def _drawn_like(func: Any) -> Any:
+    def run(rt: Runtime, args: tuple, kwargs: dict) -> Any:
+        like = {k: v for k, v in kwargs.items()
+                if k not in ("device", "layout", "pin_memory", "memory_format")}
+        template = torch.empty(args[0].shape, dtype=args[0].dtype)
+        return _on_device(func(template, *args[1:], **like))
+    return run
+
+
 def _on_device(host: torch.Tensor) -> SalusTensor:
     """A host tensor as a device tensor whose value is on the host (an input of the graph)."""
     host = host.contiguous()
@@ -1765,4 +1801,7 @@ _BY_VALUE: dict[int, Any] = {id(f): _foreach(f) for f in _FOREACH} | {id(f): h f
     (aten.masked_scatter_.default, _masked_scatter(True)),
     (aten.masked_scatter_backward.default, _masked_scatter_backward),
     (aten._amp_foreach_non_finite_check_and_unscale_.default, _amp_unscale),
+    *((f, _drawn_like(f)) for f in (
+        aten.randn_like.default, aten.rand_like.default, aten.randint_like.default,
+        aten.randint_like.low_dtype)),
 )}
