@@ -424,30 +424,15 @@ class Runtime:
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, SalusTensor)]
         seg = self._seg
 
-        def untouched(t: SalusTensor) -> bool:
-            """Not used in the recording, under its uid or as a value another one shares."""
-            return t._uid not in seg.refs and id(t._loc) not in seg.by_loc
-
-        def current(t: SalusTensor) -> bool:
-            """Its host value is its value: nothing recorded writes it."""
-            return t._loc.host is not None and t._uid not in seg.mutated and \
-                seg.by_loc.get(id(t._loc), t._uid) not in seg.mutated
-
         dest = args[0]
-        if func in (aten.detach.default, aten.alias.default) and untouched(dest) and \
-                dest._loc.known():
+        if func in (aten.detach.default, aten.alias.default) and dest._loc.known() and \
+                dest._uid not in seg.refs and id(dest._loc) not in seg.by_loc:
             return SalusTensor(_meta_of(dest._meta), dest._loc)
         # An in-place op into an untouched host value, from values the recording does not
         # change (initialisation; the inverse permutation of a packed sequence's sort).
-        if func in _HOST_INPLACE and isinstance(dest, SalusTensor) and untouched(dest) and \
-                all(current(t) for t in tensors):
-            if self._inflight is not None and id(dest._loc) in self._inflight.fed:
-                self._settle()  # the iteration in flight may still be reading it
-            host_args, host_kwargs = pytree.tree_map(
-                lambda a: a._loc.host if isinstance(a, SalusTensor) else _to_device(a, "cpu"),
-                (args, kwargs))
-            func(*host_args, **host_kwargs)
-            return dest
+        if func in _HOST_INPLACE and isinstance(dest, SalusTensor) and \
+                self._host_values(tensors, first_untouched=True):
+            return self._on_host_values(func, args, kwargs, tensors, "")
         if func in _RANDOM_FILLS and isinstance(dest, SalusTensor):
             return self._draw_into(func, args, kwargs)
         return self._record(func, args, kwargs)
@@ -496,7 +481,7 @@ class Runtime:
             r, k = scan(v, tensors, lift)
             rkwargs[n] = r
             kkeys.append((n, k))
-        for t in tensors:
+        for t in tensors:  # (before the meta run: ops on these need no meta kernel)
             if t._key[0] not in _ENGINE_DTYPES:  # Note [Host dtypes]
                 return self._on_host_values(func, args, kwargs, tensors, f"takes a {t.dtype}")
         # Note [Plans]: the output shapes of an op on given shapes are computed on meta
@@ -515,7 +500,7 @@ class Runtime:
                 self._metas[key] = entry
         template, recorded, odd = entry
         if odd is not None:  # Note [Host dtypes]
-            return self._on_host_values(func, args, kwargs, tensors, f"makes a {odd}")
+            return self._on_host_values(func, args, kwargs, tensors, odd)
         if (template == ("arg", 0) or func in _HOST_COPIES) and tensors and args and \
                 args[0] is tensors[0] and self._host_values(tensors, first_untouched=True):
             # An in-place op on a host value from host values, or a copy of one not yet read
@@ -1085,15 +1070,16 @@ def _map(fn: Any, x: Any) -> Any:
     return fn(x)
 
 
-def _odd_dtype(template: Any) -> torch.dtype | None:
-    """The first dtype of an op's new outputs that the engine lacks (Note [Host dtypes])."""
+def _odd_dtype(template: Any) -> str | None:
+    """The reason an op runs on the host, "makes a <dtype>", when one of its new outputs has a
+    dtype the engine lacks (Note [Host dtypes]); None otherwise."""
     odd = []
 
     def leaf(m: Any) -> None:
         if type(m) is tuple and m[0] == "new" and m[1].dtype not in _ENGINE_DTYPES:
             odd.append(m[1].dtype)
     _map_out(leaf, template)
-    return odd[0] if odd else None
+    return f"makes a {odd[0]}" if odd else None
 
 
 def _is_written(t: SalusTensor, args: tuple, kwargs: dict,
