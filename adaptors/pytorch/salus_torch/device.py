@@ -461,6 +461,10 @@ class Runtime:
         return func(*host_args, **host_kwargs)
 
     def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if not kwargs:
+            out = self._record_known(func, args)
+            if out is not NotImplemented:
+                return out
         seg = self._seg
         if kwargs.get("memory_format") in _CHANNELS_LAST:
             # A layout hint (`model.to(memory_format=torch.channels_last)`, for faster CUDA
@@ -496,9 +500,11 @@ class Runtime:
             # Note [Reshaped in place]: such an op is recorded as its functional form.
             entry = (template, _functional_of(func) if _reshapes(template) else func,
                      _odd_dtype(template))
+            entry += (entry[1] is func and entry[2] is None and lift is None and
+                      not kwargs and _known(func, template),)
             if key is not None:
                 self._metas[key] = entry
-        template, recorded, odd = entry
+        template, recorded, odd, _ = entry
         if odd is not None:  # Note [Host dtypes]
             return self._on_host_values(func, args, kwargs, tensors, odd)
         if (template == ("arg", 0) or func in _HOST_COPIES) and tensors and args and \
@@ -544,6 +550,60 @@ class Runtime:
         seg.sig.append((key if key is not None else (func, _canon((op.args, op.kwargs), pos)),
                         tuple([pos[t._uid] for t in tensors]),
                         tuple([-1 if u is None else pos[u] for u in op.outs])))
+        return out
+
+    def _record_known(self, func: Any, args: tuple) -> Any:
+        """Note [Known ops]: `func` on positional arguments recorded as _record would, from its
+        memo entry, or NotImplemented when it has none that allows this."""
+        tensors: list[SalusTensor] = []
+        rargs: list[Any] = []
+        keys: list[Any] = []
+        for a in args:
+            kind = type(a)
+            if kind is not SalusTensor and isinstance(a, torch.Tensor):
+                a, kind = self._wrap_host(a), SalusTensor
+            if kind is SalusTensor:
+                tensors.append(a)
+                rargs.append(_Ref(a._uid))
+                keys.append(a._key)
+            elif kind in _PLAIN:
+                rargs.append(a)
+                keys.append(a)
+            elif kind is list or kind is tuple:
+                for e in a:
+                    if type(e) is not int:
+                        return NotImplemented
+                rargs.append(kind(a))
+                keys.append(tuple(a))
+            else:
+                return NotImplemented
+        key = (id(func), tuple(keys), ())
+        entry = self._metas.get(key)
+        if entry is None or not entry[3]:
+            return NotImplemented
+        for t in tensors:
+            self._use(t)
+        seg = self._seg
+        op = _Op(func, tuple(rargs), {}, [])
+        template = entry[0]
+        if template[0] == "new":
+            out = SalusTensor(template[1], _Loc())
+            seg.producer[out._uid] = (op, 0)
+            self._use(out)
+            op.outs.append(out._uid)
+        else:
+            out = []
+            for k, m in enumerate(template):
+                t = SalusTensor(m[1], _Loc())
+                seg.producer[t._uid] = (op, k)
+                self._use(t)
+                op.outs.append(t._uid)
+                out.append(t)
+            out = type(template)(out)
+        seg.ops.append(op)
+        pos = seg.pos
+        seg.sig.append((key, tuple([pos[t._uid] for t in tensors]),
+                        tuple([pos[u] for u in op.outs])))
         return out
 
     def _record_copy(self, dst: SalusTensor, src: SalusTensor) -> None:
@@ -1086,6 +1146,28 @@ def _is_written(t: SalusTensor, args: tuple, kwargs: dict,
                 written: tuple[tuple[int, str], ...]) -> bool:
     """Whether `t` is an argument that an op writing `written` writes."""
     return any((args[i] if i < len(args) else kwargs.get(name)) is t for i, name in written)
+
+
+# Note [Known ops]
+# Most ops a step records take only tensors, numbers and lists of ints as positional arguments,
+# write nothing and make new tensors: views, matmuls, elementwise ops and their gradients,
+# most of the ops of a step. Once _record has seen such an op on given shapes, its memo entry
+# says so, and later calls are recorded from the entry directly (_record_known): the same op,
+# arguments, outputs and plan-key entry, without the general scan, the checks the entry already
+# answered, and the template walk. Anything else (keywords, lifted scalars, writes, host
+# dtypes, layout hints, host copies, lists of tensors) takes the general path.
+_PLAIN = frozenset({int, float, bool, type(None), str, torch.dtype})
+
+
+def _known(func: Any, template: Any) -> bool:
+    """Whether calls of `func` with this output template may be recorded by _record_known:
+    it writes nothing (undeclared writes included) and makes only new tensors."""
+    if _writes(func) or func is aten.native_batch_norm.default or func in _HOST_COPIES:
+        return False
+    if type(template) is tuple and template and template[0] == "new":
+        return True
+    return type(template) in (tuple, list) and len(template) > 0 and all(
+        type(m) is tuple and len(m) == 2 and m[0] == "new" for m in template)
 
 
 def _is_leaf(x: tuple) -> bool:
