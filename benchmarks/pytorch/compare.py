@@ -12,7 +12,10 @@ a loop that reads the loss only every `--log-every` steps (10), as a loop that l
 often does: there the lazy device records a step while the daemon runs the one before.
 
     .venv-torch/bin/python benchmarks/pytorch/compare.py [--models resnet,encoder] [--rounds 3]
-        [--phases]
+        [--phases] [--floor]
+
+`--floor` also times the step on tensors whose every op reaches a Python `__torch_dispatch__`
+that only makes its outputs (bare.py): the least any device written in Python can cost.
 
 `--phases` also times the lazy device's step phase by phase (the batch moved to the device,
 zero_grad, forward and loss, backward, the optimizer step with its flush, the loss read),
@@ -136,6 +139,19 @@ def eager_round(args: argparse.Namespace, model: str) -> tuple[list[float], list
             timed(step, data, args.steps // 2, 0, args.log_every))
 
 
+def floor_round(args: argparse.Namespace, model: str) -> tuple[list[float], float]:
+    """Steps of the model whose tensors are `Bare` (bare.py): the cost of dispatching every op
+    into Python and nothing else, with the ops per step."""
+    from bare import Bare, bare_data, bare_model
+    m, opt, data = build(model, args.batch)
+    bare_model(m)
+    opt = type(opt)(m.parameters(), **opt.defaults)
+    step = user_step(m, opt)
+    before = Bare.ops
+    times = timed(step, bare_data(*data), args.steps, args.warmup)
+    return times, (Bare.ops - before) / (args.steps + args.warmup)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="resnet,encoder")
@@ -151,6 +167,8 @@ def main() -> None:
                     help="time the eager steps of --models alone and print them as JSON")
     ap.add_argument("--phases", action="store_true",
                     help="also time the lazy device's step phase by phase")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time the step on tensors whose ops only reach Python (bare.py)")
     ap.add_argument("--log-every", type=int, default=10,
                     help="the loss is also read only every this many steps, in --steps/2 "
                          "blocks (eager and the lazy device)")
@@ -168,11 +186,14 @@ def main() -> None:
     results = {}
     try:
         for model in args.models.split(","):
-            eager, salus, lazy, eager_logged, lazy_logged = [], [], [], [], []
+            eager, salus, lazy, eager_logged, lazy_logged, floor = [], [], [], [], [], []
             for _ in range(args.rounds):
                 every_step, logged = eager_times(args, model)
                 eager += every_step
                 eager_logged += logged
+                if args.floor:
+                    times, ops = floor_round(args, model)
+                    floor += times
                 step, data = make(model, args.batch)
                 with salus_torch.capture_step(step, endpoint=daemon.endpoint) as captured:
                     salus += timed(captured, data, args.steps, args.warmup)
@@ -193,6 +214,12 @@ def main() -> None:
                   f"({len(eager)} steps each)", flush=True)
             print(f"  loss read every {args.log_every} steps: eager {el * 1e3:.2f} ms, salus "
                   f"device {zl * 1e3:.2f} ms ({zl / el:.2f}x)", flush=True)
+            if floor:
+                f = statistics.median(floor)
+                results[model].update(floor_ms=f * 1e3, floor_ratio=f / e, floor_ops=ops)
+                print(f"  ops dispatched into Python and nothing else ({ops:.0f} per step, "
+                      f"{f / ops * 1e6:.1f} us each): {f * 1e3:.2f} ms ({f / e:.2f}x eager)",
+                      flush=True)
             if args.phases:
                 phases = device_phases(model, args.batch, args.steps, args.warmup)
                 results[model]["device_phases_ms"] = phases

@@ -552,9 +552,10 @@ class Runtime:
                         tuple([-1 if u is None else pos[u] for u in op.outs])))
         return out
 
-    def _record_known(self, func: Any, args: tuple) -> Any:
-        """Note [Known ops]: `func` on positional arguments recorded as _record would, from its
-        memo entry, or NotImplemented when it has none that allows this."""
+    def _known_entry(self, func: Any, args: tuple) -> tuple | None:
+        """Note [Known ops]: (its memo entry, its plan key, its tensors, its arguments as
+        recorded) for `func` on positional arguments, when its entry allows recording it
+        from there; None otherwise."""
         tensors: list[SalusTensor] = []
         rargs: list[Any] = []
         keys: list[Any] = []
@@ -572,19 +573,27 @@ class Runtime:
             elif kind is list or kind is tuple:
                 for e in a:
                     if type(e) is not int:
-                        return NotImplemented
+                        return None
                 rargs.append(kind(a))
                 keys.append(tuple(a))
             else:
-                return NotImplemented
+                return None
         key = (id(func), tuple(keys), ())
         entry = self._metas.get(key)
         if entry is None or not entry[3]:
+            return None
+        return entry, key, tensors, tuple(rargs)
+
+    def _record_known(self, func: Any, args: tuple) -> Any:
+        """_record of `func` from its memo entry (Note [Known ops]), or NotImplemented."""
+        known = self._known_entry(func, args)
+        if known is None:
             return NotImplemented
+        entry, key, tensors, rargs = known
         for t in tensors:
             self._use(t)
         seg = self._seg
-        op = _Op(func, tuple(rargs), {}, [])
+        op = _Op(func, rargs, {}, [])
         template = entry[0]
         if template[0] == "new":
             out = SalusTensor(template[1], _Loc())
@@ -606,17 +615,57 @@ class Runtime:
                         tuple([pos[u] for u in op.outs])))
         return out
 
+    def _record_update(self, func: Any, args: tuple, dsts: tuple[SalusTensor, ...]) -> None:
+        """Records the fused update `func(*args)` and the copy of each of its results into
+        the matching tensor of `dsts` (Note [Fused updates]). Once the update is known (Note
+        [Known ops]) its results get no wrappers: only the copies read them, so they are
+        recorded by uid, and the recording and its plan key are what the general path and
+        _record_copy make of the same calls."""
+        known = self._known_entry(func, args)
+        if known is None:
+            outs = self._dispatch(func, args, {})
+            for dst, src in zip(dsts, outs, strict=True):
+                _write(self, dst, src)
+            return
+        entry, key, tensors, rargs = known
+        for t in tensors:
+            self._use(t)
+        seg = self._seg
+        op = _Op(func, rargs, {}, [])
+        keys = []
+        for k, (_, m) in enumerate(entry[0]):
+            u = next(_uids)
+            seg.producer[u] = (op, k)
+            seg.refs[u] = _gone  # nothing holds it: never kept past the flush
+            seg.pos[u] = len(seg.order)
+            seg.order.append(u)
+            seg.metas[u] = m
+            op.outs.append(u)
+            keys.append((m.dtype, m.shape, m.stride(), m.storage_offset()))
+        seg.ops.append(op)
+        pos = seg.pos
+        seg.sig.append((key, tuple([pos[t._uid] for t in tensors]),
+                        tuple([pos[u] for u in op.outs])))
+        for dst, u, k in zip(dsts, op.outs, keys, strict=True):
+            self._record_copy_of(dst, u, k)
+            torch.autograd.graph.increment_version(dst)
+
     def _record_copy(self, dst: SalusTensor, src: SalusTensor) -> None:
         """What _record does for `dst.copy_(src)` of two device tensors of one shape and
         dtype, without its generic scan: the optimizers' fused updates write four tensors per
         parameter this way. The op's entry in the plan key is the one _record would make."""
-        seg = self._seg
         self._use(dst)
         self._use(src)
+        self._record_copy_of(dst, src._uid, src._key)
+
+    def _record_copy_of(self, dst: SalusTensor, src: int, src_key: tuple) -> None:
+        """_record_copy from the recorded value `src` (a uid, in the recording already)."""
+        seg = self._seg
+        self._use(dst)
         self._mutate(dst._uid)
-        seg.ops.append(_Op(_COPY, (_Ref(dst._uid), _Ref(src._uid)), {}, [dst._uid]))
+        seg.ops.append(_Op(_COPY, (_Ref(dst._uid), _Ref(src)), {}, [dst._uid]))
         pos = seg.pos
-        seg.sig.append(((_COPY_ID, (dst._key, src._key), ()), (pos[dst._uid], pos[src._uid]),
+        seg.sig.append(((_COPY_ID, (dst._key, src_key), ()), (pos[dst._uid], pos[src]),
                         (pos[dst._uid],)))
 
     def _mutate(self, uid: int) -> None:
@@ -1170,6 +1219,11 @@ def _known(func: Any, template: Any) -> bool:
         type(m) is tuple and len(m) == 2 and m[0] == "new" for m in template)
 
 
+def _gone() -> None:
+    """The weak reference of a recorded value that no tensor holds."""
+    return None
+
+
 def _is_leaf(x: tuple) -> bool:
     """Whether a template entry is ("arg", k), ("new", meta) or ("reshaped", k, meta)."""
     return (len(x) == 2 and (x[0] == "arg" or x[0] == "new")) or \
@@ -1401,11 +1455,9 @@ def _fused_sgd(original: Any) -> Any:
                 if buf is None:
                     buf = momentum_buffer_list[i] = torch.zeros_like(p)
                     rt.zeros_on_host(buf)
-                new_p, new_buf = rt._dispatch(
+                rt._record_update(
                     _SGD_UPDATE, (p, g, buf, lr, kw["momentum"], kw["weight_decay"],
-                                  kw["nesterov"]), {})
-                _write(rt, p, new_p)
-                _write(rt, buf, new_buf)
+                                  kw["nesterov"]), (p, buf))
         return None
     return single_tensor_sgd
 
@@ -1435,11 +1487,10 @@ def _fused_adam(original: Any, decoupled: bool) -> Any:
                 if mirror is None or mirror[1] != count:
                     mirror = [torch.tensor(count, dtype=torch.float32).to(NAME), count]
                     _steps[host_step] = mirror
-                outs = rt._dispatch(
+                rt._record_update(
                     _ADAM_UPDATE, (p, g, m, v, mirror[0], lr, kw["beta1"], kw["beta2"],
-                                   kw["eps"], kw["weight_decay"], decoupled_now), {})
-                for dst, src in zip((p, m, v, mirror[0]), outs, strict=True):
-                    _write(rt, dst, src)
+                                   kw["eps"], kw["weight_decay"], decoupled_now),
+                    (p, m, v, mirror[0]))
                 host_step += 1
                 mirror[1] = float(host_step)
         return None
