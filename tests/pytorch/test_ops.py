@@ -274,11 +274,22 @@ CASES: dict[str, Case] = {
          + torch.hypot(m.fc(d["x"]), m.fc(d["x"]).roll(1, 0))
          + torch.fmax(m.fc(d["x"]), m.fc(d["x"]).roll(1, 0))
          + torch.nan_to_num(m.fc(d["x"]).log(), nan=0.5, neginf=-3.0)).sum()),
-    "median and kthvalue (their gradients), bucketize": lambda m, d: (
+    "median and kthvalue (their gradients), bucketize, searchsorted": lambda m, d: (
         m.fc(d["x"]).median(1).values.pow(2).sum() + m.fc(d["x"]).median().pow(2)
         + m.fc(d["x"]).kthvalue(2, 0, keepdim=True).values.pow(2).sum()
         + (torch.bucketize(m.fc(d["x"]).detach(), torch.tensor([-0.5, 0.0, 0.5]).to(
-            d["x"].device), right=True) * m.fc(d["x"])).sum()),
+            d["x"].device), right=True) * m.fc(d["x"])).sum()
+        # a row of boundaries per sample (sorted on the device); a 1-D sequence given unsorted
+        # with its sorter, values equal to boundaries on either side
+        + (torch.searchsorted(m.fc(d["x"]).detach().sort(1).values, m.fc(d["x"]).detach()
+                              * 0.5) * m.fc(d["x"])).sum()
+        + (torch.searchsorted(torch.tensor([0.5, -0.5, 0.0]).to(d["x"].device),
+                              torch.tensor([[0.0, 0.7], [-0.5, -2.0]]).to(d["x"].device),
+                              side="right", sorter=torch.tensor([1, 2, 0]).to(d["x"].device))
+           .float().sum() * m.fc(d["x"]).mean())
+        + (torch.searchsorted(torch.tensor([-0.5, 0.0, 0.5]).to(d["x"].device),
+                              torch.tensor([0.0, 0.5, 1.0]).to(d["x"].device), out_int32=True)
+           .float() * m.fc(d["x"])[0, :3]).sum()),
     "indexing by index tensors on dims apart": lambda m, d: (
         m.conv(d["img"])[torch.tensor([0, 2, 3, 2]), :, :, torch.tensor([1, 5, 9, 13])]
         .pow(2).sum()

@@ -573,6 +573,21 @@ def _bucketize(x: torch.Tensor, boundaries: torch.Tensor, *, out_int32: bool = F
     return below.sum(-1, dtype=torch.int32 if out_int32 else torch.int64)
 
 
+def _searchsorted(seq: torch.Tensor, values: torch.Tensor, *, out_int32: bool = False,
+                  right: bool = False, side: str | None = None,
+                  sorter: torch.Tensor | None = None) -> torch.Tensor:
+    """searchsorted: how many of the sequence's entries lie below each value (at or below, on
+    the right side), along its last dim; a 1-D sequence serves every value, as bucketize."""
+    if sorter is not None:
+        seq = torch.gather(seq, -1, sorter)
+    right = right or side == "right"
+    if seq.dim() == 1:
+        return _bucketize(values, seq, out_int32=out_int32, right=right)
+    v, s = values.unsqueeze(-1), seq.unsqueeze(-2)
+    below = v >= s if right else v > s
+    return below.sum(-1, dtype=torch.int32 if out_int32 else torch.int64)
+
+
 def _fmax_fmin(pick: Any) -> Any:
     def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """fmax/fmin: maximum/minimum, but a NaN loses to a number."""
@@ -655,6 +670,7 @@ _MATH = {
     torch.ops.aten.fmax.default: _fmax_fmin(torch.maximum),
     torch.ops.aten.fmin.default: _fmax_fmin(torch.minimum),
     torch.ops.aten.bucketize.Tensor: _bucketize,
+    torch.ops.aten.searchsorted.Tensor: _searchsorted,
     torch.ops.aten.median.dim: _median,
     torch.ops.aten.median.default: _median,
     torch.ops.aten.kthvalue.default: _kth,
