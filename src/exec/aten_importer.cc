@@ -301,6 +301,7 @@ class Lowerer {
   Status Rounding();
   Status Sign();
   Status FloatSpecial();
+  Status Polygamma();
   Status IsNan();
   Status LeakyRelu();
   Status LeakyReluBackward();
@@ -522,6 +523,7 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.lgamma.default", &Lowerer::FloatSpecial},
       {"aten.digamma.default", &Lowerer::FloatSpecial},
       {"aten.erfinv.default", &Lowerer::FloatSpecial}, {"aten.isnan.default", &Lowerer::IsNan},
+      {"aten.polygamma.default", &Lowerer::Polygamma},
       {"aten.leaky_relu.default", &Lowerer::LeakyRelu},
       {"aten.leaky_relu_backward.default", &Lowerer::LeakyReluBackward},
       {"aten.bitwise_not.default", &Lowerer::Bitwise},
@@ -846,7 +848,7 @@ Status Lowerer::Sign() {
 // log1p and expm1: the engine's SalusLog1p and SalusExpm1 (log(1 + x) and exp(x) - 1 would
 // lose every digit of a small x); lgamma, digamma and erfinv: its SalusLgamma, SalusDigamma and
 // SalusErfinv. Their gradients are made of these and ordinary ops by PyTorch (digamma's, the
-// trigamma, is polygamma, which the engine lacks).
+// trigamma, is polygamma: below).
 Status Lowerer::FloatSpecial() {
   static const std::map<std::string, std::string> ops = {{"aten.log1p.default", "SalusLog1p"},
                                                          {"aten.expm1.default", "SalusExpm1"},
@@ -857,6 +859,20 @@ Status Lowerer::FloatSpecial() {
   SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
   SALUS_ASSIGN_OR_RETURN(ValueId y,
                          EmitShaped(ops.at(node_->op()), {x}, {}, DataType::kFloat32, S(x)));
+  return Bind(0, y);
+}
+
+// polygamma(n, x), the n-th derivative of digamma (digamma's gradient is n = 1, and each
+// polygamma's the next): the engine's SalusPolygamma with n as its attribute.
+Status Lowerer::Polygamma() {
+  SALUS_ASSIGN_OR_RETURN(int64_t order, Int("n"));
+  if (order < 0 || order > 1000) {
+    return Bad(fmt::format("n = {} is outside 0..1000", order));
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kFloat32));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, EmitShaped("SalusPolygamma", {x}, {{"n", IntAttr(order)}},
+                                               DataType::kFloat32, S(x)));
   return Bind(0, y);
 }
 

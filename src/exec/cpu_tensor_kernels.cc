@@ -314,7 +314,8 @@ KernelOr Cast(const Node& n, const Graph& g) {
 
 // Erf, Sin, Cos, Atan, Floor, Ceil, Round (half to even), and SalusLog1p and SalusExpm1 (PyTorch's
 // log1p and expm1: exact for small x, where log(1 + x) and exp(x) - 1 lose every digit), by the C
-// library; SalusLgamma, SalusDigamma and SalusErfinv by element_math.h.
+// library; SalusLgamma, SalusDigamma, SalusErfinv and SalusPolygamma (attribute n) by
+// element_math.h.
 KernelOr FloatMath(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const int64_t count = NumElements(In(n, g, 0).shape);
@@ -331,6 +332,14 @@ KernelOr FloatMath(const Node& n, const Graph& g) {
   if (n.op == "SalusLgamma") fn = Lgamma;                     // element_math.h's formulas
   if (n.op == "SalusDigamma") fn = Digamma;
   if (n.op == "SalusErfinv") fn = Erfinv;
+  if (n.op == "SalusPolygamma") {
+    const int order = static_cast<int>(n.GetInt("n", 0));
+    return Loop([count, order](const KernelArgs& a) {
+      const float* x = Input<float>(a, 0);
+      float* z = Output<float>(a, 0);
+      for (int64_t e = 0; e < count; ++e) z[e] = Polygamma(order, x[e]);
+    });
+  }
   return Loop([count, fn](const KernelArgs& a) {
     const float* x = Input<float>(a, 0);
     float* z = Output<float>(a, 0);
@@ -667,7 +676,7 @@ void RegisterCpuTensorKernels(KernelRegistry* r) {
   r->Register("Clip", cpu, Clip);
   r->Register("Cast", cpu, Cast);
   for (const char* op : {"Erf", "SalusLog1p", "SalusExpm1", "Sin", "Cos", "Atan", "Floor", "Ceil",
-                         "Round", "SalusLgamma", "SalusDigamma", "SalusErfinv"}) {
+                         "Round", "SalusLgamma", "SalusDigamma", "SalusErfinv", "SalusPolygamma"}) {
     r->Register(op, cpu, FloatMath);
   }
   r->Register("Expand", cpu, Expand);

@@ -570,6 +570,42 @@ SALUS_HD float Digamma(float xf) {
   return static_cast<float>(result + log(x) - 0.5 / x - series);
 }
 
+// Polygamma, the n-th derivative of digamma (Digamma itself for n = 0; NaN for n < 0):
+// (-1)^(n+1) n! zeta(n + 1, x) with Hurwitz's zeta. Its terms (x + k)^-(n+1) are summed while
+// x + k < 10, then the rest by Euler-Maclaurin: a^-n / n + a^-(n+1) / 2 and seven Bernoulli
+// terms B_2j / (2j)! (n+1)(n+2)...(n+2j-1) a^-(n+2j), a = x + k. At 0 and the negative
+// integers it is infinite (+inf for odd n, -inf for even n, as PyTorch's); a negative x
+// elsewhere needs no reflection, since the summed terms stay finite there.
+SALUS_HD float Polygamma(int n, float xf) {
+  if (n == 0) return Digamma(xf);
+  if (n < 0 || xf != xf) return NAN;
+  const double sign = n % 2 == 1 ? 1.0 : -1.0;
+  double q = xf;
+  if (q <= 0.0 && q == floor(q)) return static_cast<float>(sign * INFINITY);
+  const double s = n + 1.0;
+  double factorial = 1.0;
+  for (int k = 2; k <= n; ++k) factorial *= k;
+  double sum = 0.0;
+  while (q < 10.0) {
+    sum += pow(q, -s);
+    q += 1.0;
+  }
+  // B_2j / (2j)! for j = 1..7.
+  constexpr double kBernoulli[7] = {1.0 / 12,           -1.0 / 720,     1.0 / 30240,
+                                    -1.0 / 1209600,     1.0 / 47900160, -691.0 / 1307674368000.0,
+                                    1.0 / 74724249600.0};
+  double tail = pow(q, 1.0 - s) / (s - 1.0) + 0.5 * pow(q, -s);
+  double rising = s;                // s (s + 1) ... (s + 2j - 2)
+  double power = pow(q, -s - 1.0);  // q^-(s + 2j - 1)
+  const double inverse_square = 1.0 / (q * q);
+  for (int j = 1; j <= 7; ++j) {
+    tail += kBernoulli[j - 1] * rising * power;
+    rising *= (s + 2 * j - 1) * (s + 2 * j);
+    power *= inverse_square;
+  }
+  return static_cast<float>(sign * factorial * (sum + tail));
+}
+
 // The inverse of erf on (-1, 1): +-inf at +-1, NaN beyond. A closed-form first guess (within
 // about 2e-3 relative: ln(1 - y^2) through two square roots, with the constant 0.147), then
 // Newton steps on erf, written through erfc where y is near 1 so that the tail keeps its

@@ -9,9 +9,9 @@ norm, transposed convolutions, LSTM and GRU layers, embedding bags, rotary posit
 cumulative sums, statistics (var, std, max along a dim), cosine similarity, accuracy
 (argmax, comparisons, counts), and what the adaptor decomposes itself: a spatial transformer
 (affine_grid, grid_sample), bicubic resizing, LocalResponseNorm, nn.Bilinear,
-multi_margin_loss, atan2 and Embedding(max_norm=...); lgamma, digamma and erfinv; indexing
-by bool masks, which the device reads on the host, overwriting index_put, and scans (cummax,
-logcumsumexp)."""
+multi_margin_loss, atan2 and Embedding(max_norm=...); lgamma, digamma, polygamma and erfinv;
+indexing by bool masks, which the device reads on the host, overwriting index_put, and scans
+(cummax, logcumsumexp)."""
 
 from __future__ import annotations
 
@@ -248,6 +248,10 @@ CASES: dict[str, Case] = {
                                    ).log_prob(d["probs"] * 3 + 0.1).sum()
         + torch.erfinv(torch.tanh(m.fc(d["x"])) * 0.95).pow(2).sum()
         + (torch.digamma(d["x"].abs()[:, :5] + 0.05) * m.fc(d["x"])).sum()),
+    "polygamma (a Beta policy's entropy: digamma's gradient; higher orders)": lambda m, d: (
+        torch.distributions.Beta(F.softplus(m.fc(d["x"])) + 0.5,
+                                 F.softplus(m.fc(d["x"]).roll(1, 0)) + 0.5).entropy().sum()
+        + torch.polygamma(2, F.softplus(m.fc(d["x"])) + 0.3).sum() * 0.01),
     "grid_sample (a spatial transformer; padding modes, corners, nearest)": lambda m, d: (
         _warp(m, d, "bilinear", "zeros", False) + _warp(m, d, "bilinear", "border", True)
         + _warp(m, d, "bilinear", "reflection", False) + _warp(m, d, "nearest", "zeros", True)),
@@ -462,7 +466,7 @@ def test_log1p_and_expm1_keep_small_values_and_their_limits(daemon: Daemon) -> N
                                    msg=f.__name__)
 
 
-def test_lgamma_digamma_and_erfinv_over_their_domains(daemon: Daemon) -> None:
+def test_lgamma_digamma_polygamma_and_erfinv_over_their_domains(daemon: Daemon) -> None:
     """The engine's special functions (element_math.h) against PyTorch's, poles, tails and
     the values outside their domains included."""
     x = torch.tensor([-2.5, -0.5, -1e-3, 1e-4, 0.1, 0.5, 1.0, 1.5, 2.0, 3.7, 9.9, 10.0, 30.0,
@@ -471,6 +475,16 @@ def test_lgamma_digamma_and_erfinv_over_their_domains(daemon: Daemon) -> None:
         got, want = f(x.to("salus")).cpu(), f(x)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True,
                                    msg=f.__name__)
+    # PyTorch's trigamma is finite at the negative integers (about 1e15: sin(pi x) in float
+    # is not 0 there) and its higher orders are NaN at +inf; the engine gives the poles and
+    # the limit 0 instead.
+    finite = ~((x < 0) & (x == x.floor())) & (x != float("inf"))
+    for n in (1, 2, 3):
+        got, want = torch.polygamma(n, x.to("salus")).cpu(), torch.polygamma(n, x)
+        torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-6,
+                                   equal_nan=True, msg=f"polygamma {n}")
+        sign = 1.0 if n % 2 else -1.0
+        assert got[~finite].tolist() == [sign * float("inf")] * 2 + [0.0], n
     y = torch.tensor([-1.0, -0.9999999, -0.9, -0.3, 0.0, -0.0, 1e-6, 0.2, 0.5, 0.7, 0.99,
                       0.99999, 0.9999999, 1.0, 1.5, -2.0, float("nan")])
     got, want = torch.erfinv(y.to("salus")).cpu(), torch.erfinv(y)

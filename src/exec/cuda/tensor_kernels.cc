@@ -275,6 +275,18 @@ KernelOr FloatUnary(const Node& n, const Graph& g, DeviceContext*) {
   });
 }
 
+KernelOr Polygamma(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const int order = static_cast<int>(n.GetInt("n", 0));
+  const int64_t count = NumElements(In(n, g, 0).shape);
+  const std::string what = n.Describe();
+  return FnKernel([order, count, what](const KernelArgs& a) -> Status {
+    return CudaStatus(LaunchPolygamma(order, static_cast<const float*>(a.inputs[0]),
+                                      static_cast<float*>(a.outputs[0]), count, StreamOf(a)),
+                      what);
+  });
+}
+
 KernelOr Cast(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_ASSIGN_OR_RETURN(ElemType from, ElemTypeOf(n, In(n, g, 0).type));
   SALUS_ASSIGN_OR_RETURN(ElemType to, ElemTypeOf(n, Out(n, g, 0).type));
@@ -543,6 +555,7 @@ void RegisterTensorKernels(KernelRegistry* registry) {
   for (const auto& [op, unused] : UnaryOps()) {
     registry->Register(op, cuda, KernelFactory(&FloatUnary));
   }
+  registry->Register("SalusPolygamma", cuda, KernelFactory(&Polygamma));
   registry->Register("Cast", cuda, KernelFactory(&Cast));
   registry->Register("Clip", cuda, KernelFactory(&Clip));
   registry->Register("Min", cuda, KernelFactory(&MinMax));

@@ -170,6 +170,11 @@ __global__ void TensorUnaryKernel(const float* __restrict__ x, float* __restrict
   }
 }
 
+__global__ void PolygammaKernel(int order, const float* __restrict__ x, float* __restrict__ y,
+                                int64_t count) {
+  for (int64_t e = FirstIndex(); e < count; e += GridStride()) y[e] = Polygamma(order, x[e]);
+}
+
 __global__ void NotKernel(const uint8_t* __restrict__ x, uint8_t* __restrict__ y, int64_t count) {
   for (int64_t e = FirstIndex(); e < count; e += GridStride()) y[e] = x[e] == 0;
 }
@@ -386,6 +391,11 @@ cudaError_t LaunchTensorUnary(TensorUnaryOp op, const float* x, float* y, int64_
       return Launch(&TensorUnaryKernel<TensorUnaryOp::kErfinv>, count, stream, x, y, count);
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchPolygamma(int order, const float* x, float* y, int64_t count,
+                            cudaStream_t stream) {
+  return Launch(&PolygammaKernel, count, stream, order, x, y, count);
 }
 
 cudaError_t LaunchNot(const uint8_t* x, uint8_t* y, int64_t count, cudaStream_t stream) {

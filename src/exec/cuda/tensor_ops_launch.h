@@ -88,6 +88,10 @@ enum class TensorUnaryOp : int32_t {
 cudaError_t LaunchTensorUnary(TensorUnaryOp op, const float* x, float* y, int64_t count,
                               cudaStream_t stream);
 
+// y = element_math.h's Polygamma(order, x) over `count` floats.
+cudaError_t LaunchPolygamma(int order, const float* x, float* y, int64_t count,
+                            cudaStream_t stream);
+
 // y = !x over `count` bools.
 cudaError_t LaunchNot(const uint8_t* x, uint8_t* y, int64_t count, cudaStream_t stream);
 

@@ -521,6 +521,19 @@ TEST(SpecialFunctionTest, KnownValuesPolesAndInverse) {
   EXPECT_TRUE(std::isnan(Digamma(-2.f)));
   EXPECT_TRUE(std::isnan(Digamma(std::nanf(""))));
   EXPECT_EQ(Digamma(kInf), kInf);
+  EXPECT_NEAR(Polygamma(1, 1.f), 1.6449340668f, 1e-6);    // pi^2 / 6
+  EXPECT_NEAR(Polygamma(1, 0.5f), 4.9348022005f, 2e-6);   // pi^2 / 2
+  EXPECT_NEAR(Polygamma(1, -0.5f), 8.9348022005f, 4e-6);  // pi^2 / 2 + 4, summed from below 0
+  EXPECT_NEAR(Polygamma(1, 10.f), 0.1051663357f, 1e-7);   // the tail's first point
+  EXPECT_NEAR(Polygamma(1, 1000.f), 0.0010005002f, 1e-9);
+  EXPECT_NEAR(Polygamma(2, 1.f), -2.4041138063f, 2e-6);  // -2 zeta(3)
+  EXPECT_NEAR(Polygamma(3, 1.f), 6.4939394023f, 4e-6);   // pi^4 / 15
+  EXPECT_NEAR(Polygamma(0, 1.f), Digamma(1.f), 0.f);
+  EXPECT_EQ(Polygamma(1, 0.f), kInf);
+  EXPECT_EQ(Polygamma(2, -1.f), -kInf);
+  EXPECT_EQ(Polygamma(1, kInf), 0.f);
+  EXPECT_TRUE(std::isnan(Polygamma(-1, 1.f)));
+  EXPECT_TRUE(std::isnan(Polygamma(1, std::nanf(""))));
   EXPECT_NEAR(Erfinv(0.5f), 0.4769362762f, 1e-7);
   EXPECT_EQ(Erfinv(1.f), kInf);
   EXPECT_EQ(Erfinv(-1.f), -kInf);
