@@ -248,6 +248,9 @@ CASES: dict[str, Case] = {
                                    ).log_prob(d["probs"] * 3 + 0.1).sum()
         + torch.erfinv(torch.tanh(m.fc(d["x"])) * 0.95).pow(2).sum()
         + (torch.digamma(d["x"].abs()[:, :5] + 0.05) * m.fc(d["x"])).sum()),
+    "dilated max pooling (padding, ceil_mode, a stride per dim)": lambda m, d: (
+        F.max_pool2d(m.conv(d["img"]), 3, 1, 1, dilation=2).pow(2).sum()
+        + F.max_pool2d(m.conv(d["img"]), 2, (2, 3), 1, dilation=(3, 2), ceil_mode=True).sum()),
     "polygamma (a Beta policy's entropy: digamma's gradient; higher orders)": lambda m, d: (
         torch.distributions.Beta(F.softplus(m.fc(d["x"])) + 0.5,
                                  F.softplus(m.fc(d["x"]).roll(1, 0)) + 0.5).entropy().sum()

@@ -236,6 +236,9 @@ def _decompositions() -> dict:
         a.max_pool3d_with_indices.default: _max_pool3d,
         a.max_pool3d_with_indices_backward.default:
             _pool_backward(_max_pool3d, lambda x, *args: x.dim() == 5, 5),
+        a.max_pool2d_with_indices.default: _dilated_max_pool2d,
+        a.max_pool2d_with_indices_backward.default:
+            _pool_backward(_dilated_max_pool2d, _dilated, 5),
         a.adaptive_max_pool2d.default: _adaptive_max_pool2d,
         a.adaptive_max_pool2d_backward.default: _adaptive_max_pool2d_backward,
         a._ctc_loss.default: _ctc_loss,
@@ -813,6 +816,53 @@ def _adaptive_max_pool2d(x: torch.Tensor, output_size: list[int]
     values, where = rows.max(-1)
     index = table.expand(*where.shape, longest).gather(-1, where.unsqueeze(-1)).squeeze(-1)
     return values, index
+
+
+def _dilated(x: torch.Tensor, kernel_size: object, stride: object = (), padding: object = 0,
+             dilation: object = 1, ceil_mode: bool = False) -> bool:
+    """Whether a 2-D max pooling is dilated (the importer pools the others whole)."""
+    return any(d != 1 for d in _per_dim(dilation, 2))
+
+
+def _pool_windows(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool
+                  ) -> list[list[int | None]]:
+    """The positions of a pooling's windows along a dim (None in the padding), with PyTorch's
+    output size: with ceil_mode a last window that would start in the right padding is
+    dropped."""
+    span = d * (k - 1) + 1
+    n = size + 2 * p - span
+    out = (-(-n // s) if ceil_mode else n // s) + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return [[q if 0 <= q < size else None for q in range(i * s - p, i * s - p + span, d)]
+            for i in range(out)]
+
+
+def _dilated_max_pool2d(x: torch.Tensor, kernel_size: list[int], stride: object = (),
+                        padding: object = 0, dilation: object = 1, ceil_mode: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dilated max pooling, as adaptive max pooling whose output does not divide the input:
+    each window's positions (a step of the dilation apart, -inf in the padding) gathered into
+    a row, and the row's max and its first position, in the (row, column) order PyTorch scans
+    a window, give the value and the index. Its gradient goes to that position alone."""
+    if not _dilated(x, kernel_size, stride, padding, dilation, ceil_mode):
+        return NotImplemented  # type: ignore[return-value]
+    k = _per_dim(kernel_size, 2)
+    s = _per_dim(stride, 2) if stride else k
+    p, d = _per_dim(padding, 2), _per_dim(dilation, 2)
+    height, width = x.shape[-2:]
+    none = height * width  # the -inf column appended below
+    table = torch.tensor(
+        [[[none if r is None or c is None else r * width + c for r in rows for c in cols]
+          for cols in _pool_windows(width, k[1], s[1], p[1], d[1], ceil_mode)]
+         for rows in _pool_windows(height, k[0], s[0], p[0], d[0], ceil_mode)],
+        dtype=torch.int64)  # (out_h, out_w, k_h * k_w)
+    flat = x.reshape(*x.shape[:-2], height * width)
+    flat = torch.cat([flat, torch.full_like(flat[..., :1], float("-inf"))], -1)
+    rows = flat[..., table.reshape(-1)].reshape(*x.shape[:-2], *table.shape)
+    values, where = rows.max(-1)
+    index = table.expand(*where.shape, table.shape[-1]).gather(-1, where.unsqueeze(-1))
+    return values, index.squeeze(-1)
 
 
 def _adaptive_max_pool2d_backward(grad: torch.Tensor, x: torch.Tensor, indices: torch.Tensor
