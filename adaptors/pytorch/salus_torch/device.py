@@ -461,7 +461,7 @@ class Runtime:
         return func(*host_args, **host_kwargs)
 
     def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        if not kwargs:
+        if not kwargs and _knowable(func):
             out = self._record_known(func, args)
             if out is not NotImplemented:
                 return out
@@ -500,8 +500,8 @@ class Runtime:
             # Note [Reshaped in place]: such an op is recorded as its functional form.
             entry = (template, _functional_of(func) if _reshapes(template) else func,
                      _odd_dtype(template))
-            entry += (entry[1] is func and entry[2] is None and lift is None and
-                      not kwargs and _known(func, template),)
+            entry += (entry[1] is func and entry[2] is None and not kwargs and
+                      _known(func, template),)
             if key is not None:
                 self._metas[key] = entry
         template, recorded, odd, _ = entry
@@ -589,31 +589,9 @@ class Runtime:
         known = self._known_entry(func, args)
         if known is None:
             return NotImplemented
-        entry, key, tensors, rargs = known
-        for t in tensors:
-            self._use(t)
-        seg = self._seg
-        op = _Op(func, rargs, {}, [])
-        template = entry[0]
-        if template[0] == "new":
-            out = SalusTensor(template[1], _Loc())
-            seg.producer[out._uid] = (op, 0)
-            self._use(out)
-            op.outs.append(out._uid)
-        else:
-            out = []
-            for k, m in enumerate(template):
-                t = SalusTensor(m[1], _Loc())
-                seg.producer[t._uid] = (op, k)
-                self._use(t)
-                op.outs.append(t._uid)
-                out.append(t)
-            out = type(template)(out)
-        seg.ops.append(op)
-        pos = seg.pos
-        seg.sig.append((key, tuple([pos[t._uid] for t in tensors]),
-                        tuple([pos[u] for u in op.outs])))
-        return out
+        template = known[0][0]
+        outs = self._record_from(func, known, wrapped=True)
+        return outs[0] if template[0] == "new" else type(template)(outs)
 
     def _record_update(self, func: Any, args: tuple, dsts: tuple[SalusTensor, ...]) -> None:
         """Records the fused update `func(*args)` and the copy of each of its results into
@@ -627,28 +605,42 @@ class Runtime:
             for dst, src in zip(dsts, outs, strict=True):
                 _write(self, dst, src)
             return
+        uids = self._record_from(func, known, wrapped=False)
+        for dst, u, (_, meta) in zip(dsts, uids, known[0][0], strict=True):
+            self._record_copy_of(dst, u, _key_of(meta))
+            torch.autograd.graph.increment_version(dst)
+
+    def _record_from(self, func: Any, known: tuple, wrapped: bool) -> list:
+        """Records `func` from what _known_entry found: its results as new tensors
+        (`wrapped`), or, read by nothing outside the recording, as uids alone."""
         entry, key, tensors, rargs = known
         for t in tensors:
             self._use(t)
         seg = self._seg
         op = _Op(func, rargs, {}, [])
-        keys = []
-        for k, (_, m) in enumerate(entry[0]):
-            u = next(_uids)
-            seg.producer[u] = (op, k)
-            seg.refs[u] = _gone  # nothing holds it: never kept past the flush
-            seg.pos[u] = len(seg.order)
-            seg.order.append(u)
-            seg.metas[u] = m
+        template = entry[0]
+        outs: list = []
+        for k, (_, meta) in enumerate((template,) if template[0] == "new" else template):
+            if wrapped:
+                t = SalusTensor(meta, _Loc())
+                seg.producer[t._uid] = (op, k)
+                self._use(t)
+                u = t._uid
+                outs.append(t)
+            else:
+                u = next(_uids)
+                seg.producer[u] = (op, k)
+                seg.refs[u] = _gone  # nothing holds it: never kept past the flush
+                seg.pos[u] = len(seg.order)
+                seg.order.append(u)
+                seg.metas[u] = meta
+                outs.append(u)
             op.outs.append(u)
-            keys.append((m.dtype, m.shape, m.stride(), m.storage_offset()))
         seg.ops.append(op)
         pos = seg.pos
         seg.sig.append((key, tuple([pos[t._uid] for t in tensors]),
                         tuple([pos[u] for u in op.outs])))
-        for dst, u, k in zip(dsts, op.outs, keys, strict=True):
-            self._record_copy_of(dst, u, k)
-            torch.autograd.graph.increment_version(dst)
+        return outs
 
     def _record_copy(self, dst: SalusTensor, src: SalusTensor) -> None:
         """What _record does for `dst.copy_(src)` of two device tensors of one shape and
@@ -1208,10 +1200,24 @@ def _is_written(t: SalusTensor, args: tuple, kwargs: dict,
 _PLAIN = frozenset({int, float, bool, type(None), str, torch.dtype})
 
 
+_KNOWABLE: dict[int, bool] = {}
+
+
+def _knowable(func: Any) -> bool:
+    """Whether `func` may be a known op on some shapes: it writes nothing (undeclared writes
+    included), is no host copy and lifts no scalars."""
+    knowable = _KNOWABLE.get(id(func))
+    if knowable is None:
+        knowable = _KNOWABLE[id(func)] = not (
+            _writes(func) or func is aten.native_batch_norm.default or func in _HOST_COPIES
+            or id(func) in _LIFT_IDS)
+    return knowable
+
+
 def _known(func: Any, template: Any) -> bool:
     """Whether calls of `func` with this output template may be recorded by _record_known:
-    it writes nothing (undeclared writes included) and makes only new tensors."""
-    if _writes(func) or func is aten.native_batch_norm.default or func in _HOST_COPIES:
+    _knowable, and it makes only new tensors."""
+    if not _knowable(func):
         return False
     if type(template) is tuple and template and template[0] == "new":
         return True
@@ -1272,9 +1278,14 @@ def _functional_of(func: Any) -> Any:
     return out
 
 
+def _key_of(meta: torch.Tensor) -> tuple:
+    """A tensor's _key (what an op's output shapes depend on in it) from its meta."""
+    return (meta.dtype, meta.shape, meta.stride(), meta.storage_offset())
+
+
 def _set_geometry(t: SalusTensor, meta: torch.Tensor) -> None:
     t._meta = _meta_of(meta)
-    t._key = (meta.dtype, t._meta.shape, t._meta.stride(), t._meta.storage_offset())
+    t._key = _key_of(t._meta)
     _extension.set_geometry(t, list(meta.shape), list(meta.stride()), meta.storage_offset())
 
 

@@ -807,15 +807,25 @@ def _adaptive_max_pool2d(x: torch.Tensor, output_size: list[int]
                 for cols in _adaptive_windows(width, out_w)]
                for rows in _adaptive_windows(height, out_h)]
     longest = max(len(w) for row in windows for w in row)
-    none = height * width  # the -inf column appended below
-    table = torch.tensor([[w + [none] * (longest - len(w)) for w in row] for row in windows],
-                         dtype=torch.int64)  # (out_h, out_w, longest)
+    none = height * width  # (_max_over_windows's -inf column)
+    return _max_over_windows(x, [[w + [none] * (longest - len(w)) for w in row]
+                                 for row in windows])
+
+
+def _max_over_windows(x: torch.Tensor, windows: list[list[list[int]]]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The max of each window over x's last two dims, and its first position (the window's
+    order), as a max pooling gives them. `windows` holds, per output row and column, the
+    window's positions in the flattened plane, all windows of one length; the position
+    height * width stands for -inf (padding)."""
+    height, width = x.shape[-2:]
+    table = torch.tensor(windows, dtype=torch.int64)  # (out_h, out_w, window)
     flat = x.reshape(*x.shape[:-2], height * width)
     flat = torch.cat([flat, torch.full_like(flat[..., :1], float("-inf"))], -1)
-    rows = flat[..., table.reshape(-1)].reshape(*x.shape[:-2], out_h, out_w, longest)
+    rows = flat[..., table.reshape(-1)].reshape(*x.shape[:-2], *table.shape)
     values, where = rows.max(-1)
-    index = table.expand(*where.shape, longest).gather(-1, where.unsqueeze(-1)).squeeze(-1)
-    return values, index
+    index = table.expand(*where.shape, table.shape[-1]).gather(-1, where.unsqueeze(-1))
+    return values, index.squeeze(-1)
 
 
 def _dilated(x: torch.Tensor, kernel_size: object, stride: object = (), padding: object = 0,
@@ -851,18 +861,11 @@ def _dilated_max_pool2d(x: torch.Tensor, kernel_size: list[int], stride: object 
     s = _per_dim(stride, 2) if stride else k
     p, d = _per_dim(padding, 2), _per_dim(dilation, 2)
     height, width = x.shape[-2:]
-    none = height * width  # the -inf column appended below
-    table = torch.tensor(
-        [[[none if r is None or c is None else r * width + c for r in rows for c in cols]
-          for cols in _pool_windows(width, k[1], s[1], p[1], d[1], ceil_mode)]
-         for rows in _pool_windows(height, k[0], s[0], p[0], d[0], ceil_mode)],
-        dtype=torch.int64)  # (out_h, out_w, k_h * k_w)
-    flat = x.reshape(*x.shape[:-2], height * width)
-    flat = torch.cat([flat, torch.full_like(flat[..., :1], float("-inf"))], -1)
-    rows = flat[..., table.reshape(-1)].reshape(*x.shape[:-2], *table.shape)
-    values, where = rows.max(-1)
-    index = table.expand(*where.shape, table.shape[-1]).gather(-1, where.unsqueeze(-1))
-    return values, index.squeeze(-1)
+    none = height * width  # (_max_over_windows's -inf column)
+    return _max_over_windows(
+        x, [[[none if r is None or c is None else r * width + c for r in rows for c in cols]
+             for cols in _pool_windows(width, k[1], s[1], p[1], d[1], ceil_mode)]
+            for rows in _pool_windows(height, k[0], s[0], p[0], d[0], ceil_mode)])
 
 
 def _adaptive_max_pool2d_backward(grad: torch.Tensor, x: torch.Tensor, indices: torch.Tensor
