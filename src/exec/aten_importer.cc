@@ -474,6 +474,7 @@ class Lowerer {
   Status ScatterAdd();
   Status Fmod();
   StatusOr<ValueId> ArgMaxAlong(ValueId x, bool min, std::optional<int64_t> dim, bool keep);
+  StatusOr<std::pair<ValueId, ValueId>> IntExtremeAlong(ValueId x, bool min, int64_t axis);
 
   const v1::AtenGraph& ag_;
   Graph graph_;
@@ -1227,8 +1228,20 @@ Status Lowerer::WhereOp() {
 // ---------------------------------------------------------------------------------------------
 // Copies, constants and shapes.
 
+// An alias (detach, clone...) of a norm's statistics stands for them as they do: activation
+// checkpointing hands its recomputed forward's results to the backward through detach.
 Status Lowerer::Identity() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* self, Arg("self"));
+  const int out = node_->outputs(0);
+  if (self->kind_case() == v1::AtenArgument::kValue && out >= 0) {
+    if (auto it = layer_eps_.find(self->value()); it != layer_eps_.end()) {
+      layer_eps_[out] = it->second;
+    }
+    if (auto it = batch_stats_.find(self->value()); it != batch_stats_.end()) {
+      batch_stats_[out] = it->second;
+    }
+  }
   return Bind(0, x);
 }
 
@@ -1430,6 +1443,19 @@ Status Lowerer::ReduceOp() {
                                                               : "ReduceMax";
   if (engine == "ReduceMax" || engine == "ReduceMin") {
     if (NumElements(S(x)) == 0) return Bad("max or min of an empty tensor");
+    if (T(x) == DataType::kInt64 && !S(x).empty()) {  // (one axis at a time, kept as 1)
+      SALUS_ASSIGN_OR_RETURN(Shape out, DeclaredShape(0));
+      if (axes.empty()) {
+        for (size_t d = 0; d < S(x).size(); ++d) axes.push_back(static_cast<int64_t>(d));
+      }
+      for (int64_t a : axes) {
+        SALUS_ASSIGN_OR_RETURN(a, Axis(a, S(x).size()));
+        SALUS_ASSIGN_OR_RETURN(auto extreme, IntExtremeAlong(x, min, a));
+        x = extreme.first;
+      }
+      SALUS_ASSIGN_OR_RETURN(ValueId y, ReshapeTo(x, out));
+      return Bind(0, y);
+    }
     SALUS_ASSIGN_OR_RETURN(ValueId y, Reduce(engine, x, axes, keep));
     return Bind(0, y);
   }
@@ -1469,14 +1495,15 @@ Status Lowerer::AnyAll() {
 // The index of the largest (smallest: `min`) element along `dim`, or of the whole tensor
 // flattened when there is no dim, as int64 with the dim kept as 1 or removed: SalusArgMax,
 // whose ties go to the first index and whose NaN wins, as PyTorch's. The smallest is the
-// largest of -x.
+// largest of -x (of 0 - x for int64).
 StatusOr<ValueId> Lowerer::ArgMaxAlong(ValueId x, bool min, std::optional<int64_t> dim, bool keep) {
   const Shape xs = S(x);
   if (T(x) == DataType::kBool) {
     SALUS_ASSIGN_OR_RETURN(x, Cast(x, DataType::kInt64));
   }
-  if (min) {
-    if (T(x) != DataType::kFloat32) return Refuse("the smallest index of a non-float tensor");
+  if (min && T(x) == DataType::kInt64) {
+    SALUS_ASSIGN_OR_RETURN(x, Emit("Sub", {Scalar(DataType::kInt64, 0), x}));
+  } else if (min) {
     SALUS_ASSIGN_OR_RETURN(x, Emit("Neg", {x}));
   }
   int64_t axis = 0;
@@ -1504,6 +1531,17 @@ StatusOr<ValueId> Lowerer::ArgMaxAlong(ValueId x, bool min, std::optional<int64_
   return ReshapeTo(y, want);
 }
 
+// The largest (smallest: `min`) element of an int64 tensor along `axis`, kept as 1, and its
+// index. The engine reduces in float, which would round values beyond 2^24 (a count, an
+// index), so the value is read back at SalusArgMax's index (Note [Gathers by linear index]).
+StatusOr<std::pair<ValueId, ValueId>> Lowerer::IntExtremeAlong(ValueId x, bool min, int64_t axis) {
+  SALUS_ASSIGN_OR_RETURN(ValueId index, ArgMaxAlong(x, min, axis, true));
+  SALUS_ASSIGN_OR_RETURN(ValueId linear, LinearIndexAlong(index, axis, S(x)));
+  SALUS_ASSIGN_OR_RETURN(ValueId flat, ReshapeTo(x, {NumElements(S(x))}));
+  SALUS_ASSIGN_OR_RETURN(ValueId value, Emit("Gather", {flat, linear}, {{"axis", IntAttr(0)}}));
+  return std::make_pair(value, index);
+}
+
 // argmax and argmin (self, dim=None, keepdim=False).
 Status Lowerer::ArgMaxMin() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
@@ -1526,6 +1564,15 @@ Status Lowerer::MaxMinDim() {
   SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
   bool keep = false;
   SALUS_ASSIGN_OR_RETURN(keep, BoolOr("keepdim", keep));
+  if (T(x) == DataType::kInt64 && !S(x).empty()) {
+    SALUS_ASSIGN_OR_RETURN(int64_t axis, Axis(dim, S(x).size()));
+    SALUS_ASSIGN_OR_RETURN(auto extreme, IntExtremeAlong(x, min, axis));
+    SALUS_ASSIGN_OR_RETURN(Shape out, DeclaredShape(0));
+    SALUS_ASSIGN_OR_RETURN(ValueId values, ReshapeTo(extreme.first, out));
+    SALUS_ASSIGN_OR_RETURN(ValueId indices, ReshapeTo(extreme.second, out));
+    SALUS_RETURN_IF_ERROR(Bind(0, values));
+    return Bind(1, indices);
+  }
   SALUS_ASSIGN_OR_RETURN(ValueId indices, ArgMaxAlong(x, min, dim, keep));
   SALUS_ASSIGN_OR_RETURN(ValueId values, Reduce(min ? "ReduceMin" : "ReduceMax", x, {dim}, keep));
   SALUS_RETURN_IF_ERROR(Bind(0, values));

@@ -685,6 +685,21 @@ def test_bool_and_integer_logic(daemon: Daemon) -> None:
         assert torch.equal(got, want)
 
 
+def test_largest_and_smallest_integers_are_exact(daemon: Daemon) -> None:
+    """max, min, amax, amin, max/min along a dim and argmin of int64 tensors whose values
+    float32 cannot tell apart (2**40 and 2**40 + 1), and one_hot without a class count (which
+    reads the labels' max): equal to eager PyTorch."""
+    n = torch.tensor([[3, 2**40 + 1, -7, 2**40], [5, 5, -2**35, 0], [1, 9, 9, -2**35]])
+    for f in (lambda n: n.max(), lambda n: n.min(), lambda n: n.amax(0),
+              lambda n: n.amin(1, keepdim=True), lambda n: n.amax((0, 1)),
+              lambda n: torch.stack(n.max(1)), lambda n: torch.stack(n.min(0, keepdim=True)),
+              lambda n: n.argmin(1), lambda n: n.argmin(),
+              lambda n: F.one_hot(n[0].clamp(0, 9) % 5)):
+        want = f(n)
+        got = f(n.to("salus") + 0).cpu()  # (+ 0: a value the device computes)
+        assert torch.equal(got, want), (got, want)
+
+
 def test_sort_and_argsort_keep_ties_in_order_and_put_nan_last(daemon: Daemon) -> None:
     """The engine's sort is stable and sorts NaN as the largest value, as PyTorch's stable
     sort does: values and indices equal along any dim, both directions, float and int64."""
