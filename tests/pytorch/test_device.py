@@ -448,6 +448,74 @@ def test_a_vae_draws_its_noise_as_eager_pytorch_does(daemon: Daemon) -> None:
     assert_state_match(results["salus"][1], results["cpu"][1], atol=3e-5)
 
 
+def test_a_generator_of_the_device_draws_as_a_cpu_generator_with_its_seed(
+        daemon: Daemon) -> None:
+    """Note [Draws on the host]: `torch.Generator(device="salus")` seeded as a CPU generator
+    gives the CPU's numbers, whether a factory draws with it, a fill, or a draw from values the
+    device computes (bernoulli, multinomial, normal around a mean); its state saves and
+    restores, and its draws leave the default generator alone."""
+    draws = [
+        lambda g, d: torch.randn(4, 3, generator=g, device=d),
+        lambda g, d: torch.rand(5, generator=g, device=d),
+        lambda g, d: torch.randint(0, 9, (6,), generator=g, device=d),
+        lambda g, d: torch.randperm(7, generator=g, device=d),
+        lambda g, d: torch.empty(5, device=d).normal_(1, 2, generator=g),
+        lambda g, d: torch.bernoulli(torch.linspace(0, 1, 6, device=d) * 0.9, generator=g),
+        lambda g, d: torch.zeros(6, device=d).bernoulli_(torch.full((6,), 0.5, device=d) * 1,
+                                                         generator=g),
+        lambda g, d: torch.multinomial(torch.tensor([0.1, 0.5, 0.4], device=d) * 2, 5,
+                                       replacement=True, generator=g),
+        lambda g, d: torch.normal(torch.arange(4, device=d) * 1.5, 0.5, generator=g),
+    ]
+    results = {}
+    for device in ("cpu", "salus"):
+        torch.manual_seed(11)
+        g = torch.Generator(device=device).manual_seed(5)
+        assert g.device.type == device and g.initial_seed() == 5
+        got = [draw(g, device).cpu() for draw in draws]
+        state = g.get_state()
+        first = torch.randn(3, generator=g, device=device).cpu()
+        g.set_state(state)
+        again = torch.randn(3, generator=g, device=device).cpu()
+        assert torch.equal(first, again)
+        got.append(torch.randn(2))  # the default generator, untouched by g's draws
+        results[device] = got
+    for a, b in zip(results["salus"], results["cpu"], strict=True):
+        assert torch.equal(a, b), (a, b)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_trains_as_eager(daemon: Daemon, reentrant: bool) -> None:
+    """torch.utils.checkpoint around blocks of the model: their activations are recomputed in
+    the backward, which the recording holds as ops like any other, so losses and weights match
+    eager PyTorch, in one graph per step."""
+    from torch.utils.checkpoint import checkpoint
+
+    batches = sentences(3, 2)
+    results = {}
+    for device in ("cpu", "salus"):
+        # (SGD: Adam would magnify the rounding in the key projection's bias, whose gradient
+        # is zero but for rounding, softmax being blind to a constant added to every score)
+        m, opt = make("encoder", "sgd", device)
+        losses = []
+        flushes = salus_torch.device.runtime().flushes
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            h = m.emb(x) + m.pos
+            for layer in m.enc.layers:
+                h = checkpoint(layer, h, use_reentrant=reentrant)
+            loss = F.cross_entropy(m.head(h.mean(1)), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        if device == "salus":
+            assert salus_torch.device.runtime().flushes - flushes == len(batches)
+        results[device] = (losses, {k: v.cpu() for k, v in m.state_dict().items()})
+    assert_losses_match(results["salus"][0], results["cpu"][0])
+    assert_state_match(results["salus"][1], results["cpu"][1], atol=3e-5)
+
+
 def test_autocast_falls_back_to_float32_and_a_grad_scaler_scales(daemon: Daemon) -> None:
     """A mixed-precision loop unchanged: autocast on the device warns that the engine has no
     half type and leaves the ops in float32, and GradScaler scales, unscales (skipping the

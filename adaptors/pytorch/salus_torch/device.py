@@ -91,8 +91,13 @@ _HOST_INPLACE = {
     aten.bernoulli_.float, aten.exponential_.default, aten.fill_.Tensor, aten.scatter_.src,
     aten.scatter_.value, aten.cauchy_.default, aten.log_normal_.default, aten.geometric_.default,
 }
+# Random ops that take a generator: given one, they draw on the host (Note [Draws on the host]).
+_DRAWS = frozenset({
+    aten.bernoulli.default, aten.bernoulli.p, aten.bernoulli_.Tensor, aten.bernoulli_.float,
+    aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor,
+    aten.poisson.default, aten.binomial.default, aten._sample_dirichlet.default})
 # Ops that may run at once rather than be recorded (see Runtime._dispatch).
-_EAGER = _HOST_INPLACE | {aten.detach.default, aten.alias.default}
+_EAGER = _HOST_INPLACE | _DRAWS | {aten.detach.default, aten.alias.default}
 # Ops that read values on the host: they flush, then run on the host values.
 _HOST_READS = {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default,
                aten.allclose.default}
@@ -305,9 +310,11 @@ class SalusTensor(torch.Tensor):
 
     # A traceable wrapper subclass: Module._apply then swaps each parameter object in place
     # (torch.utils.swap_tensors) rather than making a new one, so an optimizer built before
-    # `model.to("salus")` keeps the model's parameters, as it does with CUDA.
+    # `model.to("salus")` keeps the model's parameters, as it does with CUDA. Its one inner
+    # tensor is the meta tensor of its geometry: PyTorch's checks that walk a subclass's inner
+    # tensors (activation checkpointing asks whether they are functional) need at least one.
     def __tensor_flatten__(self) -> tuple[list[str], None]:
-        return [], None
+        return ["_meta"], None
 
     @staticmethod
     def __tensor_unflatten__(inner: dict, ctx: None, outer_size: Any, outer_stride: Any) -> Any:
@@ -358,6 +365,9 @@ def _meta_of(x: torch.Tensor) -> torch.Tensor:
 
 
 def _to_device(x: Any, device: str) -> Any:
+    if isinstance(x, torch.Generator) and x.device.type == NAME:
+        # a generator of the device draws on the host (Note [Draws on the host])
+        return _extension.host_generator(x)
     if isinstance(x, torch.device) and x.type == NAME:
         return torch.device(device)
     if isinstance(x, str) and x.startswith(NAME):
@@ -433,18 +443,28 @@ class Runtime:
         if func in _HOST_INPLACE and isinstance(dest, SalusTensor) and \
                 self._host_values(tensors, first_untouched=True):
             return self._on_host_values(func, args, kwargs, tensors, "")
-        if func in _RANDOM_FILLS and isinstance(dest, SalusTensor):
-            return self._draw_into(func, args, kwargs)
+        if (func in _RANDOM_FILLS and isinstance(dest, SalusTensor)) or \
+                (func in _DRAWS and _has_generator(args, kwargs)):
+            return self._draw(func, args, kwargs)
         return self._record(func, args, kwargs)
 
-    def _draw_into(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """Note [Draws on the host]: a random fill of a device tensor, drawn on the host."""
+    def _draw(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Note [Draws on the host]: a random fill of a device tensor, or a draw with a
+        generator, made on the host."""
         dest = args[0]
-        made = self._seg.producer.get(dest._uid)
-        if made is not None and _is_view(made[0].func):
-            return self._record(func, args, kwargs)  # (a write into a view: refused by name)
+        if _writes(func):
+            made = self._seg.producer.get(dest._uid)
+            if made is not None and _is_view(made[0].func):
+                return self._record(func, args, kwargs)  # (a write into a view: refused by name)
+        # (the arguments a draw reads, probabilities or means, are read if the device computes
+        # them, as .item() reads)
+        host_args = [self._host_arg(a) for a in args[1:]]
+        host_kwargs = {k: self._host_arg(v) for k, v in kwargs.items()}
+        if not _writes(func):
+            out = func(self._host_arg(dest), *host_args, **host_kwargs)
+            return _on_device(out)
         host = torch.empty(dest.shape, dtype=dest.dtype)
-        func(host, *args[1:], **{k: _to_device(v, "cpu") for k, v in kwargs.items()})
+        func(host, *host_args, **host_kwargs)
         dest._uid, dest._loc = next(_uids), _Loc(host)  # a value of its own from here on
         return dest
 
@@ -1171,6 +1191,10 @@ def _map(fn: Any, x: Any) -> Any:
     return fn(x)
 
 
+def _has_generator(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(a, torch.Generator) for a in (*args, *kwargs.values()))
+
+
 def _odd_dtype(template: Any) -> str | None:
     """The reason an op runs on the host, "makes a <dtype>", when one of its new outputs has a
     dtype the engine lacks (Note [Host dtypes]); None otherwise."""
@@ -1533,7 +1557,8 @@ def _install_fused_updates() -> None:
 
 def _host_factory(op: Any) -> Any:
     def make(*args: Any, **kwargs: Any) -> SalusTensor:
-        host = op(*args, **{**kwargs, "device": torch.device("cpu")})
+        host = op(*args, **{**{k: _to_device(v, "cpu") for k, v in kwargs.items()},
+                            "device": torch.device("cpu")})
         return SalusTensor(_meta_of(host), _Loc(host))
     return make
 
@@ -1564,10 +1589,15 @@ def register() -> None:
     module.get_rng_state = lambda device=None: torch.empty(0, dtype=torch.uint8)
     module.set_rng_state = lambda state, device=None: None
     module.synchronize = lambda device=None: flush()
-    # Note [Host dtypes]: no half type in the engine, so `torch.autocast("salus")` warns that
-    # its dtype is not supported and leaves the ops in float32, as on a CPU without bfloat16.
+    # Note [Host dtypes]: no half type in the engine, so `torch.autocast("salus", dtype=...)`
+    # warns that a half dtype is not supported and leaves the ops in float32, as on a CPU
+    # without bfloat16.
     module.get_amp_supported_dtype = lambda: [torch.float32]
     torch._register_device_module(NAME, module)
+    # ... and float32 is its autocast dtype, so that code entering the device's autocast state
+    # as it stands (activation checkpointing's recompute) does not warn when nothing asked for
+    # another dtype.
+    torch.set_autocast_dtype(NAME, torch.float32)
     # torch.load(..., map_location="salus"): device tensors are saved as host tensors (see
     # SalusTensor.__reduce_ex__), and are loaded so; load_state_dict puts them on the device.
     torch.serialization.register_package(
@@ -1580,7 +1610,7 @@ def register() -> None:
     _lib.impl("_copy_from", _copy_from, "PrivateUse1")
     # Factories that fill an out= tensor of another size: made on the host, whole.
     for name in ("arange", "arange.start", "arange.start_step", "linspace", "eye", "eye.m",
-                 "randperm"):
+                 "randperm", "randperm.generator"):
         packet, _, overload = name.partition(".")
         _lib.impl(name, _host_factory(getattr(getattr(aten, packet), overload or "default")),
                   "PrivateUse1")
@@ -1734,6 +1764,12 @@ def _is_mask(t: Any) -> bool:
 # new identity, as zeros_on_host does): what read the tensor before the fill keeps the old one.
 # A fill of a view the recording made would have to write through to its base: recorded, and
 # refused by name.
+# A draw given a generator (`torch.Generator(device="salus")`, whose C++ half is a CPU
+# generator under the device's name) is made on the host with it too, so that a seeded
+# generator gives the numbers eager PyTorch on the CPU gives with the same seed. One that reads
+# values (`torch.bernoulli(p, generator=g)`, `torch.multinomial(probs, n, generator=g)`) reads
+# them first, as .item() does, which splits the step; without a generator such draws are the
+# daemon's (Note [Random numbers]).
 def _drawn_like(func: Any) -> Any:
     def run(rt: Runtime, args: tuple, kwargs: dict) -> Any:
         like = {k: v for k, v in kwargs.items()

@@ -4,11 +4,13 @@
 // for PrivateUse1, for hooks; without them a tensor on the device cannot take part in
 // backward(). The device is lazy: nothing runs on it in this process, so the guard has one
 // device with one stream that is always idle, and the hooks hand out the CPU generator (the
-// daemon draws the device's random numbers itself, with explicit seeds). Everything else, the
+// daemon draws the device's random numbers itself, with explicit seeds), as does a generator
+// made for the device (`torch.Generator(device="salus")`). Everything else, the
 // tensors, the recording and the flushes, is Python, but for setting a tensor's geometry when
 // an in-place op changed it.
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/extension.h>
@@ -61,6 +63,47 @@ const bool kHooksRegistered = [] {
   return true;
 }();
 
+// A generator of the device. Random numbers a script draws with it are drawn on the host
+// (Note [Draws on the host] in device.py), so it is a CPU generator under the device's name:
+// the same seed gives the numbers eager PyTorch on the CPU would draw with a CPU generator.
+struct DeviceGenerator final : c10::GeneratorImpl {
+  DeviceGenerator(c10::DeviceIndex index, at::Generator host_generator)
+      : c10::GeneratorImpl(c10::Device(kType, index < 0 ? 0 : index),
+                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+        host(std::move(host_generator)) {}
+  void set_current_seed(uint64_t seed) override { host.set_current_seed(seed); }
+  void set_offset(uint64_t offset) override { host.set_offset(offset); }
+  uint64_t get_offset() const override { return host.get_offset(); }
+  uint64_t current_seed() const override { return host.current_seed(); }
+  uint64_t seed() override { return host.seed(); }
+  void set_state(const c10::TensorImpl& state) override {
+    host.unsafeGetGeneratorImpl()->set_state(state);
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    return host.unsafeGetGeneratorImpl()->get_state();
+  }
+  static c10::DeviceType device_type() { return kType; }
+
+  at::Generator host;
+
+ private:
+  DeviceGenerator* clone_impl() const override {
+    return new DeviceGenerator(device().index(), host.clone());
+  }
+};
+
+at::Generator MakeGenerator(c10::DeviceIndex index) {
+  return at::make_generator<DeviceGenerator>(index, at::detail::createCPUGenerator());
+}
+
+REGISTER_GENERATOR_PRIVATEUSE1(MakeGenerator)
+
+// The host generator behind a device generator, for the host's kernels to draw with.
+at::Generator HostGenerator(const at::Generator& generator) {
+  TORCH_CHECK(generator.device().type() == kType, "host_generator: not a salus generator");
+  return generator.get<DeviceGenerator>()->host;
+}
+
 // A device tensor's new geometry after an in-place op that changed it (Note [Reshaped in
 // place] in device.py): the wrapper holds no data, so only its sizes and strides change.
 void SetGeometry(const at::Tensor& t, std::vector<int64_t> sizes, std::vector<int64_t> strides,
@@ -76,4 +119,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Device guard and hooks of the lazy salus device";
   m.def("hooks_registered", [] { return kHooksRegistered; });
   m.def("set_geometry", &SetGeometry);
+  m.def("host_generator", &HostGenerator);
 }
