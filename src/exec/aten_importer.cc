@@ -3288,7 +3288,11 @@ Status Lowerer::IndexPut() {
   SALUS_ASSIGN_OR_RETURN(ValueId values, Tensor("values"));
   SALUS_ASSIGN_OR_RETURN(bool accumulate, Bool("accumulate"));
   if (!accumulate) return Refuse("index_put without accumulate");
-  if (T(self) != DataType::kFloat32) return Refuse("index_put into a non-float tensor");
+  // (int64: counts, as Embedding(scale_grad_by_freq=True) takes its indices'; added in
+  // float, as integer sums are, exact below 2^24)
+  if (T(self) != DataType::kFloat32 && T(self) != DataType::kInt64) {
+    return Refuse("index_put into a bool tensor");
+  }
   SALUS_ASSIGN_OR_RETURN(Indexed ix, IndexTensors(self, *list));
   // The values, one slice of the flattened self per index, scatter-added along its dim.
   const Shape flat = S(ix.flat);
@@ -3302,6 +3306,7 @@ Status Lowerer::IndexPut() {
                          EmitShaped("SalusGatherGrad", {ix.linear, values},
                                     {{"axis", IntAttr(ix.first)}}, DataType::kFloat32, flat));
   SALUS_ASSIGN_OR_RETURN(scattered, ReshapeTo(scattered, S(self)));
+  SALUS_ASSIGN_OR_RETURN(scattered, Cast(scattered, T(self)));
   SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Add", {self, scattered}));
   return Bind(0, y);
 }

@@ -484,6 +484,30 @@ def test_a_generator_of_the_device_draws_as_a_cpu_generator_with_its_seed(
         assert torch.equal(a, b), (a, b)
 
 
+def test_inference_mode_and_the_samplers_the_engine_lacks(daemon: Daemon) -> None:
+    """An evaluation under torch.inference_mode (whose tensors skip autograd's dispatch keys, so
+    composite ops such as `.cpu()`'s `to` reach the device whole), and samples from Beta,
+    Dirichlet, Gamma and Poisson distributions (drawn on the host from PyTorch's generator),
+    as on the CPU."""
+    batches = images(2, 4)
+    results = {}
+    for device in ("cpu", "salus"):
+        m, _ = make("resnet", "sgd", device)
+        m.eval()
+        with torch.inference_mode():
+            outs = [m(x.to(device)).softmax(-1) for x, _ in batches]
+        got = [o.cpu() for o in outs]
+        torch.manual_seed(13)
+        conc = torch.tensor([0.5, 2.0, 3.0], device=device) * 1
+        got += [torch.distributions.Beta(conc, conc.flip(0)).sample((2,)).cpu(),
+                torch.distributions.Dirichlet(conc).sample().cpu(),
+                torch.distributions.Gamma(conc, 2.0).sample().cpu(),
+                torch.poisson(conc * 4).cpu()]
+        results[device] = got
+    for a, b in zip(results["salus"], results["cpu"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_activation_checkpointing_trains_as_eager(daemon: Daemon, reentrant: bool) -> None:
     """torch.utils.checkpoint around blocks of the model: their activations are recomputed in

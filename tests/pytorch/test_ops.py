@@ -266,6 +266,8 @@ CASES: dict[str, Case] = {
         m.lrn(m.conv(d["img"])).pow(2).sum()
         + F.avg_pool3d(m.conv(d["img"]).unsqueeze(1), (2, 3, 3), (1, 2, 2), (1, 1, 0))
         .pow(2).sum()),
+    "Embedding(scale_grad_by_freq=True) (its indices counted in int64)": lambda m, d: (
+        F.embedding(d["bag_2d"], m.capped.weight, scale_grad_by_freq=True).pow(2).sum()),
     "Embedding(max_norm=...) (rows renormalized in place, one named twice)": lambda m, d: (
         m.capped(d["bag_idx"]).pow(2).sum() + m.capped(d["bag_2d"]).sum()
         + m.capped.weight.sum()),

@@ -94,8 +94,7 @@ _HOST_INPLACE = {
 # Random ops that take a generator: given one, they draw on the host (Note [Draws on the host]).
 _DRAWS = frozenset({
     aten.bernoulli.default, aten.bernoulli.p, aten.bernoulli_.Tensor, aten.bernoulli_.float,
-    aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor,
-    aten.poisson.default, aten.binomial.default, aten._sample_dirichlet.default})
+    aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor})
 # Ops that may run at once rather than be recorded (see Runtime._dispatch).
 _EAGER = _HOST_INPLACE | _DRAWS | {aten.detach.default, aten.alias.default}
 # Ops that read values on the host: they flush, then run on the host values.
@@ -318,7 +317,10 @@ class SalusTensor(torch.Tensor):
 
     @staticmethod
     def __tensor_unflatten__(inner: dict, ctx: None, outer_size: Any, outer_stride: Any) -> Any:
-        raise NotImplementedError("salus device tensors cannot be rebuilt from parts")
+        # (what torch.compile asks of a tensor subclass it traces)
+        raise NotImplementedError(
+            "salus device tensors cannot be rebuilt from parts, so torch.compile does not take "
+            "them; the device already runs each step as one graph: call the model uncompiled")
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # torch.save / pickle: the value, as a host tensor (as if saved after `.cpu()`).
@@ -483,6 +485,12 @@ class Runtime:
     def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if not kwargs and _knowable(func):
             out = self._record_known(func, args)
+            if out is not NotImplemented:
+                return out
+        if _composite(func):
+            # An op made of others reaches the device only where autograd's dispatch keys are
+            # absent (tensors made under torch.inference_mode): it runs as those others.
+            out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
                 return out
         seg = self._seg
@@ -1189,6 +1197,17 @@ def _map(fn: Any, x: Any) -> Any:
     if type(x) is dict:
         return {k: _map(fn, v) for k, v in x.items()}
     return fn(x)
+
+
+_COMPOSITE: dict[int, bool] = {}
+
+
+def _composite(func: Any) -> bool:
+    c = _COMPOSITE.get(id(func))
+    if c is None:
+        c = _COMPOSITE[id(func)] = torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), "CompositeImplicitAutograd")
+    return c
 
 
 def _has_generator(args: tuple, kwargs: dict) -> bool:
@@ -1960,8 +1979,12 @@ _BY_VALUE: dict[int, Any] = {id(f): _foreach(f) for f in _FOREACH} | {id(f): h f
         aten.nonzero.default, aten._unique2.default, aten.unique_dim.default,
         aten.unique_consecutive.default, aten.bincount.default,
         # (QR, which the engine lacks, for nn.init.orthogonal_: its gradient stays refused;
-        # sampling from PyTorch's generator, as the factories draw: Categorical.sample())
-        aten.linalg_qr.default, aten.multinomial.default)),
+        # sampling from PyTorch's generator, as the factories draw: Categorical.sample(),
+        # and the Gamma family's samplers, Beta and Dirichlet's, Poisson's and Binomial's,
+        # which the engine lacks: the reparameterised gradients of Gamma and Dirichlet stay
+        # refused)
+        aten.linalg_qr.default, aten.multinomial.default, aten._standard_gamma.default,
+        aten._sample_dirichlet.default, aten.poisson.default, aten.binomial.default)),
     (aten.masked_select.default, _masked_select),
     (aten.masked_scatter.default, _masked_scatter(False)),
     (aten.masked_scatter_.default, _masked_scatter(True)),
