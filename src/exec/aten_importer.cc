@@ -331,6 +331,8 @@ class Lowerer {
   };
   StatusOr<DiagonalPlan> PlanDiagonal(const Shape& xs);
   Status IndexSelect();
+  Status Unfold();
+  Status UnfoldBackward();
   Status Binary();
   Status Compare();
   Status WhereOp();
@@ -558,6 +560,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.diagonal_copy.default", &Lowerer::Diagonal},
       {"aten.diagonal_scatter.default", &Lowerer::DiagonalScatter},
       {"aten.index_select.default", &Lowerer::IndexSelect},
+      {"aten.unfold_copy.default", &Lowerer::Unfold}, {"aten.unfold.default", &Lowerer::Unfold},
+      {"aten.unfold_backward.default", &Lowerer::UnfoldBackward},
       {"aten.add.Tensor", &Lowerer::Binary}, {"aten.add.Scalar", &Lowerer::Binary},
       {"aten.sub.Tensor", &Lowerer::Binary}, {"aten.sub.Scalar", &Lowerer::Binary},
       {"aten.rsub.Scalar", &Lowerer::Binary}, {"aten.rsub.Tensor", &Lowerer::Binary},
@@ -2057,6 +2061,80 @@ Status Lowerer::IndexSelect() {
     SALUS_ASSIGN_OR_RETURN(y, ReshapeTo(y, want));
   }
   return Bind(0, y);
+}
+
+namespace {
+
+// Note [Unfolded windows]: unfold(self, dimension, size, step) (sliding windows: an audio
+// signal's frames, an image's patches) is a Gather along the dim of constant positions
+// [windows, size], window i's j-th element at i * step + j, whose size axis then moves last.
+// Its gradient, unfold_backward, moves that axis back and scatter-adds through the same
+// positions (SalusGatherGrad), so overlapping windows add, as PyTorch's.
+struct Windows {
+  int64_t axis = 0;
+  HostTensor positions;
+  std::vector<int64_t> to_last;  // the Gather's result's axes, the size axis moved last
+};
+
+StatusOr<Windows> WindowsFor(const Shape& x, int64_t axis, int64_t size, int64_t step) {
+  const int64_t length = x.empty() ? 1 : x[axis];
+  if (size < 0 || size > length || step <= 0) {
+    return InvalidArgumentError(
+        fmt::format("unfold: size {} and step {} do not fit a dim of {}", size, step, length));
+  }
+  Windows w;
+  w.axis = axis;
+  const int64_t count = (length - size) / step + 1;
+  std::vector<int64_t> at(count * size);
+  for (int64_t i = 0; i < count; ++i) {
+    for (int64_t j = 0; j < size; ++j) at[i * size + j] = i * step + j;
+  }
+  w.positions = HostTensor::FromInt64s({count, size}, at);
+  const int64_t rank = static_cast<int64_t>(x.size()) + 1;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (d != axis + 1) w.to_last.push_back(d);
+  }
+  w.to_last.push_back(axis + 1);
+  return w;
+}
+
+}  // namespace
+
+Status Lowerer::Unfold() {
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dimension"));
+  SALUS_ASSIGN_OR_RETURN(int64_t size, Int("size"));
+  SALUS_ASSIGN_OR_RETURN(int64_t step, Int("step"));
+  if (S(x).empty()) return Refuse("unfold of a 0-d tensor");
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, S(x).size()));
+  auto windows = WindowsFor(S(x), dim, size, step);
+  if (!windows.ok()) return Bad(windows.status().message());
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId y, Emit("Gather", {x, Constant(windows->positions)}, {{"axis", IntAttr(dim)}}));
+  SALUS_ASSIGN_OR_RETURN(y, Emit("Transpose", {y}, {{"perm", IntsAttr(windows->to_last)}}));
+  return Bind(0, y);
+}
+
+// unfold_backward(grad_in, input_sizes, dim, size, step): Note [Unfolded windows].
+Status Lowerer::UnfoldBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_in"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> sizes, Ints("input_sizes"));
+  SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
+  SALUS_ASSIGN_OR_RETURN(int64_t size, Int("size"));
+  SALUS_ASSIGN_OR_RETURN(int64_t step, Int("step"));
+  if (sizes.empty()) return Refuse("unfold of a 0-d tensor");
+  SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, sizes.size()));
+  const Shape xs(sizes.begin(), sizes.end());
+  auto windows = WindowsFor(xs, dim, size, step);
+  if (!windows.ok()) return Bad(windows.status().message());
+  std::vector<int64_t> back(windows->to_last.size());
+  for (size_t d = 0; d < back.size(); ++d) back[windows->to_last[d]] = static_cast<int64_t>(d);
+  SALUS_ASSIGN_OR_RETURN(dy, Cast(dy, DataType::kFloat32));
+  SALUS_ASSIGN_OR_RETURN(dy, Emit("Transpose", {dy}, {{"perm", IntsAttr(back)}}));
+  SALUS_ASSIGN_OR_RETURN(ValueId dx,
+                         EmitShaped("SalusGatherGrad", {Constant(windows->positions), dy},
+                                    {{"axis", IntAttr(dim)}}, DataType::kFloat32, xs));
+  return Bind(0, dx);
 }
 
 namespace {

@@ -266,6 +266,11 @@ CASES: dict[str, Case] = {
         m.lrn(m.conv(d["img"])).pow(2).sum()
         + F.avg_pool3d(m.conv(d["img"]).unsqueeze(1), (2, 3, 3), (1, 2, 2), (1, 1, 0))
         .pow(2).sum()),
+    "sliding windows (Tensor.unfold, overlapping and not, on two dims)": lambda m, d: (
+        m.fc(d["x"]).unfold(1, 3, 1).pow(2).sum()
+        + m.conv(d["img"]).unfold(2, 4, 3).unfold(3, 2, 2).pow(2).mean()),
+    "repeat_interleave by a tensor of repeats (read on the host)": lambda m, d: (
+        m.fc(d["x"]).repeat_interleave(d["y"], dim=0).pow(2).sum()),
     "Embedding(scale_grad_by_freq=True) (its indices counted in int64)": lambda m, d: (
         F.embedding(d["bag_2d"], m.capped.weight, scale_grad_by_freq=True).pow(2).sum()),
     "Embedding(max_norm=...) (rows renormalized in place, one named twice)": lambda m, d: (

@@ -1978,6 +1978,9 @@ _BY_VALUE: dict[int, Any] = {id(f): _foreach(f) for f in _FOREACH} | {id(f): h f
     *((f, _run_on_host(f)) for f in (
         aten.nonzero.default, aten._unique2.default, aten.unique_dim.default,
         aten.unique_consecutive.default, aten.bincount.default,
+        # (the positions repeat_interleave with a tensor of repeats gathers: their count is
+        # the repeats' sum)
+        aten.repeat_interleave.Tensor,
         # (QR, which the engine lacks, for nn.init.orthogonal_: its gradient stays refused;
         # sampling from PyTorch's generator, as the factories draw: Categorical.sample(),
         # and the Gamma family's samplers, Beta and Dirichlet's, Poisson's and Binomial's,

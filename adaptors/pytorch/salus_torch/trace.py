@@ -145,6 +145,8 @@ _NO_DECOMPOSE = {
     torch.ops.aten.threshold_backward.default,
     torch.ops.aten.gelu_backward.default,
     torch.ops.aten.select_backward.default,
+    # (sliding windows' gradient: one scatter-add, where the decomposition indexes by int32)
+    torch.ops.aten.unfold_backward.default,
 }
 
 
