@@ -484,6 +484,30 @@ def test_a_generator_of_the_device_draws_as_a_cpu_generator_with_its_seed(
         assert torch.equal(a, b), (a, b)
 
 
+def test_a_compiled_model_trains_as_the_uncompiled_one(daemon: Daemon) -> None:
+    """Note [Compiled models]: `torch.compile(model)` on the device runs the model as plain
+    Python, recorded as ever, one graph per step, with eager PyTorch's losses and weights."""
+    batches = sentences(3, 5)
+    results = {}
+    for device in ("cpu", "salus"):
+        m, opt = make("encoder", "sgd", device)
+        step = torch.compile(m) if device == "salus" else m
+        losses = []
+        flushes = salus_torch.device.runtime().flushes
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            loss = F.cross_entropy(step(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        if device == "salus":
+            assert salus_torch.device.runtime().flushes - flushes == len(batches)
+        results[device] = (losses, {k: v.cpu() for k, v in m.state_dict().items()})
+    assert_losses_match(results["salus"][0], results["cpu"][0])
+    assert_state_match(results["salus"][1], results["cpu"][1], atol=3e-5)
+
+
 def test_inference_mode_and_the_samplers_the_engine_lacks(daemon: Daemon) -> None:
     """An evaluation under torch.inference_mode (whose tensors skip autograd's dispatch keys, so
     composite ops such as `.cpu()`'s `to` reach the device whole), and samples from Beta,

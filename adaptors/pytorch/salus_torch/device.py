@@ -56,6 +56,7 @@ import gc
 import hashlib
 import itertools
 import os
+import sys
 import threading
 import time
 import types
@@ -317,10 +318,13 @@ class SalusTensor(torch.Tensor):
 
     @staticmethod
     def __tensor_unflatten__(inner: dict, ctx: None, outer_size: Any, outer_stride: Any) -> Any:
-        # (what torch.compile asks of a tensor subclass it traces)
-        raise NotImplementedError(
-            "salus device tensors cannot be rebuilt from parts, so torch.compile does not take "
-            "them; the device already runs each step as one graph: call the model uncompiled")
+        # What torch.compile asks of a subclass's arguments: Note [Compiled models].
+        if "torch._dynamo" not in sys.modules:
+            raise NotImplementedError("salus device tensors cannot be rebuilt from parts")
+        from torch._dynamo import trace_rules
+        from torch._dynamo.exc import SkipFrame
+        trace_rules.add(__package__)
+        raise SkipFrame("salus device tensors: the frame runs uncompiled")
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # torch.save / pickle: the value, as a host tensor (as if saved after `.cpu()`).
@@ -1210,6 +1214,14 @@ def _composite(func: Any) -> bool:
     return c
 
 
+# Note [Compiled models]
+# `model = torch.compile(model)` (a default in many training scripts) runs uncompiled on the
+# device: the device already records each step into one graph that the daemon compiles once.
+# Dynamo, turning a frame into a graph, rebuilds a subclass argument from its parts; the
+# device's tensors refuse with SkipFrame, so Dynamo runs that frame (and, once it has failed
+# so, every later call of it) as plain Python, and the recorder's own code is put on Dynamo's
+# skip list so that Dynamo never traces the recording itself. A compiled model's steps then
+# cost what an uncompiled one's do and give the same results.
 def _has_generator(args: tuple, kwargs: dict) -> bool:
     return any(isinstance(a, torch.Generator) for a in (*args, *kwargs.values()))
 
