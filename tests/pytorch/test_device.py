@@ -484,20 +484,21 @@ def test_a_generator_of_the_device_draws_as_a_cpu_generator_with_its_seed(
         assert torch.equal(a, b), (a, b)
 
 
-def test_a_compiled_model_trains_as_the_uncompiled_one(daemon: Daemon) -> None:
-    """Note [Compiled models]: `torch.compile(model)` on the device runs the model as plain
-    Python, recorded as ever, one graph per step, with eager PyTorch's losses and weights."""
-    batches = sentences(3, 5)
+def assert_encoder_trains_as_eager(batches: list, forward_of) -> None:  # noqa: ANN001
+    """The encoder trained with SGD on the device and on the CPU, its forward pass as
+    `forward_of(model, device)` makes it: the same losses and weights, one graph per step.
+    (SGD: Adam would magnify the rounding in the key projection's bias, whose gradient is
+    zero but for rounding, softmax being blind to a constant added to every score.)"""
     results = {}
     for device in ("cpu", "salus"):
         m, opt = make("encoder", "sgd", device)
-        step = torch.compile(m) if device == "salus" else m
+        forward = forward_of(m, device)
         losses = []
         flushes = salus_torch.device.runtime().flushes
         for x, y in batches:
             x, y = x.to(device), y.to(device)
             opt.zero_grad()
-            loss = F.cross_entropy(step(x), y)
+            loss = F.cross_entropy(forward(x), y)
             loss.backward()
             opt.step()
             losses.append(loss.item())
@@ -506,6 +507,13 @@ def test_a_compiled_model_trains_as_the_uncompiled_one(daemon: Daemon) -> None:
         results[device] = (losses, {k: v.cpu() for k, v in m.state_dict().items()})
     assert_losses_match(results["salus"][0], results["cpu"][0])
     assert_state_match(results["salus"][1], results["cpu"][1], atol=3e-5)
+
+
+def test_a_compiled_model_trains_as_the_uncompiled_one(daemon: Daemon) -> None:
+    """Note [Compiled models]: `torch.compile(model)` on the device runs the model as plain
+    Python, recorded as ever, one graph per step, with eager PyTorch's losses and weights."""
+    assert_encoder_trains_as_eager(
+        sentences(3, 5), lambda m, device: torch.compile(m) if device == "salus" else m)
 
 
 def test_inference_mode_and_the_samplers_the_engine_lacks(daemon: Daemon) -> None:
@@ -539,29 +547,15 @@ def test_activation_checkpointing_trains_as_eager(daemon: Daemon, reentrant: boo
     eager PyTorch, in one graph per step."""
     from torch.utils.checkpoint import checkpoint
 
-    batches = sentences(3, 2)
-    results = {}
-    for device in ("cpu", "salus"):
-        # (SGD: Adam would magnify the rounding in the key projection's bias, whose gradient
-        # is zero but for rounding, softmax being blind to a constant added to every score)
-        m, opt = make("encoder", "sgd", device)
-        losses = []
-        flushes = salus_torch.device.runtime().flushes
-        for x, y in batches:
-            x, y = x.to(device), y.to(device)
-            opt.zero_grad()
+    def checkpointed(m: torch.nn.Module, device: str):  # noqa: ANN202
+        def forward(x: torch.Tensor) -> torch.Tensor:
             h = m.emb(x) + m.pos
             for layer in m.enc.layers:
                 h = checkpoint(layer, h, use_reentrant=reentrant)
-            loss = F.cross_entropy(m.head(h.mean(1)), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        if device == "salus":
-            assert salus_torch.device.runtime().flushes - flushes == len(batches)
-        results[device] = (losses, {k: v.cpu() for k, v in m.state_dict().items()})
-    assert_losses_match(results["salus"][0], results["cpu"][0])
-    assert_state_match(results["salus"][1], results["cpu"][1], atol=3e-5)
+            return m.head(h.mean(1))
+        return forward
+
+    assert_encoder_trains_as_eager(sentences(3, 2), checkpointed)
 
 
 def test_autocast_falls_back_to_float32_and_a_grad_scaler_scales(daemon: Daemon) -> None:

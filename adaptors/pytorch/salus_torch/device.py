@@ -321,9 +321,12 @@ class SalusTensor(torch.Tensor):
         # What torch.compile asks of a subclass's arguments: Note [Compiled models].
         if "torch._dynamo" not in sys.modules:
             raise NotImplementedError("salus device tensors cannot be rebuilt from parts")
-        from torch._dynamo import trace_rules
+        global _dynamo_skips
         from torch._dynamo.exc import SkipFrame
-        trace_rules.add(__package__)
+        if not _dynamo_skips:
+            from torch._dynamo import trace_rules
+            trace_rules.add(__package__)
+            _dynamo_skips = True
         raise SkipFrame("salus device tensors: the frame runs uncompiled")
 
     def __reduce_ex__(self, protocol: Any) -> Any:
@@ -458,7 +461,8 @@ class Runtime:
         """Note [Draws on the host]: a random fill of a device tensor, or a draw with a
         generator, made on the host."""
         dest = args[0]
-        if _writes(func):
+        in_place = bool(_writes(func))
+        if in_place:
             made = self._seg.producer.get(dest._uid)
             if made is not None and _is_view(made[0].func):
                 return self._record(func, args, kwargs)  # (a write into a view: refused by name)
@@ -466,7 +470,7 @@ class Runtime:
         # them, as .item() reads)
         host_args = [self._host_arg(a) for a in args[1:]]
         host_kwargs = {k: self._host_arg(v) for k, v in kwargs.items()}
-        if not _writes(func):
+        if not in_place:
             out = func(self._host_arg(dest), *host_args, **host_kwargs)
             return _on_device(out)
         host = torch.empty(dest.shape, dtype=dest.dtype)
@@ -1212,6 +1216,9 @@ def _composite(func: Any) -> bool:
         c = _COMPOSITE[id(func)] = torch._C._dispatch_has_kernel_for_dispatch_key(
             func.name(), "CompositeImplicitAutograd")
     return c
+
+
+_dynamo_skips = False  # whether the package is on Dynamo's skip list: Note [Compiled models]
 
 
 # Note [Compiled models]
