@@ -15,7 +15,10 @@ often does: there the lazy device records a step while the daemon runs the one b
         [--phases] [--floor]
 
 `--floor` also times the step on tensors whose every op reaches a Python `__torch_dispatch__`
-that only makes its outputs (bare.py): the least any device written in Python can cost.
+that only makes its outputs (bare.py): the least any device written in Python can cost; and,
+in a child process beside eager steps there, on tensors whose ops reach a C++ fallback that
+only makes its outputs (`bare.py --cpp`, bare.cc): the least a device recording in C++ can
+cost.
 
 `--phases` also times the lazy device's step phase by phase (the batch moved to the device,
 zero_grad, forward and loss, backward, the optimizer step with its flush, the loss read),
@@ -152,6 +155,16 @@ def floor_round(args: argparse.Namespace, model: str) -> tuple[list[float], floa
     return times, (Bare.ops - before) / (args.steps + args.warmup)
 
 
+def cpp_floor_round(args: argparse.Namespace, model: str) -> dict:
+    """Steps of the model on tensors whose ops reach a C++ fallback and nothing else, beside
+    eager steps, in a child process (`bare.py --cpp`: it names PrivateUse1 otherwise)."""
+    cmd = [sys.executable, str(Path(__file__).with_name("bare.py")), "--cpp", "--models", model,
+           "--batch", str(args.batch), "--steps", str(args.steps), "--warmup",
+           str(args.warmup), "--threads", str(args.threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])[model]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="resnet,encoder")
@@ -187,6 +200,7 @@ def main() -> None:
     try:
         for model in args.models.split(","):
             eager, salus, lazy, eager_logged, lazy_logged, floor = [], [], [], [], [], []
+            cpp_floor, cpp_eager, cpp_ops = [], [], 0
             for _ in range(args.rounds):
                 every_step, logged = eager_times(args, model)
                 eager += every_step
@@ -194,6 +208,11 @@ def main() -> None:
                 if args.floor:
                     times, ops = floor_round(args, model)
                     floor += times
+                    if args.device == "cpu":
+                        child = cpp_floor_round(args, model)
+                        cpp_floor += child["cpp"]
+                        cpp_eager += child["eager"]
+                        cpp_ops = child["ops"]
                 step, data = make(model, args.batch)
                 with salus_torch.capture_step(step, endpoint=daemon.endpoint) as captured:
                     salus += timed(captured, data, args.steps, args.warmup)
@@ -220,6 +239,13 @@ def main() -> None:
                 print(f"  ops dispatched into Python and nothing else ({ops:.0f} per step, "
                       f"{f / ops * 1e6:.1f} us each): {f * 1e3:.2f} ms ({f / e:.2f}x eager)",
                       flush=True)
+            if cpp_floor:
+                c, ce = statistics.median(cpp_floor), statistics.median(cpp_eager)
+                results[model].update(cpp_floor_ms=c * 1e3, cpp_floor_eager_ms=ce * 1e3,
+                                      cpp_floor_ratio=c / ce, cpp_floor_ops=cpp_ops)
+                print(f"  ops reaching a C++ fallback and nothing else ({cpp_ops} per step, "
+                      f"{c / cpp_ops * 1e6:.1f} us each): {c * 1e3:.2f} ms ({c / ce:.2f}x eager "
+                      f"in its process, {ce * 1e3:.2f} ms)", flush=True)
             if args.phases:
                 phases = device_phases(model, args.batch, args.steps, args.warmup)
                 results[model]["device_phases_ms"] = phases
