@@ -356,6 +356,37 @@ def test_uint8_images_and_int32_labels_as_a_data_loader_gives_them(daemon: Daemo
         torch.nn.Linear(3, 2).to("salus").half()
 
 
+def test_host_tensors_copied_to_the_device_in_every_form(daemon: Daemon) -> None:
+    """Note [Host copies in one thread]: a copy into a device tensor's host value is numpy's
+    memcpy where dtype and shape agree, PyTorch's copy otherwise; each keeps the values."""
+    gen = torch.Generator().manual_seed(3)
+    images = torch.randn(8, 3, 16, 16, generator=gen)
+    sources = {
+        "batch": images,
+        "transposed": images.transpose(1, 3),
+        "sliced": images[:, 1],
+        "int64": torch.randint(-5, 5, (4, 7), generator=gen),
+        "bool": torch.rand(5, 3, generator=gen) > 0.5,
+        "requires grad": torch.randn(6, 2, generator=gen, requires_grad=True),
+    }
+    for name, h in sources.items():
+        d = h.to("salus")
+        assert d.shape == h.shape and d.dtype == h.dtype, name
+        assert torch.equal(d.cpu(), h.detach()), name
+        into = torch.empty(h.shape, dtype=h.dtype, device="salus")
+        into.copy_(h)
+        assert torch.equal(into.cpu(), h.detach()), name
+    converted = torch.empty(3, 4, device="salus").copy_(torch.arange(12.0).double().view(3, 4))
+    broadcast = torch.empty(2, 3, device="salus").copy_(torch.tensor([1.0, 2.0, 3.0]))
+    assert converted.cpu().tolist() == torch.arange(12.0).view(3, 4).tolist()
+    assert broadcast.cpu().tolist() == [[1.0, 2.0, 3.0]] * 2
+    # A batch copied in is a value of its own: changing the host tensor later leaves it.
+    x = images.clone()
+    d = x.to("salus")
+    x.zero_()
+    assert torch.equal(d.cpu(), images)
+
+
 def test_initialisation_in_place_runs_on_the_host_values(daemon: Daemon) -> None:
     """In-place ops on a device tensor's host value, from host values (an initialiser's
     `erfinv_` and `clamp_`, a hand-made rescale), run on the host at once, as does the QR of

@@ -816,7 +816,10 @@ class Runtime:
         host_args, host_kwargs = pytree.tree_map(
             lambda a: values[id(a)] if isinstance(a, SalusTensor) else _to_device(a, "cpu"),
             (args, kwargs))
-        out = func(*host_args, **host_kwargs)
+        out = _host_copy(*host_args) if func is aten.copy_.default and not host_kwargs \
+            else None
+        if out is None:
+            out = func(*host_args, **host_kwargs)
 
         def wrap(h: Any) -> Any:
             if not isinstance(h, torch.Tensor):
@@ -1495,6 +1498,30 @@ def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
     device="salus"), new_tensor and as_tensor copy their host tensor in that way."""
     runtime().dispatch(aten.copy_.default, (dst, src), {})
     return dst
+
+
+# Note [Host copies in one thread]
+# A batch moved to the device (`x.to("salus")`) is copied into its host value, once per step.
+# PyTorch copies a large tensor with its intra-op threads, and after that parallel region
+# OpenMP's worker spins, waiting for more work, for milliseconds: measured on the 2-core VM,
+# about 9 ms of a core per CNN step in a process that computes nothing else, taken from the
+# daemon's threads when its run overlaps the next step's recording, and from other jobs on a
+# shared host. The copy is a memcpy, done in this thread (numpy's copy); a copy numpy cannot
+# make (a dtype it lacks, shapes that broadcast) stays PyTorch's.
+def _host_copy(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False
+               ) -> torch.Tensor | None:
+    """copy_ between host tensors of one dtype and shape, in this thread (Note [Host copies in
+    one thread]); None where it is not such a copy."""
+    if type(dst) is not torch.Tensor or type(src) is not torch.Tensor or \
+            dst.dtype != src.dtype or dst.shape != src.shape or dst.dtype not in _NUMPY_DTYPES \
+            or dst.is_conj() or src.is_conj() or dst.is_neg() or src.is_neg():
+        return None
+    np.copyto(dst.detach().numpy(), src.detach().numpy())
+    return dst
+
+
+_NUMPY_DTYPES = frozenset({torch.float32, torch.float64, torch.int64, torch.int32,
+                           torch.int16, torch.int8, torch.uint8, torch.bool})
 
 
 # Note [Fused updates]
