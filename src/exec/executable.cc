@@ -412,28 +412,58 @@ void Executable::LayOutPersistent(const std::vector<bool>& needed) {
   }
 }
 
+// Note [Views share their buffer]
+// A reshape (Reshape, Flatten, Squeeze, Unsqueeze, Identity) of a lane value gives the same
+// bytes in the same order, and a lane value is written once, by the step that defines it: so
+// the reshape's output shares its input's buffer, and the reshape's kernel, seeing one
+// address on both sides, copies nothing. The shared buffer lives until the last read of
+// either, its readers are both's (what a swap of it must bring back in time), and it is fetched
+// if either is. A reshape of a persistent value (a parameter) still copies: the optimizer's
+// update writes that value in place, after which a view would read the new value.
+void Executable::FindViews() {
+  const Graph& g = graph_;
+  view_of_.assign(g.values().size(), kNoValue);
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const Node& n = g.nodes()[step_node_[s]];
+    if (n.op != "Reshape" && n.op != "Flatten" && n.op != "Squeeze" && n.op != "Unsqueeze" &&
+        n.op != "Identity" && n.op != "SalusReshape") {
+      continue;
+    }
+    const ValueId in = n.input(0), out = n.output(0);
+    if (in == kNoValue || out == kNoValue || g.value(in).persistent() ||
+        g.value(out).persistent() || g.value(in).bytes() != g.value(out).bytes()) {
+      continue;
+    }
+    view_of_[out] = BufferOf(in);
+  }
+}
+
 // Lane buffers (inputs, intermediates, each step's scratch) with their lifetimes and readers,
-// and each step's phase: what the memory planner and the swap planner plan.
+// and each step's phase: what the memory planner and the swap planner plan. A view is its
+// buffer's (Note [Views share their buffer]).
 void Executable::DescribeLane() {
   const Graph& g = graph_;
   const int num_steps = static_cast<int>(steps_.size());
+  FindViews();
   std::vector<int> first(g.values().size(), -2), last(g.values().size(), -2);
   std::vector<std::vector<int>> uses(g.values().size());
   for (ValueId id : input_ids_) first[id] = last[id] = -1;
   for (int s = 0; s < num_steps; ++s) {
     const Node& n = g.nodes()[step_node_[s]];
-    for (ValueId in : n.inputs) {
-      if (in == kNoValue || g.value(in).persistent()) continue;
+    for (ValueId read : n.inputs) {
+      if (read == kNoValue || g.value(read).persistent()) continue;
+      const ValueId in = BufferOf(read);
       last[in] = s;
       if (uses[in].empty() || uses[in].back() != s) uses[in].push_back(s);
     }
     for (ValueId o : n.outputs) {
-      if (o != kNoValue) first[o] = last[o] = s;
+      if (o != kNoValue && view_of_[o] == kNoValue) first[o] = last[o] = s;
     }
   }
   // Training swaps (Note [Swapping in the executable]); fetched values are read after the steps.
   std::vector<bool> swappable(g.values().size(), num_forward_nodes_ != SIZE_MAX);
-  for (ValueId id : fetch_ids_) {
+  for (ValueId fetched : fetch_ids_) {
+    const ValueId id = BufferOf(fetched);
     if (!g.value(id).persistent()) last[id] = num_steps;
     swappable[id] = false;
   }
@@ -522,6 +552,9 @@ void Executable::ApplySwapPoint(size_t i) {
       steps_[buffer_step_[b]]->scratch = l;
     }
   }
+  for (ValueId id = 0; id < static_cast<ValueId>(view_of_.size()); ++id) {
+    if (view_of_[id] != kNoValue) locations_[id] = locations_[view_of_[id]];
+  }
   BindSteps(point);
   ScheduleSwaps(point);
 }
@@ -545,7 +578,12 @@ void Executable::BindSteps(const SwapPoint& point) {
     for (size_t s = swap.in; s < steps_.size(); ++s) {
       const Node& n = g.nodes()[step_node_[s]];
       for (size_t j = 0; j < n.inputs.size(); ++j) {
-        if (n.inputs[j] == value) steps_[s]->inputs[j] = late;
+        if (BufferOf(n.inputs[j]) == value) steps_[s]->inputs[j] = late;
+      }
+      for (size_t j = 0; j < n.outputs.size(); ++j) {  // a view made after the swap back in
+        if (n.outputs[j] != kNoValue && view_of_[n.outputs[j]] == value) {
+          steps_[s]->outputs[j] = late;
+        }
       }
     }
   }

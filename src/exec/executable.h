@@ -217,6 +217,7 @@ class Executable {
   std::vector<bool> LiveNodes(std::vector<bool>* needed) const;
   Status CreateKernels(const std::vector<bool>& live, std::vector<int>* step_node);
   void LayOutPersistent(const std::vector<bool>& needed);
+  void FindViews();
   void DescribeLane();
   void EstimateStepTimes();
   void DescribeTensors();
@@ -265,7 +266,13 @@ class Executable {
   // them (values, then kernels' scratch), with each buffer's value or scratch step.
   SwapProblem lane_;
   std::vector<ValueId> buffer_value_;  // kNoValue for scratch
-  std::vector<int> buffer_step_;       // the step whose scratch it is; -1 for values
+  // Note [Views share their buffer]: per value, the lane value whose buffer it shares (the
+  // input of the reshapes that made it); kNoValue for a value with a buffer of its own.
+  std::vector<ValueId> view_of_;
+  ValueId BufferOf(ValueId id) const {
+    return id != kNoValue && view_of_[id] != kNoValue ? view_of_[id] : id;
+  }
+  std::vector<int> buffer_step_;  // the step whose scratch it is; -1 for values
   std::vector<SwapPoint> swap_points_;
   size_t swap_point_ = 0;
   uint64_t max_ephemeral_bytes_ = 0;

@@ -256,6 +256,51 @@ TEST(ExecutableTest, ConvReluFusionKeepsResults) {
   }
 }
 
+// Note [Views share their buffer]: a reshape of a lane value takes no lane bytes of its own
+// (E is that of the graph without it), and it and the value it views read the same bytes,
+// fetched or read by later steps.
+TEST(ExecutableTest, ReshapesOfLaneValuesShareTheirBuffer) {
+  auto build = [](bool views) {
+    ModelBuilder mb;
+    mb.Input("x", {64, 64});
+    mb.Node("Relu", {"x"}, {"r"});
+    if (views) {
+      mb.Node("Identity", {"r"}, {"v"});
+      auto& flat = mb.Node("Flatten", {"v"}, {"f"});
+      ModelBuilder::Attr(flat, "axis", int64_t{0});
+      mb.Node("Neg", {"r"}, {"n"});  // the viewed value read after its views
+      auto& flat_n = mb.Node("Flatten", {"n"}, {"nf"});
+      ModelBuilder::Attr(flat_n, "axis", int64_t{0});
+      mb.Node("Add", {"nf", "f"}, {"y"});
+      mb.Output("y", {1, 4096});
+    } else {
+      mb.Node("Neg", {"r"}, {"n"});
+      mb.Node("Add", {"n", "r"}, {"y"});
+      mb.Output("y", {64, 64});
+    }
+    return mb.Bytes();
+  };
+  auto with = Executable::Compile(build(true), {});
+  auto without = Executable::Compile(build(false), {});
+  ASSERT_TRUE(with.ok() && without.ok()) << with.status();
+  EXPECT_EQ((*with)->ephemeral_bytes(), (*without)->ephemeral_bytes());
+  CompileOptions fetched;
+  fetched.fetches = {"y", "v", "f", "r"};
+  auto all = Executable::Compile(build(true), fetched);
+  ASSERT_TRUE(all.ok()) << all.status();
+  HostTensor x = HostTensor::FromFloats({64, 64}, RandomFloats(4096, 11));
+  Memory m(**all);
+  auto out = RunHost(**all, m, {x});
+  ASSERT_TRUE(out.ok()) << out.status();
+  for (int64_t i = 0; i < 4096; ++i) {
+    const float r = std::max(x.floats()[i], 0.f);
+    ASSERT_EQ((*out)[3].floats()[i], r) << i;
+    ASSERT_EQ((*out)[1].floats()[i], r) << i;
+    ASSERT_EQ((*out)[2].floats()[i], r) << i;
+    ASSERT_EQ((*out)[0].floats()[i], 0.f) << i;
+  }
+}
+
 // convolution_transforms only widens a CUDA convolution's choice of algorithms: on the CPU the
 // executable is the same, byte for byte in its results.
 TEST(ExecutableTest, ConvolutionTransformsChangeNothingOnTheCpu) {
