@@ -45,7 +45,6 @@ struct Output {
 
 std::unordered_map<std::string, std::vector<Output>> memo;
 int64_t calls = 0;
-int64_t misses = 0;
 
 void Put(std::string& key, int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); }
 
@@ -217,7 +216,6 @@ void Fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (const c10::IValue& a : args) KeyOf(key, a);
   auto it = memo.find(key);
   if (it == memo.end()) {
-    ++misses;
     it = memo.emplace(std::move(key), Entry(op, args)).first;
   }
   torch::jit::Stack outs;
@@ -266,5 +264,4 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Dataless PrivateUse1 tensors whose ops only make their outputs, in C++";
   m.def("calls", [] { return calls; });
-  m.def("misses", [] { return misses; });
 }

@@ -1514,7 +1514,7 @@ def _host_copy(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False
     one thread]); None where it is not such a copy."""
     if type(dst) is not torch.Tensor or type(src) is not torch.Tensor or \
             dst.dtype != src.dtype or dst.shape != src.shape or dst.dtype not in _NUMPY_DTYPES \
-            or dst.is_conj() or src.is_conj() or dst.is_neg() or src.is_neg():
+            or dst.is_neg() or src.is_neg():  # (real dtypes: no conjugate bit to resolve)
         return None
     np.copyto(dst.detach().numpy(), src.detach().numpy())
     return dst
