@@ -3,8 +3,10 @@ device, checked step by step against the same loops run eagerly on the CPU."""
 
 from __future__ import annotations
 
+import gc
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -133,6 +135,68 @@ def test_steps_run_ahead_of_a_loop_that_reads_its_losses_later(daemon: Daemon) -
     assert_losses_match(results["salus"][0], results["cpu"][0])
     assert_state_match(results["salus"][1], results["cpu"][1], atol=3e-5)
     assert salus_torch.device.runtime().in_flight == 0
+
+
+def test_the_collector_pauses_only_while_a_recording_holds_ops(
+        daemon: Daemon, fresh_device: None) -> None:
+    """Note [The collector paused while recording]: Python's cycle collector is off from a
+    recording's first op to its flush (a step's end, a read) or the device's closing, and a
+    collector the program disabled itself stays disabled."""
+    assert gc.isenabled()
+    m, opt = make("resnet", "sgd", "salus")  # values on the host: nothing recorded
+    x, y = images(1, 4)[0]
+    assert gc.isenabled()
+    opt.zero_grad()
+    loss = F.cross_entropy(m(x.to("salus")), y.to("salus"))
+    assert not gc.isenabled()
+    loss.backward()
+    assert not gc.isenabled()  # (backward recorded on autograd's own thread)
+    opt.step()
+    assert gc.isenabled()
+    assert math.isfinite(loss.item())
+    d = torch.arange(6.0).to("salus")
+    gc.disable()
+    try:
+        assert (d * 2).sum().item() == 30.0
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    pending = d + 1
+    assert not gc.isenabled()
+    salus_torch.device.close()  # a recording never flushed
+    assert gc.isenabled()
+    del pending
+
+
+def test_a_detach_records_one_op_and_makes_a_tensor_of_its_own(
+        daemon: Daemon, fresh_device: None) -> None:
+    """Note [One detach, one dispatch]: `detach()` of a recorded value records one op; each
+    detach is a new tensor sharing its base's version counter, under inference mode too (where
+    a detach of a device tensor made outside it raised)."""
+    rt = salus_torch.device.runtime()
+    x = torch.arange(12.0).view(3, 4).to("salus")
+    y = x * 2
+    a = y.detach()
+    b = a.detach()
+    assert a is not y and b is not a and b is not y
+    assert [op.func for op in rt._seg.ops].count(torch.ops.aten.detach.default) == 2
+    before = y._version
+    b.mul_(1.0)
+    assert y._version == before + 1 == a._version
+    with torch.inference_mode():
+        c = y.detach()
+        d = c.detach()
+        made = x + 0.0  # an inference tensor: its detach is one call
+        f = made.detach()
+    assert c is not d and c is not y and f is not made
+    assert not c.is_inference() and made.is_inference()
+    assert torch.equal(f.cpu(), torch.arange(12.0).view(3, 4))
+    with torch.no_grad():
+        e = b.detach()
+    assert e is not b
+    want = (torch.arange(12.0) * 2).view(3, 4)
+    for t in (y, a, b, c, d, e):
+        assert torch.equal(t.cpu(), want)
 
 
 def test_an_iteration_that_fails_in_flight_reports_once_and_the_device_goes_on(
