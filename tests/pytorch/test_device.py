@@ -85,6 +85,31 @@ def test_unmodified_loop_matches_eager(daemon: Daemon, model: str, optimizer: st
     assert len(rt.sessions) <= 3
 
 
+@pytest.mark.parametrize("model,optimizer", [("resnet", "sgd"), ("encoder", "adam")])
+def test_known_ops_record_what_the_general_path_records(
+        daemon: Daemon, fresh_device: None, model: str, optimizer: str) -> None:
+    """Note [Known ops]: a steady step recorded from the memo (convolution and BatchNorm
+    backwards with their output masks, detaches, fused updates) leaves the same plan key as
+    the same step recorded through the general path alone."""
+    m, opt = make(model, optimizer, "salus")
+    rt = salus_torch.device.runtime()
+    batch = (images(1, 4) if model == "resnet" else sentences(1, 1))[0]
+    sigs = []
+    flush = rt.flush
+
+    def keep_sig() -> None:
+        if rt._seg.ops:
+            sigs.append(list(rt._seg.sig))
+        flush()
+
+    rt.flush = keep_sig
+    for general in (False, False, False, True):
+        if general:
+            rt._known_entry = lambda func, args: None
+        train(m, opt, "salus", [batch])
+    assert len(sigs) == 4 and sigs[2] == sigs[3]
+
+
 def test_an_optimizer_made_before_the_move_keeps_the_parameters(daemon: Daemon) -> None:
     """As with CUDA, `model.to("salus")` keeps each parameter object, so an optimizer built
     first still updates the model."""

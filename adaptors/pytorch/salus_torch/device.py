@@ -660,7 +660,7 @@ class Runtime:
                 keys.append(a)
             elif kind is list or kind is tuple:
                 for e in a:
-                    if type(e) is not int:
+                    if type(e) is not int and type(e) is not bool:  # (sizes, output masks)
                         return None
                 rargs.append(kind(a))
                 keys.append(tuple(a))
@@ -708,7 +708,12 @@ class Runtime:
         op = _Op(func, rargs, {}, [])
         template = entry[0]
         outs: list = []
-        for k, (_, meta) in enumerate((template,) if template[0] == "new" else template):
+        for k, m in enumerate((template,) if template[0] == "new" else template):
+            if m is None:  # (a gradient the output mask leaves out)
+                op.outs.append(None)
+                outs.append(None)
+                continue
+            meta = m[1]
             if wrapped:
                 t = SalusTensor(meta, _Loc())
                 seg.producer[t._uid] = (op, k)
@@ -729,7 +734,7 @@ class Runtime:
         seg.ops.append(op)
         pos = seg.pos
         seg.sig.append((key, tuple([pos[t._uid] for t in tensors]),
-                        tuple([pos[u] for u in op.outs])))
+                        tuple([-1 if u is None else pos[u] for u in op.outs])))
         return outs
 
     def _record_copy(self, dst: SalusTensor, src: SalusTensor) -> None:
@@ -1328,13 +1333,15 @@ def _is_written(t: SalusTensor, args: tuple, kwargs: dict,
 
 
 # Note [Known ops]
-# Most ops a step records take only tensors, numbers and lists of ints as positional arguments,
-# write nothing and make new tensors: views, matmuls, elementwise ops and their gradients,
-# most of the ops of a step. Once _record has seen such an op on given shapes, its memo entry
-# says so, and later calls are recorded from the entry directly (_record_known): the same op,
-# arguments, outputs and plan-key entry, without the general scan, the checks the entry already
-# answered, and the template walk. Anything else (keywords, lifted scalars, writes, host
-# dtypes, layout hints, host copies, lists of tensors) takes the general path.
+# Most ops a step records take only tensors, numbers and lists of ints (sizes, dims) or bools
+# (output masks) as positional arguments, write nothing and make new tensors (or None where an
+# output mask leaves a gradient out): views, matmuls, elementwise ops and their gradients, the
+# convolution and BatchNorm backwards, most of the ops of a step. Once _record has seen such an
+# op on given shapes, its memo entry says so, and later calls are recorded from the entry
+# directly (_record_known): the same op, arguments, outputs and plan-key entry, without the
+# general scan, the checks the entry already answered, and the template walk. Anything else
+# (keywords, lifted scalars, writes, host dtypes, layout hints, host copies, lists of tensors)
+# takes the general path.
 _PLAIN = frozenset({int, float, bool, type(None), str, torch.dtype})
 
 
@@ -1354,13 +1361,13 @@ def _knowable(func: Any) -> bool:
 
 def _known(func: Any, template: Any) -> bool:
     """Whether calls of `func` with this output template may be recorded by _record_known:
-    _knowable, and it makes only new tensors."""
+    _knowable, and it makes only new tensors (None where an output mask leaves one out)."""
     if not _knowable(func):
         return False
     if type(template) is tuple and template and template[0] == "new":
         return True
     return type(template) in (tuple, list) and len(template) > 0 and all(
-        type(m) is tuple and len(m) == 2 and m[0] == "new" for m in template)
+        m is None or (type(m) is tuple and len(m) == 2 and m[0] == "new") for m in template)
 
 
 def _gone() -> None:
