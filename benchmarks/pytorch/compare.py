@@ -7,7 +7,8 @@ times on the lazy `salus` device (the model moved there, each batch moved there 
 against a salus-server this script starts, alternating rounds, with the same number of threads
 on both sides (torch.set_num_threads and the daemon's OMP_NUM_THREADS). The first `--warmup`
 steps of each run (tracing, compiling, first writes of the state) are dropped. Prints the
-medians and their ratios to eager and writes them as JSON. Eager and the lazy device also run
+medians and their ratios to eager (and the means of the steps that read the loss every step)
+and writes them as JSON. Eager and the lazy device also run
 a loop that reads the loss only every `--log-every` steps (10), as a loop that logs every so
 often does: there the lazy device records a step while the daemon runs the one before.
 
@@ -22,7 +23,8 @@ cost.
 
 `--phases` also times the lazy device's step phase by phase (the batch moved to the device,
 zero_grad, forward and loss, backward, the optimizer step with its flush, the loss read),
-beside the daemon's own run time of the step's iterations.
+beside the daemon's own run time of the step's iterations and this process's CPU time for the
+phases before the loss read (steadier than their wall time on a shared machine).
 
 On a GPU, `--device cuda:0` runs the daemon on that device and the eager baseline on PyTorch's
 same CUDA device; capture_step and the lazy device are unchanged (their batches start on the
@@ -82,10 +84,12 @@ def device_phases(model: str, batch: int, steps: int, warmup: int) -> dict[str, 
     run time of the step's iterations (IterationStats.run_us) beside them."""
     import salus_torch
     m, opt, data = build(model, batch, "salus")
-    times: dict[str, list[float]] = {p: [] for p in (*PHASES, "daemon run")}
+    times: dict[str, list[float]] = {p: [] for p in (*PHASES, "daemon run",
+                                                     "recording cpu")}
     for i in range(steps + warmup):
         before = {id(s): s.last_stats for s in salus_torch.device.runtime().sessions}
         t = [time.perf_counter()]
+        cpu = time.process_time()  # (this process's CPU: recording, flush, and autograd)
         x, y = data[0].to("salus"), data[1].to("salus")
         t.append(time.perf_counter())
         opt.zero_grad()
@@ -96,6 +100,7 @@ def device_phases(model: str, batch: int, steps: int, warmup: int) -> dict[str, 
         t.append(time.perf_counter())
         opt.step()
         t.append(time.perf_counter())
+        cpu = time.process_time() - cpu
         float(loss)
         t.append(time.perf_counter())
         if i < warmup:
@@ -105,6 +110,7 @@ def device_phases(model: str, batch: int, steps: int, warmup: int) -> dict[str, 
         ran = [s.last_stats.run_us for s in salus_torch.device.runtime().sessions
                if s.last_stats is not None and s.last_stats is not before.get(id(s))]
         times["daemon run"].append(sum(ran) / 1e3)
+        times["recording cpu"].append(cpu * 1e3)
     salus_torch.device.close()
     return {p: statistics.median(v) for p, v in times.items()}
 
@@ -233,6 +239,13 @@ def main() -> None:
                   f"({len(eager)} steps each)", flush=True)
             print(f"  loss read every {args.log_every} steps: eager {el * 1e3:.2f} ms, salus "
                   f"device {zl * 1e3:.2f} ms ({zl / el:.2f}x)", flush=True)
+            # (Means as well: what a job's length follows, pauses included, such as a
+            # collection of Python's cycle collector in one step of forty.)
+            em, zm = statistics.mean(eager), statistics.mean(lazy)
+            results[model].update(eager_mean_ms=em * 1e3, device_mean_ms=zm * 1e3,
+                                  device_mean_ratio=zm / em)
+            print(f"  means, loss read every step: eager {em * 1e3:.2f} ms, salus device "
+                  f"{zm * 1e3:.2f} ms ({zm / em:.2f}x)", flush=True)
             if floor:
                 f = statistics.median(floor)
                 results[model].update(floor_ms=f * 1e3, floor_ratio=f / e, floor_ops=ops)

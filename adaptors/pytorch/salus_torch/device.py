@@ -428,6 +428,7 @@ class Runtime:
         self._collected_at = float("-inf")
         self._collect_cost = 0.0
         self._metas: dict[tuple, tuple] = {}  # (template, the op to record) per key
+        self._kids: dict[tuple, int] = {}  # memo keys numbered (Runtime._kid)
         self._rng_seed: int | None = None
         self._rng_offset = 0
         self._inflight: _Inflight | None = None
@@ -587,10 +588,10 @@ class Runtime:
             entry = (template, _functional_of(func) if _reshapes(template) else func,
                      _odd_dtype(template))
             entry += (entry[1] is func and entry[2] is None and not kwargs and
-                      _known(func, template),)
+                      _known(func, template), None if key is None else self._kid(key))
             if key is not None:
                 self._metas[key] = entry
-        template, recorded, odd, _ = entry
+        template, recorded, odd, _, kid = entry
         if odd is not None:  # Note [Host dtypes]
             return self._on_host_values(func, args, kwargs, tensors, odd)
         if (template == ("arg", 0) or func in _HOST_COPIES) and tensors and args and \
@@ -635,7 +636,7 @@ class Runtime:
             self._pause_collector()
         seg.ops.append(op)
         pos = seg.pos
-        seg.sig.append((key if key is not None else (func, _canon((op.args, op.kwargs), pos)),
+        seg.sig.append((kid if kid is not None else (func, _canon((op.args, op.kwargs), pos)),
                         tuple([pos[t._uid] for t in tensors]),
                         tuple([-1 if u is None else pos[u] for u in op.outs])))
         return out
@@ -733,7 +734,7 @@ class Runtime:
             self._pause_collector()
         seg.ops.append(op)
         pos = seg.pos
-        seg.sig.append((key, tuple([pos[t._uid] for t in tensors]),
+        seg.sig.append((entry[4], tuple([pos[t._uid] for t in tensors]),
                         tuple([-1 if u is None else pos[u] for u in op.outs])))
         return outs
 
@@ -754,8 +755,15 @@ class Runtime:
             self._pause_collector()
         seg.ops.append(_Op(_COPY, (_Ref(dst._uid), _Ref(src)), {}, [dst._uid]))
         pos = seg.pos
-        seg.sig.append(((_COPY_ID, (dst._key, src_key), ()), (pos[dst._uid], pos[src]),
-                        (pos[dst._uid],)))
+        seg.sig.append((self._kid((_COPY_ID, (dst._key, src_key), ())),
+                        (pos[dst._uid], pos[src]), (pos[dst._uid],)))
+
+    def _kid(self, key: tuple) -> int:
+        """Note [Plans]: the number standing for an op's memo key in plan keys."""
+        kid = self._kids.get(key)
+        if kid is None:
+            kid = self._kids[key] = len(self._kids)
+        return kid
 
     def _mutate(self, uid: int) -> None:
         """Notes a write into `uid`, and into what it is a view of when a view op of this
@@ -1034,7 +1042,10 @@ class Runtime:
         # tensors kept) is the same graph: no tracing, no serializing, no hashing.
         role = dict.fromkeys(state_in, "S") | dict.fromkeys(fed, "F") | \
             dict.fromkeys(write, "W") | dict.fromkeys(fetch, "O")
-        # (Each op's entry holds its arguments' shapes, so a tensor's role is all that is left.)
+        # (Each op's entry holds its arguments' shapes, so a tensor's role is all that is left.
+        # An entry names its op and shapes by the number of their memo key, so that the key
+        # of an encoder step, about 1,200 entries, hashes and compares as small tuples: nested
+        # keys made this lookup about 1.5 ms of the flush.)
         key = (tuple(seg.sig), "".join(role.get(u, "-") for u in seg.order),
                tuple(sorted((seg.pos[a], seg.pos[u]) for a, u in seg.alias.items())))
         plan = self._plans.get(key)
