@@ -89,7 +89,7 @@ def device_phases(model: str, batch: int, steps: int, warmup: int) -> dict[str, 
     for i in range(steps + warmup):
         before = {id(s): s.last_stats for s in salus_torch.device.runtime().sessions}
         t = [time.perf_counter()]
-        cpu = time.process_time()  # (this process's CPU: recording, flush, and autograd)
+        cpu0 = time.process_time()  # (this process's CPU: recording, flush, and autograd)
         x, y = data[0].to("salus"), data[1].to("salus")
         t.append(time.perf_counter())
         opt.zero_grad()
@@ -100,7 +100,7 @@ def device_phases(model: str, batch: int, steps: int, warmup: int) -> dict[str, 
         t.append(time.perf_counter())
         opt.step()
         t.append(time.perf_counter())
-        cpu = time.process_time() - cpu
+        cpu = time.process_time() - cpu0
         float(loss)
         t.append(time.perf_counter())
         if i < warmup:

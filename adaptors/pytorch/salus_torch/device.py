@@ -632,9 +632,7 @@ class Runtime:
             return t
 
         out = _map_out(wrap, template)
-        if not seg.ops:
-            self._pause_collector()
-        seg.ops.append(op)
+        self._add_op(seg, op)
         pos = seg.pos
         seg.sig.append((kid if kid is not None else (func, _canon((op.args, op.kwargs), pos)),
                         tuple([pos[t._uid] for t in tensors]),
@@ -642,9 +640,9 @@ class Runtime:
         return out
 
     def _known_entry(self, func: Any, args: tuple) -> tuple | None:
-        """Note [Known ops]: (its memo entry, its plan key, its tensors, its arguments as
-        recorded) for `func` on positional arguments, when its entry allows recording it
-        from there; None otherwise."""
+        """Note [Known ops]: (its memo entry, its tensors, its arguments as recorded) for
+        `func` on positional arguments, when its entry allows recording it from there; None
+        otherwise."""
         tensors: list[SalusTensor] = []
         rargs: list[Any] = []
         keys: list[Any] = []
@@ -667,11 +665,10 @@ class Runtime:
                 keys.append(tuple(a))
             else:
                 return None
-        key = (id(func), tuple(keys), ())
-        entry = self._metas.get(key)
+        entry = self._metas.get((id(func), tuple(keys), ()))
         if entry is None or not entry[3]:
             return None
-        return entry, key, tensors, tuple(rargs)
+        return entry, tensors, tuple(rargs)
 
     def _record_known(self, func: Any, args: tuple) -> Any:
         """_record of `func` from its memo entry (Note [Known ops]), or NotImplemented."""
@@ -702,7 +699,7 @@ class Runtime:
     def _record_from(self, func: Any, known: tuple, wrapped: bool) -> list:
         """Records `func` from what _known_entry found: its results as new tensors
         (`wrapped`), or, read by nothing outside the recording, as uids alone."""
-        entry, key, tensors, rargs = known
+        entry, tensors, rargs = known
         for t in tensors:
             self._use(t)
         seg = self._seg
@@ -730,9 +727,7 @@ class Runtime:
                 seg.metas[u] = meta
                 outs.append(u)
             op.outs.append(u)
-        if not seg.ops:
-            self._pause_collector()
-        seg.ops.append(op)
+        self._add_op(seg, op)
         pos = seg.pos
         seg.sig.append((entry[4], tuple([pos[t._uid] for t in tensors]),
                         tuple([-1 if u is None else pos[u] for u in op.outs])))
@@ -751,9 +746,7 @@ class Runtime:
         seg = self._seg
         self._use(dst)
         self._mutate(dst._uid)
-        if not seg.ops:
-            self._pause_collector()
-        seg.ops.append(_Op(_COPY, (_Ref(dst._uid), _Ref(src)), {}, [dst._uid]))
+        self._add_op(seg, _Op(_COPY, (_Ref(dst._uid), _Ref(src)), {}, [dst._uid]))
         pos = seg.pos
         seg.sig.append((self._kid((_COPY_ID, (dst._key, src_key), ())),
                         (pos[dst._uid], pos[src]), (pos[dst._uid],)))
@@ -982,11 +975,13 @@ class Runtime:
                 del seg  # (freed before the collector runs again, never promoted by it)
                 self._resume_collector()
 
-    def _pause_collector(self) -> None:
-        """Note [The collector paused while recording]: at a recording's first op."""
-        if not self._collector_paused and gc.isenabled():
+    def _add_op(self, seg: _Segment, op: _Op) -> None:
+        """Appends `op` to the recording; its first op pauses the collector (Note [The
+        collector paused while recording])."""
+        if not seg.ops and not self._collector_paused and gc.isenabled():
             gc.disable()
             self._collector_paused = True
+        seg.ops.append(op)
 
     def _resume_collector(self) -> None:
         if self._collector_paused:
