@@ -63,6 +63,28 @@ function(salus_cc_test)
   set_target_properties(${A_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   add_test(NAME ${A_NAME} COMMAND ${A_NAME})
   set_tests_properties(${A_NAME} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT})
+  salus_label_target(${A_NAME} ${A_LABELS})
+endfunction()
+
+# salus_label_target(target label...): the tests labelled so run `target`. Every label gets a
+# target tests-<label> (salus_label_targets) that builds what its tests run and nothing more:
+# the sanitizer builds of scripts/test compile only what their tests need.
+function(salus_label_target target)
+  foreach(label ${ARGN})
+    set_property(GLOBAL APPEND PROPERTY SALUS_TEST_LABELS ${label})
+    set_property(GLOBAL APPEND PROPERTY SALUS_LABEL_TARGETS_${label} ${target})
+  endforeach()
+endfunction()
+
+# Called once, after every test is defined.
+function(salus_label_targets)
+  get_property(labels GLOBAL PROPERTY SALUS_TEST_LABELS)
+  list(REMOVE_DUPLICATES labels)
+  foreach(label ${labels})
+    get_property(targets GLOBAL PROPERTY SALUS_LABEL_TARGETS_${label})
+    add_custom_target(tests-${label})
+    add_dependencies(tests-${label} ${targets})
+  endforeach()
 endfunction()
 
 # salus_cc_benchmark(NAME mem_bench SRCS mem_bench.cc DEPS salus::mem)
