@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "exec/graph_builder.h"
+#include "exec/window.h"
 #include "salus/v1/aten_graph.pb.h"
 
 namespace salus::exec {
@@ -384,6 +385,8 @@ class Lowerer {
                                        std::map<std::string, Attribute> attrs,
                                        const std::function<bool(int)>& wanted);
   Status MaxPool();
+  StatusOr<ValueId> MaxPoolOf(ValueId x, std::map<std::string, Attribute> attrs);
+  StatusOr<ValueId> PoolTaps(const std::string& forward);
   Status MaxPoolBackward();
   Status AvgPool();
   Status AvgPoolBackward();
@@ -485,9 +488,10 @@ class Lowerer {
   const v1::AtenNode* node_ = nullptr;
   int index_ = 0;
   std::string name_;  // the operator's name without "aten." and the overload
-  // max_pool2d_with_indices' indices: only the matching backward may use them; it recomputes
-  // the window's maximum from the input instead.
-  std::set<int> pool_indices_;
+  // max_pool2d_with_indices' indices: only the matching backward may use them, and it reads
+  // the engine's taps in their place (SalusMaxPool's second output, Note [Pooling taps] in
+  // cpu_kernel_helpers.h). By the indices' value in the ATen graph.
+  std::map<int, ValueId> pool_taps_;
   std::set<int> written_;  // state values a copy_ wrote
   // Results of `empty`: made (as zeros) only if a node reads them; bernoulli reads only the
   // shape.
@@ -762,7 +766,7 @@ StatusOr<Graph> Lowerer::Run() {
     }
     SALUS_RETURN_IF_ERROR((this->*Table().at(node_->op()))());
     for (int o : node_->outputs()) {
-      if (o >= 0 && ids_[o] == kNoValue && pool_indices_.count(o) == 0 && empties_.count(o) == 0) {
+      if (o >= 0 && ids_[o] == kNoValue && pool_taps_.count(o) == 0 && empties_.count(o) == 0) {
         return InternalError(fmt::format("{} (node {}): result '{}' was not made", node_->op(),
                                          index_, ag_.values(o).name()));
       }
@@ -2595,19 +2599,49 @@ Status Lowerer::MaxPool() {
       {"strides", IntsAttr(stride)},
       {"pads", IntsAttr({padding[0], padding[1], padding[0], padding[1]})},
       {"ceil_mode", IntAttr(ceil ? 1 : 0)}};
-  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("MaxPool", {x}, attrs));
-  SALUS_RETURN_IF_ERROR(Bind(0, y));
-  if (Outputs() > 1 && node_->outputs(1) >= 0) pool_indices_.insert(node_->outputs(1));
-  return OkStatus();
+  SALUS_ASSIGN_OR_RETURN(ValueId y, MaxPoolOf(x, std::move(attrs)));
+  return Bind(0, y);
 }
 
-// The window's first maximum gets the gradient, as PyTorch's indices say; the engine finds it
-// again from the input instead of reading the indices.
-Status Lowerer::MaxPoolBackward() {
+// MaxPool of x; SalusMaxPool, its taps kept for the backward, when the graph uses the indices.
+StatusOr<ValueId> Lowerer::MaxPoolOf(ValueId x, std::map<std::string, Attribute> attrs) {
+  if (Outputs() < 2 || node_->outputs(1) < 0) return Emit("MaxPool", {x}, std::move(attrs));
+  Node probe;
+  probe.op = "MaxPool";
+  probe.attrs = attrs;
+  const Shape xs = S(x);
+  if (xs.size() != 4) return Refuse("max pooling of a tensor that is not 4-D");
+  SALUS_ASSIGN_OR_RETURN(Window win,
+                         ComputeWindow(probe, {xs[2], xs[3]}, probe.GetInts("kernel_shape"),
+                                       probe.GetInt("ceil_mode", 0) != 0));
+  const Shape ys = {xs[0], xs[1], win.out[0], win.out[1]};
+  Node n;
+  n.op = "SalusMaxPool";
+  n.name = NodeName();
+  n.inputs = {x};
+  n.attrs = std::move(attrs);
+  n.outputs = {NewValue(n.name, ys), NewValue(n.name, ys)};
+  graph_.value(n.outputs[0]).type = DataType::kFloat32;
+  graph_.value(n.outputs[1]).type = DataType::kInt64;
+  const std::vector<ValueId> outs = n.outputs;
+  SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
+  pool_taps_[node_->outputs(1)] = outs[1];
+  return outs[0];
+}
+
+// The taps of the max pooling whose indices argument `indices` names.
+StatusOr<ValueId> Lowerer::PoolTaps(const std::string& forward) {
   SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* ind, Arg("indices"));
-  if (ind->kind_case() != v1::AtenArgument::kValue || pool_indices_.count(ind->value()) == 0) {
-    return Refuse("indices that are not a max_pool2d_with_indices result");
-  }
+  auto it = ind->kind_case() == v1::AtenArgument::kValue ? pool_taps_.find(ind->value())
+                                                         : pool_taps_.end();
+  if (it == pool_taps_.end()) return Refuse("indices that are not " + forward + " result");
+  return it->second;
+}
+
+// The window's first maximum gets the gradient, as PyTorch's indices say; the engine reads
+// its own taps of that maximum in their place.
+Status Lowerer::MaxPoolBackward() {
+  SALUS_ASSIGN_OR_RETURN(ValueId taps, PoolTaps("a max_pool2d_with_indices"));
   SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> kernel, Ints("kernel_size"));
@@ -2626,8 +2660,8 @@ Status Lowerer::MaxPoolBackward() {
       {"ceil_mode", IntAttr(ceil ? 1 : 0)},
       {"forward_op", StringAttr("MaxPool")},
       {"opset", IntAttr(kAtenOpset)}};
-  SALUS_ASSIGN_OR_RETURN(ValueId dx,
-                         EmitShaped("SalusPoolGrad", {x, dy}, attrs, DataType::kFloat32, S(x)));
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId dx, EmitShaped("SalusPoolGrad", {x, dy, taps}, attrs, DataType::kFloat32, S(x)));
   return Bind(0, dx);
 }
 
@@ -2709,7 +2743,7 @@ StatusOr<std::map<std::string, Attribute>> AdaptiveWindows(const Shape& xs, cons
 }  // namespace
 
 // Both adaptive poolings: the engine's AveragePool or MaxPool (whose indices, as
-// max_pool2d_with_indices', only the matching backward may use).
+// max_pool2d_with_indices', only the matching backward may use, through the taps).
 Status Lowerer::AdaptivePool() {
   const bool max = node_->op() == "aten.adaptive_max_pool2d.default";
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
@@ -2721,19 +2755,16 @@ Status Lowerer::AdaptivePool() {
     return Bind(0, y);
   }
   if (!attrs.ok()) return Refuse(std::string(attrs.status().message()));
-  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit(max ? "MaxPool" : "AveragePool", {x}, *attrs));
-  SALUS_RETURN_IF_ERROR(Bind(0, y));
-  if (max && Outputs() > 1 && node_->outputs(1) >= 0) pool_indices_.insert(node_->outputs(1));
-  return OkStatus();
+  SALUS_ASSIGN_OR_RETURN(ValueId y,
+                         max ? MaxPoolOf(x, *std::move(attrs)) : Emit("AveragePool", {x}, *attrs));
+  return Bind(0, y);
 }
 
 Status Lowerer::AdaptivePoolBackward() {
   const bool max = node_->op() == "aten.adaptive_max_pool2d_backward.default";
+  ValueId taps = kNoValue;
   if (max) {
-    SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* ind, Arg("indices"));
-    if (ind->kind_case() != v1::AtenArgument::kValue || pool_indices_.count(ind->value()) == 0) {
-      return Refuse("indices that are not an adaptive_max_pool2d result");
-    }
+    SALUS_ASSIGN_OR_RETURN(taps, PoolTaps("an adaptive_max_pool2d"));
   }
   SALUS_ASSIGN_OR_RETURN(ValueId dy, Tensor("grad_output"));
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
@@ -2746,8 +2777,10 @@ Status Lowerer::AdaptivePoolBackward() {
   if (!attrs.ok()) return Refuse(std::string(attrs.status().message()));
   (*attrs)["forward_op"] = StringAttr(max ? "MaxPool" : "AveragePool");
   (*attrs)["opset"] = IntAttr(kAtenOpset);
-  SALUS_ASSIGN_OR_RETURN(ValueId dx,
-                         EmitShaped("SalusPoolGrad", {x, dy}, *attrs, DataType::kFloat32, S(x)));
+  std::vector<ValueId> inputs = {x, dy};
+  if (max) inputs.push_back(taps);
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId dx, EmitShaped("SalusPoolGrad", std::move(inputs), *attrs, DataType::kFloat32, S(x)));
   return Bind(0, dx);
 }
 

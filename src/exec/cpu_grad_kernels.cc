@@ -133,7 +133,9 @@ KernelOr ConvGradWeights(const Node& n, const Graph& g) {
   return std::unique_ptr<Kernel>(std::move(k));
 }
 
-// Inputs (X, dY); output dX. Max pooling recomputes its workspace with the forward primitive.
+// Inputs (X, dY, optional Taps); output dX. Max pooling reads oneDNN's workspace from Taps
+// (SalusMaxPool's, Note [Pooling taps] in cpu_kernel_helpers.h) or, without them, runs the
+// forward primitive again for it.
 KernelOr PoolGrad(const Node& n, const Graph& g) {
   SALUS_ASSIGN_OR_RETURN(PoolSpec p,
                          PoolFor(n, g.value(n.inputs[0]).shape, n.GetString("forward_op", "")));
@@ -149,7 +151,15 @@ KernelOr PoolGrad(const Node& n, const Graph& g) {
       UserScratchpad(), CpuEngine(), fwd);
   auto k = std::make_unique<DnnlKernel>();
   std::vector<DnnlKernel::Binding> bind;
-  if (p.alg == algorithm::pooling_max) {
+  const ValueId taps = n.input(2);
+  if (taps != kNoValue &&
+      (p.alg != algorithm::pooling_max || g.value(taps).type != DataType::kInt64 ||
+       g.value(taps).shape != g.value(n.inputs[1]).shape)) {
+    return InvalidArgumentError(n.Describe() + ": taps of a pooling that is not SalusMaxPool's");
+  }
+  if (taps != kNoValue && WorkspaceFitsTaps(fwd.workspace_desc(), g.value(taps).shape)) {
+    bind.push_back({DNNL_ARG_WORKSPACE, fwd.workspace_desc(), Slot::In(2)});
+  } else if (p.alg == algorithm::pooling_max) {
     // The forward again, for the workspace that says where each window's maximum was.
     auto ws = fwd.workspace_desc();
     const size_t ws_off = k->AddTemp(ws.get_size());

@@ -19,13 +19,18 @@ Status RequireFloat(const Node& n, const Graph& g, std::initializer_list<size_t>
     }
     return OkStatus();
   };
+  // Pooling taps are int64 (Note [Pooling taps]); the kernels check them.
+  const bool taps = n.op == "SalusPoolGrad" || n.op == "SalusMaxPool";
   if (inputs.size() == 0) {
-    for (ValueId id : n.inputs) SALUS_RETURN_IF_ERROR(check(id));
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (taps && i == 2) continue;
+      SALUS_RETURN_IF_ERROR(check(n.inputs[i]));
+    }
   } else {
     for (size_t i : inputs) SALUS_RETURN_IF_ERROR(check(n.input(i)));
   }
   for (size_t i = 0; i < n.outputs.size(); ++i) {
-    if (n.op == "Dropout" && i == 1) continue;
+    if ((n.op == "Dropout" || taps) && i == 1) continue;
     SALUS_RETURN_IF_ERROR(check(n.outputs[i]));
   }
   return OkStatus();
@@ -217,6 +222,11 @@ StatusOr<PoolSpec> PoolFor(const Node& n, const Shape& xs, const std::string& op
   p.src = PlainDesc(xs);
   p.dst = PlainDesc(out);
   return p;
+}
+
+bool WorkspaceFitsTaps(const dnnl::memory::desc& workspace, const Shape& y) {
+  const int64_t elements = NumElements(y);
+  return elements > 0 && workspace.get_size() <= static_cast<size_t>(elements) * sizeof(int64_t);
 }
 
 void DepthToSpaceMap(const Shape& x, int64_t b, bool dcr,

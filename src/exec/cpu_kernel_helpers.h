@@ -63,6 +63,15 @@ StatusOr<PoolSpec> PoolFor(const Node& n, const Shape& xs, const std::string& op
 // reordered around it (the reorders are JIT kernels as well). The layout for `plain`:
 dnnl::memory::desc PoolLayout(const dnnl::memory::desc& plain);
 
+// Note [Pooling taps]: SalusMaxPool's second output, Taps (int64, Y's shape), is what the
+// device's SalusPoolGrad reads instead of finding each window's maximum again; its contents
+// are the device's own and nothing else reads them. On the CPU it holds oneDNN's max-pooling
+// workspace (a byte or an int per output element, in Y's blocked layout) when that fits in
+// Taps' bytes; when it does not (an s32 workspace over a few channels padded to a block), the
+// forward leaves Taps unwritten and the gradient runs the forward again, as SalusPoolGrad
+// without Taps does. Both kernels decide from the same primitive descriptor, so they agree.
+bool WorkspaceFitsTaps(const dnnl::memory::desc& workspace, const Shape& y);
+
 // Calls fn(input offset, output offset) for every element of DepthToSpace over x (NCHW), in
 // input order; the offsets are element_math.h's DepthToSpaceTarget.
 void DepthToSpaceMap(const Shape& x, int64_t block, bool dcr,

@@ -315,9 +315,17 @@ KernelOr ConvTranspose(const Node& n, const Graph& g) {
   return std::unique_ptr<Kernel>(std::move(k));
 }
 
+// MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool; and SalusMaxPool, MaxPool with its
+// workspace in output Taps (Note [Pooling taps] in cpu_kernel_helpers.h).
 KernelOr Pool(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  SALUS_ASSIGN_OR_RETURN(PoolSpec p, PoolFor(n, g.value(n.inputs[0]).shape, n.op));
+  const bool taps = n.op == "SalusMaxPool";
+  if (taps && (n.output(1) == kNoValue || g.value(n.output(1)).type != DataType::kInt64 ||
+               g.value(n.output(1)).shape != g.value(n.outputs[0]).shape)) {
+    return InvalidArgumentError(n.Describe() + ": Taps must have the output's shape");
+  }
+  SALUS_ASSIGN_OR_RETURN(PoolSpec p,
+                         PoolFor(n, g.value(n.inputs[0]).shape, taps ? "MaxPool" : n.op));
   // Note [Blocked pooling] in cpu_kernel_helpers.h.
   const dnnl::memory::desc src = PoolLayout(p.src), dst = PoolLayout(p.dst);
   dnnl::pooling_v2_forward::desc d(prop_kind::forward_training, p.alg, src, dst, p.strides,
@@ -328,8 +336,11 @@ KernelOr Pool(const Node& n, const Graph& g) {
                                            k->Output(DNNL_ARG_DST, p.dst, dst, Slot::Out(0))};
   if (p.alg == algorithm::pooling_max) {
     auto ws = pd.workspace_desc();
-    if (ws.get_size() > 0)
+    if (taps && WorkspaceFitsTaps(ws, g.value(n.outputs[1]).shape)) {
+      bind.push_back({DNNL_ARG_WORKSPACE, ws, Slot::Out(1)});
+    } else if (ws.get_size() > 0) {
       bind.push_back({DNNL_ARG_WORKSPACE, ws, Slot::Temp(k->AddTemp(ws.get_size()))});
+    }
   }
   k->AddPrimitive(dnnl::pooling_v2_forward(pd), bind, pd.scratchpad_desc().get_size());
   return std::unique_ptr<Kernel>(std::move(k));
@@ -616,7 +627,8 @@ void RegisterCpuKernels(KernelRegistry* r) {
   r->Register("LogSoftmax", cpu, Softmax);
   r->Register("Conv", cpu, Conv);
   r->Register("ConvTranspose", cpu, ConvTranspose);
-  for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}) {
+  for (const char* op :
+       {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "SalusMaxPool"}) {
     r->Register(op, cpu, Pool);
   }
   r->Register("Transpose", cpu, Transpose);

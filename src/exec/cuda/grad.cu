@@ -177,6 +177,15 @@ __global__ void PoolTapKernel(PoolGeometry g, const float* __restrict__ x,
   for (int64_t o = FirstIndex(); o < count; o += GridStride()) tap[o] = PoolTap(g, x, o);
 }
 
+__global__ void MaxPoolTapsKernel(PoolGeometry g, const float* __restrict__ x,
+                                  float* __restrict__ y, int64_t* __restrict__ tap, int64_t count) {
+  for (int64_t o = FirstIndex(); o < count; o += GridStride()) {
+    const int64_t t = PoolTap(g, x, o);
+    tap[o] = t;
+    y[o] = PoolAtTap(g, x, t, o);
+  }
+}
+
 __global__ void PoolGradKernel(PoolGeometry g, const float* __restrict__ dy,
                                const int64_t* __restrict__ tap, float* __restrict__ dx,
                                int64_t count) {
@@ -307,7 +316,22 @@ cudaError_t LaunchPoolGrad(const PoolGeometry& g, const float* x, const float* d
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
+  return LaunchPoolGradFromTaps(g, dy, tap, dx, stream);
+}
+
+cudaError_t LaunchPoolGradFromTaps(const PoolGeometry& g, const float* dy, const int64_t* tap,
+                                   float* dx, cudaStream_t stream) {
+  const int64_t inputs = g.planes * g.in[0] * g.in[1] * g.in[2];
+  if (inputs <= 0) return cudaSuccess;
   PoolGradKernel<<<BlocksFor(inputs), kThreads, 0, stream>>>(g, dy, tap, dx, inputs);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMaxPoolTaps(const PoolGeometry& g, const float* x, float* y, int64_t* tap,
+                              cudaStream_t stream) {
+  const int64_t outputs = PoolOutputCount(g);
+  if (outputs <= 0) return cudaSuccess;
+  MaxPoolTapsKernel<<<BlocksFor(outputs), kThreads, 0, stream>>>(g, x, y, tap, outputs);
   return cudaGetLastError();
 }
 

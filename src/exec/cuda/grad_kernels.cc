@@ -4,7 +4,9 @@
 //   SalusConvGradData      cudnnConvolutionBackwardData
 //   SalusConvGradWeights   cudnnConvolutionBackwardFilter; the bias gradient as SalusSumTo
 //   SalusSoftmaxGrad       cudnnSoftmaxBackward (Softmax and LogSoftmax)
-//   SalusPoolGrad          hand-written, two passes (pool_math.h): max, average, global
+//   SalusPoolGrad          hand-written, two passes (pool_math.h): max, average, global; with
+//                          SalusMaxPool's Taps (its third input) only the second
+//   SalusMaxPool           hand-written (pool_math.h): MaxPool's output and each one's tap
 //   SalusEltwiseGrad, SalusSumTo, SalusExpand, SalusDepthToSpaceGrad,
 //   SalusSoftmaxCrossEntropyGrad, SalusSgdUpdate, SalusAdamUpdate
 //                          hand-written (grad.cu; the per-element math is grad_math.h's)
@@ -273,18 +275,38 @@ class SoftmaxGradKernel final : public Kernel {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Pooling: inputs (X, dY); output dX. The window is the forward op's (attribute forward_op).
+// Pooling: inputs (X, dY, optional Taps); output dX. The window is the forward op's (attribute
+// forward_op). Taps are SalusMaxPool's: each output's PoolTap (Note [Pooling taps] in
+// cpu_kernel_helpers.h; on this device they are the in-plane index of the element chosen).
+
+StatusOr<PoolGeometry> PoolGeometryFor(const Node& n, const std::string& op, const Shape& xs,
+                                       const Shape& ys) {
+  SALUS_ASSIGN_OR_RETURN(PoolWindow pw, PoolWindowFor(n, op, xs, ys));
+  const Window& win = pw.win;
+  return MakePoolGeometry(pw.mode, xs[0] * xs[1], win.in, win.out, win.kernel, win.strides,
+                          win.dilations, win.pad_begin);
+}
 
 KernelOr PoolGrad(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const Shape& xs = g.value(n.inputs[0]).shape;
   const Shape& ys = g.value(n.inputs[1]).shape;
-  SALUS_ASSIGN_OR_RETURN(PoolWindow pw, PoolWindowFor(n, n.GetString("forward_op", ""), xs, ys));
-  const Window& win = pw.win;
-  const PoolGeometry geo = MakePoolGeometry(pw.mode, xs[0] * xs[1], win.in, win.out, win.kernel,
-                                            win.strides, win.dilations, win.pad_begin);
-  const size_t tap_bytes = AlignUp(PoolOutputCount(geo) * sizeof(int64_t));
+  SALUS_ASSIGN_OR_RETURN(PoolGeometry geo,
+                         PoolGeometryFor(n, n.GetString("forward_op", ""), xs, ys));
   const std::string what = n.Describe();
+  if (n.input(2) != kNoValue) {
+    const Value& taps = g.value(n.input(2));
+    if (geo.mode != PoolMode::kMax || taps.type != DataType::kInt64 || taps.shape != ys) {
+      return InvalidArgumentError(what + ": taps of a pooling that is not SalusMaxPool's");
+    }
+    return FnKernel([geo, what](const KernelArgs& a) -> Status {
+      return CudaStatus(
+          LaunchPoolGradFromTaps(geo, F(a.inputs[1]), static_cast<const int64_t*>(a.inputs[2]),
+                                 F(a.outputs[0]), StreamOf(a)),
+          what + ": pooling gradient");
+    });
+  }
+  const size_t tap_bytes = AlignUp(PoolOutputCount(geo) * sizeof(int64_t));
   return FnKernel(
       [geo, what](const KernelArgs& a) -> Status {
         return CudaStatus(
@@ -293,6 +315,24 @@ KernelOr PoolGrad(const Node& n, const Graph& g, DeviceContext*) {
             what + ": pooling gradient");
       },
       tap_bytes);
+}
+
+// Inputs (X); outputs (Y, Taps): MaxPool's Y, and the taps SalusPoolGrad reads.
+KernelOr MaxPoolTaps(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  const Shape& ys = g.value(n.outputs[0]).shape;
+  if (n.output(1) == kNoValue || g.value(n.output(1)).type != DataType::kInt64 ||
+      g.value(n.output(1)).shape != ys) {
+    return InvalidArgumentError(n.Describe() + ": Taps must have the output's shape");
+  }
+  SALUS_ASSIGN_OR_RETURN(PoolGeometry geo,
+                         PoolGeometryFor(n, "MaxPool", g.value(n.inputs[0]).shape, ys));
+  const std::string what = n.Describe();
+  return FnKernel([geo, what](const KernelArgs& a) -> Status {
+    return CudaStatus(LaunchMaxPoolTaps(geo, F(a.inputs[0]), F(a.outputs[0]),
+                                        static_cast<int64_t*>(a.outputs[1]), StreamOf(a)),
+                      what + ": max pooling");
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -448,6 +488,7 @@ void RegisterGradKernels(KernelRegistry* registry) {
   registry->Register("SalusConvGradWeights", cuda, KernelFactory(&ConvGradWeightsKernel::Create));
   registry->Register("SalusSoftmaxGrad", cuda, KernelFactory(&SoftmaxGradKernel::Create));
   registry->Register("SalusPoolGrad", cuda, KernelFactory(&PoolGrad));
+  registry->Register("SalusMaxPool", cuda, KernelFactory(&MaxPoolTaps));
   registry->Register("SalusEltwiseGrad", cuda, KernelFactory(&EltwiseGradK));
   registry->Register("SalusSumTo", cuda, KernelFactory(&SumTo));
   registry->Register("SalusExpand", cuda, KernelFactory(&ExpandGrad));

@@ -60,5 +60,11 @@ cudaError_t LaunchAdamUpdate(const AdamHyper& h, float lr, const float* lr_input
 // input element.
 cudaError_t LaunchPoolGrad(const PoolGeometry& g, const float* x, const float* dy, int64_t* tap,
                            float* dx, cudaStream_t stream);
+// The second pass alone, from taps SalusMaxPool wrote (LaunchMaxPoolTaps).
+cudaError_t LaunchPoolGradFromTaps(const PoolGeometry& g, const float* dy, const int64_t* tap,
+                                   float* dx, cudaStream_t stream);
+// SalusMaxPool: each output's tap (PoolTap) into tap and its value (PoolAtTap) into y.
+cudaError_t LaunchMaxPoolTaps(const PoolGeometry& g, const float* x, float* y, int64_t* tap,
+                              cudaStream_t stream);
 
 }  // namespace salus::exec::cuda

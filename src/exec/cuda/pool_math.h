@@ -142,6 +142,14 @@ SALUS_HD int64_t PoolTap(const PoolGeometry& g, const float* x, int64_t o) {
   return g.mode == PoolMode::kAverageIncludePad ? g.kernel[0] * g.kernel[1] * g.kernel[2] : inside;
 }
 
+// Max pooling's output `o` from its tap (PoolTap's value): the input element chosen, or
+// -FLT_MAX where no element beat it; equal to PoolAt's. SalusMaxPool writes both at once.
+SALUS_HD float PoolAtTap(const PoolGeometry& g, const float* x, int64_t tap, int64_t o) {
+  if (tap < 0) return -FLT_MAX;
+  const int64_t plane = o / (g.out[0] * g.out[1] * g.out[2]);
+  return x[plane * g.in[0] * g.in[1] * g.in[2] + tap];
+}
+
 // Input element `i` (row-major over [planes, in...]) of the gradient, from dy and PoolTap's
 // values for every output element.
 SALUS_HD float PoolGradAt(const PoolGeometry& g, const float* dy, const int64_t* tap, int64_t i) {

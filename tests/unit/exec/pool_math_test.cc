@@ -2,7 +2,8 @@
 // run on the host over whole tensors, against the CPU executable: the GPU runs the same
 // functions, so this is how their logic is checked on a machine without one.
 //
-//   - Pooling: PoolAt over a geometry built as the CUDA pooling kernel builds it (window.h's
+//   - Pooling: PoolAt (and, for max pooling, PoolAtTap of PoolTap, as SalusMaxPool computes it)
+//     over a geometry built as the CUDA pooling kernel builds it (window.h's
 //     ComputeWindow of the node), against the CPU's MaxPool/AveragePool for asymmetric pads,
 //     SAME_UPPER/SAME_LOWER, ceil_mode, dilations, count_include_pad both ways, NaNs and windows
 //     wholly in the padding. The CPU pools 2-D only, so 1-D windows are checked against the CPU
@@ -283,6 +284,15 @@ void CheckPoolCase(const PoolCase& c, const std::vector<float>* fixed_input = nu
   const std::vector<float> host = HostPool(g, Floats(x));
   const std::vector<float> ref = ReferencePool(Floats(x), c.x, w, g.mode);
   ExpectSame(ref, host, 0, "PoolAt against the reference");
+  if (g.mode == PoolMode::kMax) {
+    // SalusMaxPool's output from its taps is PoolAt's, to the bit.
+    const std::vector<float> xf = Floats(x);
+    std::vector<float> from_taps(host.size());
+    for (int64_t o = 0; o < static_cast<int64_t>(from_taps.size()); ++o) {
+      from_taps[o] = cuda::PoolAtTap(g, xf.data(), cuda::PoolTap(g, xf.data(), o), o);
+    }
+    ExpectSame(host, from_taps, 0, "PoolAtTap of PoolTap against PoolAt");
+  }
 
   CpuResult cpu;
   if (rank == 1) {

@@ -17,6 +17,7 @@ namespace {
 
 using testing::Memory;
 using testing::ModelBuilder;
+using testing::RandomFloats;
 using testing::RunHost;
 
 constexpr int kFloat = onnx::TensorProto::FLOAT;
@@ -85,9 +86,11 @@ Arg Fed(HostTensor t) { return {std::move(t), false, false}; }
 Arg Const(HostTensor t) { return {std::move(t), true, false}; }
 Arg Omitted() { return {HostTensor(), false, true}; }
 
-StatusOr<std::vector<HostTensor>> RunNode(int opset, const std::string& op,
-                                          std::map<std::string, Attribute> attrs,
-                                          const std::vector<Arg>& args, int outputs = 1) {
+// Outputs: their types and shapes for an engine op (which has no shape rules), or none of
+// either (both kUndefined/empty) for shape inference to fill in.
+StatusOr<std::vector<HostTensor>> RunNodeWith(
+    int opset, const std::string& op, std::map<std::string, Attribute> attrs,
+    const std::vector<Arg>& args, const std::vector<std::pair<DataType, Shape>>& outputs) {
   Graph g;
   g.set_opset(opset);
   Node n;
@@ -107,14 +110,17 @@ StatusOr<std::vector<HostTensor>> RunNode(int opset, const std::string& op,
     if (args[i].constant) v.data = args[i].t;
     n.inputs.push_back(g.AddValue(std::move(v)));
   }
-  for (int i = 0; i < outputs; ++i) {
+  bool infer = false;
+  for (size_t i = 0; i < outputs.size(); ++i) {
     Value v;
     v.name = "out" + std::to_string(i);
-    v.type = DataType::kUndefined;
+    v.type = outputs[i].first;
+    v.shape = outputs[i].second;
+    infer = infer || v.type == DataType::kUndefined;
     n.outputs.push_back(g.AddValue(std::move(v)));
   }
   const int idx = g.AddNode(std::move(n));
-  SALUS_RETURN_IF_ERROR(InferNodeShapes(&g, idx));
+  if (infer) SALUS_RETURN_IF_ERROR(InferNodeShapes(&g, idx));
   const Node& node = g.nodes()[idx];
   SALUS_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> k,
                          KernelRegistry::Global().Create(node, g, DeviceType::kCpu));
@@ -129,6 +135,13 @@ StatusOr<std::vector<HostTensor>> RunNode(int opset, const std::string& op,
   ka.scratch = Memory::Align(scratch);
   SALUS_RETURN_IF_ERROR(k->Run(ka));
   return outs;
+}
+
+StatusOr<std::vector<HostTensor>> RunNode(int opset, const std::string& op,
+                                          std::map<std::string, Attribute> attrs,
+                                          const std::vector<Arg>& args, int outputs = 1) {
+  return RunNodeWith(opset, op, std::move(attrs), args,
+                     std::vector<std::pair<DataType, Shape>>(outputs, {DataType::kUndefined, {}}));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -667,6 +680,71 @@ TEST(TensorOpsTest, OpsNewerThanTheModelsOpsetAreRefused) {
                Const(HostTensor::FromInt64s({}, {1}))});
   ASSERT_FALSE(range.ok());
   EXPECT_NE(range.status().message().find("needs opset 11"), std::string::npos) << range.status();
+}
+
+// SalusMaxPool is MaxPool plus taps, and SalusPoolGrad reading them gives what it gives finding
+// the maxima again (Note [Pooling taps]): oneDNN's workspace in the taps (3x3 windows, a byte
+// each), and a workspace that does not fit in them (16x16 windows over one channel: an int per
+// output in an 8- or 16-channel block), where both kernels fall back alike. Taps that do not
+// match the gradient's pooling are refused.
+TEST(TensorOpsTest, MaxPoolTapsGiveTheGradientOfTheMaximaFoundAgain) {
+  struct Case {
+    Shape x;
+    std::vector<int64_t> kernel, strides, pads;
+    int64_t ceil = 0;
+  };
+  const std::vector<Case> cases = {{{2, 3, 9, 9}, {3, 3}, {2, 2}, {1, 1, 1, 1}},
+                                   {{1, 2, 8, 7}, {3, 2}, {2, 2}, {0, 1, 0, 1}, 1},
+                                   {{1, 1, 32, 32}, {16, 16}, {16, 16}, {0, 0, 0, 0}}};
+  uint32_t seed = 5;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(ShapeString(c.x));
+    std::map<std::string, Attribute> attrs = {{"kernel_shape", IntsAttr(c.kernel)},
+                                              {"strides", IntsAttr(c.strides)},
+                                              {"pads", IntsAttr(c.pads)},
+                                              {"ceil_mode", IntAttr(c.ceil)}};
+    // Ties too: the first maximum of a window gets its gradient.
+    std::vector<float> xv = RandomFloats(NumElements(c.x), seed++);
+    for (size_t i = 0; i < xv.size(); i += 5) xv[i] = 0.5f;
+    const HostTensor x = HostTensor::FromFloats(c.x, xv);
+    auto plain = RunNode(17, "MaxPool", attrs, {Fed(x)});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    const Shape ys = (*plain)[0].shape;
+    auto tapped = RunNodeWith(17, "SalusMaxPool", attrs, {Fed(x)},
+                              {{DataType::kFloat32, ys}, {DataType::kInt64, ys}});
+    ASSERT_TRUE(tapped.ok()) << tapped.status();
+    EXPECT_EQ(Floats((*tapped)[0]), Floats((*plain)[0]));
+
+    const HostTensor dy = HostTensor::FromFloats(ys, RandomFloats(NumElements(ys), seed++));
+    std::map<std::string, Attribute> grad = attrs;
+    grad["forward_op"] = StringAttr("MaxPool");
+    auto again =
+        RunNodeWith(17, "SalusPoolGrad", grad, {Fed(x), Fed(dy)}, {{DataType::kFloat32, c.x}});
+    ASSERT_TRUE(again.ok()) << again.status();
+    auto read = RunNodeWith(17, "SalusPoolGrad", grad, {Fed(x), Fed(dy), Fed((*tapped)[1])},
+                            {{DataType::kFloat32, c.x}});
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(Floats((*read)[0]), Floats((*again)[0]));
+    float sum = 0, dy_sum = 0;
+    for (float v : Floats((*read)[0])) sum += v;
+    for (float v : Floats(dy)) dy_sum += v;
+    EXPECT_NEAR(sum, dy_sum, 1e-3f);  // every output's gradient lands on one input
+
+    const HostTensor wrong(DataType::kInt64, {1, 1, 1, 1});
+    auto bad = RunNodeWith(17, "SalusPoolGrad", grad, {Fed(x), Fed(dy), Fed(wrong)},
+                           {{DataType::kFloat32, c.x}});
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(bad.status().message()).find("taps"), std::string::npos);
+  }
+  std::map<std::string, Attribute> average = {{"kernel_shape", IntsAttr({2, 2})},
+                                              {"strides", IntsAttr({2, 2})},
+                                              {"forward_op", StringAttr("AveragePool")}};
+  const HostTensor x(DataType::kFloat32, {1, 1, 4, 4}), dy(DataType::kFloat32, {1, 1, 2, 2});
+  const HostTensor taps(DataType::kInt64, {1, 1, 2, 2});
+  auto bad = RunNodeWith(17, "SalusPoolGrad", average, {Fed(x), Fed(dy), Fed(taps)},
+                         {{DataType::kFloat32, {1, 1, 4, 4}}});
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
