@@ -152,11 +152,7 @@ KernelOr PoolGrad(const Node& n, const Graph& g) {
   auto k = std::make_unique<DnnlKernel>();
   std::vector<DnnlKernel::Binding> bind;
   const ValueId taps = n.input(2);
-  if (taps != kNoValue &&
-      (p.alg != algorithm::pooling_max || g.value(taps).type != DataType::kInt64 ||
-       g.value(taps).shape != g.value(n.inputs[1]).shape)) {
-    return InvalidArgumentError(n.Describe() + ": taps of a pooling that is not SalusMaxPool's");
-  }
+  SALUS_RETURN_IF_ERROR(CheckPoolTaps(n, g));
   if (taps != kNoValue && WorkspaceFitsTaps(fwd.workspace_desc(), g.value(taps).shape)) {
     bind.push_back({DNNL_ARG_WORKSPACE, fwd.workspace_desc(), Slot::In(2)});
   } else if (p.alg == algorithm::pooling_max) {

@@ -229,6 +229,24 @@ bool WorkspaceFitsTaps(const dnnl::memory::desc& workspace, const Shape& y) {
   return elements > 0 && workspace.get_size() <= static_cast<size_t>(elements) * sizeof(int64_t);
 }
 
+Status CheckPoolTaps(const Node& n, const Graph& g) {
+  const bool forward = n.op == "SalusMaxPool";
+  const ValueId taps = forward ? n.output(1) : n.input(2);
+  if (!forward && taps == kNoValue) return OkStatus();
+  const Shape& pooled = forward ? g.value(n.outputs[0]).shape : g.value(n.inputs[1]).shape;
+  const bool fits =
+      taps != kNoValue && g.value(taps).type == DataType::kInt64 && g.value(taps).shape == pooled;
+  if (forward) {
+    if (!fits) return InvalidArgumentError(n.Describe() + ": Taps must have the output's shape");
+    return OkStatus();
+  }
+  const std::string op = n.GetString("forward_op", "");
+  if (!fits || (op != "MaxPool" && op != "GlobalMaxPool")) {
+    return InvalidArgumentError(n.Describe() + ": taps of a pooling that is not SalusMaxPool's");
+  }
+  return OkStatus();
+}
+
 void DepthToSpaceMap(const Shape& x, int64_t b, bool dcr,
                      const std::function<void(int64_t, int64_t)>& fn) {
   const DepthToSpaceGeometry geo{x[0], x[1], x[2], x[3], b, dcr};

@@ -71,6 +71,10 @@ dnnl::memory::desc PoolLayout(const dnnl::memory::desc& plain);
 // forward leaves Taps unwritten and the gradient runs the forward again, as SalusPoolGrad
 // without Taps does. Both kernels decide from the same primitive descriptor, so they agree.
 bool WorkspaceFitsTaps(const dnnl::memory::desc& workspace, const Shape& y);
+// Both devices' check of the taps: SalusMaxPool's output Taps, or SalusPoolGrad's input Taps
+// where given, are int64 with the pooled output's shape, and SalusPoolGrad takes them only
+// after a max pooling. InvalidArgument naming the node otherwise.
+Status CheckPoolTaps(const Node& n, const Graph& g);
 
 // Calls fn(input offset, output offset) for every element of DepthToSpace over x (NCHW), in
 // input order; the offsets are element_math.h's DepthToSpaceTarget.

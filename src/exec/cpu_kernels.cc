@@ -320,10 +320,7 @@ KernelOr ConvTranspose(const Node& n, const Graph& g) {
 KernelOr Pool(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const bool taps = n.op == "SalusMaxPool";
-  if (taps && (n.output(1) == kNoValue || g.value(n.output(1)).type != DataType::kInt64 ||
-               g.value(n.output(1)).shape != g.value(n.outputs[0]).shape)) {
-    return InvalidArgumentError(n.Describe() + ": Taps must have the output's shape");
-  }
+  if (taps) SALUS_RETURN_IF_ERROR(CheckPoolTaps(n, g));
   SALUS_ASSIGN_OR_RETURN(PoolSpec p,
                          PoolFor(n, g.value(n.inputs[0]).shape, taps ? "MaxPool" : n.op));
   // Note [Blocked pooling] in cpu_kernel_helpers.h.

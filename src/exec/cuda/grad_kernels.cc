@@ -294,11 +294,8 @@ KernelOr PoolGrad(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_ASSIGN_OR_RETURN(PoolGeometry geo,
                          PoolGeometryFor(n, n.GetString("forward_op", ""), xs, ys));
   const std::string what = n.Describe();
+  SALUS_RETURN_IF_ERROR(CheckPoolTaps(n, g));
   if (n.input(2) != kNoValue) {
-    const Value& taps = g.value(n.input(2));
-    if (geo.mode != PoolMode::kMax || taps.type != DataType::kInt64 || taps.shape != ys) {
-      return InvalidArgumentError(what + ": taps of a pooling that is not SalusMaxPool's");
-    }
     return FnKernel([geo, what](const KernelArgs& a) -> Status {
       return CudaStatus(
           LaunchPoolGradFromTaps(geo, F(a.inputs[1]), static_cast<const int64_t*>(a.inputs[2]),
@@ -320,11 +317,8 @@ KernelOr PoolGrad(const Node& n, const Graph& g, DeviceContext*) {
 // Inputs (X); outputs (Y, Taps): MaxPool's Y, and the taps SalusPoolGrad reads.
 KernelOr MaxPoolTaps(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
+  SALUS_RETURN_IF_ERROR(CheckPoolTaps(n, g));
   const Shape& ys = g.value(n.outputs[0]).shape;
-  if (n.output(1) == kNoValue || g.value(n.output(1)).type != DataType::kInt64 ||
-      g.value(n.output(1)).shape != ys) {
-    return InvalidArgumentError(n.Describe() + ": Taps must have the output's shape");
-  }
   SALUS_ASSIGN_OR_RETURN(PoolGeometry geo,
                          PoolGeometryFor(n, "MaxPool", g.value(n.inputs[0]).shape, ys));
   const std::string what = n.Describe();
