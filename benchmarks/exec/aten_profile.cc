@@ -1,11 +1,12 @@
 // salus-aten-profile: where an ATen graph's step spends its time in the engine.
 //
-//   build/bin/salus-aten-profile --graph step.aten [--iters 20] [--warmup 3]
+//   build/bin/salus-aten-profile --graph step.aten [--iters 20] [--warmup 3] [--no-fuse]
 //
 // Compiles a serialized salus.v1.AtenGraph (as salus_torch traces it; write one with
 // `traced.graph.SerializeToString()`) on the CPU with profiling on, runs it with seeded random
 // inputs and zero state, and prints the median step time and the seconds per iteration spent
-// in each engine op type, largest first.
+// in each engine op type, largest first. `--no-fuse` compiles every node as imported (the graph
+// rewrites of exec/fusion.h off), for a before and after of those rewrites in one run.
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
@@ -30,7 +31,8 @@ int main(int argc, char** argv) {
   desc.add_options()("help", "this message")("graph", po::value(&path)->required(),
                                              "a serialized salus.v1.AtenGraph")(
       "iters", po::value(&iters)->default_value(20), "timed iterations")(
-      "warmup", po::value(&warmup)->default_value(3), "untimed iterations first");
+      "warmup", po::value(&warmup)->default_value(3), "untimed iterations first")(
+      "no-fuse", "compile every node as imported (no graph rewrites)");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -52,6 +54,7 @@ int main(int argc, char** argv) {
   bytes << in.rdbuf();
   CompileOptions o;
   o.profile = true;
+  o.fuse = vm.count("no-fuse") == 0;
   auto exe = Executable::CompileAten(bytes.str(), o);
   if (!exe.ok()) {
     std::cerr << exe.status() << "\n";

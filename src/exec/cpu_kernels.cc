@@ -14,6 +14,7 @@
 #include "exec/cpu_tensor_kernels.h"
 #include "exec/dnnl_kernel.h"
 #include "exec/element_math.h"
+#include "exec/fusion.h"
 #include "exec/kernel_registry.h"
 #include "exec/shape_inference.h"
 #include "exec/window.h"
@@ -180,9 +181,28 @@ KernelOr Gemm(const Node& n, const Graph& g) {
   return std::unique_ptr<Kernel>(std::move(k));
 }
 
+// An operand of MatMul as oneDNN reads it: row-major, or (Note [Transposed operands] in
+// fusion.h) stored with its last two dims swapped, so that its `dims` are read through swapped
+// strides.
+dnnl::memory::desc MatMulOperand(const Shape& dims, bool transposed) {
+  if (!transposed) return PlainDesc(dims);
+  Shape stored = dims;
+  std::swap(stored[stored.size() - 2], stored.back());
+  Shape strides(stored.size(), 1);
+  for (size_t i = stored.size() - 1; i-- > 0;) strides[i] = strides[i + 1] * stored[i + 1];
+  std::swap(strides[strides.size() - 2], strides.back());
+  return StridedDesc(dims, strides);
+}
+
 KernelOr MatMul(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   Shape a = g.value(n.inputs[0]).shape, b = g.value(n.inputs[1]).shape;
+  const bool ta = n.GetInt(kMatMulTransA, 0) != 0, tb = n.GetInt(kMatMulTransB, 0) != 0;
+  if ((ta && a.size() < 2) || (tb && b.size() < 2)) {
+    return InvalidArgumentError(n.Describe() + ": a transposed operand needs two dims or more");
+  }
+  if (ta) std::swap(a[a.size() - 2], a.back());
+  if (tb) std::swap(b[b.size() - 2], b.back());
   if (a.size() == 1) a.insert(a.begin(), 1);
   if (b.size() == 1) b.push_back(1);
   const size_t rank = std::max(a.size(), b.size());
@@ -200,7 +220,7 @@ KernelOr MatMul(const Node& n, const Graph& g) {
                 0.f);
     }));
   }
-  auto a_md = PlainDesc(a), b_md = PlainDesc(b), c_md = PlainDesc(out);
+  auto a_md = MatMulOperand(a, ta), b_md = MatMulOperand(b, tb), c_md = PlainDesc(out);
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), UserScratchpad(),
                                   CpuEngine());
   auto k = std::make_unique<DnnlKernel>();

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "exec/fusion.h"
+
 namespace salus::exec {
 namespace {
 
@@ -28,8 +30,8 @@ int64_t MultiplyAdds(const Graph& g, const Node& n) {
   }
   if (op == "MatMul" || op == "Gemm") {
     const Shape& a = shape(0);
-    const bool ta = op == "Gemm" && n.GetInt("transA", 0) != 0;
-    const int64_t k = a.empty() ? 1 : (ta ? a[0] : a.back());
+    const bool ta = n.GetInt(op == "Gemm" ? "transA" : kMatMulTransA, 0) != 0;
+    const int64_t k = a.empty() ? 1 : (ta && a.size() >= 2 ? a[a.size() - 2] : a.back());
     return Elements(g, n.outputs[0]) * k;
   }
   if (op == "LSTM" || op == "SalusLstmGrad") {

@@ -277,6 +277,10 @@ Status Executable::Build(const CompileOptions& options) {
   SALUS_RETURN_IF_ERROR(ApplyTraining(options));
   SALUS_RETURN_IF_ERROR(ResolveFetches(options));
   input_ids_ = graph_.inputs();
+  if (options.fuse) {
+    FoldTransposes(&graph_, FusionOptions{device_.type, fetch_ids_},
+                   num_forward_nodes_ == SIZE_MAX ? nullptr : &num_forward_nodes_);
+  }
   if (options.mode == Mode::kInference && options.fuse) {
     FuseGelu(&graph_, FusionOptions{device_.type, fetch_ids_});
     ApplyInferenceFusions(&graph_, FusionOptions{device_.type, fetch_ids_});

@@ -78,7 +78,8 @@ struct CompileOptions {
   // Values returned by Run; by default the graph outputs (inference) or the loss (training).
   std::vector<std::string> fetches;
   // Apply the graph rewrites of exec/fusion.h (off: every node runs as imported): inference
-  // compiles all of them, training compiles FuseGelu (before autodiff).
+  // compiles all of them, training compiles FuseGelu (before autodiff) and FoldTransposes
+  // (after it).
   bool fuse = true;
   // The largest lane an iteration may need. 0: no limit, and no swapping. Otherwise the
   // fastest point of SwapPoints() whose E fits is selected; ResourceExhausted when none does.

@@ -281,6 +281,91 @@ int KeepBlockedLayouts(Graph* graph, const FusionOptions& options, int64_t block
   return count;
 }
 
+namespace {
+
+// A Transpose's permutation for an input of `rank` dims (ONNX's default reverses them).
+std::vector<int64_t> PermOf(const Node& t, size_t rank) {
+  std::vector<int64_t> perm = t.GetInts("perm");
+  if (perm.empty()) {
+    for (size_t i = 0; i < rank; ++i) perm.push_back(static_cast<int64_t>(rank - 1 - i));
+  }
+  return perm;
+}
+
+bool SwapsLastTwo(const std::vector<int64_t>& perm) {
+  const size_t rank = perm.size();
+  if (rank < 2) return false;
+  for (size_t i = 0; i + 2 < rank; ++i) {
+    if (perm[i] != static_cast<int64_t>(i)) return false;
+  }
+  return perm[rank - 2] == static_cast<int64_t>(rank - 1) &&
+         perm[rank - 1] == static_cast<int64_t>(rank - 2);
+}
+
+// The Transpose node producing `v`, or nullptr.
+const Node* TransposeOf(const Graph& g, ValueId v) {
+  const int p = g.value(v).producer;
+  if (p < 0) return nullptr;
+  const Node& t = g.nodes()[p];
+  return t.op == "Transpose" && t.inputs.size() == 1 ? &t : nullptr;
+}
+
+}  // namespace
+
+// Note [Transposed operands] (fusion.h).
+int FoldTransposes(Graph* graph, const FusionOptions& options, size_t* boundary) {
+  Graph& g = *graph;
+  // Chains first, in graph order, so that each Transpose already reads its chain's root.
+  for (Node& n : g.nodes()) {
+    if (n.op != "Transpose" || n.inputs.size() != 1) continue;
+    const Node* inner = TransposeOf(g, n.inputs[0]);
+    if (inner == nullptr) continue;
+    const ValueId root = inner->inputs[0];
+    const size_t rank = g.value(root).shape.size();
+    const std::vector<int64_t> first = PermOf(*inner, rank), second = PermOf(n, rank);
+    if (first.size() != rank || second.size() != rank) continue;
+    std::vector<int64_t> perm(rank);
+    bool valid = true;
+    for (size_t i = 0; i < rank && valid; ++i) {
+      valid = second[i] >= 0 && second[i] < static_cast<int64_t>(rank);
+      if (valid) perm[i] = first[second[i]];
+    }
+    if (!valid) continue;
+    n.inputs[0] = root;
+    n.attrs["perm"] = IntsAttr(perm);
+  }
+  for (Node& n : g.nodes()) {
+    const bool gemm = n.op == "Gemm";
+    if (n.op != "MatMul" && !gemm) continue;
+    for (size_t i = 0; i < 2 && i < n.inputs.size(); ++i) {
+      const Node* t = n.inputs[i] == kNoValue ? nullptr : TransposeOf(g, n.inputs[i]);
+      if (t == nullptr) continue;
+      const ValueId x = t->inputs[0];
+      const size_t rank = g.value(x).shape.size();
+      if ((gemm && rank != 2) || !SwapsLastTwo(PermOf(*t, rank))) continue;
+      const char* attr =
+          gemm ? (i == 0 ? "transA" : "transB") : (i == 0 ? kMatMulTransA : kMatMulTransB);
+      n.attrs[attr] = IntAttr(n.GetInt(attr, 0) != 0 ? 0 : 1);
+      n.inputs[i] = x;
+    }
+  }
+  // Transposes nobody reads any more (last to first, so that a chain's inner ones go too).
+  std::vector<int> reads = ReadCounts(g, options.keep);
+  std::vector<bool> dead(g.nodes().size(), false);
+  for (size_t i = g.nodes().size(); i-- > 0;) {
+    const Node& n = g.nodes()[i];
+    if (n.op != "Transpose" || n.outputs.size() != 1 || reads[n.outputs[0]] != 0) continue;
+    dead[i] = true;
+    if (boundary != nullptr && i < *boundary) --*boundary;
+    g.value(n.outputs[0]).producer = -1;
+    for (ValueId in : n.inputs) {
+      if (in != kNoValue) --reads[in];
+    }
+  }
+  RemoveNodes(&g, dead);
+  return CountDead(dead);
+}
+
 void ApplyInferenceFusions(Graph* graph, const FusionOptions& options) {
   FoldBatchNorm(graph, options);
   FuseActivations(graph, options);

@@ -29,6 +29,7 @@
 #include "exec/cuda/cuda_util.h"
 #include "exec/cuda/reduce_launch.h"
 #include "exec/cuda/reduce_math.h"
+#include "exec/fusion.h"
 #include "exec/shape_inference.h"
 
 namespace salus::exec::cuda {
@@ -148,13 +149,23 @@ KernelOr Gemm(const Node& n, const Graph& g, DeviceContext*) {
 // numpy's matmul: 1-D operands, broadcast batch dims.
 KernelOr MatMul(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
-  const MatMulLayout l = MakeMatMulLayout(g.value(n.inputs[0]).shape, g.value(n.inputs[1]).shape);
+  // Operands stored transposed: Note [Transposed operands] in exec/fusion.h.
+  std::vector<int64_t> as = g.value(n.inputs[0]).shape, bs = g.value(n.inputs[1]).shape;
+  const bool ta = n.GetInt(kMatMulTransA, 0) != 0, tb = n.GetInt(kMatMulTransB, 0) != 0;
+  if ((ta && as.size() < 2) || (tb && bs.size() < 2)) {
+    return InvalidArgumentError(n.Describe() + ": a transposed operand needs two dims or more");
+  }
+  if (ta) std::swap(as[as.size() - 2], as.back());
+  if (tb) std::swap(bs[bs.size() - 2], bs.back());
+  const MatMulPlan plan = MakeMatMulPlan(as, bs, ta, tb);
+  const MatMulLayout& l = plan.layout;
+  const CublasGemmShape& s = plan.gemm;
+  const int64_t batch = plan.batch;
   const int64_t count = NumElements(g.value(n.outputs[0]).shape);
   const bool multiply = count > 0 && l.k > 0;
-  const bool fold = FoldsInnerBatch(l);
-  const CublasGemmShape s = RowMajorGemm(fold ? l.inner * l.m : l.m, l.n, l.k, false, false);
-  const int64_t batch = fold ? 1 : l.inner;
   SALUS_RETURN_IF_ERROR(RequireInt(n, {s.m, s.n, s.k, s.ld_first, s.ld_second, s.ld_out, batch}));
+  const cublasOperation_t op_b = s.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = s.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int64_t out_step = l.inner * l.m * l.n;  // elements of Y per outer batch
   const std::string what = n.Describe();
   return std::unique_ptr<Kernel>(new CudaFnKernel(
@@ -176,15 +187,15 @@ KernelOr MatMul(const Node& n, const Graph& g, DeviceContext*) {
             float* y_at = y + o * out_step;
             if (batch == 1) {
               SALUS_CUBLAS_RETURN(
-                  cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(s.m),
-                              static_cast<int>(s.n), static_cast<int>(s.k), &one, b + b_at,
-                              static_cast<int>(s.ld_first), a + a_at, static_cast<int>(s.ld_second),
-                              &zero, y_at, static_cast<int>(s.ld_out)),
+                  cublasSgemm(h, op_b, op_a, static_cast<int>(s.m), static_cast<int>(s.n),
+                              static_cast<int>(s.k), &one, b + b_at, static_cast<int>(s.ld_first),
+                              a + a_at, static_cast<int>(s.ld_second), &zero, y_at,
+                              static_cast<int>(s.ld_out)),
                   what + ": cublasSgemm");
             } else {
               SALUS_CUBLAS_RETURN(
                   cublasSgemmStridedBatched(
-                      h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(s.m), static_cast<int>(s.n),
+                      h, op_b, op_a, static_cast<int>(s.m), static_cast<int>(s.n),
                       static_cast<int>(s.k), &one, b + b_at, static_cast<int>(s.ld_first),
                       l.b_stride, a + a_at, static_cast<int>(s.ld_second), l.a_stride, &zero, y_at,
                       static_cast<int>(s.ld_out), l.m * l.n, static_cast<int>(batch)),

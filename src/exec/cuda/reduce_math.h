@@ -348,4 +348,27 @@ inline bool FoldsInnerBatch(const MatMulLayout& l) {
   return l.inner > 1 && l.b_stride == 0 && l.a_stride != 0;
 }
 
+// The cuBLAS calls of a MatMul: per outer batch, `batch` strided products of `gemm`'s shape.
+// `a` and `b` are the shapes the product reads; `ta` / `tb` say that an operand is stored with
+// its last two dims swapped (Note [Transposed operands] in exec/fusion.h). Its batches are as
+// far apart either way; a transposed A's inner batches are no longer rows of one matrix, so
+// they are not folded.
+struct MatMulPlan {
+  MatMulLayout layout;
+  bool fold = false;
+  CublasGemmShape gemm;
+  int64_t batch = 1;
+};
+
+inline MatMulPlan MakeMatMulPlan(const std::vector<int64_t>& a, const std::vector<int64_t>& b,
+                                 bool ta, bool tb) {
+  MatMulPlan p;
+  p.layout = MakeMatMulLayout(a, b);
+  const MatMulLayout& l = p.layout;
+  p.fold = FoldsInnerBatch(l) && !ta;
+  p.gemm = RowMajorGemm(p.fold ? l.inner * l.m : l.m, l.n, l.k, ta, tb);
+  p.batch = p.fold ? 1 : l.inner;
+  return p;
+}
+
 }  // namespace salus::exec::cuda

@@ -379,5 +379,146 @@ TEST(FusionTest, ExportedCnnsKeepTheirOutputs) {
   }
 }
 
+// Note [Transposed operands]: a[2,5,3] and b[2,4,5] reach MatMuls transposed, w[4,6] a Gemm;
+// `extra` lets another node read a's transpose too.
+ModelBuilder TransposedProducts(bool extra) {
+  ModelBuilder mb;
+  mb.Input("a", {2, 5, 3}).Input("b", {2, 4, 5}).Input("x", {3, 6}).Input("w", {4, 6});
+  auto& ta = mb.Node("Transpose", {"a"}, {"at"});
+  ModelBuilder::Attr(ta, "perm", std::vector<int64_t>{0, 2, 1});
+  auto& tb = mb.Node("Transpose", {"b"}, {"bt"});
+  ModelBuilder::Attr(tb, "perm", std::vector<int64_t>{0, 2, 1});
+  mb.Node("MatMul", {"at", "bt"}, {"y"});    // [2,3,5] x [2,5,4]
+  mb.Node("MatMul", {"at", "a"}, {"gram"});  // [2,3,5] x [2,5,3]
+  mb.Node("Transpose", {"w"}, {"wt"});       // ONNX's default perm: the dims reversed
+  mb.Node("Gemm", {"x", "wt"}, {"z"});       // [3,6] x [6,4]
+  mb.Output("y", {2, 3, 4}).Output("gram", {2, 3, 3}).Output("z", {3, 4});
+  if (extra) {
+    mb.Node("Relu", {"at"}, {"r"});
+    mb.Output("r", {2, 3, 5});
+  }
+  return mb;
+}
+
+std::vector<HostTensor> TransposedFeeds() {
+  return {HostTensor::FromFloats({2, 5, 3}, RandomFloats(30, 52)),
+          HostTensor::FromFloats({2, 4, 5}, RandomFloats(40, 53)),
+          HostTensor::FromFloats({3, 6}, RandomFloats(18, 54)),
+          HostTensor::FromFloats({4, 6}, RandomFloats(24, 51))};
+}
+
+TEST(FusionTest, LastTwoDimTransposesFoldIntoTheProducts) {
+  const std::string model = TransposedProducts(false).Bytes();
+  CompileOptions o;
+  Compiled fused = CompileAndRun(model, o, TransposedFeeds(), true);
+  Compiled plain = CompileAndRun(model, o, TransposedFeeds(), false);
+  ASSERT_TRUE(fused.exe && plain.exe);
+  ASSERT_EQ(fused.outputs.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) ExpectClose(fused.outputs[i], plain.outputs[i]);
+  int transposes = 0;
+  for (const Node& n : fused.exe->graph().nodes()) {
+    transposes += n.op == "Transpose";
+    if (n.outputs[0] == fused.exe->graph().Find("y")) {
+      EXPECT_EQ(n.GetInt(kMatMulTransA, 0), 1);
+      EXPECT_EQ(n.GetInt(kMatMulTransB, 0), 1);
+    }
+    if (n.outputs[0] == fused.exe->graph().Find("gram")) {
+      EXPECT_EQ(n.GetInt(kMatMulTransA, 0), 1);
+      EXPECT_EQ(n.GetInt(kMatMulTransB, 0), 0);
+    }
+    if (n.op == "Gemm") {
+      EXPECT_EQ(n.GetInt("transB", 0), 1);
+    }
+  }
+  EXPECT_EQ(transposes, 0);
+  EXPECT_EQ(fused.exe->num_steps(), 3u);  // the three products
+  EXPECT_GT(plain.exe->num_steps(), fused.exe->num_steps());
+}
+
+TEST(FusionTest, ATransposeReadElsewhereOrFetchedStays) {
+  CompileOptions o;
+  Compiled fused = CompileAndRun(TransposedProducts(true).Bytes(), o, TransposedFeeds(), true);
+  Compiled plain = CompileAndRun(TransposedProducts(true).Bytes(), o, TransposedFeeds(), false);
+  ASSERT_TRUE(fused.exe && plain.exe);
+  ASSERT_EQ(fused.outputs.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) ExpectClose(fused.outputs[i], plain.outputs[i]);
+  int transposes = 0;
+  for (const Node& n : fused.exe->graph().nodes()) transposes += n.op == "Transpose";
+  EXPECT_EQ(transposes, 1);  // a's, for the Relu; the MatMuls still read a itself
+
+  o.fetches = {"y", "bt"};
+  Compiled fetched = CompileAndRun(TransposedProducts(false).Bytes(), o, TransposedFeeds(), true);
+  ASSERT_TRUE(fetched.exe);
+  ASSERT_EQ(fetched.outputs.size(), 2u);
+  ExpectClose(fetched.outputs[0], plain.outputs[0]);
+  EXPECT_EQ(fetched.outputs[1].shape, (Shape{2, 5, 4}));
+  EXPECT_EQ(fetched.outputs[1].floats()[1], TransposedFeeds()[1].floats()[5]);  // bt[0,0,1]
+}
+
+TEST(FusionTest, TransposeChainsBecomeOneTranspose) {
+  ModelBuilder mb;
+  mb.Input("x", {2, 3, 4});
+  auto& t1 = mb.Node("Transpose", {"x"}, {"t1"});
+  ModelBuilder::Attr(t1, "perm", std::vector<int64_t>{2, 0, 1});  // [4,2,3]
+  auto& t2 = mb.Node("Transpose", {"t1"}, {"t2"});
+  ModelBuilder::Attr(t2, "perm", std::vector<int64_t>{1, 2, 0});  // back to [2,3,4]
+  auto& t3 = mb.Node("Transpose", {"t2"}, {"t3"});
+  ModelBuilder::Attr(t3, "perm", std::vector<int64_t>{1, 0, 2});  // [3,2,4]
+  mb.Node("Relu", {"t3"}, {"y"});
+  mb.Output("y", {3, 2, 4});
+  const std::vector<HostTensor> feeds = {HostTensor::FromFloats({2, 3, 4}, RandomFloats(24, 55))};
+  CompileOptions o;
+  Compiled fused = CompileAndRun(mb.Bytes(), o, feeds, true);
+  Compiled plain = CompileAndRun(mb.Bytes(), o, feeds, false);
+  ASSERT_TRUE(fused.exe && plain.exe);
+  ExpectClose(fused.outputs[0], plain.outputs[0]);
+  std::vector<const Node*> transposes;
+  for (const Node& n : fused.exe->graph().nodes()) {
+    if (n.op == "Transpose") transposes.push_back(&n);
+  }
+  ASSERT_EQ(transposes.size(), 1u);
+  EXPECT_EQ(transposes[0]->inputs[0], fused.exe->graph().Find("x"));
+  EXPECT_EQ(transposes[0]->GetInts("perm"), (std::vector<int64_t>{1, 0, 2}));
+}
+
+// Training: the backward of a batched MatMul reads transposes of its operands; folded, the
+// losses are those of the unfused compile.
+TEST(FusionTest, TrainingFoldsTheBackwardsTransposes) {
+  ModelBuilder mb;
+  mb.Input("x", {4, 3, 5});
+  mb.Initializer("w", {4, 5, 6}, RandomFloats(120, 56));  // (batched: a 2-D weight's
+  mb.Initializer("v", {4, 6, 2}, RandomFloats(48, 57));   // gradients are Gemms already)
+  mb.Node("MatMul", {"x", "w"}, {"h"});
+  mb.Node("Tanh", {"h"}, {"t"});
+  mb.Node("MatMul", {"t", "v"}, {"o"});
+  mb.Node("Mul", {"o", "o"}, {"sq"});
+  auto& mean = mb.Node("ReduceMean", {"sq"}, {"loss"});
+  ModelBuilder::Attr(mean, "keepdims", int64_t{0});
+  mb.Output("loss", {});
+  CompileOptions o;
+  o.mode = Mode::kTraining;
+  o.loss = "loss";
+  const std::vector<HostTensor> feeds = {HostTensor::FromFloats({4, 3, 5}, RandomFloats(60, 58))};
+  std::vector<float> losses[2];
+  size_t steps[2] = {0, 0};
+  for (int fuse = 0; fuse < 2; ++fuse) {
+    o.fuse = fuse != 0;
+    auto exe = Executable::Compile(mb.Bytes(), o);
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    Memory m(**exe);
+    for (int step = 0; step < 3; ++step) {
+      auto out = RunHost(**exe, m, feeds);
+      ASSERT_TRUE(out.ok()) << out.status();
+      losses[fuse].push_back((*out)[0].floats()[0]);
+    }
+    steps[fuse] = (*exe)->num_steps();
+  }
+  for (size_t i = 0; i < losses[0].size(); ++i) {
+    EXPECT_NEAR(losses[1][i], losses[0][i], kTolerance * std::abs(losses[0][i])) << "step " << i;
+  }
+  EXPECT_LT(losses[1].back(), losses[1].front());
+  EXPECT_LT(steps[1], steps[0]);
+}
+
 }  // namespace
 }  // namespace salus::exec

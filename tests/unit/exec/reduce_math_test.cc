@@ -628,24 +628,27 @@ TEST(ReduceMathTest, GemmEdgeShapes) {
   }
 }
 
-// What the CUDA MatMul kernel computes, call by call.
-std::vector<float> MatMulLikeCuda(const Shape& a_shape, const Shape& b_shape,
-                                  const std::vector<float>& a, const std::vector<float>& b,
-                                  int64_t out_count) {
-  const MatMulLayout l = cuda::MakeMatMulLayout(a_shape, b_shape);
+// What the CUDA MatMul kernel computes, call by call: `a_shape` and `b_shape` as stored, `ta`
+// / `tb` when an operand is read with its last two dims swapped.
+std::vector<float> MatMulLikeCuda(Shape a_shape, Shape b_shape, const std::vector<float>& a,
+                                  const std::vector<float>& b, int64_t out_count, bool ta = false,
+                                  bool tb = false) {
+  if (ta) std::swap(a_shape[a_shape.size() - 2], a_shape.back());
+  if (tb) std::swap(b_shape[b_shape.size() - 2], b_shape.back());
+  const cuda::MatMulPlan p = cuda::MakeMatMulPlan(a_shape, b_shape, ta, tb);
+  const MatMulLayout& l = p.layout;
+  const CublasGemmShape& s = p.gemm;
   std::vector<float> y(out_count, std::numeric_limits<float>::quiet_NaN());
   EXPECT_EQ(l.outer * l.inner * l.m * l.n, out_count);
   if (out_count == 0) return y;
   if (l.k == 0) return std::vector<float>(out_count, 0.f);
-  const bool fold = cuda::FoldsInnerBatch(l);
-  const CublasGemmShape s = cuda::RowMajorGemm(fold ? l.inner * l.m : l.m, l.n, l.k, false, false);
-  const int64_t batch = fold ? 1 : l.inner;
   for (int64_t o = 0; o < l.outer; ++o) {
     int64_t a_at = 0, b_at = 0;
     l.OuterOffsets(o, &a_at, &b_at);
-    for (int64_t i = 0; i < batch; ++i) {
-      ColumnMajorSgemm(false, false, s.m, s.n, s.k, 1.f, b.data() + b_at + i * l.b_stride,
-                       s.ld_first, a.data() + a_at + i * l.a_stride, s.ld_second, 0.f,
+    for (int64_t i = 0; i < p.batch; ++i) {
+      ColumnMajorSgemm(s.trans_first, s.trans_second, s.m, s.n, s.k, 1.f,
+                       b.data() + b_at + i * l.b_stride, s.ld_first,
+                       a.data() + a_at + i * l.a_stride, s.ld_second, 0.f,
                        y.data() + o * l.inner * l.m * l.n + i * l.m * l.n, s.ld_out);
     }
   }
@@ -691,6 +694,56 @@ TEST(ReduceMathTest, MatMulMatchesTheCpu) {
     ASSERT_TRUE(RunCpu(mb, {HostTensor::FromFloats(c.a, a), HostTensor::FromFloats(c.b, b)}, &run));
     const std::vector<float> want = MatMulLikeCuda(c.a, c.b, a, b, run.out.num_elements());
     ExpectClose(want, run.out.floats(), "MatMul " + ShapeText(c.a) + " x " + ShapeText(c.b));
+  }
+}
+
+// Operands stored transposed (Note [Transposed operands] in exec/fusion.h): the CPU runs
+// Transpose -> MatMul folded into one MatMul; the CUDA calls read the stored operands.
+TEST(ReduceMathTest, MatMulOfTransposedOperandsMatchesTheCpu) {
+  struct Case {
+    Shape a, b;  // as stored
+    bool ta, tb;
+  };
+  const std::vector<Case> cases = {
+      {{4, 3}, {4, 5}, true, false},              // plain, A transposed
+      {{3, 4}, {5, 4}, false, true},              // plain, B transposed
+      {{4, 3}, {5, 4}, true, true},               // both
+      {{6, 4, 3}, {4, 5}, true, false},           // B broadcast: not folded, A being transposed
+      {{6, 3, 4}, {5, 4}, false, true},           // B broadcast and transposed: folded
+      {{3, 4}, {6, 5, 4}, false, true},           // A broadcast
+      {{2, 3, 4, 3}, {3, 5, 4}, true, true},      // rank 4, B broadcast over the outer dim
+      {{2, 1, 4, 3}, {1, 3, 4, 5}, true, false},  // outer loop
+      {{3, 0, 4}, {5, 4}, false, true},           // no rows
+  };
+  uint32_t seed = 950;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("MatMul " + ShapeText(c.a) + (c.ta ? "^T" : "") + " x " + ShapeText(c.b) +
+                 (c.tb ? "^T" : ""));
+    ModelBuilder mb;
+    mb.Input("a", c.a).Input("b", c.b);
+    std::string a_name = "a", b_name = "b";
+    for (auto [name, stored, transposed] :
+         {std::tuple{&a_name, &c.a, c.ta}, std::tuple{&b_name, &c.b, c.tb}}) {
+      if (!transposed) continue;
+      std::vector<int64_t> perm(stored->size());
+      for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+      std::swap(perm[perm.size() - 2], perm.back());
+      auto& t = mb.Node("Transpose", {*name}, {*name + "t"});
+      ModelBuilder::Attr(t, "perm", perm);
+      *name += "t";
+    }
+    mb.Node("MatMul", {a_name, b_name}, {"y"});
+    OutputOfRank(mb, "y", std::max(c.a.size(), c.b.size()));
+    const std::vector<float> a = RandomFloats(NumElements(c.a), seed++);
+    const std::vector<float> b = RandomFloats(NumElements(c.b), seed++);
+    CpuRun run;
+    ASSERT_TRUE(RunCpu(mb, {HostTensor::FromFloats(c.a, a), HostTensor::FromFloats(c.b, b)}, &run));
+    int transposes = 0;
+    for (const Node& n : run.exe->graph().nodes()) transposes += n.op == "Transpose";
+    EXPECT_EQ(transposes, 0) << "folded into the MatMul";
+    const std::vector<float> want =
+        MatMulLikeCuda(c.a, c.b, a, b, run.out.num_elements(), c.ta, c.tb);
+    ExpectClose(want, run.out.floats(), "MatMul");
   }
 }
 
