@@ -44,8 +44,14 @@ KernelOr GatherGrad(const Node& n, const Graph& g) {
       }
     }
     std::fill(dx, dx + data_count, 0.f);
-    const int64_t total = geo.outer * geo.count * geo.inner;
-    for (int64_t o = 0; o < total; ++o) dx[GatherSourceIndex(geo, idx, o)] += dy[o];
+    // A row of `inner` elements at a time (GatherSourceIndex of its first element), in dY's
+    // order: each dData element gets its sums in the order an element-wise loop adds them.
+    const int64_t rows = geo.outer * geo.count;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* to = dx + GatherSourceIndex(geo, idx, r * geo.inner);
+      const float* from = dy + r * geo.inner;
+      for (int64_t i = 0; i < geo.inner; ++i) to[i] += from[i];
+    }
     return OkStatus();
   }));
 }

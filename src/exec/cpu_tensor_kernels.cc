@@ -350,14 +350,27 @@ KernelOr FloatMath(const Node& n, const Graph& g) {
 // ---------------------------------------------------------------------------------------------
 // Data movement and generators.
 
+// Row by row (the output's last dim): each row is a row of X, or one element of X repeated.
 KernelOr Expand(const Node& n, const Graph& g) {
-  BroadcastMap map(Out(n, g, 0).shape, {In(n, g, 0).shape});
+  const Shape out = Out(n, g, 0).shape;
+  const Shape strides = BroadcastStrides(In(n, g, 0).shape, out);
+  const Shape rows = out.empty() ? Shape{} : Shape(out.begin(), out.end() - 1);
+  const Shape row_strides = out.empty() ? Shape{} : Shape(strides.begin(), strides.end() - 1);
+  const int64_t inner = out.empty() ? 1 : out.back();
+  const bool repeat = !out.empty() && strides.back() == 0;
   return WithElementSize(Out(n, g, 0).type, [&](auto tag) {
     using T = decltype(tag);
-    return Loop([map](const KernelArgs& a) {
+    return Loop([=](const KernelArgs& a) {
       const T* x = Input<T>(a, 0);
       T* z = Output<T>(a, 0);
-      map.ForEach([&](int64_t e, int64_t i, int64_t) { z[e] = x[i]; });
+      ForEachBroadcast(rows, {row_strides}, [&](int64_t r, const int64_t* off) {
+        T* to = z + r * inner;
+        if (repeat) {
+          std::fill(to, to + inner, x[off[0]]);
+        } else {
+          std::copy(x + off[0], x + off[0] + inner, to);
+        }
+      });
     });
   });
 }

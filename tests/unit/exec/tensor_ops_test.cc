@@ -611,6 +611,22 @@ TEST(TensorOpsTest, ExpandAndTrilu) {
   ASSERT_TRUE(expand.ok()) << expand.status();
   EXPECT_EQ((*expand)[0].shape, Shape({2, 3, 2}));
   EXPECT_EQ(Int64s((*expand)[0]), std::vector<int64_t>({1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3}));
+  // Whole rows of X repeated over a middle dim; a scalar over a vector; a scalar as a scalar.
+  auto rows = RunNode(17, "Expand", {},
+                      {Fed(HostTensor::FromFloats({2, 1, 3}, {1, 2, 3, 4, 5, 6})),
+                       Const(HostTensor::FromInt64s({3}, {2, 2, 3}))});
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(Floats((*rows)[0]), std::vector<float>({1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6}));
+  auto scalar =
+      RunNode(17, "Expand", {},
+              {Fed(HostTensor::FromFloats({}, {7})), Const(HostTensor::FromInt64s({1}, {3}))});
+  ASSERT_TRUE(scalar.ok()) << scalar.status();
+  EXPECT_EQ(Floats((*scalar)[0]), std::vector<float>({7, 7, 7}));
+  auto same =
+      RunNode(17, "Expand", {},
+              {Fed(HostTensor::FromFloats({}, {7})), Const(HostTensor::FromInt64s({0}, {}))});
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(Floats((*same)[0]), std::vector<float>({7}));
   auto bad = RunNode(
       17, "Expand", {},
       {Fed(HostTensor::FromFloats({3}, {1, 2, 3})), Const(HostTensor::FromInt64s({1}, {2}))});
