@@ -1,10 +1,11 @@
 // Parity of the CUDA device's cuBLAS and CUB kernels (src/exec/cuda/blas_kernels.cc) with the
 // CPU, op by op (cuda_parity.h): Gemm (both transposes, alpha and beta, every C shape, beta 0,
 // the Relu inference fuses), MatMul (1-D operands, plain, batched, every pattern of broadcast
-// batch dims up to rank 5, an empty output), and every reduction over several axis
-// sets with keepdims both ways, axes as ReduceSum's input, the no-reduction cases, scalars, empty
-// tensors, and long runs reduced in chunks after a permutation. Each case also runs twice on the
-// GPU in lanes at different addresses and must be bit-identical. Skipped without a usable GPU.
+// batch dims up to rank 5, an empty output, operands read transposed), and every reduction over
+// several axis sets with keepdims both ways, axes as ReduceSum's input, the no-reduction cases,
+// scalars, empty tensors, and long runs reduced in chunks after a permutation. Each case also runs
+// twice on the GPU in lanes at different addresses and must be bit-identical. Skipped without a
+// usable GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -188,6 +189,46 @@ TEST(CudaBlasKernelsTest, MatMul) {
     mb.Node("MatMul", {"a", "b"}, {"y"});
     const size_t rank = std::max<size_t>({c.a.size(), c.b.size(), 2});
     OutputOfRank(mb, "y", rank - (c.a.size() == 1) - (c.b.size() == 1));
+    ExpectCudaParity(mb.Bytes(), {}, LongSums());
+  }
+}
+
+// Operands stored transposed: Transpose -> MatMul folds into one MatMul reading the stored
+// tensor (Note [Transposed operands] in exec/fusion.h) on both devices.
+TEST(CudaBlasKernelsTest, MatMulOfTransposedOperands) {
+  SALUS_REQUIRE_GPU();
+  struct Case {
+    Shape a, b;  // as stored
+    bool ta, tb;
+  };
+  const std::vector<Case> cases = {
+      {{4, 3}, {4, 5}, true, false},                // one product, A transposed
+      {{3, 4}, {5, 4}, false, true},                // B transposed
+      {{96, 64}, {80, 96}, true, true},             // both, larger
+      {{6, 4, 3}, {4, 5}, true, false},             // B broadcast, A transposed: not folded
+      {{6, 3, 4}, {5, 4}, false, true},             // B broadcast and transposed: folded
+      {{3, 4}, {6, 5, 4}, false, true},             // A broadcast
+      {{2, 3, 33, 17}, {2, 3, 9, 33}, true, true},  // rank 4, odd sizes
+      {{2, 1, 4, 3}, {1, 3, 4, 5}, true, false},    // host loop over the outer batch
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("MatMul " + ShapeString(c.a) + (c.ta ? "^T" : "") + " x " + ShapeString(c.b) +
+                 (c.tb ? "^T" : ""));
+    ModelBuilder mb;
+    mb.Input("a", c.a).Input("b", c.b);
+    std::string a = "a", b = "b";
+    for (auto [name, stored, transposed] :
+         {std::tuple{&a, &c.a, c.ta}, std::tuple{&b, &c.b, c.tb}}) {
+      if (!transposed) continue;
+      std::vector<int64_t> perm(stored->size());
+      for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+      std::swap(perm[perm.size() - 2], perm.back());
+      auto& t = mb.Node("Transpose", {*name}, {*name + "t"});
+      ModelBuilder::Attr(t, "perm", perm);
+      *name += "t";
+    }
+    mb.Node("MatMul", {a, b}, {"y"});
+    OutputOfRank(mb, "y", std::max(c.a.size(), c.b.size()));
     ExpectCudaParity(mb.Bytes(), {}, LongSums());
   }
 }
