@@ -138,6 +138,35 @@ def test_a_read_inside_a_step_splits_it_correctly(daemon: Daemon) -> None:
     assert salus_torch.device.runtime().flushes == 2 * len(batches)
 
 
+def test_a_split_step_under_a_daemon_that_runs_one_session_at_a_time() -> None:
+    """Note [One session at a time]: under FIFO, a step split by a read alternates between two
+    graphs; each flush closes the other graph's session, so the job never waits on itself."""
+    batches = images(4, 3)
+    want_losses, want_state = loop("resnet", "sgd", "cpu", batches)
+    fifo = Daemon(memory="2GiB", policy="fifo")
+    old = os.environ.get("SALUS_ENDPOINT")
+    salus_torch.device.close()
+    os.environ["SALUS_ENDPOINT"] = fifo.endpoint
+    try:
+        # (were the job to wait on itself, the admission timeout fails the test instead)
+        salus_torch.device.set_session_options(admission_timeout=60.0)
+        with pytest.warns(UserWarning, match="one session at a time") as caught:
+            got_losses, got_state = loop("resnet", "sgd", "salus", batches, read_inside=True)
+        assert sum("one session at a time" in str(w.message) for w in caught) == 1
+        rt = salus_torch.device.runtime()
+        assert rt.flushes == 2 * len(batches)
+        assert len(rt.sessions) == 1
+        assert_losses_match(got_losses, want_losses)
+        assert_state_match(got_state, want_state, atol=3e-5)
+    finally:
+        salus_torch.device.close()
+        if old is None:
+            os.environ.pop("SALUS_ENDPOINT")
+        else:
+            os.environ["SALUS_ENDPOINT"] = old
+        fifo.stop()
+
+
 def test_steps_run_ahead_of_a_loop_that_reads_its_losses_later(daemon: Daemon) -> None:
     """A loop that keeps its losses and reads them after the last step: each step's iteration
     is in flight while the next one is recorded (Note [Flushes in flight]), and every loss,

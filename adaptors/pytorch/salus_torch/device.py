@@ -36,6 +36,17 @@ iteration that fails in the daemon reports its error at that wait, once; the ten
 give values to have none. A loop that reads its loss every step waits at once; one that logs
 every few steps overlaps its recording with the daemon's work.
 
+Note [One session at a time]
+A daemon whose policy admits one session at a time (FIFO) would keep a job whose steps
+alternate between graphs (a read inside a step splits it in two; an evaluation pass is a graph
+of its own) waiting on itself: the new graph's session waits for the device while the other
+graph's session, holding the job's state, stays open. Under such a daemon, a flush to a graph
+first moves the values every other session of the device still holds to the host and closes
+those sessions (their graphs stay traced), so that its own session is the job's only one; the
+values go back in with its iteration, as any host value does. Each switch between graphs then
+costs reading the state and compiling the graph's session again: FAIR and PACK keep every
+graph's session open, and the device warns once when it switches so.
+
 Note [Shared locations]
 `detach()` or `alias` of a tensor whose value exists, run at once, makes a tensor with the same
 location (F.embedding's max_norm renormalizes `weight.detach()` in place, then reads `weight`).
@@ -73,6 +84,7 @@ import sys
 import threading
 import time
 import types
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -435,6 +447,7 @@ class Runtime:
         self._session_options: dict[str, Any] = {}
         self._collector_paused = False  # Note [The collector paused while recording]
         self._detached: tuple[int, SalusTensor] | None = None  # Note [One detach, one dispatch]
+        self._evicted = False  # whether the one-session warning was given
         self.flushes = 0
         self.traces = 0  # recordings traced into a new graph (the others found their plan)
 
@@ -1070,6 +1083,9 @@ class Runtime:
                 self._graphs[digest] = g
             plan = self._plans[key] = (g, outputs, draws)
         g, outputs, draws = plan
+        if self._exclusive():  # Note [One session at a time]
+            for other in [o for o in self._graphs.values() if o is not g]:
+                self._evict(other)
         feeds: dict[str, np.ndarray] = {}
         for name, u in zip(input_names, fed, strict=False):
             feeds[name] = _numpy(self._input_value(seg, u), name)
@@ -1147,6 +1163,29 @@ class Runtime:
         gc.collect()
         self._collected_at = time.perf_counter()
         self._collect_cost = self._collected_at - start
+
+    def _exclusive(self) -> bool:
+        """Whether the daemon admits one session at a time (Note [One session at a time])."""
+        return self.client.server.get("policy") == "fifo"
+
+    def _evict(self, g: _Graph) -> None:
+        """Moves the values `g`'s session holds that tensors still refer to onto the host and
+        closes it (Note [One session at a time])."""
+        if not self._evicted:
+            self._evicted = True
+            warnings.warn(
+                "salus device: the daemon runs one session at a time (FIFO) and this job's "
+                "steps alternate between graphs; each switch moves the job's state to the host "
+                "and compiles the graph's session again. A daemon under FAIR or PACK keeps "
+                "every graph's session open.", stacklevel=2)
+        held = {name: loc for name in list(g.occupant) if (loc := g.holder(name)) is not None}
+        if held:
+            values = g.session.read_state(list(held))
+            for name, loc in held.items():
+                if loc.host is None:
+                    loc.host = torch.from_numpy(np.array(values[name]))
+                loc.graph, loc.slot = None, ""
+        self._drop(g)
 
     def _drop(self, g: _Graph) -> None:
         del self._graphs[g.digest]
