@@ -139,8 +139,8 @@ def test_a_read_inside_a_step_splits_it_correctly(daemon: Daemon) -> None:
 
 
 def test_a_split_step_under_a_daemon_that_runs_one_session_at_a_time() -> None:
-    """Note [One session at a time]: under FIFO, a step split by a read alternates between two
-    graphs; each flush closes the other graph's session, so the job never waits on itself."""
+    """Note [A job never waits on itself]: under FIFO, a step split by a read alternates between
+    two graphs; each new session, queued, closes the other, so the job never waits on itself."""
     batches = images(4, 3)
     want_losses, want_state = loop("resnet", "sgd", "cpu", batches)
     fifo = Daemon(memory="2GiB", policy="fifo")

@@ -36,16 +36,18 @@ iteration that fails in the daemon reports its error at that wait, once; the ten
 give values to have none. A loop that reads its loss every step waits at once; one that logs
 every few steps overlaps its recording with the daemon's work.
 
-Note [One session at a time]
-A daemon whose policy admits one session at a time (FIFO) would keep a job whose steps
-alternate between graphs (a read inside a step splits it in two; an evaluation pass is a graph
-of its own) waiting on itself: the new graph's session waits for the device while the other
-graph's session, holding the job's state, stays open. Under such a daemon, a flush to a graph
-first moves the values every other session of the device still holds to the host and closes
-those sessions (their graphs stay traced), so that its own session is the job's only one; the
-values go back in with its iteration, as any host value does. Each switch between graphs then
-costs reading the state and compiling the graph's session again: FAIR and PACK keep every
-graph's session open, and the device warns once when it switches so.
+Note [A job never waits on itself]
+Each graph is a daemon session. When the daemon queues a new one (FIFO admits one session at a
+time; under the sharing policies, the arena may have no room left), it may be waiting for the
+job's own other sessions, which hold the job's state and never close by themselves: a step
+split in two by a read, or an evaluation pass, would wait forever. So when a session is
+created waiting, the device first moves the values its other sessions still hold to the host
+and closes them (their graphs stay traced); the values go back in with the next iteration, as
+any host value does, and a session closed so is made again when its graph is next flushed.
+Whatever the new session then waits for is another job, as the policy intends. Under FIFO a job
+that alternates between graphs so pays a state read and a session compile at each switch; the
+device warns once. (The TensorFlow adaptor does the same, Note [A job never waits on itself] in
+its kernels.cc.)
 
 Note [Shared locations]
 `detach()` or `alias` of a tensor whose value exists, run at once, makes a tensor with the same
@@ -447,7 +449,7 @@ class Runtime:
         self._session_options: dict[str, Any] = {}
         self._collector_paused = False  # Note [The collector paused while recording]
         self._detached: tuple[int, SalusTensor] | None = None  # Note [One detach, one dispatch]
-        self._evicted = False  # whether the one-session warning was given
+        self._evicted = False  # whether Note [A job never waits on itself] warned
         self.flushes = 0
         self.traces = 0  # recordings traced into a new graph (the others found their plan)
 
@@ -1080,12 +1082,12 @@ class Runtime:
                 options.update(self._session_options)
                 session = self.client.create_session(aten_graph=blob, **options)
                 g = _Graph(session, digest, blob)
+                if session.state == "WAITING":  # Note [A job never waits on itself]
+                    for other in list(self._graphs.values()):
+                        self._evict(other)
                 self._graphs[digest] = g
             plan = self._plans[key] = (g, outputs, draws)
         g, outputs, draws = plan
-        if self._exclusive():  # Note [One session at a time]
-            for other in [o for o in self._graphs.values() if o is not g]:
-                self._evict(other)
         feeds: dict[str, np.ndarray] = {}
         for name, u in zip(input_names, fed, strict=False):
             feeds[name] = _numpy(self._input_value(seg, u), name)
@@ -1164,19 +1166,16 @@ class Runtime:
         self._collected_at = time.perf_counter()
         self._collect_cost = self._collected_at - start
 
-    def _exclusive(self) -> bool:
-        """Whether the daemon admits one session at a time (Note [One session at a time])."""
-        return self.client.server.get("policy") == "fifo"
-
     def _evict(self, g: _Graph) -> None:
         """Moves the values `g`'s session holds that tensors still refer to onto the host and
-        closes it (Note [One session at a time])."""
+        closes it (Note [A job never waits on itself])."""
         if not self._evicted:
             self._evicted = True
             warnings.warn(
-                "salus device: the daemon runs one session at a time (FIFO) and this job's "
-                "steps alternate between graphs; each switch moves the job's state to the host "
-                "and compiles the graph's session again. A daemon under FAIR or PACK keeps "
+                "salus device: the daemon queued a session of this job behind the job's own "
+                "(FIFO runs one session at a time, or the arena is full); the job's other "
+                "sessions close, their state moved to the host, and are made again when next "
+                "needed. Under FIFO each switch between graphs pays that; FAIR or PACK keep "
                 "every graph's session open.", stacklevel=2)
         held = {name: loc for name in list(g.occupant) if (loc := g.holder(name)) is not None}
         if held:
