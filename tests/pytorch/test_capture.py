@@ -98,7 +98,7 @@ def test_training_matches_eager_pytorch(daemon: Daemon, model: str, optimizer: s
             torch.testing.assert_close(p_got[key], p_want[key], rtol=1e-3, atol=3e-4)
 
 
-def test_uneven_last_batch_and_an_eval_pass(daemon: Daemon) -> None:
+def uneven_last_batch_and_an_eval_pass(endpoint: str, **options: object) -> None:
     """A smaller last batch is a second session that receives the state from the first; an
     evaluation step under torch.no_grad() (BatchNorm in eval mode) sees the trained state."""
     batches = images(3, 2) + [(torch.randn(5, 3, 16, 16), torch.randint(0, 10, (5,)))]
@@ -113,8 +113,8 @@ def test_uneven_last_batch_and_an_eval_pass(daemon: Daemon) -> None:
 
         step, ev = train_step, evaluate
         if endpoint is not None:
-            step = salus_torch.capture_step(train_step, endpoint=endpoint)
-            ev = salus_torch.capture_step(evaluate, endpoint=endpoint)
+            step = salus_torch.capture_step(train_step, endpoint=endpoint, **options)
+            ev = salus_torch.capture_step(evaluate, endpoint=endpoint, **options)
         m.train()
         losses = [float(step(x, y)) for x, y in batches[:2]]
         m.eval()
@@ -122,16 +122,34 @@ def test_uneven_last_batch_and_an_eval_pass(daemon: Daemon) -> None:
         m.train()
         losses += [float(step(x, y)) for x, y in batches[2:]]
         if endpoint is not None:
-            assert len(step.sessions) == 2 and len(ev.sessions) == 1
+            sessions = (len(step.sessions), len(ev.sessions))
             ev.close()
             step.close()
+            # Under FAIR every session stays open; under FIFO only the last one made.
+            assert sessions == ((1, 0) if options else (2, 1))
         return losses, logits, m.state_dict()
 
     want_losses, want_logits, want_state = run(None)
-    got_losses, got_logits, got_state = run(daemon.endpoint)
+    got_losses, got_logits, got_state = run(endpoint)
     assert_losses_match(got_losses, want_losses)
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-5)
     assert_state_match(got_state, want_state, atol=3e-5)
+
+
+def test_uneven_last_batch_and_an_eval_pass(daemon: Daemon) -> None:
+    uneven_last_batch_and_an_eval_pass(daemon.endpoint)
+
+
+def test_a_job_with_several_sessions_under_a_daemon_that_runs_one_at_a_time() -> None:
+    """Note [A captured job never waits on itself]: under FIFO the job's sessions (two shapes of
+    the training step, the evaluation step) would queue behind one another; each new one closes
+    the others, their state pulled home. The admission timeout turns a wait into a failure."""
+    fifo = Daemon(memory="2GiB", policy="fifo")
+    try:
+        with pytest.warns(UserWarning, match="one session at a time"):
+            uneven_last_batch_and_an_eval_pass(fifo.endpoint, admission_timeout=60.0)
+    finally:
+        fifo.stop()
 
 
 def onnx_job(endpoint: str, steps: int) -> list[float]:

@@ -10,6 +10,16 @@ copy; which copy is newest is tracked:
 - `sync()` pulls the state into the user's tensors (parameters, buffers, `optimizer.state`),
   after which the host copy is the newest: a later call writes it to the daemon again, so
   changes made on the host in between (loading a checkpoint, say) are seen.
+
+Note [A captured job never waits on itself]
+Each shape signature of each captured step is a session. When the daemon queues a new one
+(FIFO admits one session at a time; a full arena), it may be waiting behind the job's own idle
+sessions, which never close by themselves: an uneven last batch or an evaluation step would
+wait forever. So when a session is created waiting, every captured step of the process pulls
+its state home and closes its other sessions; a closed one is made again when its signature is
+next called (its trace is kept), and its first call writes the state from the host as any new
+session's does. A warning says so once. (The lazy device and the TensorFlow adaptor do the
+same: Note [A job never waits on itself].)
 """
 
 from __future__ import annotations
@@ -17,6 +27,8 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
+import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,13 +46,18 @@ _NP = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np.bool_}
 # Which captured step's session holds the newest state of a module or optimizer (by id), so
 # that a step that shares them with another (a training and an evaluation step) pulls it first.
 _holders: dict[int, CapturedStep] = {}
+# Every captured step of the process, for Note [A captured job never waits on itself].
+_live: weakref.WeakSet[CapturedStep] = weakref.WeakSet()
+_warned = False
 
 
 @dataclass
 class _Entry:
     traced: _trace.Traced
-    session: salus.Session
+    session: salus.Session | None  # None: closed by Note [A captured job never waits on itself]
     digest: str
+    blob: bytes
+    name: str
 
 
 class CapturedStep:
@@ -64,6 +81,7 @@ class CapturedStep:
         self._rng_seed: int | None = None
         self._rng_offset = 0
         functools.update_wrapper(self, fn)
+        _live.add(self)
 
     # ---- calls ----
 
@@ -88,16 +106,57 @@ class CapturedStep:
             digest = hashlib.sha256(blob).hexdigest()[:16]
             for other in self._entries.values():  # the same graph: share its session
                 if other.digest == digest:
-                    entry = _Entry(traced, other.session, digest)
+                    entry = _Entry(traced, other.session, digest, blob, other.name)
                     break
             if entry is None:
-                session = self._client.create_session(
-                    aten_graph=blob, name=f"{self._name}:{len(self._entries)}",
-                    **self._options)
-                entry = _Entry(traced, session, digest)
+                entry = _Entry(traced, None, digest, blob, f"{self._name}:{len(self._entries)}")
             self._entries[key] = entry
             gc.collect()  # the trace's cycles, now rather than in a later step (device.py)
+        if entry.session is None:
+            self._open(entry)
         return entry
+
+    def _open(self, entry: _Entry) -> None:
+        """Makes `entry`'s session (and gives it to the entries of the same graph); when the
+        daemon queues it, closes the process's other captured sessions first (Note [A captured
+        job never waits on itself])."""
+        global _warned
+        session = self._client.create_session(aten_graph=entry.blob, name=entry.name,
+                                              **self._options)
+        for e in self._entries.values():
+            if e.digest == entry.digest:
+                e.session = session
+        if session.state != "WAITING":
+            return
+        evicted = False
+        for step in list(_live):
+            evicted = step._close_others(session) or evicted
+        if evicted and not _warned:
+            _warned = True
+            warnings.warn(
+                "salus_torch.capture_step: the daemon queued a session of this job behind the "
+                "job's own (FIFO runs one session at a time, or the arena is full); the job's "
+                "other sessions close, their state pulled home, and are made again when next "
+                "called. Under FIFO each switch between steps or shapes pays that; FAIR or PACK "
+                "keep every session open.", stacklevel=3)
+
+    def _close_others(self, keep: salus.Session) -> bool:
+        """Pulls this step's state home and closes its sessions but `keep`; whether any was
+        open."""
+        open_ = [s for s in self.sessions if s is not keep]
+        if not open_:
+            return False
+        if self._holder is not None and self._holder.session is not keep:
+            self._pull()
+        for e in self._entries.values():
+            if e.session is not None and e.session is not keep:
+                e.session = None
+        for s in open_:
+            try:
+                s.close()
+            except salus.SalusError:
+                pass
+        return True
 
     def __call__(self, *args: Any) -> Any:
         entry = self._entry(args)
@@ -164,7 +223,7 @@ class CapturedStep:
         """The daemon sessions of this step, one per shape signature."""
         seen: list[salus.Session] = []
         for e in self._entries.values():
-            if all(e.session is not s for s in seen):
+            if e.session is not None and all(e.session is not s for s in seen):
                 seen.append(e.session)
         return seen
 
