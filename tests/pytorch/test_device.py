@@ -138,15 +138,15 @@ def test_a_read_inside_a_step_splits_it_correctly(daemon: Daemon) -> None:
     assert salus_torch.device.runtime().flushes == 2 * len(batches)
 
 
-def test_a_split_step_under_a_daemon_that_runs_one_session_at_a_time() -> None:
+def test_a_split_step_under_a_daemon_that_runs_one_session_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Note [A job never waits on itself]: under FIFO, a step split by a read alternates between
     two graphs; each new session, queued, closes the other, so the job never waits on itself."""
     batches = images(4, 3)
     want_losses, want_state = loop("resnet", "sgd", "cpu", batches)
     fifo = Daemon(memory="2GiB", policy="fifo")
-    old = os.environ.get("SALUS_ENDPOINT")
     salus_torch.device.close()
-    os.environ["SALUS_ENDPOINT"] = fifo.endpoint
+    monkeypatch.setenv("SALUS_ENDPOINT", fifo.endpoint)
     try:
         # (were the job to wait on itself, the admission timeout fails the test instead)
         salus_torch.device.set_session_options(admission_timeout=60.0)
@@ -160,10 +160,6 @@ def test_a_split_step_under_a_daemon_that_runs_one_session_at_a_time() -> None:
         assert_state_match(got_state, want_state, atol=3e-5)
     finally:
         salus_torch.device.close()
-        if old is None:
-            os.environ.pop("SALUS_ENDPOINT")
-        else:
-            os.environ["SALUS_ENDPOINT"] = old
         fifo.stop()
 
 

@@ -21,6 +21,7 @@ namespace salus::exec {
 namespace {
 
 using testing::ExpectCudaParity;
+using testing::MatMulOfStored;
 using testing::ModelBuilder;
 using testing::ParityOptions;
 
@@ -215,19 +216,7 @@ TEST(CudaBlasKernelsTest, MatMulOfTransposedOperands) {
     SCOPED_TRACE("MatMul " + ShapeString(c.a) + (c.ta ? "^T" : "") + " x " + ShapeString(c.b) +
                  (c.tb ? "^T" : ""));
     ModelBuilder mb;
-    mb.Input("a", c.a).Input("b", c.b);
-    std::string a = "a", b = "b";
-    for (auto [name, stored, transposed] :
-         {std::tuple{&a, &c.a, c.ta}, std::tuple{&b, &c.b, c.tb}}) {
-      if (!transposed) continue;
-      std::vector<int64_t> perm(stored->size());
-      for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
-      std::swap(perm[perm.size() - 2], perm.back());
-      auto& t = mb.Node("Transpose", {*name}, {*name + "t"});
-      ModelBuilder::Attr(t, "perm", perm);
-      *name += "t";
-    }
-    mb.Node("MatMul", {a, b}, {"y"});
+    MatMulOfStored(mb, c.a, c.b, c.ta, c.tb);
     OutputOfRank(mb, "y", std::max(c.a.size(), c.b.size()));
     ExpectCudaParity(mb.Bytes(), {}, LongSums());
   }

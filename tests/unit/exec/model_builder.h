@@ -102,6 +102,25 @@ class ModelBuilder {
   onnx::ModelProto model_;
 };
 
+// Inputs a and b (shapes as stored) and y = MatMul(a or a^T, b or b^T), each operand read
+// transposed (its last two dims swapped by a Transpose) when `ta` / `tb` says so.
+inline void MatMulOfStored(ModelBuilder& mb, const Shape& a, const Shape& b, bool ta, bool tb) {
+  mb.Input("a", a).Input("b", b);
+  std::string names[2] = {"a", "b"};
+  const Shape* shapes[2] = {&a, &b};
+  const bool transposed[2] = {ta, tb};
+  for (int k = 0; k < 2; ++k) {
+    if (!transposed[k]) continue;
+    std::vector<int64_t> perm(shapes[k]->size());
+    for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+    std::swap(perm[perm.size() - 2], perm.back());
+    auto& t = mb.Node("Transpose", {names[k]}, {names[k] + "t"});
+    ModelBuilder::Attr(t, "perm", perm);
+    names[k] += "t";
+  }
+  mb.Node("MatMul", {names[0], names[1]}, {"y"});
+}
+
 inline std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> d(lo, hi);

@@ -45,6 +45,7 @@ using cuda::ReduceKind;
 using cuda::ReduceLayout;
 using cuda::ReduceOp;
 using cuda::ReducePass;
+using testing::MatMulOfStored;
 using testing::Memory;
 using testing::ModelBuilder;
 using testing::RandomFloats;
@@ -720,19 +721,7 @@ TEST(ReduceMathTest, MatMulOfTransposedOperandsMatchesTheCpu) {
     SCOPED_TRACE("MatMul " + ShapeText(c.a) + (c.ta ? "^T" : "") + " x " + ShapeText(c.b) +
                  (c.tb ? "^T" : ""));
     ModelBuilder mb;
-    mb.Input("a", c.a).Input("b", c.b);
-    std::string a_name = "a", b_name = "b";
-    for (auto [name, stored, transposed] :
-         {std::tuple{&a_name, &c.a, c.ta}, std::tuple{&b_name, &c.b, c.tb}}) {
-      if (!transposed) continue;
-      std::vector<int64_t> perm(stored->size());
-      for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
-      std::swap(perm[perm.size() - 2], perm.back());
-      auto& t = mb.Node("Transpose", {*name}, {*name + "t"});
-      ModelBuilder::Attr(t, "perm", perm);
-      *name += "t";
-    }
-    mb.Node("MatMul", {a_name, b_name}, {"y"});
+    MatMulOfStored(mb, c.a, c.b, c.ta, c.tb);
     OutputOfRank(mb, "y", std::max(c.a.size(), c.b.size()));
     const std::vector<float> a = RandomFloats(NumElements(c.a), seed++);
     const std::vector<float> b = RandomFloats(NumElements(c.b), seed++);
