@@ -188,8 +188,7 @@ dnnl::memory::desc MatMulOperand(const Shape& dims, bool transposed) {
   if (!transposed) return PlainDesc(dims);
   Shape stored = dims;
   std::swap(stored[stored.size() - 2], stored.back());
-  Shape strides(stored.size(), 1);
-  for (size_t i = stored.size() - 1; i-- > 0;) strides[i] = strides[i + 1] * stored[i + 1];
+  Shape strides = DenseStrides(stored);
   std::swap(strides[strides.size() - 2], strides.back());
   return StridedDesc(dims, strides);
 }
@@ -197,12 +196,8 @@ dnnl::memory::desc MatMulOperand(const Shape& dims, bool transposed) {
 KernelOr MatMul(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   Shape a = g.value(n.inputs[0]).shape, b = g.value(n.inputs[1]).shape;
+  SALUS_RETURN_IF_ERROR(ApplyMatMulTransposes(n, &a, &b));
   const bool ta = n.GetInt(kMatMulTransA, 0) != 0, tb = n.GetInt(kMatMulTransB, 0) != 0;
-  if ((ta && a.size() < 2) || (tb && b.size() < 2)) {
-    return InvalidArgumentError(n.Describe() + ": a transposed operand needs two dims or more");
-  }
-  if (ta) std::swap(a[a.size() - 2], a.back());
-  if (tb) std::swap(b[b.size() - 2], b.back());
   if (a.size() == 1) a.insert(a.begin(), 1);
   if (b.size() == 1) b.push_back(1);
   const size_t rank = std::max(a.size(), b.size());

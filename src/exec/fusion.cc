@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 
 namespace salus::exec {
 
@@ -364,6 +365,16 @@ int FoldTransposes(Graph* graph, const FusionOptions& options, size_t* boundary)
   }
   RemoveNodes(&g, dead);
   return CountDead(dead);
+}
+
+Status ApplyMatMulTransposes(const Node& n, Shape* a, Shape* b) {
+  const bool ta = n.GetInt(kMatMulTransA, 0) != 0, tb = n.GetInt(kMatMulTransB, 0) != 0;
+  if ((ta && a->size() < 2) || (tb && b->size() < 2)) {
+    return InvalidArgumentError(n.Describe() + ": a transposed operand needs two dims or more");
+  }
+  if (ta) std::swap((*a)[a->size() - 2], a->back());
+  if (tb) std::swap((*b)[b->size() - 2], b->back());
+  return OkStatus();
 }
 
 void ApplyInferenceFusions(Graph* graph, const FusionOptions& options) {

@@ -69,6 +69,11 @@ inline constexpr const char* kMatMulTransA = "trans_a";
 inline constexpr const char* kMatMulTransB = "trans_b";
 int FoldTransposes(Graph* graph, const FusionOptions& options, size_t* boundary = nullptr);
 
+// The shapes MatMul node `n` reads: `a` and `b` (its inputs' shapes) with their last two dims
+// swapped where kMatMulTransA / kMatMulTransB say so. InvalidArgument naming the node when a
+// transposed operand has fewer than two dims. (Shape inference and every MatMul kernel.)
+Status ApplyMatMulTransposes(const Node& n, Shape* a, Shape* b);
+
 // Marks the values between Convs that stay in a layout of `block` channels (8 or 16); returns
 // how many. Only values whose channels are a whole number of blocks qualify, so a blocked value
 // takes exactly the bytes of its row-major form and the memory plan is unchanged.

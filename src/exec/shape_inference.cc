@@ -567,11 +567,7 @@ Status InferNodeShapes(Graph* graph, int node_index) {
     Shape a = in(0).shape, b = in(1).shape;
     SALUS_RETURN_IF_ERROR(Expect(n, !a.empty() && !b.empty(), "scalar operand"));
     // Operands read transposed (Note [Transposed operands] in fusion.h).
-    const bool ta = n.GetInt(kMatMulTransA, 0) != 0, tb = n.GetInt(kMatMulTransB, 0) != 0;
-    SALUS_RETURN_IF_ERROR(Expect(n, (!ta || a.size() >= 2) && (!tb || b.size() >= 2),
-                                 "a transposed operand has fewer than two dims"));
-    if (ta) std::swap(a[a.size() - 2], a.back());
-    if (tb) std::swap(b[b.size() - 2], b.back());
+    SALUS_RETURN_IF_ERROR(ApplyMatMulTransposes(n, &a, &b));
     const bool a1 = a.size() == 1, b1 = b.size() == 1;
     if (a1) a.insert(a.begin(), 1);
     if (b1) b.push_back(1);

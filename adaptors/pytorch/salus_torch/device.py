@@ -1114,13 +1114,8 @@ class Runtime:
                 feeds[name] = np.array(values[s])
         # Values in slots this run overwrites that other tensors still hold move to the host.
         moving = {id(seg.inputs[u]) for u in state_in}
-        for name in slot_names:
-            loc = g.holder(name)
-            if loc is None or id(loc) in moving:
-                continue
-            if loc.host is None:
-                loc.host = torch.from_numpy(np.array(g.session.read_state([name])[name]))
-            loc.graph, loc.slot = None, ""
+        self._move_home(g, [name for name in slot_names
+                            if (loc := g.holder(name)) is not None and id(loc) not in moving])
         # A session whose state nothing refers to anymore (the first step's, once its values
         # moved into this one) is closed, so that its memory returns and a FIFO daemon is not
         # left waiting for it.
@@ -1177,14 +1172,20 @@ class Runtime:
                 "sessions close, their state moved to the host, and are made again when next "
                 "needed. Under FIFO each switch between graphs pays that; FAIR or PACK keep "
                 "every graph's session open.", stacklevel=2)
-        held = {name: loc for name in list(g.occupant) if (loc := g.holder(name)) is not None}
-        if held:
-            values = g.session.read_state(list(held))
-            for name, loc in held.items():
-                if loc.host is None:
-                    loc.host = torch.from_numpy(np.array(values[name]))
-                loc.graph, loc.slot = None, ""
+        self._move_home(g, [name for name in list(g.occupant) if g.holder(name) is not None])
         self._drop(g)
+
+    @staticmethod
+    def _move_home(g: _Graph, slots: list[str]) -> None:
+        """The values in `g`'s `slots` (each held by a location) become host values: those
+        with no host copy yet are read, in one request, and each location leaves its slot."""
+        locs = {name: g.holder(name) for name in slots}
+        unread = [name for name, loc in locs.items() if loc.host is None]
+        values = g.session.read_state(unread) if unread else {}
+        for name, loc in locs.items():
+            if loc.host is None:
+                loc.host = torch.from_numpy(np.array(values[name]))
+            loc.graph, loc.slot = None, ""
 
     def _drop(self, g: _Graph) -> None:
         del self._graphs[g.digest]

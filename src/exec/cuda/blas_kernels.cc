@@ -151,12 +151,8 @@ KernelOr MatMul(const Node& n, const Graph& g, DeviceContext*) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   // Operands stored transposed: Note [Transposed operands] in exec/fusion.h.
   std::vector<int64_t> as = g.value(n.inputs[0]).shape, bs = g.value(n.inputs[1]).shape;
+  SALUS_RETURN_IF_ERROR(ApplyMatMulTransposes(n, &as, &bs));
   const bool ta = n.GetInt(kMatMulTransA, 0) != 0, tb = n.GetInt(kMatMulTransB, 0) != 0;
-  if ((ta && as.size() < 2) || (tb && bs.size() < 2)) {
-    return InvalidArgumentError(n.Describe() + ": a transposed operand needs two dims or more");
-  }
-  if (ta) std::swap(as[as.size() - 2], as.back());
-  if (tb) std::swap(bs[bs.size() - 2], bs.back());
   const MatMulPlan plan = MakeMatMulPlan(as, bs, ta, tb);
   const MatMulLayout& l = plan.layout;
   const CublasGemmShape& s = plan.gemm;
