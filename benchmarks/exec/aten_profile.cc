@@ -4,9 +4,11 @@
 //
 // Compiles a serialized salus.v1.AtenGraph (as salus_torch traces it; write one with
 // `traced.graph.SerializeToString()`) on the CPU with profiling on, runs it with seeded random
-// inputs and zero state, and prints the median step time and the seconds per iteration spent
-// in each engine op type, largest first. `--no-fuse` compiles every node as imported (the graph
-// rewrites of exec/fusion.h off), for a before and after of those rewrites in one run.
+// inputs and zero state, and prints the median step time, when its fetches (the loss) were
+// ready within it (Note [Fetches before the end] in exec/executable.cc), and the seconds per
+// iteration spent in each engine op type, largest first. `--no-fuse` compiles every node as
+// imported (the graph rewrites of exec/fusion.h off), for a before and after of those rewrites in
+// one run.
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
@@ -68,22 +70,31 @@ int main(int argc, char** argv) {
     return 1;
   }
   salus::exec::bench::Io io = salus::exec::bench::MakeIo(x);
-  std::vector<double> ms;
+  std::vector<double> ms, fetched_ms;
   for (int i = 0; i < warmup + iters; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    if (auto st = x.Run(persistent->get(), lane->get(), io.feed_ptrs, io.out_ptrs); !st.ok()) {
+    auto since = [&start] {
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+          .count();
+    };
+    double fetched = 0;
+    if (auto st = x.Run(persistent->get(), lane->get(), io.feed_ptrs, io.out_ptrs,
+                        [&] { fetched = since(); });
+        !st.ok()) {
       std::cerr << st << "\n";
       return 1;
     }
     if (i >= warmup) {
-      ms.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-              .count());
+      ms.push_back(since());
+      fetched_ms.push_back(fetched);
     }
   }
   std::sort(ms.begin(), ms.end());
+  std::sort(fetched_ms.begin(), fetched_ms.end());
   std::cout << "nodes " << x.graph().nodes().size() << ", P " << x.persistent_bytes() << " B, E "
-            << x.ephemeral_bytes() << " B, median step " << ms[ms.size() / 2] << " ms\n";
+            << x.ephemeral_bytes() << " B, median step " << ms[ms.size() / 2] << " ms\n"
+            << "fetches ready after " << x.fetch_ready_steps() << " of " << x.num_steps()
+            << " steps, median " << fetched_ms[fetched_ms.size() / 2] << " ms\n";
   std::vector<std::pair<double, std::string>> per_op;
   for (const auto& [op, seconds] : x.Profile()) per_op.emplace_back(seconds, op);
   std::sort(per_op.rbegin(), per_op.rend());

@@ -118,6 +118,9 @@ struct IterationStats {
   double queue_delay_us = 0;
   double run_us = 0;
   double switch_gap_us = 0;
+  // Replied when its fetches were ready, before the iteration ended (reply_when_fetched):
+  // run_us is the time up to the reply.
+  bool early = false;
 };
 
 struct ServerInfo {
@@ -226,13 +229,19 @@ class Session {
   // The persistent values (parameters, optimizer state, variables) the session's state I/O
   // can write and read: as feeds and fetches of Run, or with SyncState.
   const std::vector<TensorSpec>& state() const { return state_; }
-  // One iteration (waits for admission first when the session is queued).
+  // One iteration (waits for admission first when the session is queued). With
+  // `reply_when_fetched`, returns as soon as the fetches are computed, where the daemon's
+  // device tells: a training step's loss after its forward pass, while the rest of the step
+  // runs. The session's later requests still follow the whole iteration, and an error in that
+  // rest fails the next one (salus.v1.RunIteration.reply_when_fetched).
   StatusOr<std::map<std::string, Tensor>> Run(const std::vector<Tensor>& feeds = {},
-                                              const std::vector<std::string>& fetches = {});
+                                              const std::vector<std::string>& fetches = {},
+                                              bool reply_when_fetched = false);
   // Queues one iteration and returns at once, so the next iteration's feeds travel while
   // this one runs. A session's iterations run in submission order; Wait on each in turn.
   StatusOr<std::unique_ptr<PendingIteration>> Submit(std::vector<Tensor> feeds = {},
-                                                     std::vector<std::string> fetches = {});
+                                                     std::vector<std::string> fetches = {},
+                                                     bool reply_when_fetched = false);
   // Writes the state values in `writes`, then reads those named in `reads`, with no
   // iteration: queued behind the session's iterations (never racing one), and not counted as
   // one. A session that never ran gets its initial state first. Leaves last_stats() alone.
@@ -249,7 +258,7 @@ class Session {
   // of Options::stage_feeds_from bytes or more are copied into a staging buffer first; its
   // index goes to *stage (-1: none), to be released once the reply is collected.
   StatusOr<uint64_t> Send(const std::vector<Tensor>& feeds, const std::vector<std::string>& fetches,
-                          int* stage, bool state_only = false);
+                          int* stage, bool state_only = false, bool reply_when_fetched = false);
   StatusOr<std::map<std::string, Tensor>> Collect(uint64_t request_id, bool update_stats = true);
   Client* client_;
   uint64_t id_;

@@ -596,7 +596,7 @@ uint64_t StageAligned(uint64_t n) { return (n + kStageAlign - 1) / kStageAlign *
 
 StatusOr<uint64_t> Session::Send(const std::vector<Tensor>& feeds,
                                  const std::vector<std::string>& fetches, int* stage,
-                                 bool state_only) {
+                                 bool state_only, bool reply_when_fetched) {
   const uint64_t stage_from = client_->impl_->options.stage_feeds_from;
   auto staged = [&](const Tensor& t) {
     return stage_from > 0 && t.buffer_id == 0 && t.data.size() >= stage_from;
@@ -633,6 +633,7 @@ StatusOr<uint64_t> Session::Send(const std::vector<Tensor>& feeds,
   }
   for (const auto& f : fetches) body->add_fetches(f);
   body->set_state_only(state_only);
+  body->set_reply_when_fetched(reply_when_fetched);
   auto sent = client_->impl_->Send(std::move(req), std::move(frames));
   if (!sent.ok()) {
     client_->ReleaseStage(*stage);
@@ -646,7 +647,8 @@ StatusOr<std::map<std::string, Tensor>> Session::Collect(uint64_t request_id, bo
   const v1::RunIterationReply& reply = r.first.run_iteration();
   const v1::IterationStats& st = reply.stats();
   if (update_stats) {
-    stats_ = {st.iteration(), st.lane(), st.queue_delay_us(), st.run_us(), st.switch_gap_us()};
+    stats_ = {st.iteration(), st.lane(),          st.queue_delay_us(),
+              st.run_us(),    st.switch_gap_us(), st.early()};
   }
   if (static_cast<size_t>(reply.outputs_size()) != r.second.size()) {
     return DataLossError("the reply's tensor frames do not match its output list");
@@ -667,9 +669,11 @@ StatusOr<std::map<std::string, Tensor>> Session::Collect(uint64_t request_id, bo
 }
 
 StatusOr<std::map<std::string, Tensor>> Session::Run(const std::vector<Tensor>& feeds,
-                                                     const std::vector<std::string>& fetches) {
+                                                     const std::vector<std::string>& fetches,
+                                                     bool reply_when_fetched) {
   int stage = -1;
-  SALUS_ASSIGN_OR_RETURN(uint64_t id, Send(feeds, fetches, &stage));
+  SALUS_ASSIGN_OR_RETURN(uint64_t id,
+                         Send(feeds, fetches, &stage, /*state_only=*/false, reply_when_fetched));
   auto out = Collect(id);
   client_->ReleaseStage(stage);  // the daemon has finished reading it
   return out;
@@ -685,9 +689,10 @@ StatusOr<std::map<std::string, Tensor>> Session::SyncState(const std::vector<Ten
 }
 
 StatusOr<std::unique_ptr<PendingIteration>> Session::Submit(std::vector<Tensor> feeds,
-                                                            std::vector<std::string> fetches) {
+                                                            std::vector<std::string> fetches,
+                                                            bool reply_when_fetched) {
   std::unique_ptr<PendingIteration> p(new PendingIteration(this, std::move(feeds)));
-  auto id = Send(p->feeds_, fetches, &p->stage_);
+  auto id = Send(p->feeds_, fetches, &p->stage_, /*state_only=*/false, reply_when_fetched);
   if (!id.ok()) {
     p->waited_ = true;  // nothing was sent: nothing to wait for
     return id.status();

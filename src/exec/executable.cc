@@ -300,6 +300,7 @@ Status Executable::Build(const CompileOptions& options) {
   DescribeLane();
   EstimateStepTimes();
   DescribeTensors();
+  FindFetchReadySteps();
   swap_points_ = SwapPlanner::Plan(lane_);
   SALUS_ASSIGN_OR_RETURN(size_t point, FastestFitting(swap_points_));
   ApplySwapPoint(point);
@@ -526,6 +527,37 @@ void Executable::DescribeTensors() {
   for (const TensorInfo& t : fetch_info_) fetch_staging_bytes_ += AlignUp(t.bytes);
 }
 
+// Note [Fetches before the end]
+// A training step's loss is final long before the step ends: the backward pass and the
+// optimizer's updates after it read it or not, but never write it. A lane value is written
+// once, by the step that defines it (Note [Views share their buffer]), and a fetched one lives
+// to the end of the iteration (DescribeLane), so once the last step that makes a fetched value
+// (or the buffer a fetched view shares) has run, the fetches can be copied out and the caller
+// told (Run's `fetched`): the daemon then replies to the iteration, and its client goes on with
+// its next step while this one's remaining steps run (RunIteration.reply_when_fetched). A
+// persistent value fetched may still be updated by a later step, so it is ready only at the
+// end. The copies are made early only where the host addresses the device's memory and the
+// steps run in order on the calling thread (the CPU), and not while the iteration swaps (its
+// copies run beside the steps); on a GPU the fetches come back with the
+// iteration's last synchronisation, as before.
+void Executable::FindFetchReadySteps() {
+  const Graph& g = graph_;
+  std::vector<size_t> made(g.values().size(), 0);  // the steps up to the one defining it
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    for (ValueId o : g.nodes()[step_node_[s]].outputs) {
+      if (o != kNoValue) made[o] = s + 1;
+    }
+  }
+  fetch_ready_steps_ = 0;
+  for (ValueId id : fetch_ids_) {
+    if (g.value(id).persistent()) {
+      fetch_ready_steps_ = steps_.size();
+      return;
+    }
+    fetch_ready_steps_ = std::max({fetch_ready_steps_, made[id], made[BufferOf(id)]});
+  }
+}
+
 // The fastest point whose lane fits CompileOptions::max_ephemeral_bytes (points are sorted by
 // E, highest and fastest first).
 StatusOr<size_t> Executable::FastestFitting(const std::vector<SwapPoint>& points) const {
@@ -721,13 +753,14 @@ Status Executable::InitializePersistent(DeviceContext* ctx, std::byte* persisten
 }
 
 Status Executable::Run(std::byte* persistent, std::byte* lane, std::span<const void* const> feeds,
-                       std::span<void* const> fetches) const {
+                       std::span<void* const> fetches, const std::function<void()>& fetched) const {
   SALUS_ASSIGN_OR_RETURN(DeviceContext * ctx, runtime_->ThreadContext());
-  return Run(ctx, persistent, lane, feeds, fetches);
+  return Run(ctx, persistent, lane, feeds, fetches, fetched);
 }
 
 Status Executable::Run(DeviceContext* ctx, std::byte* persistent, std::byte* lane,
-                       std::span<const void* const> feeds, std::span<void* const> fetches) const {
+                       std::span<const void* const> feeds, std::span<void* const> fetches,
+                       const std::function<void()>& fetched) const {
   if (feeds.size() != input_ids_.size() || fetches.size() != fetch_ids_.size()) {
     return InvalidArgumentError("Run expects " + std::to_string(input_ids_.size()) + " feeds and " +
                                 std::to_string(fetch_ids_.size()) + " fetches");
@@ -741,14 +774,14 @@ Status Executable::Run(DeviceContext* ctx, std::byte* persistent, std::byte* lan
     return FailedPreconditionError(
         "the executable is already running an iteration (one at a time)");
   }
-  Status st = RunSteps(ctx, persistent, lane, feeds, fetches);
+  Status st = RunSteps(ctx, persistent, lane, feeds, fetches, fetched);
   running_ = false;
   return st;
 }
 
 Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte* lane,
-                            std::span<const void* const> feeds,
-                            std::span<void* const> fetches) const {
+                            std::span<const void* const> feeds, std::span<void* const> fetches,
+                            const std::function<void()>& fetched) const {
   // Feeds: on the CPU straight into the lane; on a GPU through pinned staging (Note [Staging]).
   const bool staged = !runtime_->host_accessible();
   const size_t feed_bytes = feed_staging_bytes_, fetch_bytes = fetch_staging_bytes_;
@@ -779,6 +812,25 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
     }
     SALUS_RETURN_IF_ERROR(runtime_->CopyToDevice(ctx, dst, src, bytes));
   }
+
+  // Note [Fetches before the end]: copied out after the step that makes the last of them, on a
+  // device whose steps run in order on this thread; at the end elsewhere.
+  const bool early = fetched && !staged && !swapping && !(device_graphs_ && !graphs_off_) &&
+                     fetch_ready_steps_ < steps_.size();
+  bool fetches_copied = false;
+  auto copy_fetches = [&]() -> Status {
+    for (size_t i = 0; i < fetches.size(); ++i) {
+      const void* src = Resolve(locations_[fetch_ids_[i]], persistent, lane);
+      const size_t bytes = fetch_info_[i].bytes;
+      if (src == nullptr || bytes == 0) continue;
+      SALUS_RETURN_IF_ERROR(runtime_->CopyToHost(ctx, fetches[i], src, bytes));
+    }
+    SALUS_RETURN_IF_ERROR(runtime_->Synchronize(ctx));
+    fetches_copied = true;
+    fetched();
+    return OkStatus();
+  };
+  if (early && fetch_ready_steps_ == 0) SALUS_RETURN_IF_ERROR(copy_fetches());
 
   KernelArgs args;
   args.ctx = ctx;
@@ -815,8 +867,10 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
         // Leave nothing queued behind an error: the lane must be idle when Run returns. The
         // kernel's own error is the one to report.
         runtime_->Synchronize(ctx).IgnoreError();
-        return st.WithContext(step.node);
+        // (a kernel whose own message names its node already says where)
+        return st.message().starts_with(step.node) ? st : st.WithContext(step.node);
       }
+      if (early && s + 1 == fetch_ready_steps_) SALUS_RETURN_IF_ERROR(copy_fetches());
     }
     return OkStatus();
   };
@@ -837,7 +891,7 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
   if (profile_) ++profiled_runs_;
 
   std::byte* out = staged ? staging + feed_bytes : nullptr;
-  for (size_t i = 0; i < fetches.size(); ++i) {
+  for (size_t i = 0; i < fetches.size() && !fetches_copied; ++i) {
     const void* src = Resolve(locations_[fetch_ids_[i]], persistent, lane);
     const size_t bytes = fetch_info_[i].bytes;
     if (src == nullptr || bytes == 0) continue;
@@ -860,6 +914,7 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
       out += AlignUp(bytes);
     }
   }
+  if (fetched && !fetches_copied) fetched();
   return OkStatus();
 }
 

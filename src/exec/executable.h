@@ -149,11 +149,23 @@ class Executable {
   // does, for feeds in a client's shared memory). Returns when the iteration is over on the
   // device: the lane may then move. A failing kernel's status names its node.
   // FailedPrecondition when another Run of this executable is in progress.
+  //
+  // `fetched`, when given, is called once on the calling thread as soon as every fetch is in
+  // its buffer (Note [Fetches before the end]): on a device the host addresses directly, right
+  // after the step that makes the last fetched value, while the steps that need none of them
+  // (the backward pass and the updates after a loss) have still to run; elsewhere just before
+  // Run returns. It is not called when the iteration fails before then; an iteration that fails
+  // after it still returns its error.
   Status Run(DeviceContext* ctx, std::byte* persistent, std::byte* lane,
-             std::span<const void* const> feeds, std::span<void* const> fetches) const;
+             std::span<const void* const> feeds, std::span<void* const> fetches,
+             const std::function<void()>& fetched = {}) const;
+  // How many steps run before every fetch is final: num_steps() where a fetch is a persistent
+  // value (a step may still update it) or none can be copied early (Note [Fetches before the
+  // end]).
+  size_t fetch_ready_steps() const { return fetch_ready_steps_; }
   // The same with the calling thread's context of the executable's device.
   Status Run(std::byte* persistent, std::byte* lane, std::span<const void* const> feeds,
-             std::span<void* const> fetches) const;
+             std::span<void* const> fetches, const std::function<void()>& fetched = {}) const;
 
   // With CompileOptions::profile: seconds spent per op type over all Runs so far.
   std::map<std::string, double> Profile() const;
@@ -231,7 +243,9 @@ class Executable {
 
   void* Resolve(const Location& l, std::byte* persistent, std::byte* lane) const;
   Status RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte* lane,
-                  std::span<const void* const> feeds, std::span<void* const> fetches) const;
+                  std::span<const void* const> feeds, std::span<void* const> fetches,
+                  const std::function<void()>& fetched) const;
+  void FindFetchReadySteps();
 
   Graph graph_;
   Device device_;
@@ -245,7 +259,8 @@ class Executable {
   std::vector<std::string> fetch_names_;  // as CompileOptions::fetches named them
   std::vector<TensorInfo> input_info_, fetch_info_;
   uint64_t persistent_bytes_ = 0, ephemeral_bytes_ = 0;
-  size_t max_arity_ = 0;  // most inputs or outputs of one step
+  size_t max_arity_ = 0;          // most inputs or outputs of one step
+  size_t fetch_ready_steps_ = 0;  // Note [Fetches before the end]
   // Pinned staging a GPU run needs for its feeds and for its fetches (Note [Staging]).
   size_t feed_staging_bytes_ = 0, fetch_staging_bytes_ = 0;
   bool profile_ = false;

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <set>
+#include <utility>
 
 #include "common/clock.h"
 #include "common/logging.h"
@@ -446,9 +448,32 @@ Status ModelRuntime::Run(const sched::Dispatch& d, const std::vector<HostTensor>
     }
     SALUS_ASSIGN_OR_RETURN(std::byte * lane,
                            TakePlannedLane(d.lane_memory, exe_->ephemeral_bytes()));
-    SALUS_RETURN_IF_ERROR(exe_->Run(ctx, d.persistent.address, lane, feed_ptrs, fetch_ptrs));
+    // Note [Fetches before the end] in exec/executable.cc: when only outputs are fetched, the
+    // caller may have them before the remaining steps run.
+    std::function<void()> fetched;
+    if (out->ready && std::all_of(fetches.begin(), fetches.end(), [&](const std::string& name) {
+          return std::any_of(infos.begin(), infos.end(),
+                             [&](const exec::TensorInfo& t) { return t.name == name; });
+        })) {
+      fetched = [&] {
+        CollectFetches(d, fetches, &buffers, out).IgnoreError();  // (outputs only: no error)
+        std::exchange(out->ready, nullptr)();
+      };
+    }
+    SALUS_RETURN_IF_ERROR(
+        exe_->Run(ctx, d.persistent.address, lane, feed_ptrs, fetch_ptrs, fetched));
+    if (fetched && !out->ready) return OkStatus();  // collected and handed over already
   }
+  return CollectFetches(d, fetches, &buffers, out);
+}
+
+Status ModelRuntime::CollectFetches(const sched::Dispatch& d,
+                                    const std::vector<std::string>& fetches,
+                                    std::vector<std::string>* step_outputs,
+                                    IterationOutputs* out) const {
   // Fetches in the order asked: outputs of the step, state values read after it.
+  const auto& infos = exe_->fetches();
+  std::vector<std::string>& buffers = *step_outputs;
   std::vector<size_t> taken(buffers.size(), SIZE_MAX);  // where an output went in `out`
   for (const std::string& name : fetches) {
     bool done = false;

@@ -71,6 +71,10 @@ class ModelRuntime final : public SessionRuntime {
   static StatusOr<std::unique_ptr<ModelRuntime>> Build(std::unique_ptr<Source> source,
                                                        std::vector<exec::Device> devices,
                                                        size_t compile_for);
+  // Moves the step's outputs (`step_outputs`, one per executable fetch) and the state values
+  // read now into `out`, in the order `fetches` asks.
+  Status CollectFetches(const sched::Dispatch& d, const std::vector<std::string>& fetches,
+                        std::vector<std::string>* step_outputs, IterationOutputs* out) const;
   // Compiles the model again when the dispatch's device runs other kernels than the
   // executable's (Note [Sessions follow their device]).
   Status FollowDevice(const sched::Dispatch& dispatch);

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <utility>
 
 #include "common/logging.h"
 #include "common/units.h"
@@ -18,6 +20,40 @@ constexpr uint64_t kSessionIdMask = (uint64_t{1} << 53) - 1;
 
 Status NoSuchSession(uint64_t id) {
   return NotFoundError(fmt::format("session {} does not exist", id));
+}
+
+struct IterationStats {
+  uint64_t iteration = 0;
+  uint64_t lane = 0;
+  Nanos queue_delay{0}, run{0}, switch_gap{0};
+};
+
+// Note [Replies before the end]
+// A RunIteration with reply_when_fetched is replied when its runtime says the fetches are ready
+// (IterationOutputs::ready), from the lane worker, while the iteration's remaining steps still
+// run; `done` then sends nothing. Its stats' run_us is the time up to the reply (`early`
+// says so). The session's later requests are queued behind the whole iteration as always, so
+// they see its state; when the iteration fails after the reply, the error is kept and the
+// session's next request (an iteration, a state read or write) fails with it, its message
+// naming the iteration. Where the runtime cannot tell (a GPU, a fetch of a state value, a
+// synthetic session), the reply goes at the end, as without the flag.
+void ReplyIteration(Call& call, const IterationOutputs& outputs, const IterationStats& stats,
+                    bool early) {
+  v1::Reply reply;
+  v1::RunIterationReply* body = reply.mutable_run_iteration();
+  std::vector<zmq::message_t> frames;
+  for (size_t i = 0; i < outputs.specs.size(); ++i) {
+    *body->add_outputs() = outputs.specs[i];
+    frames.emplace_back(outputs.data[i].data(), outputs.data[i].size());
+  }
+  v1::IterationStats* st = body->mutable_stats();
+  st->set_iteration(stats.iteration);
+  st->set_lane(stats.lane);
+  st->set_queue_delay_us(static_cast<double>(stats.queue_delay.count()) / 1e3);
+  st->set_run_us(static_cast<double>(stats.run.count()) / 1e3);
+  st->set_switch_gap_us(static_cast<double>(stats.switch_gap.count()) / 1e3);
+  st->set_early(early);
+  call.Reply(std::move(reply), std::move(frames));
 }
 
 }  // namespace
@@ -266,8 +302,29 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
   }
 
   auto outputs = std::make_shared<IterationOutputs>();
-  auto work = [this, entry, state, feeds, fetches, state_only, outputs,
-               buffers](const sched::Dispatch& d) {
+  // Note [Replies before the end]: the reply goes as soon as the fetches are ready; `replied`
+  // tells `done` that it went.
+  auto replied = std::make_shared<bool>(false);
+  const bool early = body.reply_when_fetched() && !state_only;
+  auto work = [this, entry, state, feeds, fetches, state_only, outputs, buffers, early,
+               replied](const sched::Dispatch& d) {
+    {
+      MutexLock lock(&entry->late_mu);
+      if (!entry->late_error.ok()) return std::exchange(entry->late_error, OkStatus());
+    }
+    if (early) {
+      const auto start = std::chrono::steady_clock::now();
+      outputs->ready = [state, outputs, replied, d, start] {
+        *replied = true;
+        IterationStats stats;
+        stats.iteration = d.iteration;
+        stats.lane = d.lane;
+        stats.queue_delay = d.started_at - d.requested_at;
+        stats.switch_gap = d.switch_gap;
+        stats.run = std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now() - start);
+        ReplyIteration(*state, *outputs, stats, /*early=*/true);
+      };
+    }
     if (buffers.empty()) {
       Status s = entry->runtime->Run(d, feeds, fetches, state_only, outputs.get());
       return s.ok() ? s : CheckDevice(s, d.device);
@@ -290,27 +347,25 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
   };
   Metrics* metrics = o_.metrics;
   AllocationRegistry* allocations = entry->allocation.empty() ? nullptr : o_.allocations;
-  auto done = [state, outputs, metrics, state_only, allocations, entry](
+  auto done = [state, outputs, metrics, state_only, allocations, entry, replied](
                   const Status& status, const sched::IterationRecord& r) {
     if (metrics != nullptr && status.ok() && !state_only) metrics->IterationDone(r);
     if (allocations != nullptr && status.ok() && !state_only) {
       allocations->IterationDone(entry->allocation);
     }
-    if (!status.ok()) return state->ReplyError(status);
-    v1::Reply reply;
-    v1::RunIterationReply* body = reply.mutable_run_iteration();
-    std::vector<zmq::message_t> frames;
-    for (size_t i = 0; i < outputs->specs.size(); ++i) {
-      *body->add_outputs() = outputs->specs[i];
-      frames.emplace_back(outputs->data[i].data(), outputs->data[i].size());
+    if (*replied) {
+      if (!status.ok()) {
+        MutexLock lock(&entry->late_mu);
+        entry->late_error = Status(
+            status.code(), fmt::format("iteration {} failed after its fetches were replied: {}",
+                                       r.iteration, status.message()));
+      }
+      return;
     }
-    v1::IterationStats* st = body->mutable_stats();
-    st->set_iteration(r.iteration);
-    st->set_lane(r.lane);
-    st->set_queue_delay_us(static_cast<double>(r.queue_delay.count()) / 1e3);
-    st->set_run_us(static_cast<double>(r.run_time.count()) / 1e3);
-    st->set_switch_gap_us(static_cast<double>(r.switch_gap.count()) / 1e3);
-    state->Reply(std::move(reply), std::move(frames));
+    if (!status.ok()) return state->ReplyError(status);
+    ReplyIteration(*state, *outputs,
+                   IterationStats{r.iteration, r.lane, r.queue_delay, r.run_time, r.switch_gap},
+                   /*early=*/false);
   };
   if (Status s = o_.executor->Submit(id, work, done, /*counted=*/!state_only); !s.ok()) {
     state->ReplyError(s);

@@ -99,6 +99,10 @@ class SessionManager {
     v1::LatencyClass latency_class = v1::LATENCY_BATCH;
     int64_t iterations_declared = 0;
     std::unique_ptr<SessionRuntime> runtime;
+    // An iteration that failed after its reply (RunIteration.reply_when_fetched): the
+    // session's next request fails with it, once.
+    Mutex late_mu;
+    Status late_error GUARDED_BY(late_mu);
   };
 
   // After an iteration failed on the engine's device `device`: checks the device; when it is

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -29,6 +30,11 @@ struct HostTensor {
 struct IterationOutputs {
   std::vector<v1::TensorSpec> specs;
   std::vector<std::string> data;  // one buffer per spec
+  // When set, a runtime that can may call it once from Run, on the lane worker, as soon as
+  // `specs` and `data` are complete and before the iteration's remaining work (Note [Fetches
+  // before the end] in exec/executable.cc); it clears it when it does. Run's status still
+  // says how the whole iteration went.
+  std::function<void()> ready;
 };
 
 class SessionRuntime {

@@ -156,4 +156,34 @@ TEST(SessionState, ReadWriteAndErrors) {
   EXPECT_EQ(daemon.Stop(), 0);
 }
 
+// reply_when_fetched: the loss is replied before the step ends (stats say so) and equals a
+// twin session's replied at the end; a state read after it sees the step's updates.
+TEST(SessionState, RepliesWhenFetchedMatchAndReadsFollowTheWholeStep) {
+  salus::testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon.WaitReady());
+  auto client = Client::Connect(daemon.endpoint());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto early = (*client)->CreateSession(Mlp());
+  auto late = (*client)->CreateSession(Mlp());
+  ASSERT_TRUE(early.ok() && late.ok());
+  const auto batch = Batch();
+  for (int step = 0; step < 2; ++step) {
+    auto a = (*early)->Run(batch, {"loss"}, /*reply_when_fetched=*/true);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_TRUE((*early)->last_stats().early);
+    auto read_a = (*early)->SyncState({}, {"fc_w1"});
+    auto b = (*late)->Run(batch, {"loss"});
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_FALSE((*late)->last_stats().early);
+    auto read_b = (*late)->SyncState({}, {"fc_w1"});
+    ASSERT_TRUE(read_a.ok() && read_b.ok());
+    EXPECT_EQ(a->at("loss").data, b->at("loss").data) << "step " << step;
+    EXPECT_EQ(read_a->at("fc_w1").data, read_b->at("fc_w1").data) << "step " << step;
+  }
+  early->reset();
+  late->reset();
+  client->reset();
+  EXPECT_EQ(daemon.Stop(), 0);
+}
+
 }  // namespace

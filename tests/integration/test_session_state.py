@@ -88,6 +88,37 @@ def test_read_state_follows_training_and_is_no_iteration(daemon: Daemon) -> None
         assert stats is not None and stats.iteration == 2
 
 
+def test_replies_when_fetched_match_and_later_requests_follow_the_whole_step(
+        daemon: Daemon) -> None:
+    """RunIteration.reply_when_fetched: the loss comes back before the step's updates have run
+    (stats say so), equal to a session replied at the end; what the session does next (a state
+    read, the next step) sees the whole step."""
+    with salus.connect(daemon.endpoint) as c:
+        early, late = mlp_session(c, momentum=0.9), mlp_session(c, momentum=0.9)
+        for seed in range(3):
+            feeds = mlp_feeds(seed=seed)
+            a = early.run(feeds=feeds, fetches=["loss"], reply_when_fetched=True)
+            assert early.last_stats is not None and early.last_stats.early
+            behind = early.read_state(list(PARAMS))
+            b = late.run(feeds=feeds, fetches=["loss"])
+            assert late.last_stats is not None and not late.last_stats.early
+            assert a["loss"] == b["loss"]
+            ref = late.read_state(list(PARAMS))
+            for name in PARAMS:
+                assert np.array_equal(behind[name], ref[name]), name
+        # Submitted back to back, replied early: each still starts from the one before.
+        pend = [early.submit(feeds=mlp_feeds(seed=s), fetches=["loss"], reply_when_fetched=True)
+                for s in (3, 4)]
+        ref = [late.run(feeds=mlp_feeds(seed=s), fetches=["loss"])["loss"] for s in (3, 4)]
+        assert [p.result()["loss"] for p in pend] == ref
+        # A fetch of a state value is read after the step's updates: replied at the end.
+        out = early.run(feeds=mlp_feeds(seed=5), fetches=["loss", "fc_b10"],
+                        reply_when_fetched=True)
+        assert not early.last_stats.early
+        assert np.array_equal(out["fc_b10"], early.read_state("fc_b10")["fc_b10"])
+        assert iterations_done(c, early) == 6
+
+
 def test_written_weights_are_what_the_next_step_uses(daemon: Daemon) -> None:
     with salus.connect(daemon.endpoint) as c:
         s = mlp_session(c)

@@ -77,6 +77,9 @@ class IterationStats:
     queue_delay_us: float
     run_us: float
     switch_gap_us: float
+    # Replied when its fetches were ready, before the iteration ended (submit's
+    # reply_when_fetched): run_us is the time up to the reply.
+    early: bool = False
 
 
 def default_endpoint() -> str:
@@ -595,9 +598,11 @@ class Session:
         feeds: dict[str, np.ndarray] | None = None,
         fetches: list[str] | None = None,
         timeout: float | None = None,
+        reply_when_fetched: bool = False,
     ) -> dict[str, np.ndarray]:
-        """Runs one iteration; waits for admission first if the session is waiting."""
-        return self.submit(feeds, fetches).result(timeout)
+        """Runs one iteration; waits for admission first if the session is waiting. With
+        `reply_when_fetched`, returns once its fetches are computed (see `submit`)."""
+        return self.submit(feeds, fetches, reply_when_fetched).result(timeout)
 
     def read_state(self, names: list[str] | tuple[str, ...] | str) -> dict[str, np.ndarray]:
         """Copies of the named state values (see `state_specs`), read after every iteration
@@ -616,15 +621,22 @@ class Session:
         self,
         feeds: dict[str, np.ndarray] | None = None,
         fetches: list[str] | None = None,
+        reply_when_fetched: bool = False,
     ) -> PendingIteration:
         """Queues one iteration and returns at once, so the next iteration's feeds travel while
         this one runs. Iterations run in submission order. The feed arrays must not change
         until `result()` returns (they are sent without a copy). A feed or fetch may also name
-        a state value: it is written before the step, or read after it."""
-        return self._submit(feeds, fetches, state_only=False)
+        a state value: it is written before the step, or read after it.
+
+        `reply_when_fetched`: `result()` may return as soon as the fetches are computed (a
+        training step's loss, after its forward pass), while the rest of the iteration runs;
+        the session's later requests still follow the whole iteration, and an error in that
+        rest is raised by the next one (RunIteration.reply_when_fetched)."""
+        return self._submit(feeds, fetches, state_only=False,
+                            reply_when_fetched=reply_when_fetched)
 
     def _submit(self, feeds: dict[str, np.ndarray] | None, fetches: list[str] | None,
-                state_only: bool) -> PendingIteration:
+                state_only: bool, reply_when_fetched: bool = False) -> PendingIteration:
         client = self._client
         req = pb.Request()
         req.session_id = self.id
@@ -666,6 +678,7 @@ class Session:
                 frames.append(memoryview(arr).cast("B") if arr.size else memoryview(b""))
         body.fetches.extend(fetches or [])
         body.state_only = state_only
+        body.reply_when_fetched = reply_when_fetched
         try:
             request_id = client._send(req, frames)
         except BaseException:
@@ -679,7 +692,7 @@ class Session:
         st = r.stats
         if update_stats:
             self.last_stats = IterationStats(st.iteration, st.lane, st.queue_delay_us,
-                                             st.run_us, st.switch_gap_us)
+                                             st.run_us, st.switch_gap_us, st.early)
         out = {}
         for spec, frame in zip(r.outputs, parts, strict=False):
             dtype = _NP_DTYPES[spec.dtype]

@@ -133,6 +133,50 @@ TEST(ExecutableTest, RelocatableBetweenIterations) {
   }
 }
 
+// Note [Fetches before the end]: a training step's loss is handed over after its forward
+// pass, once, with the value a whole run fetches, while the updates after it have not run yet
+// (the parameters are still the old ones); a step fetching only persistent values hands them
+// over at the end.
+TEST(ExecutableTest, FetchesAreHandedOverBeforeTheUpdatesRun) {
+  CompileOptions o;
+  o.mode = Mode::kTraining;
+  o.loss = "loss";
+  o.optimizer.momentum = 0.9f;
+  o.input_shapes = {{"x", {4, 784}}, {"labels", {4}}};
+  auto exe = Executable::Compile(ReadModel("mlp"), o);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  Executable& x = **exe;
+  ASSERT_GT(x.fetch_ready_steps(), 0u);
+  ASSERT_LT(x.fetch_ready_steps(), x.num_steps());
+  std::vector<HostTensor> feeds = {HostTensor::FromFloats({4, 784}, RandomFloats(4 * 784, 3)),
+                                   HostTensor::FromInt64s({4}, {1, 2, 3, 4})};
+  Memory early(x), late(x);
+  const size_t p = x.persistent_bytes();
+  const std::vector<std::byte> before(early.p(), early.p() + p);
+  std::vector<const void*> in = {feeds[0].bytes.data(), feeds[1].bytes.data()};
+  std::vector<HostTensor> fetched;
+  std::vector<void*> out;
+  for (const TensorInfo& info : x.fetches()) fetched.emplace_back(info.type, info.shape);
+  for (HostTensor& t : fetched) out.push_back(t.bytes.data());
+  int calls = 0;
+  float handed = 0;
+  bool state_untouched = false;
+  ASSERT_TRUE(x.Run(early.p(), early.l(), in, out, [&] {
+                 ++calls;
+                 std::memcpy(&handed, fetched[0].bytes.data(), sizeof(float));
+                 state_untouched = std::memcmp(early.p(), before.data(), p) == 0;
+               }).ok());
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(state_untouched) << "the updates ran before the loss was handed over";
+  EXPECT_NE(std::memcmp(early.p(), before.data(), p), 0) << "the updates never ran";
+  auto whole = RunHost(x, late, feeds);
+  ASSERT_TRUE(whole.ok());
+  float expected = 0;
+  std::memcpy(&expected, (*whole)[0].bytes.data(), sizeof(float));
+  EXPECT_EQ(handed, expected);
+  EXPECT_EQ(std::memcmp(early.p(), late.p(), p), 0);
+}
+
 TEST(ExecutableTest, ConstantSubgraphsAreFolded) {
   ModelBuilder mb;
   mb.Input("x", {2, 6});
