@@ -81,10 +81,12 @@ PHASES = ("batch to device", "zero_grad", "forward and loss", "backward",
 
 def device_phases(model: str, batch: int, steps: int, warmup: int) -> dict[str, float]:
     """The lazy device's step timed phase by phase (median ms of each), with the daemon's own
-    run time of the step's iterations (IterationStats.run_us) beside them."""
+    run time of the step's iterations up to their replies (IterationStats.run_us: the loss
+    comes back after the forward pass, Note [Fetches before the end]) and of the whole
+    iteration (the daemon's moving average for the step's session) beside them."""
     import salus_torch
     m, opt, data = build(model, batch, "salus")
-    times: dict[str, list[float]] = {p: [] for p in (*PHASES, "daemon run",
+    times: dict[str, list[float]] = {p: [] for p in (*PHASES, "daemon run to the reply",
                                                      "recording cpu")}
     for i in range(steps + warmup):
         before = {id(s): s.last_stats for s in salus_torch.device.runtime().sessions}
@@ -109,10 +111,16 @@ def device_phases(model: str, batch: int, steps: int, warmup: int) -> dict[str, 
             times[p].append((b - a) * 1e3)
         ran = [s.last_stats.run_us for s in salus_torch.device.runtime().sessions
                if s.last_stats is not None and s.last_stats is not before.get(id(s))]
-        times["daemon run"].append(sum(ran) / 1e3)
+        times["daemon run to the reply"].append(sum(ran) / 1e3)
         times["recording cpu"].append(cpu * 1e3)
+    rt = salus_torch.device.runtime()
+    ids = {s.id for s in rt.sessions}
+    ran = [s for s in rt.client.sessions() if s["session_id"] in ids]
+    step = max(ran, key=lambda s: s["iterations_done"])
     salus_torch.device.close()
-    return {p: statistics.median(v) for p, v in times.items()}
+    out = {p: statistics.median(v) for p, v in times.items()}
+    out["daemon run of the whole step"] = step["avg_iteration_seconds"] * 1e3
+    return out
 
 
 def timed(step, data, steps: int, warmup: int, every: int = 1) -> list[float]:  # noqa: ANN001
@@ -188,6 +196,9 @@ def main() -> None:
                     help="also time the lazy device's step phase by phase")
     ap.add_argument("--floor", action="store_true",
                     help="also time the step on tensors whose ops only reach Python (bare.py)")
+    ap.add_argument("--reply-at-end", action="store_true",
+                    help="iterations replied when they end rather than when their fetches are "
+                         "ready (RunIteration.reply_when_fetched off): the before of that change")
     ap.add_argument("--log-every", type=int, default=10,
                     help="the loss is also read only every this many steps, in --steps/2 "
                          "blocks (eager and the lazy device)")
@@ -200,6 +211,13 @@ def main() -> None:
 
     import salus_torch
     from salus_daemon import Daemon
+
+    import salus
+    if args.reply_at_end:
+        submit = salus.client.Session._submit
+        salus.client.Session._submit = (  # type: ignore[method-assign]
+            lambda self, feeds, fetches, state_only, reply_when_fetched=False:
+            submit(self, feeds, fetches, state_only))
     daemon_args = [] if args.device == "cpu" else ["--device", args.device]
     daemon = Daemon(*daemon_args, memory="4GiB", policy="fifo")
     results = {}

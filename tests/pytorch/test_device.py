@@ -280,6 +280,30 @@ def test_an_iteration_that_fails_in_flight_reports_once_and_the_device_goes_on(
     torch.testing.assert_close(float(after), float(initial[[3, 4]].square().sum()))
 
 
+def test_an_iteration_that_fails_after_its_loss_was_replied_reports_at_the_next_request(
+        daemon: Daemon) -> None:
+    """Note [Fetches before the end]: the loss is replied when it is computed; an op after it
+    that fails (an embedding gradient's index out of range) fails the next request that
+    reaches that iteration's session, once, naming the iteration and the op."""
+    if os.environ.get("SALUS_TEST_DEVICE", "cpu").startswith("cuda"):
+        pytest.skip("on CUDA a Gather index out of range is not checked (see above)")
+    x = torch.randn(4)
+    xs, w = x.to("salus"), torch.zeros(10, 3).to("salus")
+    loss = (xs * 2).sum()
+    grad = torch.ops.aten.embedding_dense_backward(
+        torch.ones(2, 3).to("salus"), torch.tensor([0, 12]).to("salus"), 10, -1, False)
+    w.add_(grad)
+    assert loss.item() == float((x * 2).sum())  # replied before the failing op ran
+    session = salus_torch.device.runtime().sessions[-1]
+    assert session.last_stats is not None and session.last_stats.early
+    with pytest.raises(salus.SalusError, match=r"iteration 0 failed after its fetches were "
+                                               r"replied: SalusGatherGrad .*index 12 out of "
+                                               r"range") as e:
+        w.sum().item()
+    assert e.value.message.count("SalusGatherGrad") == 1
+    assert float((xs + 1).sum()) == pytest.approx(float((x + 1).sum()))
+
+
 def test_a_teacher_updated_as_a_moving_average_of_the_student(daemon: Daemon) -> None:
     """Mean teacher / model EMA: in-place updates of a second model under no_grad after each
     step, and a loss that reads the teacher and runs the student twice (two views through one

@@ -33,8 +33,15 @@ until needed. The wait happens at the next flush (which starts from the previous
 at most one iteration is in flight), at a host read of a pending value, and before an in-place
 host write into a tensor whose bytes that iteration was fed (they are sent without a copy). An
 iteration that fails in the daemon reports its error at that wait, once; the tensors it was to
-give values to have none. A loop that reads its loss every step waits at once; one that logs
-every few steps overlaps its recording with the daemon's work.
+give values to have none. The iteration is submitted with `reply_when_fetched`: on the CPU the
+daemon replies as soon as the fetched values are computed (a step's loss, after its forward
+pass; Note [Fetches before the end] in the daemon's exec/executable.cc) and runs the backward
+pass and the updates while the script records the next step. So a loop that reads its loss
+every step waits only for the forward pass, and one that logs every few steps overlaps its
+recording with the whole iteration. The daemon runs the session's next request behind the
+whole iteration; an error in the part after the reply fails that next request (the next
+flush's wait, or a read of a value the session holds), once, its message naming the
+iteration.
 
 Note [A job never waits on itself]
 Each graph is a daemon session. When the daemon queues a new one (FIFO admits one session at a
@@ -1125,7 +1132,8 @@ class Runtime:
                 self._drop(other)
         fed_locs = {id(loc): loc for u in fed + state_in
                     if (loc := seg.inputs[u]).host is not None}
-        pending = g.session.submit(feeds=feeds, fetches=[o for o in outputs if o])
+        pending = g.session.submit(feeds=feeds, fetches=[o for o in outputs if o],
+                                   reply_when_fetched=True)
         self.flushes += 1
         for name, u in zip(slot_names, slots, strict=False):
             loc = seg.inputs.get(u)

@@ -180,7 +180,7 @@ class CapturedStep:
             for s in t.state:
                 feeds[s.name] = _numpy(s.host(), s.name)
         fetches = [o for o in t.outputs if o]
-        out = entry.session.run(feeds=feeds, fetches=fetches)
+        out = entry.session.run(feeds=feeds, fetches=fetches, reply_when_fetched=True)
         self._holder = entry
         for k in owners:
             _holders[k] = self

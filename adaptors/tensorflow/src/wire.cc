@@ -33,8 +33,12 @@ class Session final : public WireSession {
       if (f.bytes > 0) std::memcpy(t.data.data(), f.data, f.bytes);
       tensors.push_back(std::move(t));
     }
+    // A step's loss comes back after its forward pass (Note [Fetches before the end] in the
+    // daemon's exec/executable.cc): TensorFlow's Python goes on to the next step while the
+    // daemon finishes this one, and the next request follows it there.
     StatusOr<std::map<std::string, client::Tensor>> out =
-        state_only ? s_->SyncState(tensors, fetches) : s_->Run(tensors, fetches);
+        state_only ? s_->SyncState(tensors, fetches)
+                   : s_->Run(tensors, fetches, /*reply_when_fetched=*/true);
     if (!out.ok()) {
       SetError(out.status(), error);
       return false;
