@@ -314,7 +314,8 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
     }
     if (early) {
       const auto start = std::chrono::steady_clock::now();
-      outputs->ready = [state, outputs, replied, d, start] {
+      // (`out`, not `outputs`: the callback lives in *outputs; `done` drops it)
+      outputs->ready = [state, out = outputs.get(), replied, d, start] {
         *replied = true;
         IterationStats stats;
         stats.iteration = d.iteration;
@@ -322,7 +323,7 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
         stats.queue_delay = d.started_at - d.requested_at;
         stats.switch_gap = d.switch_gap;
         stats.run = std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now() - start);
-        ReplyIteration(*state, *outputs, stats, /*early=*/true);
+        ReplyIteration(*state, *out, stats, /*early=*/true);
       };
     }
     if (buffers.empty()) {
@@ -349,6 +350,7 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
   AllocationRegistry* allocations = entry->allocation.empty() ? nullptr : o_.allocations;
   auto done = [state, outputs, metrics, state_only, allocations, entry, replied](
                   const Status& status, const sched::IterationRecord& r) {
+    outputs->ready = nullptr;  // (not called: a GPU, a state fetch, a failure before it)
     if (metrics != nullptr && status.ok() && !state_only) metrics->IterationDone(r);
     if (allocations != nullptr && status.ok() && !state_only) {
       allocations->IterationDone(entry->allocation);
