@@ -303,29 +303,10 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
 
   auto outputs = std::make_shared<IterationOutputs>();
   // Note [Replies before the end]: the reply goes as soon as the fetches are ready; `replied`
-  // tells `done` that it went.
+  // tells `work` and `done` that it went.
   auto replied = std::make_shared<bool>(false);
   const bool early = body.reply_when_fetched() && !state_only;
-  auto work = [this, entry, state, feeds, fetches, state_only, outputs, buffers, early,
-               replied](const sched::Dispatch& d) {
-    {
-      MutexLock lock(&entry->late_mu);
-      if (!entry->late_error.ok()) return std::exchange(entry->late_error, OkStatus());
-    }
-    if (early) {
-      const auto start = std::chrono::steady_clock::now();
-      // (`out`, not `outputs`: the callback lives in *outputs; `done` drops it)
-      outputs->ready = [state, out = outputs.get(), replied, d, start] {
-        *replied = true;
-        IterationStats stats;
-        stats.iteration = d.iteration;
-        stats.lane = d.lane;
-        stats.queue_delay = d.started_at - d.requested_at;
-        stats.switch_gap = d.switch_gap;
-        stats.run = std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now() - start);
-        ReplyIteration(*state, *out, stats, /*early=*/true);
-      };
-    }
+  auto run = [this, entry, feeds, fetches, state_only, outputs, buffers](const sched::Dispatch& d) {
     if (buffers.empty()) {
       Status s = entry->runtime->Run(d, feeds, fetches, state_only, outputs.get());
       return s.ok() ? s : CheckDevice(s, d.device);
@@ -346,6 +327,37 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
     }
     return s;
   };
+  auto work = [entry, state, outputs, early, replied,
+               run = std::move(run)](const sched::Dispatch& d) {
+    {
+      MutexLock lock(&entry->late_mu);
+      if (!entry->late_error.ok()) return std::exchange(entry->late_error, OkStatus());
+    }
+    if (early) {
+      const auto start = std::chrono::steady_clock::now();
+      // (`out`, not `outputs`: the callback lives in *outputs; `done` drops it)
+      outputs->ready = [state, out = outputs.get(), replied, d, start] {
+        *replied = true;
+        IterationStats stats;
+        stats.iteration = d.iteration;
+        stats.lane = d.lane;
+        stats.queue_delay = d.started_at - d.requested_at;
+        stats.switch_gap = d.switch_gap;
+        stats.run = std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now() - start);
+        ReplyIteration(*state, *out, stats, /*early=*/true);
+      };
+    }
+    Status s = run(d);
+    if (*replied && !s.ok()) {
+      // Kept before the engine completes the iteration, so no later request of the session
+      // can start before it is there.
+      MutexLock lock(&entry->late_mu);
+      entry->late_error =
+          Status(s.code(), fmt::format("iteration {} failed after its fetches were replied: {}",
+                                       d.iteration, s.message()));
+    }
+    return s;
+  };
   Metrics* metrics = o_.metrics;
   AllocationRegistry* allocations = entry->allocation.empty() ? nullptr : o_.allocations;
   auto done = [state, outputs, metrics, state_only, allocations, entry, replied](
@@ -355,15 +367,7 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
     if (allocations != nullptr && status.ok() && !state_only) {
       allocations->IterationDone(entry->allocation);
     }
-    if (*replied) {
-      if (!status.ok()) {
-        MutexLock lock(&entry->late_mu);
-        entry->late_error = Status(
-            status.code(), fmt::format("iteration {} failed after its fetches were replied: {}",
-                                       r.iteration, status.message()));
-      }
-      return;
-    }
+    if (*replied) return;  // (an error after the reply was kept for the next request)
     if (!status.ok()) return state->ReplyError(status);
     ReplyIteration(*state, *outputs,
                    IterationStats{r.iteration, r.lane, r.queue_delay, r.run_time, r.switch_gap},

@@ -28,6 +28,21 @@ std::string ReadModel(const std::string& name) {
 
 uint64_t Aligned(uint64_t n) { return AlignUp(n); }
 
+// The MLP training with SGD-momentum at batch 4, and a batch for it.
+StatusOr<std::unique_ptr<Executable>> MlpTraining() {
+  CompileOptions o;
+  o.mode = Mode::kTraining;
+  o.loss = "loss";
+  o.optimizer.momentum = 0.9f;
+  o.input_shapes = {{"x", {4, 784}}, {"labels", {4}}};
+  return Executable::Compile(ReadModel("mlp"), o);
+}
+
+std::vector<HostTensor> MlpBatch(uint32_t seed) {
+  return {HostTensor::FromFloats({4, 784}, RandomFloats(4 * 784, seed)),
+          HostTensor::FromInt64s({4}, {1, 2, 3, 4})};
+}
+
 TEST(MemoryPlannerTest, LiveBuffersNeverOverlapAndPeakIsTight) {
   std::mt19937 rng(7);
   for (int round = 0; round < 50; ++round) {
@@ -96,16 +111,10 @@ TEST(ExecutableTest, PersistentBytesAreExactlyParametersAndOptimizerState) {
 // copy at other addresses with a different lane gives bit-identical results, and an iteration
 // writes nothing outside [lane, lane + E) and [persistent, persistent + P).
 TEST(ExecutableTest, RelocatableBetweenIterations) {
-  CompileOptions o;
-  o.mode = Mode::kTraining;
-  o.loss = "loss";
-  o.optimizer.momentum = 0.9f;
-  o.input_shapes = {{"x", {4, 784}}, {"labels", {4}}};
-  auto exe = Executable::Compile(ReadModel("mlp"), o);
+  auto exe = MlpTraining();
   ASSERT_TRUE(exe.ok());
   Executable& x = **exe;
-  std::vector<HostTensor> feeds = {HostTensor::FromFloats({4, 784}, RandomFloats(4 * 784, 1)),
-                                   HostTensor::FromInt64s({4}, {1, 2, 3, 4})};
+  std::vector<HostTensor> feeds = MlpBatch(1);
   Memory a(x);
   ASSERT_TRUE(RunHost(x, a, feeds).ok());
 
@@ -135,21 +144,14 @@ TEST(ExecutableTest, RelocatableBetweenIterations) {
 
 // Note [Fetches before the end]: a training step's loss is handed over after its forward
 // pass, once, with the value a whole run fetches, while the updates after it have not run yet
-// (the parameters are still the old ones); a step fetching only persistent values hands them
-// over at the end.
+// (the parameters are still the old ones).
 TEST(ExecutableTest, FetchesAreHandedOverBeforeTheUpdatesRun) {
-  CompileOptions o;
-  o.mode = Mode::kTraining;
-  o.loss = "loss";
-  o.optimizer.momentum = 0.9f;
-  o.input_shapes = {{"x", {4, 784}}, {"labels", {4}}};
-  auto exe = Executable::Compile(ReadModel("mlp"), o);
+  auto exe = MlpTraining();
   ASSERT_TRUE(exe.ok()) << exe.status();
   Executable& x = **exe;
   ASSERT_GT(x.fetch_ready_steps(), 0u);
   ASSERT_LT(x.fetch_ready_steps(), x.num_steps());
-  std::vector<HostTensor> feeds = {HostTensor::FromFloats({4, 784}, RandomFloats(4 * 784, 3)),
-                                   HostTensor::FromInt64s({4}, {1, 2, 3, 4})};
+  std::vector<HostTensor> feeds = MlpBatch(3);
   Memory early(x), late(x);
   const size_t p = x.persistent_bytes();
   const std::vector<std::byte> before(early.p(), early.p() + p);
