@@ -1668,7 +1668,36 @@ _NUMPY_DTYPES = frozenset({torch.float32, torch.float64, torch.int64, torch.int3
 # mirrored by a device tensor that the update advances in the graph; the mirror is remade
 # whenever the host count is not the one it last saw (a loaded state_dict). Any other setting
 # (dampening, maximize, amsgrad, capturable...) runs torch's own path.
-_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#
+# The host counts advance in one `_foreach_add_`, and a count whose version is the one its
+# mirror last saw is not read again. Mirrors are found by the count's id: a WeakKeyDictionary
+# compares a tensor key with `==`, an elementwise op and a read, at every lookup. Together
+# these took the recording of the encoder's Adam update (28 parameters) from 1.48-1.68 to
+# 1.29-1.48 ms (medians of 190 steps, three runs each, alternated, development VM).
+_steps: dict[int, _StepMirror] = {}
+
+
+@dataclass(eq=False)
+class _StepMirror:
+    """The device mirror of one host step count (Note [Fused updates])."""
+
+    count: weakref.ref  # the host count
+    mirror: SalusTensor
+    value: float  # what the mirror holds after the updates recorded so far
+    version: int = -1  # the host count's _version once it was advanced to `value`
+
+
+def _step_mirror(host_step: torch.Tensor) -> _StepMirror:
+    key = id(host_step)
+    m = _steps.get(key)
+    if m is not None and m.count() is host_step and \
+            (host_step._version == m.version or float(host_step) == m.value):
+        return m
+    value = float(host_step)
+    m = _steps[key] = _StepMirror(
+        weakref.ref(host_step, lambda _, k=key: _steps.pop(k, None)),
+        torch.tensor(value, dtype=torch.float32).to(NAME), value)
+    return m
 _SGD_UPDATE: Any = None
 _ADAM_UPDATE: Any = None
 
@@ -1711,21 +1740,21 @@ def _fused_adam(original: Any, decoupled: bool) -> Any:
         decoupled_now = decoupled or bool(kw.get("decoupled_weight_decay", False))
         rt = runtime()
         with rt._lock:
+            mirrors = []
             for p, g, m, v, host_step in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps,
                                              strict=True):
                 rt.zeros_on_host(m)
                 rt.zeros_on_host(v)
-                count = float(host_step)
-                mirror = _steps.get(host_step)
-                if mirror is None or mirror[1] != count:
-                    mirror = [torch.tensor(count, dtype=torch.float32).to(NAME), count]
-                    _steps[host_step] = mirror
+                step = _step_mirror(host_step)
                 rt._record_update(
-                    _ADAM_UPDATE, (p, g, m, v, mirror[0], lr, kw["beta1"], kw["beta2"],
+                    _ADAM_UPDATE, (p, g, m, v, step.mirror, lr, kw["beta1"], kw["beta2"],
                                    kw["eps"], kw["weight_decay"], decoupled_now),
-                    (p, m, v, mirror[0]))
-                host_step += 1
-                mirror[1] = float(host_step)
+                    (p, m, v, step.mirror))
+                step.value += 1.0
+                mirrors.append(step)
+            torch._foreach_add_(state_steps, 1)
+            for step, host_step in zip(mirrors, state_steps, strict=True):
+                step.version = host_step._version
         return None
     return single_tensor_adam
 
