@@ -817,14 +817,22 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
   // device whose steps run in order on this thread; at the end elsewhere.
   const bool early = fetched && !staged && !swapping && !(device_graphs_ && !graphs_off_) &&
                      fetch_ready_steps_ < steps_.size();
-  bool fetches_copied = false;
-  auto copy_fetches = [&]() -> Status {
+  // Queues the fetches' copies: into the caller's buffers, or (staged) into the pinned staging
+  // after the feeds, each aligned.
+  auto queue_fetch_copies = [&]() -> Status {
+    std::byte* out = staged ? staging + feed_bytes : nullptr;
     for (size_t i = 0; i < fetches.size(); ++i) {
       const void* src = Resolve(locations_[fetch_ids_[i]], persistent, lane);
       const size_t bytes = fetch_info_[i].bytes;
       if (src == nullptr || bytes == 0) continue;
-      SALUS_RETURN_IF_ERROR(runtime_->CopyToHost(ctx, fetches[i], src, bytes));
+      SALUS_RETURN_IF_ERROR(runtime_->CopyToHost(ctx, staged ? out : fetches[i], src, bytes));
+      if (staged) out += AlignUp(bytes);
     }
+    return OkStatus();
+  };
+  bool fetches_copied = false;
+  auto copy_fetches = [&]() -> Status {
+    SALUS_RETURN_IF_ERROR(queue_fetch_copies());
     SALUS_RETURN_IF_ERROR(runtime_->Synchronize(ctx));
     fetches_copied = true;
     fetched();
@@ -890,14 +898,7 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
   }
   if (profile_) ++profiled_runs_;
 
-  std::byte* out = staged ? staging + feed_bytes : nullptr;
-  for (size_t i = 0; i < fetches.size() && !fetches_copied; ++i) {
-    const void* src = Resolve(locations_[fetch_ids_[i]], persistent, lane);
-    const size_t bytes = fetch_info_[i].bytes;
-    if (src == nullptr || bytes == 0) continue;
-    SALUS_RETURN_IF_ERROR(runtime_->CopyToHost(ctx, staged ? out : fetches[i], src, bytes));
-    if (staged) out += AlignUp(bytes);
-  }
+  if (!fetches_copied) SALUS_RETURN_IF_ERROR(queue_fetch_copies());
   // The iteration's last operation: wait for the device, so the lane may move (invariant 3).
   // An asynchronous fault surfaces here and cannot be pinned on one kernel.
   Status done = runtime_->Synchronize(ctx);
@@ -906,7 +907,7 @@ Status Executable::RunSteps(DeviceContext* ctx, std::byte* persistent, std::byte
                             device_.name());
   }
   if (staged) {
-    out = staging + feed_bytes;
+    const std::byte* out = staging + feed_bytes;
     for (size_t i = 0; i < fetches.size(); ++i) {
       const size_t bytes = fetch_info_[i].bytes;
       if (bytes == 0 || locations_[fetch_ids_[i]].base == Location::Base::kNone) continue;

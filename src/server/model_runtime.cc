@@ -451,9 +451,8 @@ Status ModelRuntime::Run(const sched::Dispatch& d, const std::vector<HostTensor>
     // Note [Fetches before the end] in exec/executable.cc: when only outputs are fetched, the
     // caller may have them before the remaining steps run.
     std::function<void()> fetched;
-    if (out->ready && std::all_of(fetches.begin(), fetches.end(), [&](const std::string& name) {
-          return std::any_of(infos.begin(), infos.end(),
-                             [&](const exec::TensorInfo& t) { return t.name == name; });
+    if (out->ready && std::none_of(fetches.begin(), fetches.end(), [&](const std::string& name) {
+          return Find(state_, name) != nullptr;
         })) {
       fetched = [&] {
         CollectFetches(d, fetches, &buffers, out).IgnoreError();  // (outputs only: no error)

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <utility>
 
@@ -22,12 +21,6 @@ Status NoSuchSession(uint64_t id) {
   return NotFoundError(fmt::format("session {} does not exist", id));
 }
 
-struct IterationStats {
-  uint64_t iteration = 0;
-  uint64_t lane = 0;
-  Nanos queue_delay{0}, run{0}, switch_gap{0};
-};
-
 // Note [Replies before the end]
 // A RunIteration with reply_when_fetched is replied when its runtime says the fetches are ready
 // (IterationOutputs::ready), from the lane worker, while the iteration's remaining steps still
@@ -37,7 +30,7 @@ struct IterationStats {
 // session's next request (an iteration, a state read or write) fails with it, its message
 // naming the iteration. Where the runtime cannot tell (a GPU, a fetch of a state value, a
 // synthetic session), the reply goes at the end, as without the flag.
-void ReplyIteration(Call& call, const IterationOutputs& outputs, const IterationStats& stats,
+void ReplyIteration(Call& call, const IterationOutputs& outputs, const sched::IterationRecord& r,
                     bool early) {
   v1::Reply reply;
   v1::RunIterationReply* body = reply.mutable_run_iteration();
@@ -47,11 +40,11 @@ void ReplyIteration(Call& call, const IterationOutputs& outputs, const Iteration
     frames.emplace_back(outputs.data[i].data(), outputs.data[i].size());
   }
   v1::IterationStats* st = body->mutable_stats();
-  st->set_iteration(stats.iteration);
-  st->set_lane(stats.lane);
-  st->set_queue_delay_us(static_cast<double>(stats.queue_delay.count()) / 1e3);
-  st->set_run_us(static_cast<double>(stats.run.count()) / 1e3);
-  st->set_switch_gap_us(static_cast<double>(stats.switch_gap.count()) / 1e3);
+  st->set_iteration(r.iteration);
+  st->set_lane(r.lane);
+  st->set_queue_delay_us(static_cast<double>(r.queue_delay.count()) / 1e3);
+  st->set_run_us(static_cast<double>(r.run_time.count()) / 1e3);
+  st->set_switch_gap_us(static_cast<double>(r.switch_gap.count()) / 1e3);
   st->set_early(early);
   call.Reply(std::move(reply), std::move(frames));
 }
@@ -327,24 +320,24 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
     }
     return s;
   };
-  auto work = [entry, state, outputs, early, replied,
+  const Clock* clock = &o_.executor->engine().clock();
+  auto work = [entry, state, outputs, early, replied, clock,
                run = std::move(run)](const sched::Dispatch& d) {
     {
       MutexLock lock(&entry->late_mu);
       if (!entry->late_error.ok()) return std::exchange(entry->late_error, OkStatus());
     }
     if (early) {
-      const auto start = std::chrono::steady_clock::now();
       // (`out`, not `outputs`: the callback lives in *outputs; `done` drops it)
-      outputs->ready = [state, out = outputs.get(), replied, d, start] {
+      outputs->ready = [state, out = outputs.get(), replied, d, clock] {
         *replied = true;
-        IterationStats stats;
-        stats.iteration = d.iteration;
-        stats.lane = d.lane;
-        stats.queue_delay = d.started_at - d.requested_at;
-        stats.switch_gap = d.switch_gap;
-        stats.run = std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now() - start);
-        ReplyIteration(*state, *out, stats, /*early=*/true);
+        sched::IterationRecord r;  // as the engine's, up to now
+        r.iteration = d.iteration;
+        r.lane = d.lane;
+        r.queue_delay = d.started_at - d.requested_at;
+        r.run_time = clock->Now() - d.started_at;
+        r.switch_gap = d.switch_gap;
+        ReplyIteration(*state, *out, r, /*early=*/true);
       };
     }
     Status s = run(d);
@@ -369,9 +362,7 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
     }
     if (*replied) return;  // (an error after the reply was kept for the next request)
     if (!status.ok()) return state->ReplyError(status);
-    ReplyIteration(*state, *outputs,
-                   IterationStats{r.iteration, r.lane, r.queue_delay, r.run_time, r.switch_gap},
-                   /*early=*/false);
+    ReplyIteration(*state, *outputs, r, /*early=*/false);
   };
   if (Status s = o_.executor->Submit(id, work, done, /*counted=*/!state_only); !s.ok()) {
     state->ReplyError(s);

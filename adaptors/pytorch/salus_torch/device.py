@@ -1698,6 +1698,8 @@ def _step_mirror(host_step: torch.Tensor) -> _StepMirror:
         weakref.ref(host_step, lambda _, k=key: _steps.pop(k, None)),
         torch.tensor(value, dtype=torch.float32).to(NAME), value)
     return m
+
+
 _SGD_UPDATE: Any = None
 _ADAM_UPDATE: Any = None
 
