@@ -368,6 +368,53 @@ TEST(TensorOpsTest, ComparisonsLogicAndWhereBroadcast) {
   EXPECT_NE(bad.status().message().find("Where 'n'"), std::string::npos) << bad.status();
 }
 
+// Note [Broadcasts oneDNN runs slowly] (cpu_kernels.cc): every broadcast of either operand, the
+// row statistics oneDNN has no fast kernel for among them, gives each element its own pair.
+TEST(TensorOpsTest, BinaryOpsBroadcastAlongAnyDims) {
+  const Shape full = {2, 3, 4, 5};
+  const std::vector<Shape> partial = {{2, 3, 4, 1}, {2, 1, 4, 5}, {1, 3, 1, 5}, {3, 4, 1}, {1}};
+  auto index = [](const Shape& s, const Shape& out, int64_t e) {
+    int64_t offset = 0, stride = 1;
+    for (int d = static_cast<int>(out.size()) - 1; d >= 0; --d) {
+      const int64_t i = e % out[d];
+      e /= out[d];
+      const int k = d - static_cast<int>(out.size() - s.size());
+      if (k < 0) continue;
+      if (s[k] != 1) offset += i * stride;
+      stride *= s[k];
+    }
+    return offset;
+  };
+  const HostTensor big = HostTensor::FromFloats(full, RandomFloats(120, 1));
+  for (const Shape& small_shape : partial) {
+    int64_t n = 1;
+    for (int64_t d : small_shape) n *= d;
+    std::vector<float> values = RandomFloats(n, 2);
+    for (float& v : values) v += std::copysign(2.f, v);  // (no division by nearly 0)
+    const HostTensor small = HostTensor::FromFloats(small_shape, values);
+    for (const char* op : {"Sub", "Div", "Add", "Mul"}) {
+      for (bool small_first : {false, true}) {
+        const HostTensor& a = small_first ? small : big;
+        const HostTensor& b = small_first ? big : small;
+        auto out = RunNode(17, op, {}, {Fed(a), Fed(b)});
+        ASSERT_TRUE(out.ok()) << op << ": " << out.status();
+        ASSERT_EQ((*out)[0].shape, full);
+        const float* z = (*out)[0].floats();
+        for (int64_t e = 0; e < 120; ++e) {
+          const float x = a.floats()[index(a.shape, full, e)];
+          const float y = b.floats()[index(b.shape, full, e)];
+          const float want = op[0] == 'S'   ? x - y
+                             : op[0] == 'D' ? x / y
+                             : op[0] == 'A' ? x + y
+                                            : x * y;
+          ASSERT_FLOAT_EQ(z[e], want)
+              << op << " element " << e << " of shape " << small_shape.size();
+        }
+      }
+    }
+  }
+}
+
 TEST(TensorOpsTest, MinMaxClipAndUnaryMath) {
   auto max =
       RunNode(17, "Max", {},
