@@ -316,24 +316,41 @@ const Node* TransposeOf(const Graph& g, ValueId v) {
 // Note [Transposed operands] (fusion.h).
 int FoldTransposes(Graph* graph, const FusionOptions& options, size_t* boundary) {
   Graph& g = *graph;
-  // Chains first, in graph order, so that each Transpose already reads its chain's root.
+  std::vector<bool> kept(g.values().size(), false);
+  for (ValueId id : options.keep) kept[id] = true;
+  for (ValueId id : g.outputs()) kept[id] = true;
+  // Chains first, in graph order, so that each Transpose already reads its chain's root. A
+  // Transpose that ends up leaving its input as it is (a chain that undoes itself: a layout
+  // made contiguous and turned back) is read through: its readers read the input.
+  std::vector<ValueId> same(g.values().size(), kNoValue);
   for (Node& n : g.nodes()) {
     if (n.op != "Transpose" || n.inputs.size() != 1) continue;
     const Node* inner = TransposeOf(g, n.inputs[0]);
-    if (inner == nullptr) continue;
-    const ValueId root = inner->inputs[0];
+    const ValueId root = inner == nullptr ? n.inputs[0] : inner->inputs[0];
     const size_t rank = g.value(root).shape.size();
-    const std::vector<int64_t> first = PermOf(*inner, rank), second = PermOf(n, rank);
-    if (first.size() != rank || second.size() != rank) continue;
-    std::vector<int64_t> perm(rank);
-    bool valid = true;
-    for (size_t i = 0; i < rank && valid; ++i) {
-      valid = second[i] >= 0 && second[i] < static_cast<int64_t>(rank);
-      if (valid) perm[i] = first[second[i]];
+    std::vector<int64_t> perm = PermOf(n, rank);
+    if (perm.size() != rank) continue;
+    if (inner != nullptr) {
+      const std::vector<int64_t> first = PermOf(*inner, rank);
+      if (first.size() != rank) continue;
+      bool valid = true;
+      for (size_t i = 0; i < rank && valid; ++i) {
+        valid = perm[i] >= 0 && perm[i] < static_cast<int64_t>(rank);
+        if (valid) perm[i] = first[perm[i]];
+      }
+      if (!valid) continue;
+      n.inputs[0] = root;
+      n.attrs["perm"] = IntsAttr(perm);
     }
-    if (!valid) continue;
-    n.inputs[0] = root;
-    n.attrs["perm"] = IntsAttr(perm);
+    bool identity = true;
+    for (size_t i = 0; i < rank; ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
+    if (identity && n.outputs.size() == 1 && !kept[n.outputs[0]]) same[n.outputs[0]] = root;
+  }
+  for (Node& n : g.nodes()) {
+    if (n.op == "Transpose") continue;
+    for (ValueId& in : n.inputs) {
+      while (in != kNoValue && same[in] != kNoValue) in = same[in];
+    }
   }
   for (Node& n : g.nodes()) {
     const bool gemm = n.op == "Gemm";

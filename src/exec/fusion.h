@@ -56,14 +56,15 @@ int FuseResidualAdd(Graph* graph, const FusionOptions& options);
 int FuseGelu(Graph* graph, const FusionOptions& options);
 
 // Note [Transposed operands]: a Transpose of a Transpose becomes one Transpose of the first's
-// input, and a Transpose that swaps only the last two dims and is read by a MatMul or a 2-D Gemm
-// is folded into that product, which then reads the untransposed tensor with its last two
-// strides swapped (MatMul's attributes kMatMulTransA / kMatMulTransB, Gemm's transA / transB
-// toggled). A Transpose left unread, and neither fetched nor a graph output, is removed; one
-// that something else still reads stays. Inference and training (after autodiff: it removes
-// only values that nothing else reads), any device (the CPU and CUDA MatMul and Gemm kernels
-// honour the attributes). Run by Executable::Build whenever it fuses; not part of
-// ApplyInferenceFusions. `boundary`, when given, is a node index (a training graph's first
+// input, or none when the two undo each other (the readers of the result, unless it is fetched
+// or a graph output, read that input instead), and a Transpose that swaps only the last two dims
+// and is read by a MatMul or a 2-D Gemm is folded into that product, which then reads the
+// untransposed tensor with its last two strides swapped (MatMul's attributes kMatMulTransA /
+// kMatMulTransB, Gemm's transA / transB toggled). A Transpose left unread, and neither fetched nor
+// a graph output, is removed; one that something else still reads stays. Inference and training
+// (after autodiff: it removes only values that nothing else reads), any device (the CPU and CUDA
+// MatMul and Gemm kernels honour the attributes). Run by Executable::Build whenever it fuses; not
+// part of ApplyInferenceFusions. `boundary`, when given, is a node index (a training graph's first
 // backward node) moved to keep naming the same node.
 inline constexpr const char* kMatMulTransA = "trans_a";
 inline constexpr const char* kMatMulTransB = "trans_b";

@@ -481,6 +481,52 @@ TEST(FusionTest, TransposeChainsBecomeOneTranspose) {
   EXPECT_EQ(transposes[0]->GetInts("perm"), (std::vector<int64_t>{1, 0, 2}));
 }
 
+// A chain that undoes itself (a layout made contiguous and turned back, as PyTorch's fused
+// attention lays out its results) leaves no Transpose: its readers read the chain's input; a
+// fetched one stays, and so does a Transpose whose chain does change the layout.
+TEST(FusionTest, TransposeChainsThatUndoThemselvesAreReadThrough) {
+  ModelBuilder mb;
+  mb.Input("x", {2, 3, 4});
+  auto& t1 = mb.Node("Transpose", {"x"}, {"t1"});
+  ModelBuilder::Attr(t1, "perm", std::vector<int64_t>{0, 2, 1});
+  auto& t2 = mb.Node("Transpose", {"t1"}, {"t2"});
+  ModelBuilder::Attr(t2, "perm", std::vector<int64_t>{0, 2, 1});  // back to [2,3,4]
+  mb.Node("Relu", {"t2"}, {"y"});
+  auto& t3 = mb.Node("Transpose", {"t2"}, {"t3"});
+  ModelBuilder::Attr(t3, "perm", std::vector<int64_t>{1, 0, 2});  // [3,2,4]
+  mb.Node("Relu", {"t3"}, {"z"});
+  mb.Output("y", {2, 3, 4});
+  mb.Output("z", {3, 2, 4});
+  const std::vector<HostTensor> feeds = {HostTensor::FromFloats({2, 3, 4}, RandomFloats(24, 56))};
+  CompileOptions o;
+  Compiled fused = CompileAndRun(mb.Bytes(), o, feeds, true);
+  Compiled plain = CompileAndRun(mb.Bytes(), o, feeds, false);
+  ASSERT_TRUE(fused.exe && plain.exe);
+  ExpectClose(fused.outputs[0], plain.outputs[0]);
+  ExpectClose(fused.outputs[1], plain.outputs[1]);
+  const Graph& g = fused.exe->graph();
+  std::vector<const Node*> transposes;
+  for (const Node& n : g.nodes()) {
+    if (n.op == "Transpose") transposes.push_back(&n);
+    if (n.op == "Relu" && n.outputs[0] == g.Find("y")) {
+      EXPECT_EQ(n.inputs[0], g.Find("x"));
+    }
+  }
+  ASSERT_EQ(transposes.size(), 1u);
+  EXPECT_EQ(transposes[0]->inputs[0], g.Find("x"));
+  EXPECT_EQ(transposes[0]->GetInts("perm"), (std::vector<int64_t>{1, 0, 2}));
+
+  o.fetches = {"t2", "z"};
+  Compiled fetched = CompileAndRun(mb.Bytes(), o, feeds, true);
+  ASSERT_TRUE(fetched.exe);
+  ASSERT_EQ(fetched.outputs.size(), 2u);
+  int kept = 0;
+  for (const Node& n : fetched.exe->graph().nodes()) kept += n.op == "Transpose";
+  EXPECT_EQ(kept, 2);
+  ExpectClose(fetched.outputs[0], feeds[0]);
+  ExpectClose(fetched.outputs[1], plain.outputs[1]);
+}
+
 // Training: the backward of a batched MatMul reads transposes of its operands; folded, the
 // losses are those of the unfused compile.
 TEST(FusionTest, TrainingFoldsTheBackwardsTransposes) {
