@@ -218,6 +218,38 @@ def test_the_collector_pauses_only_while_a_recording_holds_ops(
     del pending
 
 
+def test_attention_is_recorded_as_one_fused_op_each_way(
+        daemon: Daemon, fresh_device: None) -> None:
+    """Note [Fused attention] (device.cc): attention that PyTorch's CPU fused kernel would take
+    is recorded as that one op forward and one backward, no batched matmuls, and its results
+    and gradients match eager PyTorch's; with dropout it is the math composite, as before."""
+    rt = salus_torch.device.runtime()
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(3)
+    host = [torch.randn(2, 3, 5, 4, generator=g).requires_grad_() for _ in range(3)]
+    mask = torch.randn(5, 5, generator=g)
+    dev = [t.detach().to("salus").requires_grad_() for t in host]
+    results = {}
+    for side, (q, k, v), m in (("cpu", host, mask), ("salus", dev, mask.to("salus"))):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.4)
+        (out * out.roll(1, 2)).sum().backward()
+        if side == "salus":
+            funcs = [op.func for op in rt._seg.ops]
+            assert funcs.count(aten._scaled_dot_product_flash_attention_for_cpu.default) == 1
+            assert funcs.count(
+                aten._scaled_dot_product_flash_attention_for_cpu_backward.default) == 1
+            assert aten.bmm.default not in funcs
+        results[side] = [out.detach().cpu()] + [t.grad.cpu() for t in (q, k, v)]
+    for got, want in zip(results["salus"], results["cpu"], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    salus_torch.device.runtime().flush()
+    q, k, v = dev
+    F.scaled_dot_product_attention(q, k, v, dropout_p=0.5).sum().backward()
+    funcs = [op.func for op in rt._seg.ops]
+    assert aten._scaled_dot_product_flash_attention_for_cpu.default not in funcs
+    assert aten.bmm.default in funcs
+
+
 def test_a_detach_records_one_op_and_makes_a_tensor_of_its_own(
         daemon: Daemon, fresh_device: None) -> None:
     """Note [One detach, one dispatch]: `detach()` of a recorded value records one op; each

@@ -42,7 +42,8 @@ def _data() -> dict[str, torch.Tensor]:
             "bag_off": torch.tensor([0, 2, 2, 5]),  # bag 1 is empty
             "bag_off_last": torch.tensor([0, 3, 8]),
             "bag_psw": torch.rand(8, generator=g),
-            "bag_2d": torch.tensor([[1, 2, 3, 2], [2, 2, 0, 7], [9, 8, 2, 1]])}
+            "bag_2d": torch.tensor([[1, 2, 3, 2], [2, 2, 0, 7], [9, 8, 2, 1]]),
+            "scores_mask": torch.randn(6, 6, generator=g)}
 
 
 class Net(nn.Module):
@@ -96,6 +97,21 @@ def _rotary(q: torch.Tensor) -> torch.Tensor:
     cos, sin = angle.cos().repeat(1, 2), angle.sin().repeat(1, 2)
     rotated = torch.cat([-q[..., dim // 2:], q[..., :dim // 2]], -1)
     return q * cos + rotated * sin
+
+
+def _attention(m: Net, d: dict[str, torch.Tensor]) -> torch.Tensor:
+    """scaled_dot_product_attention as blocks call it: two heads, causal, under a float mask
+    with a scale, the output viewed as the fused kernel lays it out (Note [Fused attention] in
+    device.cc: the device records these as one op each way); and, run as the math composite,
+    3-D and under a bool mask."""
+    h = m.fc(d["seq"])  # [3, 6, 5]
+    q = torch.stack([h, h * 0.5], 1)  # [batch, heads, tokens, features]
+    k, v = q.roll(1, 2) + 0.1, torch.tanh(q)
+    causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    masked = F.scaled_dot_product_attention(q, k, v, attn_mask=d["scores_mask"], scale=0.3)
+    return (causal.transpose(1, 2).view(3, 6, 10).pow(2).sum() + masked.pow(2).sum()
+            + F.scaled_dot_product_attention(h, h.roll(1, 1), h).pow(2).sum()
+            + F.scaled_dot_product_attention(q, k, v, attn_mask=d["scores_mask"] > 0).sum())
 
 
 def _barlow_twins(z: torch.Tensor) -> torch.Tensor:
@@ -315,6 +331,8 @@ CASES: dict[str, Case] = {
             + (F.interpolate(m.conv(d["img"]), size=(5, 31)) * d["img"][:, :1, :5, :1]).sum()),
     "packed sequences (LSTM and GRU, unsorted lengths, padded again)": lambda m, d: _packed(
         m, d),
+    "scaled_dot_product_attention (fused: causal, a float mask and scale; 3-D, bool mask)":
+        lambda m, d: _attention(m, d),
     "nn.Bilinear": lambda m, d: m.bilinear(d["x"], m.fc(d["x"])).pow(2).sum(),
     "multi_margin_loss (p 1 and 2, margins, class weights, reductions)": lambda m, d: (
         F.multi_margin_loss(m.fc(d["x"]), d["y"])

@@ -252,6 +252,8 @@ def _decompositions() -> dict:
         a._trilinear.default: _trilinear,
         a.embedding_renorm_.default: _embedding_renorm_,
         a.atan2.default: _atan2,
+        a._scaled_dot_product_flash_attention_for_cpu.default: _attention,
+        a._scaled_dot_product_flash_attention_for_cpu_backward.default: _attention_backward,
     })
     table.update(_MATH)
     return table
@@ -929,6 +931,65 @@ def _cdist_backward(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, p: f
     # (PyTorch's two forms, equal in value, rounded as its kernel rounds them)
     slope = diff.sign() * diff.abs().pow(p - 1) if p < 2 else diff * diff.abs().pow(p - 2)
     return torch.where(d == 0, 0.0, g * slope / d.pow(p - 1)).sum(-2)
+
+
+# Note [Fused attention]
+# The lazy device records the fused CPU attention op where PyTorch would run the math composite
+# (Note [Fused attention] in csrc/device.cc), so the trace meets it and its backward. Both are
+# decomposed into the math here: scores = q k^T scaled (q and k each by the root of the scale,
+# as PyTorch's math does), masked, a softmax, times v; and the row log-sum-exp that the fused
+# op returns for its backward. The backward recomputes the probabilities from the scores and
+# that log-sum-exp rather than keeping them between the passes (as the fused kernel does):
+# with P = exp(S - lse), dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = dS K * scale,
+# dK = dS^T Q * scale. Each result has the fused op's strides (contiguous in batch, token,
+# head, feature order), so views the recording made of them are views here too.
+def _attention_scores(q: torch.Tensor, k: torch.Tensor, is_causal: bool,
+                      attn_mask: torch.Tensor | None, scale: float | None
+                      ) -> tuple[torch.Tensor, float]:
+    s = scale if scale is not None else 1.0 / q.shape[-1] ** 0.5
+    root = s ** 0.5
+    scores = torch.matmul(q * root, (k * root).transpose(-2, -1))
+    if is_causal:
+        keep = q.new_ones((q.shape[-2], k.shape[-2]), dtype=torch.bool).tril()
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        scores = scores + attn_mask
+    return scores, s
+
+
+def _as_fused(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+               is_causal: bool = False, *, attn_mask: torch.Tensor | None = None,
+               scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Note [Fused attention]: the output and the rows' log-sum-exp of the scores."""
+    if dropout_p != 0.0:
+        return NotImplemented  # type: ignore[return-value]  # left whole: refused by name
+    scores, _ = _attention_scores(q, k, is_causal, attn_mask, scale)
+    top = torch.amax(scores, -1, keepdim=True)
+    lse = (torch.log(torch.sum(torch.exp(scores - top), -1, keepdim=True)) + top).squeeze(-1)
+    out = torch.matmul(torch.softmax(scores, -1), v)
+    return _as_fused(out), lse
+
+
+def _attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dropout_p: float,
+                        is_causal: bool, *, attn_mask: torch.Tensor | None = None,
+                        scale: float | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Note [Fused attention]: the gradients of q, k and v."""
+    if dropout_p != 0.0:
+        return NotImplemented  # type: ignore[return-value]
+    scores, s = _attention_scores(q, k, is_causal, attn_mask, scale)
+    p = torch.softmax(scores, -1)
+    grad_v = torch.matmul(p.transpose(-2, -1), grad_out)
+    grad_p = torch.matmul(grad_out, v.transpose(-2, -1))
+    grad_s = torch.ops.aten._softmax_backward_data(grad_p, p, -1, p.dtype)
+    grad_q = torch.matmul(grad_s, k) * s
+    grad_k = torch.matmul(grad_s.transpose(-2, -1), q) * s
+    return _as_fused(grad_q), _as_fused(grad_k), _as_fused(grad_v)
 
 
 def _weight_norm_backward(grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor,

@@ -7,11 +7,13 @@
 // daemon draws the device's random numbers itself, with explicit seeds), as does a generator
 // made for the device (`torch.Generator(device="salus")`). Everything else, the
 // tensors, the recording and the flushes, is Python, but for setting a tensor's geometry when
-// an in-place op changed it.
+// an in-place op changed it, and for the choice of attention kernel (Note [Fused attention]).
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/scaled_dot_product_attention_native.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/extension.h>
 
@@ -111,6 +113,49 @@ void SetGeometry(const at::Tensor& t, std::vector<int64_t> sizes, std::vector<in
   TORCH_CHECK(t.device().type() == kType, "set_geometry: not a salus device tensor");
   TORCH_CHECK(sizes.size() == strides.size(), "set_geometry: sizes and strides differ in rank");
   t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+}
+
+// Note [Fused attention]
+// torch 2.4 asks for a fused scaled_dot_product_attention kernel only on CPU and CUDA tensors;
+// on any other device it runs the math composite above autograd: scaling, two batched matmuls
+// with their views and expansions, a softmax, about 25 ops per attention layer forward and as
+// many backward, each one recorded by the device from Python. Where the CPU's fused kernel
+// would take the device's tensors (4-D float32 query, key and value of one batch, heads and head
+// size; no dropout; no mask, or a float mask that needs no gradient), this kernel at the
+// device's autograd key calls that fused op: autograd records one node, and the recording one
+// op forward and one backward, which the trace decomposes into the math the engine runs
+// (Note [Fused attention] in trace.py). Other calls take the composite, as before.
+bool Fusable(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+             const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal) {
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    if (t->dim() != 4 || t->scalar_type() != at::kFloat || t->is_nested()) return false;
+  }
+  if (dropout_p != 0.0 || q.size(0) != k.size(0) || q.size(0) != v.size(0) ||
+      q.size(1) != k.size(1) || q.size(1) != v.size(1) || k.size(2) != v.size(2) ||
+      q.size(3) != k.size(3) || q.size(3) != v.size(3)) {
+    return false;
+  }
+  if (mask.has_value() && mask->defined()) {
+    if (is_causal || mask->scalar_type() != at::kFloat || mask->requires_grad() ||
+        mask->dim() > 4) {
+      return false;
+    }
+  }
+  return true;
+}
+
+at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                     c10::optional<double> scale) {
+  if (!Fusable(q, k, v, mask, dropout_p, is_causal)) {
+    return at::native::scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale);
+  }
+  return std::get<0>(
+      at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, mask, scale));
+}
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("scaled_dot_product_attention", &Attention);
 }
 
 }  // namespace
