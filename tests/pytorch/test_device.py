@@ -89,8 +89,9 @@ def test_unmodified_loop_matches_eager(daemon: Daemon, model: str, optimizer: st
 def test_known_ops_record_what_the_general_path_records(
         daemon: Daemon, fresh_device: None, model: str, optimizer: str) -> None:
     """Note [Known ops]: a steady step recorded from the memo (convolution and BatchNorm
-    backwards with their output masks, detaches, fused updates) leaves the same plan key as
-    the same step recorded through the general path alone."""
+    backwards with their output masks, detaches, `.contiguous()`'s clones with their memory
+    format, fused updates) leaves the same plan key as the same step recorded through the
+    general path alone."""
     m, opt = make(model, optimizer, "salus")
     rt = salus_torch.device.runtime()
     batch = (images(1, 4) if model == "resnet" else sentences(1, 1))[0]
@@ -105,7 +106,7 @@ def test_known_ops_record_what_the_general_path_records(
     rt.flush = keep_sig
     for general in (False, False, False, True):
         if general:
-            rt._known_entry = lambda func, args: None
+            rt._known_entry = lambda func, args, kwargs=None: None
         train(m, opt, "salus", [batch])
     assert len(sigs) == 4 and sigs[2] == sigs[3]
 

@@ -564,8 +564,8 @@ class Runtime:
         return func(*host_args, **host_kwargs)
 
     def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        if not kwargs and _knowable(func):
-            out = self._record_known(func, args)
+        if _knowable(func):
+            out = self._record_known(func, args, kwargs)
             if out is not NotImplemented:
                 return out
         if _composite(func):
@@ -609,7 +609,7 @@ class Runtime:
             # Note [Reshaped in place]: such an op is recorded as its functional form.
             entry = (template, _functional_of(func) if _reshapes(template) else func,
                      _odd_dtype(template))
-            entry += (entry[1] is func and entry[2] is None and not kwargs and
+            entry += (entry[1] is func and entry[2] is None and _plain_keywords(kwargs) and
                       _known(func, template), None if key is None else self._kid(key))
             if key is not None:
                 self._metas[key] = entry
@@ -661,10 +661,11 @@ class Runtime:
                         tuple([-1 if u is None else pos[u] for u in op.outs])))
         return out
 
-    def _known_entry(self, func: Any, args: tuple) -> tuple | None:
-        """Note [Known ops]: (its memo entry, its tensors, its arguments as recorded) for
-        `func` on positional arguments, when its entry allows recording it from there; None
-        otherwise."""
+    def _known_entry(self, func: Any, args: tuple, kwargs: dict | None = None
+                     ) -> tuple | None:
+        """Note [Known ops]: (its memo entry, its tensors, its arguments and keywords as
+        recorded) for `func` on these arguments, when its entry allows recording it from there;
+        None otherwise."""
         tensors: list[SalusTensor] = []
         rargs: list[Any] = []
         keys: list[Any] = []
@@ -687,14 +688,19 @@ class Runtime:
                 keys.append(tuple(a))
             else:
                 return None
-        entry = self._metas.get((id(func), tuple(keys), ()))
+        kkeys: tuple = ()
+        if kwargs:
+            if not _plain_keywords(kwargs):
+                return None
+            kkeys = tuple(kwargs.items())
+        entry = self._metas.get((id(func), tuple(keys), kkeys))
         if entry is None or not entry[3]:
             return None
-        return entry, tensors, tuple(rargs)
+        return entry, tensors, tuple(rargs), dict(kwargs) if kwargs else {}
 
-    def _record_known(self, func: Any, args: tuple) -> Any:
+    def _record_known(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """_record of `func` from its memo entry (Note [Known ops]), or NotImplemented."""
-        known = self._known_entry(func, args)
+        known = self._known_entry(func, args, kwargs)
         if known is None:
             return NotImplemented
         template = known[0][0]
@@ -721,11 +727,11 @@ class Runtime:
     def _record_from(self, func: Any, known: tuple, wrapped: bool) -> list:
         """Records `func` from what _known_entry found: its results as new tensors
         (`wrapped`), or, read by nothing outside the recording, as uids alone."""
-        entry, tensors, rargs = known
+        entry, tensors, rargs, rkwargs = known
         for t in tensors:
             self._use(t)
         seg = self._seg
-        op = _Op(func, rargs, {}, [])
+        op = _Op(func, rargs, rkwargs, [])
         template = entry[0]
         outs: list = []
         for k, m in enumerate((template,) if template[0] == "new" else template):
@@ -1392,10 +1398,21 @@ def _is_written(t: SalusTensor, args: tuple, kwargs: dict,
 # convolution and BatchNorm backwards, most of the ops of a step. Once _record has seen such an
 # op on given shapes, its memo entry says so, and later calls are recorded from the entry
 # directly (_record_known): the same op, arguments, outputs and plan-key entry, without the
-# general scan, the checks the entry already answered, and the template walk. Anything else
-# (keywords, lifted scalars, writes, host dtypes, layout hints, host copies, lists of tensors)
-# takes the general path.
+# general scan, the checks the entry already answered, and the template walk. Keywords may be
+# plain values and memory formats (`.contiguous()` is `clone(memory_format=...)`, about 20 per
+# encoder step); a layout hint that the general path rewrites (channels_last) finds no entry
+# under its own value. Anything else (tensors or devices as keywords, lifted scalars, writes,
+# host dtypes, host copies, lists of tensors) takes the general path.
 _PLAIN = frozenset({int, float, bool, type(None), str, torch.dtype})
+_PLAIN_KEYWORDS = _PLAIN | {torch.memory_format}
+
+
+def _plain_keywords(kwargs: dict) -> bool:
+    """Whether every keyword of a call is a plain value (Note [Known ops])."""
+    for v in kwargs.values():
+        if type(v) not in _PLAIN_KEYWORDS:
+            return False
+    return True
 
 
 _KNOWABLE: dict[int, bool] = {}
