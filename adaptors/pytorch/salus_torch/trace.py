@@ -938,9 +938,10 @@ def _cdist_backward(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, p: f
 # (Note [Fused attention] in csrc/device.cc), so the trace meets it and its backward. Both are
 # decomposed into the math here: scores = q k^T scaled (q and k each by the root of the scale,
 # as PyTorch's math does), masked, a softmax, times v; and the row log-sum-exp that the fused
-# op returns for its backward. The backward recomputes the probabilities from the scores and
-# that log-sum-exp rather than keeping them between the passes (as the fused kernel does):
-# with P = exp(S - lse), dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = dS K * scale,
+# op returns for its backward (computed only where a later graph reads it: within one graph
+# nothing does, and it is dead code). The backward recomputes the probabilities P = softmax(S)
+# rather than keeping them between the passes (as the fused kernel does): dV = P^T dO, dS the
+# softmax gradient of dP = dO V^T (the engine's SalusSoftmaxGrad), dQ = dS K * scale,
 # dK = dS^T Q * scale. Each result has the fused op's strides (contiguous in batch, token,
 # head, feature order), so views the recording made of them are views here too.
 def _attention_scores(q: torch.Tensor, k: torch.Tensor, is_causal: bool,

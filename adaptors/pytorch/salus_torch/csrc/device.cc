@@ -118,13 +118,13 @@ void SetGeometry(const at::Tensor& t, std::vector<int64_t> sizes, std::vector<in
 // Note [Fused attention]
 // torch 2.4 asks for a fused scaled_dot_product_attention kernel only on CPU and CUDA tensors;
 // on any other device it runs the math composite above autograd: scaling, two batched matmuls
-// with their views and expansions, a softmax, about 25 ops per attention layer forward and as
-// many backward, each one recorded by the device from Python. Where the CPU's fused kernel
-// would take the device's tensors (4-D float32 query, key and value of one batch, heads and head
-// size; no dropout; no mask, or a float mask that needs no gradient), this kernel at the
-// device's autograd key calls that fused op: autograd records one node, and the recording one
-// op forward and one backward, which the trace decomposes into the math the engine runs
-// (Note [Fused attention] in trace.py). Other calls take the composite, as before.
+// with their views and expansions, a softmax, and their gradients: about 28 more recorded ops
+// per attention layer than one fused op each way, each recorded by the device from Python. Where
+// the CPU's fused kernel would take the device's tensors (4-D float32 query, key and value of one
+// batch, heads and head size; no dropout; no mask, or a float mask that needs no gradient), this
+// kernel at the device's autograd key calls that fused op: autograd records one node, and the
+// recording one op forward and one backward, which the trace decomposes into the math the engine
+// runs (Note [Fused attention] in trace.py). Other calls take the composite, as before.
 bool Fusable(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal) {
   for (const at::Tensor* t : {&q, &k, &v}) {
