@@ -3,6 +3,7 @@ device, checked step by step against the same loops run eagerly on the CPU."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import io
 import json
@@ -249,6 +250,62 @@ def test_attention_is_recorded_as_one_fused_op_each_way(
     funcs = [op.func for op in rt._seg.ops]
     assert aten._scaled_dot_product_flash_attention_for_cpu.default not in funcs
     assert aten.bmm.default in funcs
+
+
+@pytest.mark.parametrize("shape, strided, bias", [
+    ((6, 5), False, True), ((2, 3, 5), False, True), ((3, 2, 5), True, True),
+    ((2, 2, 3, 5), False, False)])
+def test_a_linear_layer_is_recorded_as_one_op_each_way(
+        daemon: Daemon, fresh_device: None, shape: tuple, strided: bool, bias: bool) -> None:
+    """Note [Fused linear] (device.cc): a linear layer is recorded as one op forward and one
+    backward, no matrix products or transposes of its own, for any leading dims, a strided
+    input and none bias; its output and gradients match eager PyTorch's."""
+    rt = salus_torch.device.runtime()
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(*shape, generator=g)
+    lin = torch.nn.Linear(5, 4, bias=bias)
+    results = {}
+    for side in ("cpu", "salus"):
+        layer = copy.deepcopy(lin).to(side)
+        xs = base.to(side)
+        xs = (xs.transpose(0, 1) if strided else xs).detach().requires_grad_()
+        assert xs.is_contiguous() != strided
+        out = layer(xs)
+        (out * out.roll(1, -1)).sum().backward()
+        if side == "salus":
+            funcs = [op.func for op in rt._seg.ops]
+            assert funcs.count(aten.mkldnn_linear.default) == 1
+            assert funcs.count(aten.mkldnn_linear_backward.default) == 1
+            for other in (aten.addmm.default, aten.mm.default, aten.t.default):
+                assert other not in funcs
+        results[side] = [out.detach().cpu(), xs.grad.cpu()] + \
+            [p.grad.cpu() for p in layer.parameters()]
+    for got, want in zip(results["salus"], results["cpu"], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_linear_layer_has_gradients_of_gradients(daemon: Daemon, fresh_device: None) -> None:
+    """Note [Fused linear]: a gradient taken with create_graph (a gradient penalty) is itself
+    differentiable through the fused layer, as through eager PyTorch's; a 1-D input takes the
+    composite."""
+    torch.manual_seed(2)
+    lin = torch.nn.Linear(5, 3)
+    x = torch.randn(4, 5)
+    results = {}
+    for side in ("cpu", "salus"):
+        layer = copy.deepcopy(lin).to(side)
+        xs = x.to(side).requires_grad_()
+        (gx,) = torch.autograd.grad(torch.tanh(layer(xs)).sum(), xs, create_graph=True)
+        gx.square().sum().backward()
+        results[side] = [gx.detach().cpu()] + [p.grad.cpu() for p in layer.parameters()]
+        one = layer(xs[0])
+        if side == "salus":
+            funcs = [op.func for op in salus_torch.device.runtime()._seg.ops]
+            assert funcs and torch.ops.aten.mkldnn_linear.default not in funcs
+        results[side].append(one.detach().cpu())
+    for got, want in zip(results["salus"], results["cpu"], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
 def test_a_detach_records_one_op_and_makes_a_tensor_of_its_own(

@@ -254,6 +254,8 @@ def _decompositions() -> dict:
         a.atan2.default: _atan2,
         a._scaled_dot_product_flash_attention_for_cpu.default: _attention,
         a._scaled_dot_product_flash_attention_for_cpu_backward.default: _attention_backward,
+        a.mkldnn_linear.default: _linear,
+        a.mkldnn_linear_backward.default: _linear_backward,
     })
     table.update(_MATH)
     return table
@@ -991,6 +993,31 @@ def _attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     grad_q = torch.matmul(grad_s, k) * s
     grad_k = torch.matmul(grad_s.transpose(-2, -1), q) * s
     return _as_fused(grad_q), _as_fused(grad_k), _as_fused(grad_v)
+
+
+# Note [Fused linear]
+# The lazy device records a linear layer as one op each way (Note [Fused linear] in
+# csrc/device.cc): `mkldnn_linear` and its backward, decomposed here into the products the
+# composite computes, over the input's leading dims merged into rows: y = x W^T + b,
+# dx = dy W, dW = dy^T x, db the column sums of dy; each result contiguous.
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """Note [Fused linear]: the layer's output."""
+    y = torch.mm(_rows(x), w.t()) if b is None else torch.addmm(b, _rows(x), w.t())
+    return y.view(*x.shape[:-1], w.shape[0])
+
+
+def _linear_backward(x: torch.Tensor, grad: torch.Tensor, w: torch.Tensor,
+                     mask: list[bool]) -> tuple[torch.Tensor | None, ...]:
+    """Note [Fused linear]: the gradients of the input, the weight and the bias (None where
+    `mask` leaves one out)."""
+    g = _rows(grad)
+    return (torch.mm(g, w).view(x.shape) if mask[0] else None,
+            torch.mm(g.t(), _rows(x)) if mask[1] else None,
+            g.sum(0) if mask[2] else None)
 
 
 def _weight_norm_backward(grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor,

@@ -7,12 +7,16 @@
 // daemon draws the device's random numbers itself, with explicit seeds), as does a generator
 // made for the device (`torch.Generator(device="salus")`). Everything else, the
 // tensors, the recording and the flushes, is Python, but for setting a tensor's geometry when
-// an in-place op changed it, and for the choice of attention kernel (Note [Fused attention]).
+// an in-place op changed it, and for the choice of attention and linear kernels (Note [Fused
+// attention], Note [Fused linear]).
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/linear_native.h>
+#include <ATen/ops/mkldnn_linear.h>
+#include <ATen/ops/mkldnn_linear_backward.h>
 #include <ATen/ops/scaled_dot_product_attention_native.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/extension.h>
@@ -154,8 +158,95 @@ at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, mask, scale));
 }
 
+// Note [Fused linear]
+// A linear layer reaches a device below autograd as the composite's parts: `t` of the weight and
+// `addmm` (a batch of rows), with `view`s around them for more leading dims or a `matmul`'s
+// folding for a strided input; backward, about six more (the two products with their
+// transposes, the bias's sum, the views' inverses) and a clone, where autograd makes the
+// weight's transposed gradient contiguous. Each one recorded costs the device a call into
+// Python: the encoder's nine linear layers were about a third of its recorded ops. So this
+// kernel at the device's autograd key records one op each way: `mkldnn_linear` forward (the
+// ATen op of the same semantics, which has no kernel for the device's tensors in PyTorch
+// itself; its shapes come from the meta kernels below) and `mkldnn_linear_backward` when
+// autograd runs the node's backward, which the trace decomposes into the products the engine
+// runs (Note [Fused linear] in trace.py). Its backward run with the graph recorded
+// (`create_graph=True`, a gradient penalty) takes differentiable ops instead, so gradients of
+// gradients still flow. Inputs of one dim, other dtypes, forward-mode gradients and mismatched
+// shapes take the composite, as before (its errors name the shapes).
+bool LinearFusable(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+  if (x.dim() < 2 || w.dim() != 2 || x.scalar_type() != at::kFloat ||
+      w.scalar_type() != at::kFloat || x.is_nested() || x.size(-1) != w.size(1) ||
+      x._fw_grad(0).defined() || w._fw_grad(0).defined()) {
+    return false;
+  }
+  if (b.has_value() && b->defined()) {
+    return b->dim() == 1 && b->size(0) == w.size(0) && b->scalar_type() == at::kFloat &&
+           !b->_fw_grad(0).defined();
+  }
+  return true;
+}
+
+struct LinearFunction final : torch::autograd::Function<LinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["bias"] = b.has_value() && b->defined();
+    at::AutoDispatchBelowADInplaceOrView below;
+    return at::mkldnn_linear(x, w, b);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& w = saved[1];
+    const at::Tensor& g = grads[0];
+    const bool bias = ctx->saved_data["bias"].toBool();
+    const std::array<bool, 3> mask = {ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                                      bias && ctx->needs_input_grad(2)};
+    if (!g.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    if (at::GradMode::is_enabled()) {  // (create_graph: the gradients are differentiable)
+      const at::Tensor g2 = g.reshape({-1, w.size(0)});
+      return {mask[0] ? g.matmul(w) : at::Tensor(),
+              mask[1] ? g2.t().mm(x.reshape({-1, w.size(1)})) : at::Tensor(),
+              mask[2] ? g2.sum(0) : at::Tensor()};
+    }
+    auto [gx, gw, gb] = at::mkldnn_linear_backward(x, g, w, mask);
+    return {gx, gw, gb};
+  }
+};
+
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+  if (!LinearFusable(x, w, b)) return at::native::linear(x, w, b);
+  return LinearFunction::apply(x, w, b);
+}
+
+// The shapes of the fused linear ops, for the device's recording (which runs each op on meta
+// tensors for its results' shapes): results are contiguous, as the trace's decompositions make
+// them.
+at::Tensor LinearMeta(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>&) {
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = w.size(0);
+  return at::empty(sizes, x.options());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> LinearBackwardMeta(const at::Tensor& x,
+                                                                  const at::Tensor& g,
+                                                                  const at::Tensor& w,
+                                                                  std::array<bool, 3> mask) {
+  return {mask[0] ? at::empty(x.sizes(), x.options()) : at::Tensor(),
+          mask[1] ? at::empty(w.sizes(), w.options()) : at::Tensor(),
+          mask[2] ? at::empty({w.size(0)}, w.options()) : at::Tensor()};
+}
+
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("scaled_dot_product_attention", &Attention);
+  m.impl("linear", &Linear);
+}
+
+TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  m.impl("mkldnn_linear", &LinearMeta);
+  m.impl("mkldnn_linear_backward", &LinearBackwardMeta);
 }
 
 }  // namespace
