@@ -252,14 +252,16 @@ def test_attention_is_recorded_as_one_fused_op_each_way(
     assert aten.bmm.default in funcs
 
 
-@pytest.mark.parametrize("shape, strided, bias", [
-    ((6, 5), False, True), ((2, 3, 5), False, True), ((3, 2, 5), True, True),
-    ((2, 2, 3, 5), False, False)])
+@pytest.mark.parametrize("shape, strided, bias, needs", [
+    ((6, 5), False, True, "xw"), ((2, 3, 5), False, True, "xw"), ((3, 2, 5), True, True, "xw"),
+    ((2, 2, 3, 5), False, False, "xw"), ((6, 5), False, True, "w"), ((2, 3, 5), False, True, "x")])
 def test_a_linear_layer_is_recorded_as_one_op_each_way(
-        daemon: Daemon, fresh_device: None, shape: tuple, strided: bool, bias: bool) -> None:
+        daemon: Daemon, fresh_device: None, shape: tuple, strided: bool, bias: bool,
+        needs: str) -> None:
     """Note [Fused linear] (device.cc): a linear layer is recorded as one op forward and one
     backward, no matrix products or transposes of its own, for any leading dims, a strided
-    input and none bias; its output and gradients match eager PyTorch's."""
+    input, no bias, an input that needs no gradient (a first layer) and a frozen layer; its
+    output and the gradients asked for match eager PyTorch's."""
     rt = salus_torch.device.runtime()
     aten = torch.ops.aten
     g = torch.Generator().manual_seed(5)
@@ -267,9 +269,9 @@ def test_a_linear_layer_is_recorded_as_one_op_each_way(
     lin = torch.nn.Linear(5, 4, bias=bias)
     results = {}
     for side in ("cpu", "salus"):
-        layer = copy.deepcopy(lin).to(side)
+        layer = copy.deepcopy(lin).to(side).requires_grad_("w" in needs)
         xs = base.to(side)
-        xs = (xs.transpose(0, 1) if strided else xs).detach().requires_grad_()
+        xs = (xs.transpose(0, 1) if strided else xs).detach().requires_grad_("x" in needs)
         assert xs.is_contiguous() != strided
         out = layer(xs)
         (out * out.roll(1, -1)).sum().backward()
@@ -279,8 +281,8 @@ def test_a_linear_layer_is_recorded_as_one_op_each_way(
             assert funcs.count(aten.mkldnn_linear_backward.default) == 1
             for other in (aten.addmm.default, aten.mm.default, aten.t.default):
                 assert other not in funcs
-        results[side] = [out.detach().cpu(), xs.grad.cpu()] + \
-            [p.grad.cpu() for p in layer.parameters()]
+        results[side] = [out.detach().cpu()] + [t.grad.cpu() for t in (xs, *layer.parameters())
+                                                if t.requires_grad]
     for got, want in zip(results["salus"], results["cpu"], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
