@@ -321,7 +321,11 @@ def test_a_detach_records_one_op_and_makes_a_tensor_of_its_own(
     a = y.detach()
     b = a.detach()
     assert a is not y and b is not a and b is not y
-    assert [op.func for op in rt._seg.ops].count(torch.ops.aten.detach.default) == 2
+    # (recorded as `alias` where the device's autograd kernel makes it: Note [One detach, one
+    # dispatch] in device.cc)
+    assert [op.func for op in rt._seg.ops if op.func in
+            (torch.ops.aten.detach.default, torch.ops.aten.alias.default)] == \
+        [torch.ops.aten.alias.default] * 2
     before = y._version
     b.mul_(1.0)
     assert y._version == before + 1 == a._version

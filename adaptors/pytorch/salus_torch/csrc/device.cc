@@ -14,6 +14,7 @@
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/alias.h>
 #include <ATen/ops/linear_native.h>
 #include <ATen/ops/mkldnn_linear.h>
 #include <ATen/ops/mkldnn_linear_backward.h>
@@ -258,9 +259,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> LinearBackwardMeta(const at::Tens
           mask[2] ? at::empty({w.size(0)}, w.options()) : at::Tensor()};
 }
 
+// Note [One detach, one dispatch] (device.py): below autograd, `detach` reaches Python twice,
+// once from its ADInplaceOrView kernel and again from the shallow copy that kernel makes of the
+// first result. Autograd detaches every gradient it accumulates into a `.grad` (about thirty
+// per encoder step), so this kernel at the device's autograd key does what those two do in one
+// call: the device's `alias` of the tensor (recorded as a detach is), given the tensor's version
+// counter and no metadata changes, as the shallow copy would be.
+at::Tensor Detach(const at::Tensor& self) {
+  at::Tensor out;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    out = at::alias(self);
+  }
+  c10::TensorImpl* impl = out.unsafeGetTensorImpl();
+  impl->set_version_counter(self.unsafeGetTensorImpl()->version_counter());
+  impl->set_allow_tensor_metadata_change(false);
+  return out;
+}
+
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("scaled_dot_product_attention", &Attention);
   m.impl("linear", &Linear);
+  m.impl("detach", &Detach);
 }
 
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
