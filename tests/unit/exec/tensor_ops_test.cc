@@ -617,6 +617,66 @@ TEST(TensorOpsTest, SliceStepsAxesAndOpsets) {
   EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument) << twice.status();
 }
 
+TEST(TensorOpsTest, SlicesAndConcatsOfLongRowsCopyWholeRows) {
+  // Note [Slices by rows], Note [Concatenation by blocks]: x is 3 x 4 x 5 x 16; rows of 16
+  // (and merged rows of 80) are copied whole, against an element-by-element reference.
+  const Shape shape = {3, 4, 5, 16};
+  const std::vector<float> x = RandomFloats(960, 7);
+  auto at = [&](int64_t a, int64_t b, int64_t c, int64_t d) {
+    return x[((a * 4 + b) * 5 + c) * 16 + d];
+  };
+  auto i64 = [](std::vector<int64_t> v) {
+    return Const(HostTensor::FromInt64s({static_cast<int64_t>(v.size())}, v));
+  };
+  const HostTensor xt = HostTensor::FromFloats(shape, x);
+  // x[1:3, :, 1:5:2, 2:14]: rows of 12, a stepped middle dim.
+  auto rows = RunNode(17, "Slice", {},
+                      {Fed(xt), i64({1, 1, 2}), i64({3, 5, 14}), i64({0, 2, 3}), i64({1, 2, 1})});
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ((*rows)[0].shape, Shape({2, 4, 2, 12}));
+  const float* r = (*rows)[0].floats();
+  for (int64_t a = 0; a < 2; ++a) {
+    for (int64_t b = 0; b < 4; ++b) {
+      for (int64_t c = 0; c < 2; ++c) {
+        for (int64_t d = 0; d < 12; ++d) {
+          ASSERT_EQ(r[((a * 4 + b) * 2 + c) * 12 + d], at(a + 1, b, 1 + 2 * c, d + 2));
+        }
+      }
+    }
+  }
+  // x[:, 2, :, ::2]: a step in the last dim, element by element.
+  auto stepped =
+      RunNode(17, "Slice", {}, {Fed(xt), i64({2, 0}), i64({3, 16}), i64({1, 3}), i64({1, 2})});
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  ASSERT_EQ((*stepped)[0].shape, Shape({3, 1, 5, 8}));
+  EXPECT_EQ((*stepped)[0].floats()[5 * 8 + 3], at(1, 2, 0, 6));
+  // Concat along axis 0 (one block of 960 or 1920 floats per input: copied by blocks) and
+  // axis 2 (blocks of 80 and 160 floats: oneDNN's).
+  const std::vector<float> y = RandomFloats(960 * 2, 8);
+  const HostTensor wide = HostTensor::FromFloats({3, 4, 10, 16}, y);
+  for (int64_t axis : {0, 2}) {
+    const HostTensor other = axis == 0 ? HostTensor::FromFloats({6, 4, 5, 16}, y) : wide;
+    auto cat = RunNode(17, "Concat", {{"axis", IntAttr(axis)}}, {Fed(xt), Fed(other)});
+    ASSERT_TRUE(cat.ok()) << cat.status();
+    const Shape& s = (*cat)[0].shape;
+    const float* z = (*cat)[0].floats();
+    int64_t e = 0;
+    for (int64_t a = 0; a < s[0]; ++a) {
+      for (int64_t b = 0; b < s[1]; ++b) {
+        for (int64_t c = 0; c < s[2]; ++c) {
+          for (int64_t d = 0; d < s[3]; ++d, ++e) {
+            const bool first = axis == 0 ? a < 3 : c < 5;
+            const float want = first       ? at(a, b, c, d)
+                               : axis == 0 ? y[(((a - 3) * 4 + b) * 5 + c) * 16 + d]
+                                           : y[((a * 4 + b) * 10 + (c - 5)) * 16 + d];
+            ASSERT_EQ(z[e], want) << "axis " << axis << " element " << e;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(TensorOpsTest, SplitAcrossOpsets) {
   std::vector<float> x(10);
   for (int i = 0; i < 10; ++i) x[i] = static_cast<float>(i);
