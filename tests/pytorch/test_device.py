@@ -310,6 +310,55 @@ def test_a_linear_layer_has_gradients_of_gradients(daemon: Daemon, fresh_device:
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_self_attention_takes_fewer_ops_and_matches_eager(
+        daemon: Daemon, fresh_device: None, batch_first: bool) -> None:
+    """Note [Self-attention in fewer ops]: nn.MultiheadAttention's self-attention on device
+    tensors is recorded as one projection, one view, permute and unbind, the fused attention and
+    the output projection (no selects, no copies of q, k and v), and its output and gradients
+    match eager PyTorch's; with a padding mask it takes PyTorch's own function, and matches
+    too."""
+    rt = salus_torch.device.runtime()
+    aten = torch.ops.aten
+    torch.manual_seed(4)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=batch_first)
+    x = torch.randn(3, 5, 8)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]])
+    for mask in (None, pad if batch_first else None):
+        results = {}
+        for side in ("cpu", "salus"):
+            layer = copy.deepcopy(mha).to(side)
+            xs = x.detach().to(side).requires_grad_()
+            out, weights = layer(xs, xs, xs, need_weights=False,
+                                 key_padding_mask=None if mask is None else mask.to(side))
+            assert weights is None
+            (out * out.roll(1, -1)).sum().backward()
+            if side == "salus":
+                funcs = [op.func for op in rt._seg.ops]
+                fast = mask is None
+                assert (aten.unbind.int in funcs) == fast
+                assert (aten.select.int in funcs) != fast
+                if fast:  # (one copy left: the reshape of the projection's strided gradient)
+                    assert funcs.count(aten.clone.default) == 1
+                assert funcs.count(aten.mkldnn_linear.default) == 2
+            results[side] = [out.detach().cpu(), xs.grad.cpu()] + \
+                [p.grad.cpu() for p in layer.parameters()]
+        for got, want in zip(results["salus"], results["cpu"], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_layers_still_script_with_the_device_imported() -> None:
+    """Note [Self-attention in fewer ops]: with the device's attention installed, a
+    MultiheadAttention and a TransformerEncoderLayer still compile with TorchScript (scripted,
+    the attention is PyTorch's own) and give eager's results on the host."""
+    torch.manual_seed(1)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0).eval()
+    scripted = torch.jit.script(layer)
+    x = torch.randn(5, 3, 8)
+    torch.testing.assert_close(scripted(x), layer(x))
+    torch.jit.script(torch.nn.MultiheadAttention(8, 2))
+
+
 def test_a_detach_records_one_op_and_makes_a_tensor_of_its_own(
         daemon: Daemon, fresh_device: None) -> None:
     """Note [One detach, one dispatch]: `detach()` of a recorded value records one op; each

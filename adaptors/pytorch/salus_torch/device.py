@@ -1786,6 +1786,72 @@ def _write(rt: Runtime, dst: SalusTensor, src: SalusTensor) -> None:
     torch.autograd.graph.increment_version(dst)
 
 
+# Note [Self-attention in fewer ops]
+# nn.MultiheadAttention's functional form (torch.nn.functional.multi_head_attention_forward)
+# reshapes its packed projection for each of q, k and v apart: an unflatten, an unsqueeze, a
+# transpose, a squeeze and a copy, three selects, a view and a transpose each, a view each for
+# the attention, and a permute and a copy after it; backward, as many again, the copies become
+# reshapes of strided gradients (clone and _unsafe_view each) and the selects' gradients are
+# summed. That is about 56 ops per layer, over half of the encoder's calls into the device. For
+# device tensors, self-attention (query, key and value one tensor) with a packed projection, no
+# masks, no extra key or value biases and no dropout while training, and no weights asked for,
+# runs as the same arithmetic in fewer ops: one view of the projection as (tokens, batch, 3,
+# heads, head size), one permute, one unbind into q, k and v, the attention, and a permute and
+# a view of its output (a view: the fused attention's output is contiguous in token, head and
+# feature order) into the output projection (Note [Fused linear] in csrc/device.cc takes the
+# strided input). Other calls, and host tensors, run PyTorch's own function.
+# The function is TorchScript-compilable, as PyTorch's is, so that a MultiheadAttention still
+# scripts in a process that imported the device: scripted, it is PyTorch's own.
+def _multi_head_attention_forward(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, embed_dim_to_check: int,
+        num_heads: int, in_proj_weight: torch.Tensor | None, in_proj_bias: torch.Tensor | None,
+        bias_k: torch.Tensor | None, bias_v: torch.Tensor | None, add_zero_attn: bool,
+        dropout_p: float, out_proj_weight: torch.Tensor, out_proj_bias: torch.Tensor | None,
+        training: bool = True, key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = True, attn_mask: torch.Tensor | None = None,
+        use_separate_proj_weight: bool = False, q_proj_weight: torch.Tensor | None = None,
+        k_proj_weight: torch.Tensor | None = None, v_proj_weight: torch.Tensor | None = None,
+        static_k: torch.Tensor | None = None, static_v: torch.Tensor | None = None,
+        average_attn_weights: bool = True, is_causal: bool = False
+        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if not torch.jit.is_scripting():  # (a branch TorchScript leaves out)
+        if _fewer_ops(query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
+                      bias_k, bias_v, add_zero_attn, dropout_p, training, key_padding_mask,
+                      need_weights, attn_mask, use_separate_proj_weight, static_k, static_v,
+                      is_causal):
+            tokens, batch, width = query.shape
+            proj = torch.nn.functional.linear(query, in_proj_weight, in_proj_bias)
+            q, k, v = proj.view(tokens, batch, 3, num_heads, width // num_heads) \
+                .permute(2, 1, 3, 0, 4).unbind(0)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            out = out.permute(2, 0, 1, 3).flatten(2)
+            return torch.nn.functional.linear(out, out_proj_weight, out_proj_bias), None
+    return _MHA_FORWARD(query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
+                        in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p,
+                        out_proj_weight, out_proj_bias, training, key_padding_mask,
+                        need_weights, attn_mask, use_separate_proj_weight, q_proj_weight,
+                        k_proj_weight, v_proj_weight, static_k, static_v,
+                        average_attn_weights, is_causal)
+
+
+def _fewer_ops(query: Any, key: Any, value: Any, embed_dim: int, num_heads: int,
+               in_proj_weight: Any, bias_k: Any, bias_v: Any, add_zero_attn: bool,
+               dropout_p: float, training: bool, key_padding_mask: Any, need_weights: bool,
+               attn_mask: Any, use_separate_proj_weight: bool, static_k: Any, static_v: Any,
+               is_causal: bool) -> bool:
+    """Whether Note [Self-attention in fewer ops] takes this call."""
+    return type(query) is SalusTensor and query is key and key is value and \
+        query.dim() == 3 and not need_weights and key_padding_mask is None and \
+        attn_mask is None and not is_causal and not use_separate_proj_weight and \
+        bias_k is None and bias_v is None and not add_zero_attn and static_k is None and \
+        static_v is None and (dropout_p == 0.0 or not training) and \
+        in_proj_weight is not None and query.shape[2] == embed_dim and \
+        embed_dim % num_heads == 0
+
+
+_MHA_FORWARD = torch.nn.functional.multi_head_attention_forward  # PyTorch's own
+
+
 def _install_fused_updates() -> None:
     global _SGD_UPDATE, _ADAM_UPDATE
     import torch.optim.adam as adam
@@ -1872,6 +1938,9 @@ def register() -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
     register_optimizer_step_post_hook(_step_hook)
     _install_fused_updates()
+    # Note [Self-attention in fewer ops]
+    _multi_head_attention_forward.__doc__ = _MHA_FORWARD.__doc__
+    torch.nn.functional.multi_head_attention_forward = _multi_head_attention_forward
     atexit.register(close)
     _registered = True
 
