@@ -158,6 +158,9 @@ _COPY_ID = id(_COPY)
 # accumulates into a `.grad` (about 60 per encoder step). The first result is seen by nothing but
 # that second call, so the second call, when it is the next dispatch, on the same thread, of the
 # tensor the first returned, above ADInplaceOrView, returns that tensor: one wrapper, one op.
+# (Under autograd the extension's kernel for `detach` at the device's autograd key makes the
+# call once, as an `alias` given the tensor's version counter: Note [One detach, one dispatch]
+# in csrc/device.cc. The two calls remain for `.data` and under inference mode.)
 # An inference tensor's detach is one call (nothing remembered). Under inference mode a normal
 # tensor's detach is still two, and its result must be a normal tensor (autograd gives it its
 # base's version counter, which an inference tensor cannot take), so it is made outside it.
