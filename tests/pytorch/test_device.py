@@ -316,26 +316,33 @@ def test_self_attention_takes_fewer_ops_and_matches_eager(
     """Note [Self-attention in fewer ops]: nn.MultiheadAttention's self-attention on device
     tensors is recorded as one projection, one view, permute and unbind, the fused attention and
     the output projection (no selects, no copies of q, k and v), and its output and gradients
-    match eager PyTorch's; with a padding mask it takes PyTorch's own function, and matches
-    too."""
+    match eager PyTorch's, with a padding mask and a square float or bool mask too; asked for
+    its weights it takes PyTorch's own function, and matches too."""
     rt = salus_torch.device.runtime()
     aten = torch.ops.aten
     torch.manual_seed(4)
     mha = torch.nn.MultiheadAttention(8, 2, batch_first=batch_first)
     x = torch.randn(3, 5, 8)
     pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]])
-    for mask in (None, pad if batch_first else None):
+    if not batch_first:
+        x, pad = x.transpose(0, 1).contiguous(), pad  # (tokens, batch, width)
+    square = torch.randn(5, 5)
+    cases = [(None, None, False), (pad, None, False), (pad, square, False),
+             (None, torch.ones(5, 5).tril() == 0, False), (pad, None, True)]
+    for key_mask, mask, weights_asked in cases:
         results = {}
         for side in ("cpu", "salus"):
             layer = copy.deepcopy(mha).to(side)
             xs = x.detach().to(side).requires_grad_()
-            out, weights = layer(xs, xs, xs, need_weights=False,
-                                 key_padding_mask=None if mask is None else mask.to(side))
-            assert weights is None
+            out, weights = layer(
+                xs, xs, xs, need_weights=weights_asked,
+                key_padding_mask=None if key_mask is None else key_mask.to(side),
+                attn_mask=None if mask is None else mask.to(side))
+            assert (weights is None) != weights_asked
             (out * out.roll(1, -1)).sum().backward()
             if side == "salus":
                 funcs = [op.func for op in rt._seg.ops]
-                fast = mask is None
+                fast = not weights_asked
                 assert (aten.unbind.int in funcs) == fast
                 assert (aten.select.int in funcs) != fast
                 if fast:  # (one copy left: the reshape of the projection's strided gradient)

@@ -1797,12 +1797,15 @@ def _write(rt: Runtime, dst: SalusTensor, src: SalusTensor) -> None:
 # reshapes of strided gradients (clone and _unsafe_view each) and the selects' gradients are
 # summed. That is about 56 ops per layer, over half of the encoder's calls into the device. For
 # device tensors, self-attention (query, key and value one tensor) with a packed projection, no
-# masks, no extra key or value biases and no dropout while training, and no weights asked for,
-# runs as the same arithmetic in fewer ops: one view of the projection as (tokens, batch, 3,
-# heads, head size), one permute, one unbind into q, k and v, the attention, and a permute and
-# a view of its output (a view: the fused attention's output is contiguous in token, head and
-# feature order) into the output projection (Note [Fused linear] in csrc/device.cc takes the
-# strided input). Other calls, and host tensors, run PyTorch's own function.
+# extra key or value biases and no dropout while training, and no weights asked for, runs as
+# the same arithmetic in fewer ops: one view of the projection as (tokens, batch, 3, heads,
+# head size), one permute, one unbind into q, k and v, the attention, and a permute and a view
+# of its output (a view: the fused attention's output is contiguous in token, head and feature
+# order) into the output projection (Note [Fused linear] in csrc/device.cc takes the strided
+# input). A padding mask (batch, tokens) and a square attention mask are merged as PyTorch's
+# function merges them (-inf where a bool mask is set, summed) into one mask the attention
+# broadcasts over heads (and queries). Other calls (the causal hint, other mask shapes), and
+# host tensors, run PyTorch's own function.
 # The function is TorchScript-compilable, as PyTorch's is, so that a MultiheadAttention still
 # scripts in a process that imported the device: scripted, it is PyTorch's own.
 def _multi_head_attention_forward(
@@ -1826,7 +1829,18 @@ def _multi_head_attention_forward(
             proj = torch.nn.functional.linear(query, in_proj_weight, in_proj_bias)
             q, k, v = proj.view(tokens, batch, 3, num_heads, width // num_heads) \
                 .permute(2, 1, 3, 0, 4).unbind(0)
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            mask = None  # (as PyTorch's function merges them: -inf where a bool mask is set)
+            if key_padding_mask is not None:
+                mask = torch.nn.functional._canonical_mask(
+                    mask=key_padding_mask, mask_name="key_padding_mask",
+                    other_type=torch.nn.functional._none_or_dtype(attn_mask),
+                    other_name="attn_mask", target_type=query.dtype).view(batch, 1, 1, tokens)
+            if attn_mask is not None:
+                square = torch.nn.functional._canonical_mask(
+                    mask=attn_mask, mask_name="attn_mask", other_type=None, other_name="",
+                    target_type=query.dtype, check_other=False)
+                mask = square if mask is None else mask + square
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             out = out.permute(2, 0, 1, 3).flatten(2)
             return torch.nn.functional.linear(out, out_proj_weight, out_proj_bias), None
     return _MHA_FORWARD(query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
@@ -1843,9 +1857,13 @@ def _fewer_ops(query: Any, key: Any, value: Any, embed_dim: int, num_heads: int,
                attn_mask: Any, use_separate_proj_weight: bool, static_k: Any, static_v: Any,
                is_causal: bool) -> bool:
     """Whether Note [Self-attention in fewer ops] takes this call."""
-    return type(query) is SalusTensor and query is key and key is value and \
-        query.dim() == 3 and not need_weights and key_padding_mask is None and \
-        attn_mask is None and not is_causal and not use_separate_proj_weight and \
+    if type(query) is not SalusTensor or query.dim() != 3:
+        return False
+    tokens, batch = query.shape[0], query.shape[1]
+    return query is key and key is value and not need_weights and \
+        (key_padding_mask is None or tuple(key_padding_mask.shape) == (batch, tokens)) and \
+        (attn_mask is None or tuple(attn_mask.shape) == (tokens, tokens)) and \
+        not is_causal and not use_separate_proj_weight and \
         bias_k is None and bias_v is None and not add_zero_attn and static_k is None and \
         static_v is None and (dropout_p == 0.0 or not training) and \
         in_proj_weight is not None and query.shape[2] == embed_dim and \
