@@ -7,8 +7,9 @@
 // daemon draws the device's random numbers itself, with explicit seeds), as does a generator
 // made for the device (`torch.Generator(device="salus")`). Everything else, the
 // tensors, the recording and the flushes, is Python, but for setting a tensor's geometry when
-// an in-place op changed it, and for the choice of attention and linear kernels (Note [Fused
-// attention], Note [Fused linear]).
+// an in-place op changed it, for the choice of attention and linear kernels (Note [Fused
+// attention], Note [Fused linear]) and for a detach made in one call (Note [One detach, one
+// dispatch]).
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
@@ -199,11 +200,11 @@ struct LinearBackward final : torch::autograd::Node {
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     const at::Tensor& g = grads[0];
+    if (!g.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     const at::Tensor input = x.unpack();
     const at::Tensor weight = w.unpack();
     const std::array<bool, 3> mask = {should_compute_output(0), should_compute_output(1),
                                       bias && should_compute_output(2)};
-    if (!g.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     if (at::GradMode::is_enabled()) {  // (create_graph: the gradients are differentiable)
       const at::Tensor g2 = g.reshape({-1, weight.size(0)});
       return {mask[0] ? g.matmul(weight) : at::Tensor(),
