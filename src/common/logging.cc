@@ -70,10 +70,50 @@ Status SetLevel(std::string_view level) {
 void AddSink(spdlog::sink_ptr sink) { GetRegistry().sink->add_sink(std::move(sink)); }
 void RemoveSink(const spdlog::sink_ptr& sink) { GetRegistry().sink->remove_sink(sink); }
 
+namespace {
+
+// Whether `j` holds a string longer than kMaxEventStringBytes anywhere.
+bool HasLongString(const nlohmann::json& j) {
+  if (j.is_string()) return j.get_ref<const std::string&>().size() > kMaxEventStringBytes;
+  if (j.is_structured()) {
+    for (const auto& item : j) {
+      if (HasLongString(item)) return true;
+    }
+  }
+  return false;
+}
+
+// `j` with every string longer than kMaxEventStringBytes cut there, saying how much was cut.
+nlohmann::json Shortened(const nlohmann::json& j) {
+  if (j.is_string()) {
+    const std::string& text = j.get_ref<const std::string&>();
+    if (text.size() <= kMaxEventStringBytes) return j;
+    return text.substr(0, kMaxEventStringBytes) + "...(" +
+           std::to_string(text.size() - kMaxEventStringBytes) + " more bytes)";
+  }
+  if (j.is_object()) {
+    nlohmann::json out = nlohmann::json::object();
+    for (const auto& [key, value] : j.items()) out[key] = Shortened(value);
+    return out;
+  }
+  if (j.is_array()) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& value : j) out.push_back(Shortened(value));
+    return out;
+  }
+  return j;
+}
+
+}  // namespace
+
 std::string FormatEvent(std::string_view name, const nlohmann::json& fields) {
-  // dump() without indentation never emits a newline; strings are escaped.
+  // dump() without indentation never emits a newline; strings are escaped. A client's strings
+  // (names, paths) may be long: each is cut, so no request makes the log much longer than it.
+  auto dump = [](const nlohmann::json& j) {
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
   return "event: " + std::string(name) + " " +
-         fields.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+         (HasLongString(fields) ? dump(Shortened(fields)) : dump(fields));
 }
 
 void Event(std::string_view module, std::string_view name, const nlohmann::json& fields) {

@@ -28,7 +28,10 @@ Status SetLevel(std::string_view level);
 void AddSink(spdlog::sink_ptr sink);
 void RemoveSink(const spdlog::sink_ptr& sink);
 
-// "event: <name> {json}" with the JSON on one line.
+// Longest string an event shows; a longer one is cut there, with the count of bytes cut.
+inline constexpr size_t kMaxEventStringBytes = 256;
+
+// "event: <name> {json}" with the JSON on one line, every string at most kMaxEventStringBytes.
 std::string FormatEvent(std::string_view name, const nlohmann::json& fields);
 
 // Logs FormatEvent(name, fields) at info level on the module's logger.

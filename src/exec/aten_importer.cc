@@ -30,7 +30,7 @@ using Lowering = Status (Lowerer::*)();
 class Lowerer {
  public:
   Lowerer(const v1::AtenGraph& ag, const AtenImportOptions& o)
-      : ag_(ag), builder_(&graph_, o.max_tensor_elements, o.max_folded_bytes) {
+      : ag_(ag), builder_(&graph_, o.limits) {
     graph_.set_opset(kAtenOpset);
   }
 
@@ -684,6 +684,7 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
 }
 
 StatusOr<Graph> Lowerer::Run() {
+  SALUS_RETURN_IF_ERROR(builder_.limits().CheckNodes(ag_.nodes_size(), "the ATen graph"));
   const int count = ag_.values_size();
   ids_.assign(count, kNoValue);
   std::set<std::string> names;
@@ -706,18 +707,23 @@ StatusOr<Graph> Lowerer::Run() {
     for (int64_t d : v.shape) {
       if (d < 0) return InvalidArgumentError("value '" + av.name() + "' has a negative dim");
     }
-    if (TooManyElements(v.shape, int64_t{1} << 40)) {
-      return InvalidArgumentError("value '" + av.name() + "' is too large");
+    if (TooManyElements(v.shape, builder_.limits().max_tensor_elements)) {
+      return InvalidArgumentError(fmt::format("value '{}' of shape {} has more than {} elements",
+                                              av.name(), ShapeString(v.shape),
+                                              builder_.limits().max_tensor_elements));
     }
     v.kind = kind;
     if (kind == ValueKind::kConstant) {
-      HostTensor t(v.type, v.shape);
-      if (av.data().size() != t.bytes.size()) {
+      // The data's size first: a declaration alone must not allocate anything.
+      const uint64_t bytes = static_cast<uint64_t>(NumElements(v.shape)) * ElementSize(v.type);
+      if (av.data().size() != bytes) {
         return InvalidArgumentError(fmt::format("constant '{}' has {} bytes for {}{}", av.name(),
                                                 av.data().size(), DataTypeName(v.type),
                                                 ShapeString(v.shape)));
       }
-      std::memcpy(t.bytes.data(), av.data().data(), t.bytes.size());
+      SALUS_ASSIGN_OR_RETURN(HostTensor t,
+                             builder_.NewConstant(v.type, v.shape, "constant '" + av.name() + "'"));
+      if (bytes > 0) std::memcpy(t.bytes.data(), av.data().data(), bytes);
       v.data = std::move(t);
     }
     ids_[index] = graph_.AddValue(std::move(v));
@@ -1279,7 +1285,12 @@ Status Lowerer::Fill() {
   }
   SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
   SALUS_ASSIGN_OR_RETURN(Shape shape, DeclaredShape(0));
-  if (TooManyElements(shape, int64_t{1} << 30)) return Bad("the filled tensor is too large");
+  if (TooManyElements(shape, builder_.limits().max_tensor_elements)) {
+    return Bad("the filled tensor is too large");
+  }
+  SALUS_RETURN_IF_ERROR(builder_.Reserve(
+      static_cast<uint64_t>(NumElements(shape)) * ElementSize(type),
+      fmt::format("{} (node {}): the filled tensor {}", node_->op(), index_, ShapeString(shape))));
   return Bind(0, Filled(type, shape, v));
 }
 
@@ -1300,7 +1311,8 @@ Status Lowerer::Arange() {
     SALUS_ASSIGN_OR_RETURN(step, Number("step"));
   }
   if (shape.size() != 1) return Bad("arange's result is not 1-D");
-  HostTensor t(type, shape);
+  SALUS_ASSIGN_OR_RETURN(HostTensor t, builder_.NewConstant(type, shape, fmt::format(
+                                           "{} (node {}): the range", node_->op(), index_)));
   for (int64_t i = 0; i < shape[0]; ++i) {
     const double v = start + step * static_cast<double>(i);
     if (type == DataType::kFloat32) {

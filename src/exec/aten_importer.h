@@ -26,16 +26,15 @@
 #include <string>
 #include <vector>
 
+#include "exec/compile_limits.h"
 #include "exec/graph.h"
 #include "salus/status.h"
 
 namespace salus::exec {
 
 struct AtenImportOptions {
-  // Any tensor with more elements is refused (InvalidArgument).
-  int64_t max_tensor_elements = int64_t{1} << 30;
-  // Constants made by folding may hold at most this many bytes in all (ResourceExhausted).
-  uint64_t max_folded_bytes = uint64_t{1} << 30;
+  // What the import may cost (Note [Compile budgets] in compile_limits.h).
+  CompileLimits limits;
 };
 
 class AtenImporter {

@@ -198,14 +198,19 @@ class Executable::CopyThread {
 
 Executable::~Executable() = default;
 
+uint64_t Executable::constant_bytes() const {
+  uint64_t bytes = 0;
+  for (const Value& v : graph_.values()) bytes += v.data.bytes.size();
+  return bytes;
+}
+
 StatusOr<std::unique_ptr<Executable>> Executable::Compile(std::string_view model,
                                                           const CompileOptions& options) {
   ImportOptions import;
   import.input_shapes = options.input_shapes;
   import.constant_inputs = options.constant_inputs;
   import.trainable_initializers = options.mode == Mode::kTraining;
-  import.max_tensor_elements = options.max_tensor_elements;
-  import.max_folded_bytes = options.max_folded_bytes;
+  import.limits = options.limits;
   SALUS_ASSIGN_OR_RETURN(Graph graph, OnnxImporter::Import(model.data(), model.size(), import));
   std::unique_ptr<Executable> exe(new Executable());
   exe->graph_ = std::move(graph);
@@ -225,8 +230,7 @@ StatusOr<std::unique_ptr<Executable>> Executable::CompileTf(std::string_view gra
   }
   TfImportOptions import;
   import.input_shapes = options.input_shapes;
-  import.max_tensor_elements = options.max_tensor_elements;
-  import.max_folded_bytes = options.max_folded_bytes;
+  import.limits = options.limits;
   SALUS_ASSIGN_OR_RETURN(Graph graph,
                          TfImporter::Import(graph_def.data(), graph_def.size(), import));
   if (options.fuse) TfImporter::ElideSnapshots(&graph, options.fetches);
@@ -247,8 +251,7 @@ StatusOr<std::unique_ptr<Executable>> Executable::CompileAten(std::string_view g
         "an ATen graph fixes its own input shapes; input_shapes and constant_inputs must be empty");
   }
   AtenImportOptions import;
-  import.max_tensor_elements = options.max_tensor_elements;
-  import.max_folded_bytes = options.max_folded_bytes;
+  import.limits = options.limits;
   SALUS_ASSIGN_OR_RETURN(Graph g, AtenImporter::Import(graph.data(), graph.size(), import));
   CompileOptions o = options;
   if (o.fetches.empty()) {  // every output of the step can be fetched
@@ -274,7 +277,11 @@ Status Executable::Build(const CompileOptions& options) {
                   (options.swap_copies == SwapCopies::kAuto &&
                    MaxThreads() < static_cast<int>(std::thread::hardware_concurrency())));
   lane_.overlap = copy_thread_;
+  // Note [Compile budgets]: the deadline is read between the passes.
+  const CompileLimits& limits = options.limits;
+  SALUS_RETURN_IF_ERROR(limits.CheckDeadline("importing the model"));
   SALUS_RETURN_IF_ERROR(ApplyTraining(options));
+  SALUS_RETURN_IF_ERROR(limits.CheckDeadline("deriving the backward graph"));
   SALUS_RETURN_IF_ERROR(ResolveFetches(options));
   input_ids_ = graph_.inputs();
   if (options.fuse) {
@@ -293,18 +300,23 @@ Status Executable::Build(const CompileOptions& options) {
       if (n.op.find("Conv") != std::string::npos) n.attrs[kConvolutionTransformsAttr] = IntAttr(1);
     }
   }
+  SALUS_RETURN_IF_ERROR(limits.CheckDeadline("fusing operators"));
   std::vector<bool> needed;
   const std::vector<bool> live = LiveNodes(&needed);
   SALUS_RETURN_IF_ERROR(CreateKernels(live, &step_node_));
+  SALUS_RETURN_IF_ERROR(limits.CheckDeadline("creating kernels"));
   LayOutPersistent(needed);
   DescribeLane();
   EstimateStepTimes();
   DescribeTensors();
   FindFetchReadySteps();
+  SALUS_RETURN_IF_ERROR(limits.CheckDeadline("planning memory"));
   swap_points_ = SwapPlanner::Plan(lane_);
   SALUS_ASSIGN_OR_RETURN(size_t point, FastestFitting(swap_points_));
   ApplySwapPoint(point);
-  return OkStatus();
+  // A compilation that ends after its deadline is refused too: the limit bounds the time any
+  // compilation holds a compile thread, whichever pass took it.
+  return limits.CheckDeadline("planning swaps");
 }
 
 // Training: checks the loss, rewrites BatchNormalization and Dropout into their training forms

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "exec/autodiff.h"
+#include "exec/compile_limits.h"
 #include "exec/device.h"
 #include "exec/graph.h"
 #include "exec/kernel.h"
@@ -68,11 +69,10 @@ struct CompileOptions {
   // Training: the seed of Dropout's masks (Note [Dropout mask]); 0 means a fixed default.
   // Two executables of one model with the same seed drop the same elements.
   uint64_t seed = 0;
-  // Any tensor with more elements is refused (InvalidArgument).
-  int64_t max_tensor_elements = int64_t{1} << 30;
-  // Constants made at compile time by folding may hold at most this many bytes in all
-  // (ResourceExhausted): a small model cannot make compilation take unbounded memory.
-  uint64_t max_folded_bytes = uint64_t{1} << 30;
+  // What compilation may cost: tensor sizes, constants' bytes, nodes, and a deadline (Note
+  // [Compile budgets] in compile_limits.h), so a small model cannot make compilation take
+  // unbounded memory or time.
+  CompileLimits limits;
   // Accumulate per-step wall time (see Executable::Profile).
   bool profile = false;
   // Values returned by Run; by default the graph outputs (inference) or the loss (training).
@@ -129,6 +129,9 @@ class Executable {
   ~Executable();
 
   uint64_t persistent_bytes() const { return persistent_bytes_; }  // P
+  // Host bytes of the constants the executable keeps (the initial state it writes into the
+  // persistent block, and the constants its kernels read): Note [Compile budgets].
+  uint64_t constant_bytes() const;
   uint64_t ephemeral_bytes() const { return ephemeral_bytes_; }    // E of the selected point
   const std::vector<TensorInfo>& inputs() const { return input_info_; }
   const std::vector<TensorInfo>& fetches() const { return fetch_info_; }

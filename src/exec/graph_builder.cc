@@ -1,5 +1,7 @@
 #include "exec/graph_builder.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -11,6 +13,12 @@
 #include "exec/shape_inference.h"
 
 namespace salus::exec {
+namespace {
+
+// Nodes imported between two reads of the compilation's deadline.
+constexpr uint64_t kNodesPerDeadlineCheck = 256;
+
+}  // namespace
 
 bool Foldable(const std::string& op) {
   static const std::set<std::string> heavy = {"Conv",
@@ -59,8 +67,39 @@ Status GraphBuilder::Fold(int node_index) {
   return OkStatus();
 }
 
+Status GraphBuilder::Reserve(uint64_t bytes, const std::string& what) {
+  const uint64_t limit = limits_.max_constant_bytes;
+  if (bytes > limit || constant_bytes_ > limit - bytes) {
+    return ResourceExhaustedError(fmt::format(
+        "{}: {} bytes of constants would make the compilation hold {} in all, over "
+        "max_constant_bytes={} (the daemon's limits.max_constant_bytes)",
+        what, bytes, constant_bytes_ + std::min(bytes, UINT64_MAX - constant_bytes_), limit));
+  }
+  constant_bytes_ += bytes;
+  return OkStatus();
+}
+
+StatusOr<HostTensor> GraphBuilder::NewConstant(DataType type, const Shape& shape,
+                                               const std::string& what) {
+  for (int64_t d : shape) {
+    if (d < 0) return InvalidArgumentError(what + ": negative dim in " + ShapeString(shape));
+  }
+  if (TooManyElements(shape, limits_.max_tensor_elements)) {
+    return InvalidArgumentError(fmt::format("{}: {} has more than max_tensor_elements={} elements",
+                                            what, ShapeString(shape),
+                                            limits_.max_tensor_elements));
+  }
+  SALUS_RETURN_IF_ERROR(
+      Reserve(static_cast<uint64_t>(NumElements(shape)) * ElementSize(type), what));
+  return HostTensor(type, shape);
+}
+
 Status GraphBuilder::Add(Node node) {
   Graph& g = graph_;
+  // The deadline is read every few nodes: a clock read per node would cost more than most.
+  if (++added_ % kNodesPerDeadlineCheck == 0) {
+    SALUS_RETURN_IF_ERROR(limits_.CheckDeadline("importing the model"));
+  }
   const bool engine_op = node.op.rfind("Salus", 0) == 0;
   const int idx = g.AddNode(std::move(node));
   if (!engine_op) SALUS_RETURN_IF_ERROR(InferNodeShapes(&g, idx));
@@ -68,7 +107,7 @@ Status GraphBuilder::Add(Node node) {
   for (ValueId o : added.outputs) {
     if (o == kNoValue) continue;
     const Value& v = g.value(o);
-    if (TooManyElements(v.shape, max_tensor_elements_)) {
+    if (TooManyElements(v.shape, limits_.max_tensor_elements)) {
       return InvalidArgumentError(added.Describe() + ": output '" + v.name + "' is too large");
     }
   }
@@ -94,13 +133,7 @@ Status GraphBuilder::Add(Node node) {
   if (!all_constant) return OkStatus();
   uint64_t bytes = 0;
   for (ValueId o : added.outputs) bytes += o == kNoValue ? 0 : g.value(o).bytes();
-  if (bytes > max_folded_bytes_ - folded_bytes_) {
-    return ResourceExhaustedError(added.Describe() + ": folding it would hold " +
-                                  std::to_string(folded_bytes_ + bytes) +
-                                  " bytes of constants made at compile time, over the limit of " +
-                                  std::to_string(max_folded_bytes_));
-  }
-  folded_bytes_ += bytes;
+  SALUS_RETURN_IF_ERROR(Reserve(bytes, added.Describe() + " folded at compile time"));
   SALUS_RETURN_IF_ERROR(Fold(idx));
   g.nodes().pop_back();
   return OkStatus();

@@ -87,6 +87,80 @@ StatusOr<HostTensor> ConstantValue(const Node& n) {
   return UnimplementedError("node '" + n.name + "': op Constant with an unsupported value kind");
 }
 
+// Note [No external data]
+// A tensor may keep its data in a file beside the model (data_location EXTERNAL, with a path in
+// external_data). The daemon never reads such files: a model is data a client sends, and a path
+// names the daemon's file system, not the client's. Such a model is refused before any check
+// touches the file system (the ONNX checker stats external paths), with one answer whatever the
+// path and whether it exists, so the refusal reveals nothing about the daemon's files.
+bool UsesExternalData(const onnx::TensorProto& t) {
+  return t.data_location() == onnx::TensorProto::EXTERNAL || t.external_data_size() > 0;
+}
+
+Status RefuseExternalData(const onnx::GraphProto& g);
+
+Status RefuseExternalData(const onnx::AttributeProto& a) {
+  auto refuse = [&] {
+    return InvalidArgumentError("attribute '" + a.name() +
+                                "' holds a tensor with external data, which the engine does not "
+                                "read: embed the data in the model");
+  };
+  if (a.has_t() && UsesExternalData(a.t())) return refuse();
+  for (const auto& t : a.tensors()) {
+    if (UsesExternalData(t)) return refuse();
+  }
+  if (a.has_sparse_tensor() &&
+      (UsesExternalData(a.sparse_tensor().values()) || UsesExternalData(a.sparse_tensor().indices()))) {
+    return refuse();
+  }
+  for (const auto& st : a.sparse_tensors()) {
+    if (UsesExternalData(st.values()) || UsesExternalData(st.indices())) return refuse();
+  }
+  if (a.has_g()) SALUS_RETURN_IF_ERROR(RefuseExternalData(a.g()));
+  for (const auto& sub : a.graphs()) SALUS_RETURN_IF_ERROR(RefuseExternalData(sub));
+  return OkStatus();
+}
+
+Status RefuseExternalData(const onnx::GraphProto& g) {
+  auto refuse = [](const std::string& name) {
+    return InvalidArgumentError("tensor '" + name +
+                                "' uses external data, which the engine does not read: embed the "
+                                "data in the model");
+  };
+  for (const auto& t : g.initializer()) {
+    if (UsesExternalData(t)) return refuse(t.name());
+  }
+  for (const auto& st : g.sparse_initializer()) {
+    if (UsesExternalData(st.values()) || UsesExternalData(st.indices())) {
+      return refuse(st.values().name());
+    }
+  }
+  for (const auto& n : g.node()) {
+    for (const auto& a : n.attribute()) SALUS_RETURN_IF_ERROR(RefuseExternalData(a));
+  }
+  return OkStatus();
+}
+
+// Nodes of `g` and of every subgraph its nodes hold (If, Loop, Scan bodies).
+int64_t CountNodes(const onnx::GraphProto& g) {
+  int64_t n = g.node_size();
+  for (const auto& node : g.node()) {
+    for (const auto& a : node.attribute()) {
+      if (a.has_g()) n += CountNodes(a.g());
+      for (const auto& sub : a.graphs()) n += CountNodes(sub);
+    }
+  }
+  return n;
+}
+
+// The bytes a tensor's data will take once read (elements times element size); InvalidArgument
+// for a bad type or shape.
+StatusOr<uint64_t> DeclaredBytes(const onnx::TensorProto& p) {
+  SALUS_ASSIGN_OR_RETURN(DataType type, OnnxImporter::TypeFromOnnx(p.data_type()));
+  SALUS_ASSIGN_OR_RETURN(Shape shape, ShapeFromProto(p));
+  return static_cast<uint64_t>(NumElements(shape)) * ElementSize(type);
+}
+
 bool SameShape(const onnx::TypeProto& t, const Shape& s) {
   if (!t.has_tensor_type() || !t.tensor_type().has_shape()) return true;
   const auto& dims = t.tensor_type().shape().dim();
@@ -149,8 +223,10 @@ StatusOr<DataType> OnnxImporter::TypeFromOnnx(int elem_type) {
 }
 
 StatusOr<HostTensor> OnnxImporter::TensorFromProto(const onnx::TensorProto& p) {
-  if (p.data_location() == onnx::TensorProto::EXTERNAL) {
-    return UnimplementedError("tensor '" + p.name() + "' uses external data");
+  if (UsesExternalData(p)) {
+    return InvalidArgumentError("tensor '" + p.name() +
+                                "' uses external data, which the engine does not read: embed the "
+                                "data in the model");
   }
   SALUS_ASSIGN_OR_RETURN(DataType type, TypeFromOnnx(p.data_type()));
   SALUS_ASSIGN_OR_RETURN(Shape shape, ShapeFromProto(p));
@@ -195,6 +271,10 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
     return InvalidArgumentError("model bytes are not a valid ONNX ModelProto");
   }
   if (!model.has_graph()) return InvalidArgumentError("model has no graph");
+  // Before anything reads the model further (the ONNX checker would look for the files):
+  // whether a path exists must not show in the answer (Note [No external data]).
+  SALUS_RETURN_IF_ERROR(RefuseExternalData(model.graph()));
+  SALUS_RETURN_IF_ERROR(options.limits.CheckNodes(CountNodes(model.graph()), "the model"));
   for (const auto& np : model.graph().node()) {
     if (!np.domain().empty() && np.domain() != "ai.onnx") {
       return UnimplementedError("node '" + np.name() + "': op " + np.domain() + "." + np.op_type() +
@@ -254,10 +334,11 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
     } catch (const std::exception& e) {
       return InvalidArgumentError(std::string("ONNX check failed: ") + e.what());
     }
+    SALUS_RETURN_IF_ERROR(options.limits.CheckDeadline("checking the model"));
   }
 
   Graph g;
-  GraphBuilder builder(&g, options.max_tensor_elements, options.max_folded_bytes);
+  GraphBuilder builder(&g, options.limits);
   g.set_opset(opset);
   for (const auto& init : gp->initializer()) {
     if (g.Find(init.name()) != kNoValue) {
@@ -265,6 +346,8 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
     }
     Value v;
     v.name = init.name();
+    SALUS_ASSIGN_OR_RETURN(const uint64_t bytes, DeclaredBytes(init));
+    SALUS_RETURN_IF_ERROR(builder.Reserve(bytes, "initializer '" + init.name() + "'"));
     SALUS_ASSIGN_OR_RETURN(v.data, TensorFromProto(init));
     v.type = v.data.type;
     v.shape = v.data.shape;
@@ -278,7 +361,7 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
     v.name = in.name();
     SALUS_ASSIGN_OR_RETURN(v.type, TypeFromOnnx(in.type().tensor_type().elem_type()));
     for (const auto& d : in.type().tensor_type().shape().dim()) v.shape.push_back(d.dim_value());
-    if (TooManyElements(v.shape, options.max_tensor_elements)) {
+    if (TooManyElements(v.shape, options.limits.max_tensor_elements)) {
       return InvalidArgumentError("input '" + in.name() + "' is too large");
     }
     auto ct = options.constant_inputs.find(in.name());
@@ -307,6 +390,11 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
       return UnimplementedError("node '" + n.name + "': op " + n.op + " is not supported");
     }
     for (const auto& a : np.attribute()) {
+      // (A tensor that cannot be read is refused by AttributeFromProto, with its context.)
+      if (auto bytes = DeclaredBytes(a.t()); a.type() == onnx::AttributeProto::TENSOR && bytes.ok()) {
+        SALUS_RETURN_IF_ERROR(
+            builder.Reserve(*bytes, n.Describe() + ": attribute '" + a.name() + "'"));
+      }
       auto attr = AttributeFromProto(a);
       if (!attr.ok()) return attr.status().WithContext("node '" + n.name + "': op " + n.op);
       n.attrs[a.name()] = std::move(attr).value();
@@ -362,6 +450,7 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
     } catch (const std::exception&) {
       gp->clear_value_info();
     }
+    SALUS_RETURN_IF_ERROR(options.limits.CheckDeadline("inferring shapes"));
   }
   for (const auto& vi : gp->value_info()) {
     ValueId id = g.Find(vi.name());

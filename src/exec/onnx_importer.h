@@ -9,7 +9,7 @@
 // 4. Fold constants: a node whose inputs are all constants runs once, now, on the CPU kernels,
 //    and its outputs become constants (so Reshape's shape, Constant nodes and the like cost
 //    nothing at run time). Only ops whose work is linear in their tensors fold, and the bytes
-//    folding makes are bounded (ResourceExhausted past max_folded_bytes): Note [What folds].
+//    folding makes are bounded (ResourceExhausted past max_constant_bytes): Note [What folds].
 #pragma once
 
 #include <cstddef>
@@ -17,6 +17,7 @@
 #include <map>
 #include <string>
 
+#include "exec/compile_limits.h"
 #include "exec/graph.h"
 #include "salus/status.h"
 
@@ -33,10 +34,8 @@ struct ImportOptions {
   std::map<std::string, HostTensor> constant_inputs;
   // Float initializers become trainable parameters instead of foldable constants.
   bool trainable_initializers = false;
-  // Any tensor with more elements is refused (InvalidArgument).
-  int64_t max_tensor_elements = int64_t{1} << 30;
-  // Constants made by folding may hold at most this many bytes in all (ResourceExhausted).
-  uint64_t max_folded_bytes = uint64_t{1} << 30;
+  // What the import may cost (Note [Compile budgets] in compile_limits.h).
+  CompileLimits limits;
 };
 
 class OnnxImporter {

@@ -112,7 +112,8 @@ int64_t OnnxTypeCode(DataType t) {
 // A constant's contents: tensor_content, or the typed *_val list, whose last element repeats to
 // fill the shape (TensorFlow's rule; an empty list is zeros).
 StatusOr<HostTensor> TensorFromTf(const tf::TensorProto& p, const std::string& node,
-                                  int64_t max_elements) {
+                                  GraphBuilder& builder) {
+  const int64_t max_elements = builder.limits().max_tensor_elements;
   auto bad = [&](const std::string& what) {
     return InvalidArgumentError("node '" + node + "': constant " + what);
   };
@@ -126,7 +127,8 @@ StatusOr<HostTensor> TensorFromTf(const tf::TensorProto& p, const std::string& n
     shape.push_back(d.size());
   }
   if (n > max_elements) return bad("is too large");
-  HostTensor t(type, shape);
+  // Reserved before it is filled: one value may describe a large tensor (Note [Compile budgets]).
+  SALUS_ASSIGN_OR_RETURN(HostTensor t, builder.NewConstant(type, shape, "node '" + node + "': constant"));
   const size_t count = static_cast<size_t>(n);
   if (!p.tensor_content().empty()) {
     const std::string& raw = p.tensor_content();
@@ -240,7 +242,7 @@ class Importer {
   Importer(const tf::GraphDef& gd, const TfImportOptions& options)
       : gd_(gd),
         options_(options),
-        builder_(&graph_, options.max_tensor_elements, options.max_folded_bytes) {}
+        builder_(&graph_, options.limits) {}
 
   StatusOr<Graph> Run();
   static const std::map<std::string, Lowering>& Table();
@@ -826,7 +828,7 @@ Status Importer::Placeholder() {
   for (int64_t d : v.shape) {
     if (d < 0) return Bad("negative dim in the given shape " + ShapeString(v.shape));
   }
-  if (TooManyElements(v.shape, options_.max_tensor_elements)) return Bad("input is too large");
+  if (TooManyElements(v.shape, options_.limits.max_tensor_elements)) return Bad("input is too large");
   if (const tf::AttrValue* s = Attr("shape");
       s != nullptr && s->has_shape() && !s->shape().unknown_rank()) {
     const auto& dims = s->shape().dim();
@@ -856,7 +858,7 @@ Status Importer::VarHandleOp() {
   int64_t n = 1;
   for (const auto& d : s->shape().dim()) {
     if (d.size() < 0) return Bad("a variable needs a fully defined shape");
-    if (d.size() > 0 && n > options_.max_tensor_elements / d.size()) {
+    if (d.size() > 0 && n > options_.limits.max_tensor_elements / d.size()) {
       return Bad("variable is too large");
     }
     n *= d.size();
@@ -876,7 +878,7 @@ Status Importer::Const() {
   const tf::AttrValue* value = Attr("value");
   if (value == nullptr || !value->has_tensor()) return Bad("missing tensor attribute 'value'");
   SALUS_ASSIGN_OR_RETURN(HostTensor t,
-                         TensorFromTf(value->tensor(), name(), options_.max_tensor_elements));
+                         TensorFromTf(value->tensor(), name(), builder_));
   Bind(0, Constant(std::move(t)));
   return OkStatus();
 }
@@ -1590,7 +1592,7 @@ Status Importer::Tile() {
     expanded.insert(expanded.end(), {m[d], xs[d]});
     out.push_back(dim);
   }
-  if (TooManyElements(out, options_.max_tensor_elements)) return Bad("output is too large");
+  if (TooManyElements(out, options_.limits.max_tensor_elements)) return Bad("output is too large");
   SALUS_ASSIGN_OR_RETURN(ValueId s, Reshape(x, spread));
   SALUS_ASSIGN_OR_RETURN(ValueId e, Emit("Expand", {s, Int64s(expanded)}));
   SALUS_ASSIGN_OR_RETURN(ValueId y, Reshape(e, out));
@@ -2203,6 +2205,7 @@ StatusOr<Graph> TfImporter::Import(const void* data, size_t size, const TfImport
     return InvalidArgumentError("bytes are not a valid TensorFlow GraphDef");
   }
   if (gd.node_size() == 0) return InvalidArgumentError("GraphDef has no nodes");
+  SALUS_RETURN_IF_ERROR(options.limits.CheckNodes(gd.node_size(), "the GraphDef"));
   Importer importer(gd, options);
   return importer.Run();
 }

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/compile_limits.h"
 #include "exec/graph.h"
 #include "salus/status.h"
 
@@ -41,10 +42,8 @@ namespace salus::exec {
 struct TfImportOptions {
   // The shape of every Placeholder, by node name (required: TensorFlow's are often partial).
   std::map<std::string, Shape> input_shapes;
-  // Any tensor with more elements is refused (InvalidArgument).
-  int64_t max_tensor_elements = int64_t{1} << 30;
-  // Constants made by folding may hold at most this many bytes in all (ResourceExhausted).
-  uint64_t max_folded_bytes = uint64_t{1} << 30;
+  // What the import may cost (Note [Compile budgets] in compile_limits.h).
+  CompileLimits limits;
 };
 
 class TfImporter {

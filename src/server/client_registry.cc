@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sys/random.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
@@ -79,16 +80,21 @@ StatusOr<Quotas> Quotas::FromJson(const nlohmann::json& section) {
                       : key == "clients_per_principal" ? &q.clients_per_principal
                       : key == "requests_per_second"   ? &q.requests_per_second
                       : key == "max_priority"          ? &q.max_priority
+                      : key == "shared_buffer_bytes"   ? &q.shared_buffer_bytes
+                      : key == "host_bytes"            ? &q.host_bytes
                                                        : nullptr;
     if (field == nullptr) {
       return InvalidArgumentError(fmt::format(
           "unknown quota \"{}\" (expected sessions, persistent_bytes, requests_in_flight, "
-          "shared_buffers, clients_per_principal, requests_per_second, max_priority)",
+          "shared_buffers, shared_buffer_bytes, clients_per_principal, requests_per_second, "
+          "max_priority, host_bytes)",
           key));
     }
+    const bool bytes_key =
+        key == "persistent_bytes" || key == "host_bytes" || key == "shared_buffer_bytes";
     if (value.is_number_unsigned()) {
       *field = value.get<uint64_t>();
-    } else if (value.is_string() && key == "persistent_bytes") {
+    } else if (value.is_string() && bytes_key) {
       auto bytes = ParseBytes(value.get<std::string>());
       if (!bytes.ok()) {
         return InvalidArgumentError(fmt::format("quota \"{}\": {}", key, bytes.status().message()));
@@ -97,7 +103,7 @@ StatusOr<Quotas> Quotas::FromJson(const nlohmann::json& section) {
     } else {
       return InvalidArgumentError(fmt::format(
           "quota \"{}\" must be a non-negative integer{}, got {}", key,
-          key == "persistent_bytes" ? " or a size such as \"4GiB\"" : "", value.dump()));
+          bytes_key ? " or a size such as \"4GiB\"" : "", value.dump()));
     }
   }
   return q;
@@ -170,13 +176,24 @@ void ClientRegistry::EndRequest(uint64_t client) {
   c.last_seen = clock_->Now();
 }
 
-std::vector<uint64_t> ClientRegistry::Expire() {
+// Note [Leases and stalls]
+// A lease is the time a client may stay silent, and silence is only what the daemon could have
+// heard. When the daemon itself stalls (stopped by a signal, swapped out, its I/O thread held
+// up), requests pile up unread in its sockets, and clients that kept sending would look silent
+// when it resumes. So expiry measures silence up to the last moment the frontend had read
+// everything that had arrived (RpcFrontend::caught_up), not up to now: after a stall, the
+// queued requests are read, and renew their clients, before anyone is expired; the grace equals
+// the stall. A stall of the whole process (SIGSTOP, the host suspended) stops the frontend and
+// the housekeeping alike, and when both resume the housekeeping may run before the frontend
+// has read what waits; so the server also forgives every client the time its housekeeping
+// stood still (Forgive).
+std::vector<uint64_t> ClientRegistry::Expire(std::optional<Nanos> read_up_to) {
   std::vector<uint64_t> gone;
   MutexLock lock(&mu_);
-  const Nanos now = clock_->Now();
+  const Nanos now = read_up_to ? std::min(*read_up_to, clock_->Now()) : clock_->Now();
   for (auto it = clients_.begin(); it != clients_.end();) {
     const Client& c = it->second;
-    if (c.in_flight > 0 || now - c.last_seen <= lease_) {
+    if (c.in_flight > 0 || now <= c.last_seen || now - c.last_seen <= lease_) {
       ++it;
       continue;
     }
@@ -184,6 +201,12 @@ std::vector<uint64_t> ClientRegistry::Expire() {
     it = Erase(it);
   }
   return gone;
+}
+
+void ClientRegistry::Forgive(Nanos stall) {
+  MutexLock lock(&mu_);
+  const Nanos now = clock_->Now();
+  for (auto& [id, c] : clients_) c.last_seen = std::min(now, c.last_seen + stall);
 }
 
 std::unordered_map<uint64_t, ClientRegistry::Client>::iterator ClientRegistry::Erase(

@@ -33,6 +33,11 @@ struct Quotas {
   uint64_t persistent_bytes = 0;
   uint64_t requests_in_flight = 1024;
   uint64_t shared_buffers = 64;
+  // Bytes of shared buffers one client may have mapped together.
+  uint64_t shared_buffer_bytes = 64 * (uint64_t{1} << 30);
+  // Host memory one client's sessions may hold outside the arena (their compiled models'
+  // constants and sources; SessionRuntime::host_bytes).
+  uint64_t host_bytes = 0;
   uint64_t clients_per_principal = 4096;
   // The highest priority a client's session may ask for (the protocol allows 100): under the
   // PRIORITY and FAIR policies priority is a share of the device, so this bounds what one
@@ -88,7 +93,12 @@ class ClientRegistry {
   // Its reply went out: the client was alive until now.
   void EndRequest(uint64_t client) EXCLUDES(mu_);
   // Forgets the clients silent for longer than the lease with nothing in flight; returns them.
-  std::vector<uint64_t> Expire() EXCLUDES(mu_);
+  // Silence is measured up to `read_up_to`, the last time every request that had arrived was
+  // read (now when absent): Note [Leases and stalls].
+  std::vector<uint64_t> Expire(std::optional<Nanos> read_up_to = std::nullopt) EXCLUDES(mu_);
+  // The daemon stood still for `stall` (its housekeeping ran that late): every client's
+  // silence is shortened by as much (Note [Leases and stalls]).
+  void Forgive(Nanos stall) EXCLUDES(mu_);
   // Forgets the clients of `allocation` at once (it was revoked), whatever they have in
   // flight; returns them. Their tokens are UNAUTHENTICATED from then on.
   std::vector<uint64_t> DropAllocation(const std::string& allocation) EXCLUDES(mu_);

@@ -89,6 +89,9 @@ std::string Metrics::RenderPrometheus() const {
   counter("salus_server_requests_total", "Requests received.", requests_.load());
   counter("salus_server_request_errors_total", "Requests answered with an error.",
           request_errors_.load());
+  counter("salus_server_paced_refused_total",
+          "Requests refused because their client or principal had limits.paced_requests held back.",
+          paced_refused_.load());
   queue_delay_.Render("salus_sched_queue_delay_seconds",
                       "Time from an iteration's request to its start.", &out);
   run_time_.Render("salus_sched_iteration_seconds", "Iteration run time.", &out);

@@ -46,6 +46,8 @@ class Metrics {
   void IterationDone(const sched::IterationRecord& r);
   void RequestReceived() { requests_++; }
   void RequestFailed() { request_errors_++; }
+  // A request refused because its client (or principal) had limits.paced_requests held back.
+  void RequestPaced() { paced_refused_++; }
 
   // Gauges read at render time: sessions by state, lanes, bytes per region and lane.
   using GaugeSource = std::function<std::string()>;
@@ -55,7 +57,7 @@ class Metrics {
 
  private:
   std::atomic<uint64_t> created_{0}, created_waiting_{0}, admitted_from_queue_{0}, closed_{0};
-  std::atomic<uint64_t> iterations_{0}, requests_{0}, request_errors_{0};
+  std::atomic<uint64_t> iterations_{0}, requests_{0}, request_errors_{0}, paced_refused_{0};
   Histogram queue_delay_, run_time_, switch_gap_;
   // Per lane class (mem::LaneClass): iterations, queue delay, run time.
   struct PerClass {

@@ -177,7 +177,7 @@ const v1::TensorSpec* ModelRuntime::Find(const std::vector<v1::TensorSpec>& spec
 StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec& spec,
                                                              std::vector<exec::Device> devices,
                                                              size_t compile_for,
-                                                             uint64_t max_folded_bytes) {
+                                                             const exec::CompileLimits& limits) {
   if (compile_for >= devices.size()) {
     return InvalidArgumentError(
         fmt::format("model runtime: device {} of {}", compile_for, devices.size()));
@@ -194,7 +194,7 @@ StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Create(const v1::ModelSpec
   }
   auto source = std::make_unique<Source>();
   exec::CompileOptions& o = source->options;
-  o.max_folded_bytes = max_folded_bytes;
+  o.limits = limits;
   o.convolution_transforms = spec.convolution_transforms();
   for (const v1::InputShape& in : spec.inputs()) {
     if (in.name().empty()) return InvalidArgumentError("an input shape has no name");
@@ -282,12 +282,17 @@ StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Build(std::unique_ptr<Sour
                                                             std::vector<exec::Device> devices,
                                                             size_t compile_for) {
   SALUS_ASSIGN_OR_RETURN(auto exe, source->Compile(devices[compile_for]));
+  // A later compile (after a move) runs on a lane worker, for a session already admitted.
+  source->options.limits.deadline = exec::CompileLimits::TimePoint::max();
   // The source is kept only where a move could need another compile.
   const bool one_kernel_device = std::all_of(
       devices.begin(), devices.end(), [&](const exec::Device& d) { return d == devices.front(); });
   if (one_kernel_device) source.reset();
-  return std::unique_ptr<ModelRuntime>(
+  const uint64_t source_bytes = source ? source->bytes.size() : 0;
+  auto rt = std::unique_ptr<ModelRuntime>(
       new ModelRuntime(std::move(exe), std::move(devices), std::move(source)));
+  rt->host_bytes_ = rt->exe_->constant_bytes() + source_bytes;
+  return rt;
 }
 
 Status ModelRuntime::FollowDevice(const sched::Dispatch& d) {

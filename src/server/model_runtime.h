@@ -40,11 +40,12 @@ class ModelRuntime final : public SessionRuntime {
  public:
   // `devices` are the kernel devices of the engine's devices, by index (the CPU for each CPU
   // device, each GPU itself); it compiles for devices[compile_for] (Note [Sessions follow their
-  // device]). `max_folded_bytes` bounds the constants compilation may make by folding (see
-  // exec::CompileOptions): past it, CreateSession is ResourceExhausted.
+  // device]). `limits` bound what the compilation may cost (Note [Compile budgets] in
+  // exec/compile_limits.h): past them CreateSession fails with their status. Their deadline
+  // applies to this first compilation only.
   static StatusOr<std::unique_ptr<ModelRuntime>> Create(
       const v1::ModelSpec& spec, std::vector<exec::Device> devices, size_t compile_for,
-      uint64_t max_folded_bytes = exec::CompileOptions{}.max_folded_bytes);
+      const exec::CompileLimits& limits = {});
   ~ModelRuntime() override;
 
   std::string_view kind() const override { return "model"; }
@@ -55,6 +56,7 @@ class ModelRuntime final : public SessionRuntime {
   std::vector<v1::TensorSpec> input_specs() const override { return inputs_; }
   std::vector<v1::TensorSpec> output_specs() const override { return outputs_; }
   std::vector<v1::TensorSpec> state_specs() const override { return state_; }
+  uint64_t host_bytes() const override { return host_bytes_; }
   Status Validate(const std::vector<HostTensor>& feeds, const std::vector<std::string>& fetches,
                   bool state_only) const override;
   Status Run(const sched::Dispatch& dispatch, const std::vector<HostTensor>& feeds,
@@ -90,6 +92,7 @@ class ModelRuntime final : public SessionRuntime {
   // What it compiles from; null where every device runs the same kernels.
   const std::unique_ptr<Source> source_;
   mem::Requirement requirement_;
+  uint64_t host_bytes_ = 0;  // the executable's constants and the source kept
   std::vector<v1::TensorSpec> inputs_, outputs_, state_;
   bool initialized_ = false;  // touched only by the session's lane worker
 };

@@ -10,8 +10,11 @@ void RequestPacer::Refill(Bucket& b, Nanos now) const {
   b.refilled = now;
 }
 
-void RequestPacer::Offer(const std::string& key, Work work) {
-  if (rate_ <= 0) return work();
+bool RequestPacer::Offer(const std::string& key, Work work) {
+  if (rate_ <= 0) {
+    work();
+    return true;
+  }
   {
     MutexLock lock(&mu_);
     const Nanos now = clock_->Now();
@@ -23,12 +26,18 @@ void RequestPacer::Offer(const std::string& key, Work work) {
     }
     Refill(b, now);
     if (!b.waiting.empty() || b.tokens < 1) {
+      if ((max_held_ != 0 && b.waiting.size() >= max_held_) ||
+          (max_held_total_ != 0 && held_ >= max_held_total_)) {
+        return false;
+      }
       b.waiting.push_back(std::move(work));
-      return;
+      ++held_;
+      return true;
     }
     b.tokens -= 1;
   }
   work();  // outside the lock: it may answer, or offer more
+  return true;
 }
 
 size_t RequestPacer::Release() {
@@ -43,6 +52,7 @@ size_t RequestPacer::Release() {
         ready.push_back(std::move(b.waiting.front()));
         b.waiting.pop_front();
         b.tokens -= 1;
+        --held_;
       }
       // A full bucket with nothing waiting is the same as none: forget it.
       if (b.waiting.empty() && b.tokens >= std::max(rate_, 1.0)) {
@@ -64,15 +74,14 @@ void RequestPacer::Flush() {
       for (Work& w : b.waiting) all.push_back(std::move(w));
     }
     buckets_.clear();
+    held_ = 0;
   }
   for (Work& w : all) w();
 }
 
 size_t RequestPacer::held() const {
   MutexLock lock(&mu_);
-  size_t n = 0;
-  for (const auto& [key, b] : buckets_) n += b.waiting.size();
-  return n;
+  return held_;
 }
 
 }  // namespace salus::server

@@ -23,6 +23,9 @@ constexpr int kBurst = 256;
 constexpr int kIoThreads = 2;
 // A connection that has not finished ZeroMQ's handshake by then is dropped.
 constexpr int kHandshakeMs = 10000;
+// How long the idle I/O thread sleeps at most, and at most while replies are backlogged.
+constexpr int kIdlePollMs = 100;
+constexpr int kBacklogPollMs = 5;
 // ZAP domains, one per kind of listener (Note [Principals]).
 constexpr char kIpcDomain[] = "salus-ipc";
 constexpr char kTcpDomain[] = "salus-tcp";
@@ -140,10 +143,13 @@ StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(
 
 StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(const std::vector<Listener>& listeners,
                                                            const CurveServer& curve,
-                                                           Handler handler) {
+                                                           Handler handler,
+                                                           uint64_t reply_backlog) {
   if (listeners.empty()) return InvalidArgumentError("no endpoint to listen on");
   std::unique_ptr<RpcFrontend> fe(new RpcFrontend(std::move(handler)));
   fe->curve_ = curve;
+  fe->reply_backlog_ = reply_backlog;
+  fe->caught_up_ns_ = SteadyClock::Get()->Now().count();
   fe->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fe->wake_fd_ < 0) {
     return InternalError(fmt::format("eventfd for the rpc frontend: {}", std::strerror(errno)));
@@ -162,7 +168,8 @@ StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(const std::vector<Lis
     zmq::socket_t s(fe->ctx_, zmq::socket_type::router);
     s.set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
     s.set(zmq::sockopt::linger, 0);
-    s.set(zmq::sockopt::router_mandatory, 0);
+    // Note [Replies a peer does not read]: a reply that does not fit is kept, not dropped.
+    s.set(zmq::sockopt::router_mandatory, 1);
     s.set(zmq::sockopt::handshake_ivl, kHandshakeMs);
     try {
       if (l.curve) {
@@ -179,6 +186,7 @@ StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(const std::vector<Lis
     fe->endpoints_.push_back(s.get(zmq::sockopt::last_endpoint));
     fe->router_fds_.push_back(s.get(zmq::sockopt::fd));
     fe->routers_.push_back(std::move(s));
+    fe->backlogs_.emplace_back();
   }
   return fe;
 }
@@ -219,6 +227,113 @@ void RpcFrontend::Wake() {
 // after sending; when a message is waiting it wakes the I/O thread through the eventfd.
 // Anything arriving after that check signals ZMQ_FD anew. The I/O thread itself drains each
 // ROUTER and checks ZMQ_EVENTS before it sleeps.
+// Note [Replies a peer does not read]
+// ZeroMQ queues a bounded number of messages for each peer (its high-water mark); a ROUTER that
+// finds a peer's queue full drops the message, silently unless ROUTER_MANDATORY is set. A
+// client that pipelines thousands of requests before reading any reply would so lose replies
+// and wait forever for them. With ROUTER_MANDATORY the send fails with EAGAIN instead, and the
+// reply is kept in the peer's backlog, after which every later reply to that peer queues too,
+// in order; the I/O thread sends the backlog on as the peer reads (it looks every few
+// milliseconds while any is kept). A backlog holds at most `reply_backlog` replies (and all of
+// them 64 times that): past it, replies to that peer are dropped and counted, and once its
+// backlog has drained the peer is sent one error reply (request id 0, RESOURCE_EXHAUSTED)
+// saying how many were dropped, so a client that reads nothing for long costs the daemon a
+// bounded amount of memory and learns, when it reads again, that it lost replies. A peer that
+// has gone (EHOSTUNREACH) cannot be answered; its replies are dropped.
+constexpr uint64_t kBacklogPeersInAll = 64;
+
+void RpcFrontend::SendOrKeep(size_t socket, std::vector<zmq::message_t> msg) {
+  zmq::socket_t& router = routers_[socket];
+  const std::string route = msg.front().to_string();
+  auto& backlogs = backlogs_[socket];
+  auto it = backlogs.find(route);
+  if (it == backlogs.end()) {
+    try {
+      if (zmq::send_multipart(router, msg, zmq::send_flags::dontwait)) return;
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EHOSTUNREACH) {
+        logging::Get("server")->error("rpc: sending a reply failed: {}", e.what());
+      }
+      return;  // the peer has gone
+    }
+    it = backlogs.try_emplace(route).first;  // its queue is full: keep the reply
+  }
+  Backlog& b = it->second;
+  if (b.replies.size() >= reply_backlog_ || backlogged_ >= reply_backlog_ * kBacklogPeersInAll) {
+    if (b.dropped++ == 0) {
+      logging::Event("server", "replies_dropped",
+                     {{"backlog", b.replies.size()}, {"limit", reply_backlog_}});
+    }
+    ++dropped_replies_;
+    return;
+  }
+  b.replies.push_back(std::move(msg));
+  ++backlogged_;
+}
+
+bool RpcFrontend::FlushBacklogs() {
+  MutexLock lock(&sock_mu_);
+  if (backlogged_ == 0) {
+    bool any = false;
+    for (const auto& per_socket : backlogs_) any = any || !per_socket.empty();
+    if (!any) return false;
+  }
+  for (size_t socket = 0; socket < backlogs_.size(); ++socket) {
+    zmq::socket_t& router = routers_[socket];
+    for (auto it = backlogs_[socket].begin(); it != backlogs_[socket].end();) {
+      Backlog& b = it->second;
+      bool gone = false;
+      while (!b.replies.empty()) {
+        try {
+          if (!zmq::send_multipart(router, b.replies.front(), zmq::send_flags::dontwait)) break;
+        } catch (const zmq::error_t&) {
+          gone = true;  // the peer has gone: nothing more can reach it
+        }
+        b.replies.pop_front();
+        --backlogged_;
+        if (gone) break;
+      }
+      if (gone) {
+        backlogged_ -= b.replies.size();
+        it = backlogs_[socket].erase(it);
+        continue;
+      }
+      if (!b.replies.empty()) {
+        ++it;
+        continue;
+      }
+      if (b.dropped > 0) {
+        // Drained: tell the peer what it lost, once it can take it.
+        v1::Reply notice;
+        notice.set_request_id(0);
+        ToProto(ResourceExhaustedError(fmt::format(
+                    "{} replies to this connection were dropped: it did not read its replies "
+                    "while more than limits.reply_backlog={} were waiting",
+                    b.dropped, reply_backlog_)),
+                notice.mutable_status());
+        std::vector<zmq::message_t> msg;
+        msg.emplace_back(it->first.data(), it->first.size());
+        msg.emplace_back(notice.SerializeAsString());
+        try {
+          if (!zmq::send_multipart(router, msg, zmq::send_flags::dontwait)) {
+            ++it;
+            continue;
+          }
+        } catch (const zmq::error_t&) {
+        }
+      }
+      it = backlogs_[socket].erase(it);
+    }
+  }
+  return backlogged_ > 0 || std::any_of(backlogs_.begin(), backlogs_.end(),
+                                        [](const auto& m) { return !m.empty(); });
+}
+
+size_t RpcFrontend::backlogged_replies() const {
+  MutexLock lock(&sock_mu_);
+  return backlogged_;
+}
+
 void RpcFrontend::Post(size_t socket, const std::string& route,
                        std::vector<zmq::message_t> frames) {
   std::vector<zmq::message_t> msg;
@@ -229,13 +344,11 @@ void RpcFrontend::Post(size_t socket, const std::string& route,
   {
     MutexLock lock(&sock_mu_);
     if (closed_) return;
-    zmq::socket_t& router = routers_[socket];
+    SendOrKeep(socket, std::move(msg));
     try {
-      // A peer that went away loses its reply; the ROUTER drops it silently.
-      zmq::send_multipart(router, msg, zmq::send_flags::dontwait);
-      wake = (router.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
-    } catch (const zmq::error_t& e) {
-      logging::Get("server")->error("rpc: sending a reply failed: {}", e.what());
+      wake = (routers_[socket].get(zmq::sockopt::events) & ZMQ_POLLIN) != 0 ||
+             !backlogs_[socket].empty();
+    } catch (const zmq::error_t&) {
       wake = true;  // let the I/O thread look at the socket again
     }
   }
@@ -262,6 +375,7 @@ void RpcFrontend::OnRequest(size_t socket, std::vector<zmq::message_t>& msg) {
   }
   Call call(this, socket, route, req.request_id());
   call.principal_ = MessageUserId(env);
+  call.envelope_bytes_ = env.size();
   call.request_ = std::move(req);
   for (size_t i = 2; i < msg.size(); ++i) call.frames_.push_back(std::move(msg[i]));
   handler_(std::move(call));
@@ -325,6 +439,7 @@ void RpcFrontend::Loop() {
   std::vector<std::pair<size_t, std::vector<zmq::message_t>>> batch;
   while (!stopping_.load()) {
     bool more = false;
+    const Nanos pass = SteadyClock::Get()->Now();
     {
       MutexLock lock(&sock_mu_);
       for (size_t i = 0; i < routers_.size(); ++i) {
@@ -347,8 +462,13 @@ void RpcFrontend::Loop() {
     // Handlers reply through Post, which takes the lock: call them outside it.
     for (auto& [socket, msg] : batch) OnRequest(socket, msg);
     batch.clear();
+    // Everything that had arrived when this pass began has been read (Note [Leases and stalls]).
+    if (!more) caught_up_ns_.store(pass.count());
+    const bool backlog = FlushBacklogs();
     if (more) continue;
-    if (poll(fds.data(), fds.size(), -1) < 0) {
+    // Asleep, the thread still wakes now and then: to mark its progress, and to send backlogs
+    // on (Note [Replies a peer does not read]).
+    if (poll(fds.data(), fds.size(), backlog ? kBacklogPollMs : kIdlePollMs) < 0) {
       if (errno == EINTR) continue;
       logging::Get("server")->error("rpc: poll failed: {}", std::strerror(errno));
       break;

@@ -21,7 +21,9 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -29,6 +31,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "common/clock.h"
 #include "common/thread_annotations.h"
 #include "salus/status.h"
 #include "salus/v1/salus.pb.h"
@@ -39,6 +42,8 @@ namespace salus::server {
 inline constexpr size_t kMaxEnvelopeBytes = 512ull << 20;
 // Largest message ZeroMQ accepts at all; larger ones drop the connection.
 inline constexpr int64_t kMaxMessageBytes = 2ll << 30;
+// Replies held for one connection that does not read them, beyond ZeroMQ's own queue.
+inline constexpr uint64_t kDefaultReplyBacklog = 10000;
 
 class RpcFrontend;
 
@@ -64,6 +69,8 @@ class Call {
   ~Call();
 
   v1::Request& request() { return request_; }
+  // The size of the request's envelope frame, as it arrived.
+  size_t envelope_bytes() const { return envelope_bytes_; }
   std::vector<zmq::message_t>& frames() { return frames_; }
   // Who the transport authenticated (Note [Principals]); empty when it could not tell.
   const std::string& principal() const { return principal_; }
@@ -82,6 +89,7 @@ class Call {
   std::string route_;
   uint64_t request_id_;
   std::string principal_;
+  size_t envelope_bytes_ = 0;
   std::function<void()> on_answered_;
   v1::Request request_;
   std::vector<zmq::message_t> frames_;
@@ -95,9 +103,12 @@ class RpcFrontend {
   // the endpoint.
   static StatusOr<std::unique_ptr<RpcFrontend>> Create(const std::vector<std::string>& endpoints,
                                                        Handler handler);
-  // The same, with CURVE on the listeners that ask for it (`curve` must then hold a key).
+  // The same, with CURVE on the listeners that ask for it (`curve` must then hold a key), and at
+  // most `reply_backlog` replies held for one connection that does not read them (Note [Replies
+  // a peer does not read]).
   static StatusOr<std::unique_ptr<RpcFrontend>> Create(const std::vector<Listener>& listeners,
-                                                       const CurveServer& curve, Handler handler);
+                                                       const CurveServer& curve, Handler handler,
+                                                       uint64_t reply_backlog = kDefaultReplyBacklog);
   ~RpcFrontend();
 
   // Starts the I/O thread.
@@ -110,10 +121,25 @@ class RpcFrontend {
 
   uint64_t requests_received() const { return received_.load(); }
   uint64_t bad_envelopes() const { return bad_envelopes_.load(); }
+  // Replies held for connections that did not read them, and replies dropped past the backlog.
+  size_t backlogged_replies() const EXCLUDES(sock_mu_);
+  uint64_t dropped_replies() const { return dropped_replies_.load(); }
+  // The last time (on the steady clock) the I/O thread had read every request that had
+  // arrived: leases are measured up to it (Note [Leases and stalls] in client_registry.cc).
+  Nanos caught_up() const { return Nanos(caught_up_ns_.load()); }
 
  private:
   friend class Call;
   RpcFrontend(Handler handler);
+  // Replies held for one peer (Note [Replies a peer does not read]).
+  struct Backlog {
+    std::deque<std::vector<zmq::message_t>> replies;  // [route, frames...], in order
+    uint64_t dropped = 0;  // replies dropped since it was last empty
+  };
+  // Sends what the backlogs hold while their peers take it; returns whether any is left.
+  bool FlushBacklogs() EXCLUDES(sock_mu_);
+  // Sends `msg` on `router` now, or keeps it in the peer's backlog. REQUIRES the lock.
+  void SendOrKeep(size_t socket, std::vector<zmq::message_t> msg) REQUIRES(sock_mu_);
   // Sends [route, frames...] on ROUTER `socket`, from any thread.
   void Post(size_t socket, const std::string& route, std::vector<zmq::message_t> frames)
       EXCLUDES(sock_mu_);
@@ -126,9 +152,13 @@ class RpcFrontend {
   Handler handler_;
   zmq::context_t ctx_;
   std::vector<std::string> endpoints_;
-  Mutex sock_mu_;
+  mutable Mutex sock_mu_;
   std::vector<zmq::socket_t> routers_ GUARDED_BY(sock_mu_);
   bool closed_ GUARDED_BY(sock_mu_) = false;
+  uint64_t reply_backlog_ = kDefaultReplyBacklog;
+  // Per ROUTER, per peer's routing id.
+  std::vector<std::map<std::string, Backlog>> backlogs_ GUARDED_BY(sock_mu_);
+  size_t backlogged_ GUARDED_BY(sock_mu_) = 0;
   zmq::socket_t zap_;  // the ZAP handler (Note [Principals]); the I/O thread's alone
   CurveServer curve_;
   std::vector<int> router_fds_;  // each ROUTER's ZMQ_FD, polled by the I/O thread
@@ -138,6 +168,8 @@ class RpcFrontend {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> received_{0};
   std::atomic<uint64_t> bad_envelopes_{0};
+  std::atomic<uint64_t> dropped_replies_{0};
+  std::atomic<int64_t> caught_up_ns_{0};
 };
 
 // Status <-> wire.

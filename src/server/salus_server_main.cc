@@ -5,14 +5,15 @@
 //                [--metrics-listen HOST:PORT]
 //
 // Flags override the config file (JSON: listen, listen_remote, device, memory, policy,
-// policy_options, metrics_listen, log_level, lease_seconds, max_folded_bytes, quotas,
-// security.curve; see docs/operations.md). SIGTERM and SIGINT drain the daemon: it stops
+// policy_options, metrics_listen, log_level, lease_seconds, limits, quotas, security.curve;
+// see docs/operations.md). SIGTERM and SIGINT drain the daemon: it stops
 // admitting, finishes the iterations in flight, answers every waiter and exits 0.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
+#include <chrono>
 #include <iostream>
 #include <thread>
 
@@ -100,7 +101,8 @@ int main(int argc, char** argv) {
       "paging-quantum-ms", po::value(&paging_quantum_ms),
       "a session paged in keeps its place at least this long (default 1000)")(
       "max-folded-bytes", po::value(&max_folded_bytes),
-      "constants one model's compilation may make by folding, e.g. 1GiB (the default)");
+      "host bytes of constants one model's compilation may hold, e.g. 1GiB (the default); the "
+      "same as limits.max_constant_bytes");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -196,11 +198,22 @@ int main(int argc, char** argv) {
   } else {
     o.policy_options = config.Section("policy_options");
   }
-  auto folded = config.GetBytes("max_folded_bytes", salus::server::DefaultMaxFoldedBytes());
-  if (!folded.ok()) return Fail(folded.status());
+  auto limits = salus::server::Limits::FromJson(
+      config.json().contains("limits") ? config.json()["limits"] : nlohmann::json());
+  if (!limits.ok()) return Fail(limits.status());
+  o.limits = *limits;
+  // max_folded_bytes (and --max-folded-bytes): the older name of limits.max_constant_bytes.
+  if (config.Has("max_folded_bytes")) {
+    auto folded = config.GetBytes("max_folded_bytes");
+    if (!folded.ok()) return Fail(folded.status());
+    o.limits.max_constant_bytes = *folded;
+  }
   auto devices = salus::server::DeviceNames(o.device);
   if (!devices.ok()) return Fail(devices.status().WithContext("--device"));
-  o.model_factory = salus::server::MakeModelFactory(*devices, *folded);
+  o.model_factory = salus::server::MakeModelFactory(
+      *devices, o.limits.Compile(),
+      std::chrono::duration_cast<salus::Nanos>(
+          std::chrono::duration<double>(o.limits.compile_seconds)));
 
   // Block the drain signals in every thread; one thread waits for them.
   sigset_t signals;

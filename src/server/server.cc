@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
+#include <new>
 #include <set>
 
 #include "common/endpoints.h"
@@ -22,6 +23,13 @@ constexpr uint64_t kDefaultCpuArenaBytes = 8 * kGiB;
 constexpr uint64_t kCudaReserveBytes = 512 * kMiB;
 constexpr int kMaxCpuDevices = 64;
 constexpr auto kHousekeepingPeriod = std::chrono::milliseconds(100);
+// A housekeeping pass this much later than the last means the daemon stood still.
+constexpr Nanos kStallGap = std::chrono::seconds(1);
+// Requests held back by the pacer in all, as a multiple of what one key may hold.
+constexpr uint64_t kPacedKeysInAll = 64;
+// The largest envelope of a request that is not work (everything but CreateSession,
+// RunIteration and RegisterBuffer): such requests are small, and are held (paced) as such.
+constexpr size_t kMaxControlEnvelopeBytes = 64 * 1024;
 
 // The memory-map or stats JSON of the whole arena, cut down to what one client may see:
 // entries of its own sessions in full, the others' summed into `others` ({sessions, bytes}).
@@ -98,6 +106,17 @@ std::string CounterFamily(std::string_view name, std::string_view help, std::str
     }
   }
   return out;
+}
+
+// The caller's Unix user, where the transport knows it: "uid:<N>" over ipc (Note [Principals]).
+std::optional<uid_t> CallerUid(const std::string& transport) {
+  if (transport.rfind("uid:", 0) != 0) return std::nullopt;
+  uint64_t uid = 0;
+  const char* first = transport.data() + 4;
+  const char* last = transport.data() + transport.size();
+  const auto [ptr, ec] = std::from_chars(first, last, uid);
+  if (ec != std::errc() || ptr != last || uid > UINT32_MAX) return std::nullopt;
+  return static_cast<uid_t>(uid);
 }
 
 }  // namespace
@@ -279,11 +298,14 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   SALUS_ASSIGN_OR_RETURN(s->executor_, sched::Executor::Create(std::move(eo)));
 
   s->clients_ = std::make_unique<ClientRegistry>(SteadyClock::Get(), s->o_.lease, s->o_.quotas);
-  s->pacer_ = std::make_unique<RequestPacer>(SteadyClock::Get(),
-                                             static_cast<double>(s->o_.quotas.requests_per_second));
+  if (s->o_.limits.host_bytes == 0) s->o_.limits.host_bytes = DefaultHostBytes();
+  s->pacer_ = std::make_unique<RequestPacer>(
+      SteadyClock::Get(), static_cast<double>(s->o_.quotas.requests_per_second),
+      s->o_.limits.paced_requests, s->o_.limits.paced_requests * kPacedKeysInAll);
   SessionManager::Options so;
   so.executor = s->executor_.get();
   so.quotas = s->o_.quotas;
+  so.limits = s->o_.limits;
   so.host_accessible = s->providers_.front()->host_accessible();
   so.model_factory = s->o_.model_factory;
   so.metrics = &s->metrics_;
@@ -306,9 +328,10 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
       if (!dir.empty()) std::filesystem::create_directories(dir, ec);
     }
   }
-  SALUS_ASSIGN_OR_RETURN(s->frontend_, RpcFrontend::Create(listeners, curve, [self](Call c) {
-                           self->Handle(std::move(c));
-                         }));
+  SALUS_ASSIGN_OR_RETURN(s->frontend_,
+                         RpcFrontend::Create(
+                             listeners, curve, [self](Call c) { self->Handle(std::move(c)); },
+                             s->o_.limits.reply_backlog));
   // Any local user may connect over ipc: the peer's user is its principal (Note [Principals]),
   // and ownership, not the socket's mode, keeps users apart.
   for (const std::string& ep : s->frontend_->endpoints()) {
@@ -336,7 +359,10 @@ Server::~Server() {
 }
 
 Status Server::Start() {
-  control_ = std::thread([this] { ControlLoop(); });
+  for (uint64_t i = 0; i < o_.limits.compile_threads; ++i) {
+    compilers_.emplace_back([this] { CompileLoop(); });
+  }
+  buffers_ = std::thread([this] { BufferLoop(); });
   housekeeping_ = std::thread([this] { HousekeepingLoop(); });
   frontend_->Start();
   nlohmann::json ready = {{"version", kServerVersion},
@@ -385,7 +411,8 @@ void Server::Wait() {
     cv_.NotifyAll();
   }
   if (drainer_.joinable()) drainer_.join();
-  if (control_.joinable()) control_.join();
+  for (std::thread& t : compilers_) t.join();
+  if (buffers_.joinable()) buffers_.join();
   if (housekeeping_.joinable()) housekeeping_.join();
   pacer_->Flush();    // requests still held back get their answers
   frontend_->Stop();  // after every reply has been posted
@@ -395,14 +422,35 @@ void Server::Wait() {
 
 void Server::Handle(Call call) {
   metrics_.RequestReceived();
+  try {
+    Admit(call);
+  } catch (const std::bad_alloc&) {
+    // The budgets are the mechanism (docs/operations.md, Limits); this is the last line.
+    if (!call.answered()) Fail(call, ResourceExhaustedError("the daemon ran out of memory"));
+  }
+}
+
+void Server::Admit(Call& call) {
   const v1::Request& req = call.request();
   const RequestClass cls = Classify(req.body_case());
   if (cls == RequestClass::kUnknown) {
     return Fail(call,
                 InvalidArgumentError("the request has no body (or one this server does not know)"));
   }
+  // Only work carries a model or tensors: anything else is small, and is held only as such.
+  if (cls != RequestClass::kWork &&
+      (call.envelope_bytes() > kMaxControlEnvelopeBytes || !call.frames().empty())) {
+    return Fail(call, InvalidArgumentError(fmt::format(
+                          "a {} request carries {} envelope bytes and {} frames; it may carry at "
+                          "most {} bytes and no frame",
+                          v1::Request::GetDescriptor()
+                              ->FindFieldByNumber(static_cast<int>(req.body_case()))
+                              ->name(),
+                          call.envelope_bytes(), call.frames().size(), kMaxControlEnvelopeBytes)));
+  }
   Caller caller;
   caller.principal = call.principal();
+  caller.transport = call.principal();
   caller.admin = IsAdmin(caller.principal);
   const bool needs_client = cls == RequestClass::kWork || cls == RequestClass::kControl;
   if (!req.client_token().empty() || needs_client) {
@@ -434,11 +482,29 @@ void Server::Handle(Call call) {
     call.OnAnswered([registry = clients_.get(), id] { registry->EndRequest(id); });
   }
   if (cls == RequestClass::kWork) return Dispatch(caller, std::move(call));
-  // Everything else is cheap to ask and is paced per client (per principal without one).
+  // Everything else is cheap to ask and is paced per client (per principal without one); the
+  // requests held back are bounded (limits.paced_requests), past which they are refused.
   const std::string key =
       caller.client ? fmt::format("c{}", caller.client->id) : fmt::format("p{}", caller.principal);
   auto held = std::make_shared<std::pair<Caller, Call>>(std::move(caller), std::move(call));
-  pacer_->Offer(key, [this, held] { Dispatch(held->first, std::move(held->second)); });
+  const bool taken = pacer_->Offer(key, [this, held] {
+    try {
+      Dispatch(held->first, std::move(held->second));
+    } catch (const std::bad_alloc&) {
+      if (!held->second.answered()) {
+        Fail(held->second, ResourceExhaustedError("the daemon ran out of memory"));
+      }
+    }
+  });
+  if (!taken) {
+    metrics_.RequestPaced();
+    Fail(held->second,
+         ResourceExhaustedError(fmt::format(
+             "limits.paced_requests={} reached: this {} has that many requests held back by the "
+             "requests_per_second quota ({}/s); wait for their replies",
+             o_.limits.paced_requests, held->first.client ? "client" : "principal",
+             o_.quotas.requests_per_second)));
+  }
 }
 
 void Server::Dispatch(const Caller& caller, Call call) {
@@ -446,9 +512,20 @@ void Server::Dispatch(const Caller& caller, Call call) {
   switch (req.body_case()) {
     case v1::Request::kCreateSession: {
       MutexLock lock(&mu_);
-      auto& queue = control_queue_[caller.client->id];
-      if (queue.empty()) control_turns_.push_back(caller.client->id);
-      queue.emplace_back(*caller.client, std::move(call));
+      const uint64_t now = ++create_clock_;
+      auto [principal, fresh] = creates_.try_emplace(caller.client->principal);
+      if (fresh) principal->second.arrived = now;
+      auto [client, new_client] = principal->second.clients.try_emplace(caller.client->id);
+      if (new_client) client->second.arrived = now;
+      client->second.queue.push_back(PendingCreate{*caller.client, std::move(call)});
+      ++principal->second.waiting;
+      ++waiting_creates_;
+      cv_.NotifyAll();
+      return;
+    }
+    case v1::Request::kRegisterBuffer: {
+      MutexLock lock(&mu_);
+      registrations_.emplace_back(caller, std::move(call));
       cv_.NotifyAll();
       return;
     }
@@ -479,12 +556,6 @@ StatusOr<v1::Reply> Server::Answer(const Caller& caller, const v1::Request& req)
       SALUS_RETURN_IF_ERROR(sessions_->Close(*caller.client, req.session_id(), caller.admin));
       reply.mutable_close_session();
       return reply;
-    case v1::Request::kRegisterBuffer: {
-      SALUS_ASSIGN_OR_RETURN(uint64_t id,
-                             sessions_->RegisterBuffer(*caller.client, req.register_buffer()));
-      reply.mutable_register_buffer()->set_buffer_id(id);
-      return reply;
-    }
     case v1::Request::kUnregisterBuffer:
       SALUS_RETURN_IF_ERROR(
           sessions_->UnregisterBuffer(*caller.client, req.unregister_buffer().buffer_id()));
@@ -566,6 +637,11 @@ bool Server::IsAdmin(const std::string& principal) const {
 }
 
 StatusOr<v1::Reply> Server::Hello(const Caller& caller, const v1::Hello& hello) {
+  if (hello.client_name().size() > o_.limits.max_name_bytes) {
+    return InvalidArgumentError(fmt::format("the client name has {} bytes, more than "
+                                            "limits.max_name_bytes={}",
+                                            hello.client_name().size(), o_.limits.max_name_bytes));
+  }
   if (hello.protocol_version() != kProtocolVersion) {
     return FailedPreconditionError(
         fmt::format("protocol version {} is not supported; this server speaks {}",
@@ -616,42 +692,114 @@ StatusOr<size_t> Server::RevokeAllocation(const std::string& id, const Caller& c
   return closed;
 }
 
-void Server::ControlLoop() {
-  while (true) {
-    std::optional<std::pair<ClientRef, Call>> next;
-    {
-      MutexLock lock(&mu_);
-      while (control_turns_.empty() && !stop_) cv_.Wait(&mu_);
-      if (control_turns_.empty()) return;
-      // One creation per client in turn: a client with many queued waits behind the others.
-      const uint64_t client = control_turns_.front();
-      control_turns_.pop_front();
-      auto& queue = control_queue_[client];
-      next.emplace(std::move(queue.front()));
-      queue.pop_front();
-      if (queue.empty()) {
-        control_queue_.erase(client);
-      } else {
-        control_turns_.push_back(client);
-      }
-    }
-    Call* call = &next->second;
+// Note [Turns of compilation]
+// Compilations wait for a compile thread in turns: the principal served least recently goes
+// first (one that was never served, or whose queue had emptied, before any that was; among
+// those, the first to arrive), and within it the client served least recently, by the same
+// rule. A principal that queues a hundred creations, over one client or many, thus delays
+// another principal's by at most the one compilation it has running per thread, and one
+// client's delays its principal's other clients' likewise. Picking costs a look at every
+// principal and client waiting, which is a few; the request-in-flight quota bounds them.
+std::optional<Server::PendingCreate> Server::NextCreate() {
+  MutexLock lock(&mu_);
+  while (waiting_creates_ == 0 && !stop_) cv_.Wait(&mu_);
+  if (waiting_creates_ == 0) return std::nullopt;
+  // Entries stay while one of theirs compiles, so a principal that has just been served keeps
+  // its place behind the others even when its queue was empty meanwhile.
+  auto earlier = [](const auto& a, const auto& b) {
+    const bool a_waits = a.second.waits(), b_waits = b.second.waits();
+    if (a_waits != b_waits) return a_waits;
+    return std::pair(a.second.served, a.second.arrived) <
+           std::pair(b.second.served, b.second.arrived);
+  };
+  auto principal = std::min_element(creates_.begin(), creates_.end(), earlier);
+  auto& clients = principal->second.clients;
+  auto client = std::min_element(clients.begin(), clients.end(), earlier);
+  PendingCreate next = std::move(client->second.queue.front());
+  client->second.queue.pop_front();
+  const uint64_t now = ++create_clock_;
+  for (auto* entry : {&client->second.served, &principal->second.served}) *entry = now;
+  ++client->second.running;
+  ++principal->second.running;
+  --principal->second.waiting;
+  --waiting_creates_;
+  return next;
+}
+
+void Server::CreateDone(const ClientRef& done) {
+  MutexLock lock(&mu_);
+  auto principal = creates_.find(done.principal);
+  if (principal == creates_.end()) return;
+  auto& clients = principal->second.clients;
+  if (auto client = clients.find(done.id); client != clients.end()) {
+    --client->second.running;
+    if (client->second.running == 0 && client->second.queue.empty()) clients.erase(client);
+  }
+  --principal->second.running;
+  if (principal->second.running == 0 && principal->second.waiting == 0) creates_.erase(principal);
+}
+
+void Server::CompileLoop() {
+  while (std::optional<PendingCreate> next = NextCreate()) {
+    Call& call = next->call;
+    // Answered or not, the turn ends with this pass (Note [Turns of compilation]).
+    struct Done {
+      Server* server;
+      const ClientRef& client;
+      ~Done() { server->CreateDone(client); }
+    } done{this, next->client};
     if (draining()) {
-      Fail(*call, UnavailableError("the server is draining and takes no new work"));
+      Fail(call, UnavailableError("the server is draining and takes no new work"));
       continue;
     }
-    auto created = sessions_->Create(next->first, call->request().create_session());
+    StatusOr<v1::CreateSessionReply> created = InternalError("not created");
+    try {
+      created = sessions_->Create(next->client, call.request().create_session());
+    } catch (const std::bad_alloc&) {
+      created = ResourceExhaustedError("the daemon ran out of memory creating this session");
+    }
     if (!created.ok()) {
-      Fail(*call, created.status());
+      Fail(call, created.status());
       continue;
     }
     v1::Reply reply;
     *reply.mutable_create_session() = std::move(*created);
-    call->Reply(std::move(reply));
+    call.Reply(std::move(reply));
+  }
+}
+
+void Server::BufferLoop() {
+  while (true) {
+    std::optional<std::pair<Caller, Call>> next;
+    {
+      MutexLock lock(&mu_);
+      while (registrations_.empty() && !stop_) cv_.Wait(&mu_);
+      if (registrations_.empty()) return;
+      next.emplace(std::move(registrations_.front()));
+      registrations_.pop_front();
+    }
+    const Caller& caller = next->first;
+    Call& call = next->second;
+    StatusOr<uint64_t> id = InternalError("not registered");
+    try {
+      id = sessions_->RegisterBuffer(*caller.client, call.request().register_buffer(),
+                                     CallerUid(caller.transport));
+    } catch (const std::bad_alloc&) {
+      id = ResourceExhaustedError("the daemon ran out of memory registering this buffer");
+    }
+    if (!id.ok()) {
+      Fail(call, id.status());
+      continue;
+    }
+    v1::Reply reply;
+    reply.mutable_register_buffer()->set_buffer_id(*id);
+    call.Reply(std::move(reply));
   }
 }
 
 void Server::HousekeepingLoop() {
+  const Clock* clock = SteadyClock::Get();
+  Nanos last = clock->Now();
   while (true) {
     bool draining = false;
     {
@@ -660,10 +808,21 @@ void Server::HousekeepingLoop() {
       if (stop_) return;
       draining = draining_;
     }
+    // Note [Leases and stalls]: a pass this late means the daemon stood still meanwhile.
+    const Nanos now = clock->Now();
+    if (now - last > kStallGap) {
+      clients_->Forgive(now - last);
+      logging::Event("server", "stall", {{"seconds", ToSeconds(now - last)}});
+    }
+    last = now;
     pacer_->Release();  // held-back requests are answered while draining too
     if (draining) continue;
     executor_->ExpireWaiting();
-    for (uint64_t client : clients_->Expire()) sessions_->CloseClient(client);
+    // Leases are measured up to the last time the frontend had read every request (Note
+    // [Leases and stalls] in client_registry.cc).
+    for (uint64_t client : clients_->Expire(frontend_->caught_up())) {
+      sessions_->CloseClient(client);
+    }
   }
 }
 
@@ -701,6 +860,17 @@ std::string Server::Gauges() const {
       "# HELP salus_server_shared_buffers Shared buffers registered by clients.\n"
       "# TYPE salus_server_shared_buffers gauge\nsalus_server_shared_buffers {}\n",
       sessions_->BufferCount());
+  out += fmt::format(
+      "# HELP salus_server_host_bytes Host memory sessions hold outside the arena, compilations "
+      "in progress included (limits.host_bytes).\n"
+      "# TYPE salus_server_host_bytes gauge\nsalus_server_host_bytes {}\n"
+      "# HELP salus_rpc_reply_backlog Replies kept for connections that do not read them.\n"
+      "# TYPE salus_rpc_reply_backlog gauge\nsalus_rpc_reply_backlog {}\n",
+      sessions_->HostBytes(), frontend_->backlogged_replies());
+  out += CounterFamily("salus_rpc_replies_dropped_total",
+                       "Replies dropped because their connection did not read them while "
+                       "limits.reply_backlog were waiting.",
+                       "", {{"", static_cast<double>(frontend_->dropped_replies())}});
   out += AllocationGauges();
   // Memory, per device (Note [Devices] in src/sched/engine.cc): each series has a device label.
   std::string lanes_out, lane_bytes_out, region_out, capacity_out, session_out, paged_out,

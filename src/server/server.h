@@ -8,10 +8,12 @@
 // the client's requests-in-flight quota. Only then does the kind's handler run, and each
 // handler gives the request its one reply.
 //
-// Threads: the frontend's I/O thread (decodes, dispatches, never waits on execution); one
-// control thread for CreateSession (model compilation can take a while), which serves the
-// clients' queued creations in turn; lane workers; a housekeeping thread (admission timeouts,
-// client leases); the metrics HTTP thread.
+// Threads: the frontend's I/O thread (decodes, dispatches, never waits on execution and never
+// makes a blocking system call); a pool of compile threads for CreateSession (model
+// compilation can take a while), which serve the queued creations by principal and then by
+// client in turn; a buffer thread that opens clients' shared-memory objects (RegisterBuffer);
+// lane workers; a housekeeping thread (admission timeouts, client leases, paced requests); the
+// metrics HTTP thread.
 #pragma once
 
 #include <unistd.h>
@@ -32,6 +34,7 @@
 #include "sched/executor.h"
 #include "server/allocation_registry.h"
 #include "server/client_registry.h"
+#include "server/limits.h"
 #include "server/metrics.h"
 #include "server/metrics_http_server.h"
 #include "server/request_pacer.h"
@@ -72,6 +75,7 @@ struct ServerOptions {
   SessionManager::ModelFactory model_factory;  // null: model sessions are UNIMPLEMENTED
   SecurityOptions security;
   Quotas quotas;
+  Limits limits;  // host_bytes 0: DefaultHostBytes()
 };
 
 // DefaultIpcEndpoint() (common/endpoints.h) and tcp://127.0.0.1:5501.
@@ -116,11 +120,36 @@ class Server {
   // Who sent a request, as far as the server could tell.
   struct Caller {
     std::string principal;
+    std::string transport;  // the principal the transport authenticated (Note [Principals])
     bool admin = false;
     std::optional<ClientRef> client;  // the live client its token names
   };
+  // A CreateSession waiting for a compile thread.
+  struct PendingCreate {
+    ClientRef client;
+    Call call;
+  };
+  // Waiting creations of one client, or of one principal's clients, and when they were last
+  // served and first waited (Note [Turns of compilation] in server.cc).
+  struct ClientCreates {
+    uint64_t served = 0;
+    uint64_t arrived = 0;
+    uint64_t running = 0;  // its creations compiling now
+    std::deque<PendingCreate> queue;
+    bool waits() const { return !queue.empty(); }
+  };
+  struct PrincipalCreates {
+    uint64_t served = 0;
+    uint64_t arrived = 0;
+    uint64_t running = 0;
+    size_t waiting = 0;  // creations queued over all its clients
+    std::map<uint64_t, ClientCreates> clients;
+    bool waits() const { return waiting > 0; }
+  };
   explicit Server(ServerOptions options) : o_(std::move(options)) {}
   void Handle(Call call);
+  // Handle's checks; moves `call` on to Dispatch or the pacer, or answers it.
+  void Admit(Call& call);
   // Runs the kind's handler for a request that passed Handle's checks (and the pacer).
   void Dispatch(const Caller& caller, Call call);
   // The reply of each kind answered at once (everything but CreateSession and RunIteration).
@@ -131,7 +160,12 @@ class Server {
   bool IsAdmin(const std::string& principal) const;
   // Answers `call` with the error `s` and counts it as a failed request.
   void Fail(Call& call, const Status& s);
-  void ControlLoop();
+  void CompileLoop();
+  // The next creation to compile, by principal then by client in turn; none once stopping.
+  std::optional<PendingCreate> NextCreate() EXCLUDES(mu_);
+  // A creation NextCreate gave out has been answered.
+  void CreateDone(const ClientRef& client) EXCLUDES(mu_);
+  void BufferLoop();
   void HousekeepingLoop();
   std::string Gauges() const;
   // The per-allocation series (salus_alloc_*), labelled with allocation and pod.
@@ -166,11 +200,15 @@ class Server {
   bool draining_ GUARDED_BY(mu_) = false;
   bool drained_ GUARDED_BY(mu_) = false;
   bool stop_ GUARDED_BY(mu_) = false;
-  // CreateSession requests waiting for the control thread, per client; `control_turns_` holds
-  // each client with a non-empty queue once, in the order they are served.
-  std::map<uint64_t, std::deque<std::pair<ClientRef, Call>>> control_queue_ GUARDED_BY(mu_);
-  std::deque<uint64_t> control_turns_ GUARDED_BY(mu_);
-  std::thread control_, housekeeping_, drainer_;
+  // CreateSession requests waiting for a compile thread, per principal with any waiting or
+  // compiling, and how many wait in all.
+  std::map<std::string, PrincipalCreates> creates_ GUARDED_BY(mu_);
+  size_t waiting_creates_ GUARDED_BY(mu_) = 0;
+  uint64_t create_clock_ GUARDED_BY(mu_) = 0;  // counts arrivals and starts
+  // RegisterBuffer requests waiting for the buffer thread.
+  std::deque<std::pair<Caller, Call>> registrations_ GUARDED_BY(mu_);
+  std::vector<std::thread> compilers_;
+  std::thread buffers_, housekeeping_, drainer_;
 };
 
 }  // namespace salus::server

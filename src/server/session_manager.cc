@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
+#include <stdexcept>
 #include <utility>
 
+#include "common/check.h"
 #include "common/logging.h"
 #include "common/units.h"
 #include "server/metrics.h"
@@ -72,6 +75,11 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
   if (quota.sessions != 0 && SessionsOf(owner.id).size() >= quota.sessions) {
     return QuotaExceeded("sessions", quota.sessions, "close one of this client's sessions first");
   }
+  if (req.name().size() > o_.limits.max_name_bytes) {
+    return InvalidArgumentError(fmt::format(
+        "the session name has {} bytes, more than limits.max_name_bytes={}", req.name().size(),
+        o_.limits.max_name_bytes));
+  }
   if (req.iterations() < 0) {
     return InvalidArgumentError(fmt::format("iterations must be >= 0, got {}", req.iterations()));
   }
@@ -121,33 +129,7 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
   if (!req.device().empty()) {
     SALUS_ASSIGN_OR_RETURN(pinned, o_.executor->engine().FindDevice(req.device()));
   }
-  std::unique_ptr<SessionRuntime> runtime;
-  switch (req.workload_case()) {
-    case v1::CreateSession::kSynthetic: {
-      SALUS_ASSIGN_OR_RETURN(runtime,
-                             SyntheticRuntime::Create(req.synthetic(), o_.host_accessible));
-      break;
-    }
-    case v1::CreateSession::kModel: {
-      if (!o_.model_factory) {
-        return UnimplementedError("this server cannot run model sessions");
-      }
-      // Compiled for its pin, or for the first device still in service (Note [Devices] in
-      // sched/engine.cc: a lost device takes no sessions).
-      const sched::Engine& engine = o_.executor->engine();
-      std::optional<size_t> compile_for = pinned;
-      for (size_t d = 0; !compile_for && d < engine.device_count(); ++d) {
-        if (engine.DeviceLost(d).ok()) compile_for = d;
-      }
-      if (!compile_for) return engine.DeviceLost(0);
-      SALUS_RETURN_IF_ERROR(engine.DeviceLost(*compile_for));
-      SALUS_ASSIGN_OR_RETURN(runtime, o_.model_factory(req.model(), *compile_for));
-      break;
-    }
-    default:
-      return InvalidArgumentError("CreateSession needs a model or a synthetic profile");
-  }
-
+  SALUS_ASSIGN_OR_RETURN(std::unique_ptr<SessionRuntime> runtime, BuildRuntime(owner, req, pinned));
   const uint64_t p = runtime->requirement().persistent_bytes;
   if (quota.persistent_bytes != 0) {
     uint64_t held = 0;
@@ -166,6 +148,7 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
   }
 
   auto entry = std::make_shared<Entry>();
+  entry->host_bytes = runtime->host_bytes();
   entry->name = req.name();
   entry->client = owner.id;
   entry->client_name = owner.name;
@@ -191,6 +174,22 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
   uint64_t id = 0;
   {
     MutexLock lock(&mu_);
+    // Host memory, now that the compiled session's is known (Note [Host memory budget]).
+    const Quotas& q = o_.quotas;
+    if (q.host_bytes != 0 && HostBytesOf(owner.id) + entry->host_bytes > q.host_bytes) {
+      return QuotaExceeded("host_bytes", q.host_bytes,
+                           fmt::format("this session holds {} of host memory and the client {}",
+                                       FormatBytes(entry->host_bytes),
+                                       FormatBytes(HostBytesOf(owner.id))));
+    }
+    const uint64_t limit = o_.limits.host_bytes;
+    const uint64_t held = HostBytesOf(kAll) + compiling_host_bytes_;
+    if (limit != 0 && held + entry->host_bytes > limit) {
+      return ResourceExhaustedError(fmt::format(
+          "this session holds {} of host memory and the daemon's sessions {}: over "
+          "limits.host_bytes={}",
+          FormatBytes(entry->host_bytes), FormatBytes(held), FormatBytes(limit)));
+    }
     id = NewSessionId();
     // The allocation's budget, now that P and E are known (the registry's lock is a leaf).
     if (terms) {
@@ -244,6 +243,83 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
                   {"admitted", *admitted}});
   if (o_.metrics != nullptr) o_.metrics->SessionCreated(*admitted);
   return reply;
+}
+
+// Note [Host memory budget]
+// A compiled session holds host memory outside the arena for as long as it lives, admitted or
+// waiting: its model's constants (the initial state it writes into its persistent block) and,
+// where it may move between GPUs, its model's bytes (SessionRuntime::host_bytes). The sessions
+// of all clients together may hold at most limits.host_bytes, one client's at most the
+// host_bytes quota. A compilation in progress counts as the most it may hold (its model's bytes
+// and limits.max_constant_bytes) from before it starts, so the budget holds before memory is
+// touched; once compiled, the session counts what it holds.
+StatusOr<std::unique_ptr<SessionRuntime>> SessionManager::BuildRuntime(
+    const ClientRef& owner, const v1::CreateSession& req, std::optional<size_t> pinned) {
+  switch (req.workload_case()) {
+    case v1::CreateSession::kSynthetic: {
+      SALUS_ASSIGN_OR_RETURN(auto synthetic,
+                             SyntheticRuntime::Create(req.synthetic(), o_.host_accessible));
+      return std::unique_ptr<SessionRuntime>(std::move(synthetic));
+    }
+    case v1::CreateSession::kModel:
+      break;
+    default:
+      return InvalidArgumentError("CreateSession needs a model or a synthetic profile");
+  }
+  if (!o_.model_factory) return UnimplementedError("this server cannot run model sessions");
+  // Compiled for its pin, or for the first device still in service (Note [Devices] in
+  // sched/engine.cc: a lost device takes no sessions).
+  const sched::Engine& engine = o_.executor->engine();
+  std::optional<size_t> compile_for = pinned;
+  for (size_t d = 0; !compile_for && d < engine.device_count(); ++d) {
+    if (engine.DeviceLost(d).ok()) compile_for = d;
+  }
+  if (!compile_for) return engine.DeviceLost(0);
+  SALUS_RETURN_IF_ERROR(engine.DeviceLost(*compile_for));
+  const uint64_t reserved = req.model().ByteSizeLong() + o_.limits.max_constant_bytes;
+  {
+    MutexLock lock(&mu_);
+    const uint64_t held = HostBytesOf(kAll) + compiling_host_bytes_;
+    const uint64_t limit = o_.limits.host_bytes;
+    if (limit != 0 && held + reserved > limit) {
+      return ResourceExhaustedError(fmt::format(
+          "compiling this model may take {} of host memory and the daemon's sessions and "
+          "compilations hold {}: over limits.host_bytes={}",
+          FormatBytes(reserved), FormatBytes(held), FormatBytes(limit)));
+    }
+    const uint64_t quota = o_.quotas.host_bytes;
+    if (quota != 0 && HostBytesOf(owner.id) >= quota) {
+      return QuotaExceeded("host_bytes", quota,
+                           fmt::format("the client's sessions hold {} of host memory",
+                                       FormatBytes(HostBytesOf(owner.id))));
+    }
+    compiling_host_bytes_ += reserved;
+  }
+  StatusOr<std::unique_ptr<SessionRuntime>> runtime = InternalError("not compiled");
+  try {
+    runtime = o_.model_factory(req.model(), *compile_for);
+  } catch (const std::bad_alloc&) {
+    // The budgets above are the mechanism; this is the last line behind them.
+    runtime = ResourceExhaustedError("the host ran out of memory compiling this model");
+  } catch (const std::length_error&) {
+    runtime = ResourceExhaustedError("compiling this model asked for an impossible allocation");
+  }
+  MutexLock lock(&mu_);
+  compiling_host_bytes_ -= reserved;
+  return runtime;
+}
+
+uint64_t SessionManager::HostBytesOf(uint64_t client) const {
+  uint64_t bytes = 0;
+  for (const auto& [id, e] : sessions_) {
+    if (client == kAll || e->client == client) bytes += e->host_bytes;
+  }
+  return bytes;
+}
+
+uint64_t SessionManager::HostBytes() const {
+  MutexLock lock(&mu_);
+  return HostBytesOf(kAll) + compiling_host_bytes_;
 }
 
 void SessionManager::Run(Call call, const ClientRef& owner) {
@@ -411,20 +487,56 @@ StatusOr<HostTensor> SessionManager::ResolveSlice(
 }
 
 StatusOr<uint64_t> SessionManager::RegisterBuffer(const ClientRef& owner,
-                                                  const v1::RegisterBuffer& req) {
+                                                  const v1::RegisterBuffer& req,
+                                                  std::optional<uid_t> caller_uid) {
+  if (!caller_uid) {
+    return FailedPreconditionError(
+        "shared buffers need the daemon's ipc endpoint: over TCP the daemon cannot tell which "
+        "Unix user owns the object (send the feeds in frames, or connect over ipc)");
+  }
   const uint64_t limit = o_.quotas.shared_buffers;
-  auto full = [&]() REQUIRES(mu_) {
+  const uint64_t byte_quota = o_.quotas.shared_buffer_bytes;
+  const uint64_t byte_limit = o_.limits.shared_buffer_bytes;
+  // The client's and the daemon's mapped bytes are checked before anything is opened, and
+  // again once it is (another registration may have come first).
+  auto refuse = [&]() REQUIRES(mu_) -> Status {
     auto c = buffers_.find(owner.id);
-    return limit != 0 && c != buffers_.end() && c->second.size() >= limit;
+    const size_t count = c == buffers_.end() ? 0 : c->second.size();
+    uint64_t mine = 0;
+    if (c != buffers_.end()) {
+      for (const auto& [id, b] : c->second) mine += b->size();
+    }
+    if (limit != 0 && count >= limit) {
+      return QuotaExceeded("shared_buffers", limit, "unregister one first");
+    }
+    if (byte_quota != 0 && (req.bytes() > byte_quota || mine > byte_quota - req.bytes())) {
+      return QuotaExceeded("shared_buffer_bytes", byte_quota,
+                           fmt::format("the client maps {} and asks for {} more",
+                                       FormatBytes(mine), FormatBytes(req.bytes())));
+    }
+    if (byte_limit != 0 && (req.bytes() > byte_limit || mapped_bytes_ > byte_limit - req.bytes())) {
+      return ResourceExhaustedError(fmt::format(
+          "the daemon maps {} of shared buffers; {} more would pass limits.shared_buffer_bytes={}",
+          FormatBytes(mapped_bytes_), FormatBytes(req.bytes()), FormatBytes(byte_limit)));
+    }
+    return OkStatus();
   };
+  if (req.bytes() > o_.limits.max_shared_buffer_bytes) {
+    return ResourceExhaustedError(fmt::format(
+        "shared buffer '{}' of {} bytes is larger than limits.max_shared_buffer_bytes={}",
+        req.shm_name().substr(0, SharedBuffer::kMaxNameLength), req.bytes(),
+        o_.limits.max_shared_buffer_bytes));
+  }
   {
     MutexLock lock(&mu_);
-    if (full()) return QuotaExceeded("shared_buffers", limit, "unregister one first");
+    SALUS_RETURN_IF_ERROR(refuse());
   }
-  SALUS_ASSIGN_OR_RETURN(auto buffer, SharedBuffer::Open(req.shm_name(), req.bytes()));
+  SALUS_ASSIGN_OR_RETURN(auto buffer, SharedBuffer::Open(req.shm_name(), req.bytes(), *caller_uid,
+                                                         o_.limits.max_shared_buffer_bytes));
   MutexLock lock(&mu_);
-  if (full()) return QuotaExceeded("shared_buffers", limit, "unregister one first");
+  SALUS_RETURN_IF_ERROR(refuse());
   const uint64_t id = next_buffer_id_++;
+  mapped_bytes_ += buffer->size();
   buffers_[owner.id].emplace(id, std::move(buffer));
   return id;
 }
@@ -439,6 +551,8 @@ Status SessionManager::UnregisterBuffer(const ClientRef& owner, uint64_t buffer_
   }
   dropped = std::move(c->second[buffer_id]);
   c->second.erase(buffer_id);
+  SALUS_DCHECK(mapped_bytes_ >= dropped->size(), "shared buffer bytes underflow");
+  mapped_bytes_ -= dropped->size();
   return OkStatus();
 }
 
@@ -494,6 +608,10 @@ size_t SessionManager::CloseClient(uint64_t client, std::string_view event) {
     if (auto c = buffers_.find(client); c != buffers_.end()) {
       dropped = std::move(c->second);
       buffers_.erase(c);
+      for (const auto& [id, b] : dropped) {
+        SALUS_DCHECK(mapped_bytes_ >= b->size(), "shared buffer bytes underflow");
+        mapped_bytes_ -= b->size();
+      }
     }
   }
   for (uint64_t id : ids) {

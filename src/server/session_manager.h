@@ -29,6 +29,7 @@
 #include "sched/executor.h"
 #include "server/allocation_registry.h"
 #include "server/client_registry.h"
+#include "server/limits.h"
 #include "server/rpc_frontend.h"
 #include "server/session_runtime.h"
 #include "server/shared_buffer.h"
@@ -52,6 +53,7 @@ class SessionManager {
     // sessions (FAILED_PRECONDITION).
     AllocationRegistry* allocations = nullptr;
     Quotas quotas;
+    Limits limits;
     // Asked after an iteration fails on the engine's device `device`: whether it survived (a
     // GPU fault can corrupt its context). Null: no device can be lost (the CPU).
     std::function<Status(size_t device)> device_health;
@@ -67,10 +69,15 @@ class SessionManager {
   // Closes one of `owner`'s sessions; an administrator (`any_owner`) may close anyone's.
   Status Close(const ClientRef& owner, uint64_t session, bool any_owner = false) EXCLUDES(mu_);
   // Shared buffers (see salus.v1.RegisterBuffer): owned by the client, dropped with it.
-  StatusOr<uint64_t> RegisterBuffer(const ClientRef& owner, const v1::RegisterBuffer& req)
-      EXCLUDES(mu_);
+  // `caller_uid` is the Unix user of the connection that asks, where the transport knows it
+  // (ipc); a buffer is mapped only when it is that user's own (Note [Whose buffer]).
+  StatusOr<uint64_t> RegisterBuffer(const ClientRef& owner, const v1::RegisterBuffer& req,
+                                    std::optional<uid_t> caller_uid) EXCLUDES(mu_);
   Status UnregisterBuffer(const ClientRef& owner, uint64_t buffer_id) EXCLUDES(mu_);
   size_t BufferCount() const EXCLUDES(mu_);
+  // Host memory the sessions hold outside the arena (SessionRuntime::host_bytes), with the
+  // compilations in progress.
+  uint64_t HostBytes() const EXCLUDES(mu_);
   // Closes the sessions and drops the buffers of a client the registry forgot; returns how
   // many sessions closed. `event` is what each closed session logs.
   size_t CloseClient(uint64_t client, std::string_view event = "lease_expired") EXCLUDES(mu_);
@@ -98,6 +105,7 @@ class SessionManager {
     int32_t priority = 0;
     v1::LatencyClass latency_class = v1::LATENCY_BATCH;
     int64_t iterations_declared = 0;
+    uint64_t host_bytes = 0;  // runtime->host_bytes(), counted against the host_bytes limits
     std::unique_ptr<SessionRuntime> runtime;
     // An iteration that failed after its reply (RunIteration.reply_when_fetched): the
     // session's next request fails with it, once.
@@ -115,6 +123,14 @@ class SessionManager {
   Status Remove(uint64_t id) EXCLUDES(mu_);
   // A fresh random session id.
   uint64_t NewSessionId() REQUIRES(mu_);
+  // Host bytes of `client`'s sessions (every session's with kAll).
+  uint64_t HostBytesOf(uint64_t client) const REQUIRES(mu_);
+  static constexpr uint64_t kAll = 0;
+  // The runtime of a CreateSession, compiled with `reserved` host bytes counted meanwhile.
+  StatusOr<std::unique_ptr<SessionRuntime>> BuildRuntime(const ClientRef& owner,
+                                                         const v1::CreateSession& req,
+                                                         std::optional<size_t> pinned)
+      EXCLUDES(mu_);
   // Gives back what session `entry` charged to its allocation, if anything.
   void ReleaseCharge(const Entry& entry);
 
@@ -122,6 +138,8 @@ class SessionManager {
   mutable Mutex mu_;
   std::map<uint64_t, std::shared_ptr<Entry>> sessions_ GUARDED_BY(mu_);
   uint64_t next_buffer_id_ GUARDED_BY(mu_) = 1;
+  uint64_t compiling_host_bytes_ GUARDED_BY(mu_) = 0;  // reserved by compilations under way
+  uint64_t mapped_bytes_ GUARDED_BY(mu_) = 0;          // all shared buffers' bytes
   // A feed in a shared buffer: checked against the buffer, which joins `buffers` (distinct).
   StatusOr<HostTensor> ResolveSlice(uint64_t client, const v1::TensorSpec& spec,
                                     std::vector<std::shared_ptr<SharedBuffer>>* buffers)

@@ -28,6 +28,9 @@ namespace {
 // behaviour.
 constexpr size_t kMaxScoped = SharedReadScope::kMaxBuffers;
 
+// Where POSIX shared-memory objects live (shm_open's folder on Linux).
+constexpr char kShmDir[] = "/dev/shm";
+
 struct ScopedRange {
   const std::byte* begin;
   const std::byte* end;
@@ -84,8 +87,19 @@ bool ValidName(const std::string& name) {
 
 }  // namespace
 
+// Note [Whose buffer]
+// The daemon maps a shared buffer with its own privileges, which may be greater than the
+// client's (root, or the daemon's own user). So it maps only what the client could have made
+// itself: a regular file in /dev/shm (not a FIFO, whose open would block the daemon until a
+// writer came, nor a device), reached without following a symbolic link, and owned by the
+// client's own Unix user, which the kernel told the daemon for the client's ipc connection
+// (SO_PEERCRED; Note [Principals] in rpc_frontend.cc). A root-only object, or another user's
+// staging buffer caught between its creation and its unlink, is therefore refused, and so is
+// any buffer from a client whose Unix user the daemon cannot know (loopback TCP, CURVE). The
+// open is non-blocking and its size is capped before anything is mapped.
 StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Open(const std::string& shm_name,
-                                                           uint64_t bytes) {
+                                                           uint64_t bytes, uid_t caller_uid,
+                                                           uint64_t max_bytes) {
   if (!ValidName(shm_name)) {
     return InvalidArgumentError(fmt::format(
         "shared buffer name '{}' is not of the form /salus-<letters, digits, '.', '_', '-'> "
@@ -93,17 +107,41 @@ StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Open(const std::string& sh
         shm_name.substr(0, kMaxNameLength), kMaxNameLength));
   }
   if (bytes == 0) return InvalidArgumentError(fmt::format("shared buffer '{}': 0 bytes", shm_name));
-  const int fd = shm_open(shm_name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (bytes > max_bytes) {
+    return ResourceExhaustedError(
+        fmt::format("shared buffer '{}' of {} bytes is larger than limits.max_shared_buffer_bytes={}",
+                    shm_name, bytes, max_bytes));
+  }
+  const std::string path = std::string(kShmDir) + shm_name;
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
     const std::string why = fmt::format("cannot open shared buffer '{}' on the server's host: {}",
                                         shm_name, std::strerror(err));
     if (err == ENOENT) return NotFoundError(why);
     if (err == EACCES) return PermissionDeniedError(why);
+    if (err == ELOOP) {
+      return InvalidArgumentError(
+          fmt::format("shared buffer '{}' is a symbolic link; it must be the object itself",
+                      shm_name));
+    }
     return InvalidArgumentError(why);
   }
   struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < bytes) {
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return InvalidArgumentError(
+        fmt::format("shared buffer '{}' is not a regular file (a FIFO, device or socket)",
+                    shm_name));
+  }
+  if (st.st_uid != caller_uid) {
+    close(fd);
+    return PermissionDeniedError(fmt::format(
+        "shared buffer '{}' is owned by uid {}, not by the caller (uid {}): a client may map only "
+        "its own objects",
+        shm_name, st.st_uid, caller_uid));
+  }
+  if (static_cast<uint64_t>(st.st_size) < bytes) {
     close(fd);
     return InvalidArgumentError(
         fmt::format("shared buffer '{}' holds {} bytes, not the {} declared", shm_name,

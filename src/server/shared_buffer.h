@@ -9,6 +9,8 @@
 // session is touched (Note [Truncated shared buffers] in shared_buffer.cc).
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -25,8 +27,11 @@ class SharedBuffer {
   // Names must look like "/salus-<letters, digits, '.', '_', '-'>".
   static constexpr size_t kMaxNameLength = 200;
 
-  // Opens and maps `shm_name`, which must hold at least `bytes`. Errors name the object.
-  static StatusOr<std::shared_ptr<SharedBuffer>> Open(const std::string& shm_name, uint64_t bytes);
+  // Opens and maps `shm_name`, which must hold at least `bytes` (at most `max_bytes`) and be a
+  // regular file owned by `caller_uid`, the Unix user of the client that asks (Note [Whose
+  // buffer] in shared_buffer.cc); never blocks. Errors name the object.
+  static StatusOr<std::shared_ptr<SharedBuffer>> Open(const std::string& shm_name, uint64_t bytes,
+                                                      uid_t caller_uid, uint64_t max_bytes);
   ~SharedBuffer();
   SharedBuffer(const SharedBuffer&) = delete;
   SharedBuffer& operator=(const SharedBuffer&) = delete;

@@ -27,6 +27,19 @@ TEST(LoggingTest, EventIsOneParseableLine) {
   EXPECT_EQ(parsed["note"], "two\nlines");
 }
 
+// A client's long string (a name of megabytes) costs the log a bounded line.
+TEST(LoggingTest, LongStringsAreCut) {
+  nlohmann::json fields = {{"name", std::string(1 << 20, '\0')},
+                           {"nested", {{"path", std::string(1000, 'a')}}},
+                           {"short", "kept"}};
+  const std::string line = logging::FormatEvent("session_created", fields);
+  EXPECT_LT(line.size(), 4 * 1024u);
+  auto parsed = nlohmann::json::parse(line.substr(std::string("event: session_created ").size()));
+  EXPECT_EQ(parsed["short"], "kept");
+  EXPECT_NE(parsed["nested"]["path"].get<std::string>().find("(744 more bytes)"),
+            std::string::npos);
+}
+
 TEST(LoggingTest, EventsReachSinksAndLevelsFilter) {
   std::ostringstream out;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);

@@ -190,6 +190,37 @@ TEST(AtenImporter, RefusesMalformedGraphs) {
   }
 }
 
+// Note [Compile budgets]: a constant's data is checked against its declaration before anything
+// is allocated, and fills are reserved against max_constant_bytes first.
+TEST(AtenImporter, DeclarationsAllocateNothingPastTheBudget) {
+  for (int64_t elements : {int64_t{1} << 40, int64_t{1} << 28}) {
+    AtenGraphBuilder b;
+    const int c = b.Value("c", {elements});
+    b.graph().mutable_values(c)->set_constant(true);  // and no data
+    b.graph().add_outputs(c);
+    auto exe = Executable::CompileAten(b.Bytes(), CompileOptions{});
+    ASSERT_FALSE(exe.ok());
+    EXPECT_EQ(exe.status().code(), StatusCode::kInvalidArgument) << exe.status();
+  }
+  AtenGraphBuilder b;
+  const int y = b.Value("y", {1 << 22});  // 16 MiB of floats
+  v1::AtenNode* full = b.Node("aten.full.default", {y});
+  AtenGraphBuilder::Ints(full, "size", {1 << 22});
+  AtenGraphBuilder::Number(full, "fill_value", 1.5);
+  b.graph().add_outputs(y);
+  CompileOptions o;
+  o.limits.max_constant_bytes = (1 << 22) * 4 - 1;
+  auto over = Executable::CompileAten(b.Bytes(), o);
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted) << over.status();
+  EXPECT_NE(over.status().message().find("max_constant_bytes"), std::string::npos);
+  o.limits.max_constant_bytes = 2 * (1 << 22) * 4;  // the fill, and its copy as the output
+  auto fits = Executable::CompileAten(b.Bytes(), o);
+  EXPECT_TRUE(fits.ok()) << fits.status();
+  o.limits.max_nodes = 0;
+  EXPECT_EQ(Executable::CompileAten(b.Bytes(), o).status().code(),
+            StatusCode::kResourceExhausted);
+}
+
 // select_scatter (an assignment into a column) lowers as a slice of width 1; an index outside
 // the dim is refused naming it.
 // A graph of one `op` writing input `src` into input `x`, its output of x's shape the graph's;

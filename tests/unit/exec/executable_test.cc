@@ -1,6 +1,8 @@
 // Compilation, memory planning and relocation of executables, and bad input.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -75,6 +77,50 @@ TEST(MemoryPlannerTest, LiveBuffersNeverOverlapAndPeakIsTight) {
     }
     EXPECT_GE(plan.peak, lower);
     EXPECT_LE(plan.peak, total);
+  }
+}
+
+// Note [Planning in n log n]: the indexed search for live neighbours places every buffer
+// exactly where a scan of all placed buffers would (the greedy rule of memory_planner.h).
+TEST(MemoryPlannerTest, PlacesAsTheScanOfEveryPlacedBufferWould) {
+  auto by_scan = [](const std::vector<PlannedBuffer>& bufs) {
+    std::vector<size_t> order(bufs.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return bufs[a].size > bufs[b].size; });
+    std::vector<uint64_t> offsets(bufs.size(), 0);
+    std::vector<size_t> placed;
+    for (size_t i : order) {
+      const uint64_t size = Aligned(bufs[i].size);
+      if (size == 0) continue;
+      std::vector<std::pair<uint64_t, uint64_t>> busy;
+      for (size_t j : placed) {
+        if (bufs[j].first <= bufs[i].last && bufs[i].first <= bufs[j].last) {
+          busy.emplace_back(offsets[j], offsets[j] + Aligned(bufs[j].size));
+        }
+      }
+      std::sort(busy.begin(), busy.end());
+      uint64_t offset = 0;
+      for (const auto& [start, end] : busy) {
+        if (start >= offset + size) break;
+        offset = std::max(offset, end);
+      }
+      offsets[i] = offset;
+      placed.push_back(i);
+    }
+    return offsets;
+  };
+  std::mt19937 rng(11);
+  for (int round = 0; round < 200; ++round) {
+    const int steps = 1 + static_cast<int>(rng() % 300);
+    const int count = static_cast<int>(rng() % 400);
+    std::vector<PlannedBuffer> bufs;
+    for (int i = 0; i < count; ++i) {
+      const int a = static_cast<int>(rng() % steps) - 1, b = static_cast<int>(rng() % steps);
+      // Sizes repeat (ties keep their order) and are sometimes 0 (not placed).
+      bufs.push_back({(rng() % 8) * 64 * (1 + rng() % 3), std::min(a, b), std::max(a, b)});
+    }
+    EXPECT_EQ(MemoryPlanner::Plan(bufs).offsets, by_scan(bufs)) << "round " << round;
   }
 }
 
@@ -219,15 +265,67 @@ TEST(ExecutableTest, FoldedBytesAreBounded) {
   }
   mb.Output("c7", {64, 64});
   CompileOptions o;
-  o.max_folded_bytes = 8 * 16384;
+  // The two initializers (512 bytes) count too: every constant the compilation holds does.
+  o.limits.max_constant_bytes = 512 + 8 * 16384;
   auto fits = Executable::Compile(mb.Bytes(), o);
   ASSERT_TRUE(fits.ok()) << fits.status();
   EXPECT_EQ((*fits)->num_steps(), 0u);
-  o.max_folded_bytes = 8 * 16384 - 1;
+  o.limits.max_constant_bytes = 512 + 8 * 16384 - 1;
   auto over = Executable::Compile(mb.Bytes(), o);
   EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(over.status().message().find("Add_8"), std::string::npos) << over.status();
-  EXPECT_NE(over.status().message().find("131071"), std::string::npos) << over.status();
+  EXPECT_NE(over.status().message().find("max_constant_bytes=131583"), std::string::npos) << over.status();
+}
+
+// Note [Compile budgets]: a model with more nodes than max_nodes is refused before any is
+// imported; a compilation past its deadline ends DeadlineExceeded.
+TEST(ExecutableTest, NodeCountAndDeadlineAreBounded) {
+  ModelBuilder mb;
+  mb.Input("x", {4});
+  std::string last = "x";
+  for (int i = 0; i < 600; ++i) {
+    const std::string next = "r" + std::to_string(i);
+    mb.Node("Relu", {last}, {next});
+    last = next;
+  }
+  mb.Output(last, {4});
+  CompileOptions o;
+  o.limits.max_nodes = 599;
+  auto over = Executable::Compile(mb.Bytes(), o);
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("limits.max_nodes"), std::string::npos) << over.status();
+  o.limits.max_nodes = 600;
+  EXPECT_TRUE(Executable::Compile(mb.Bytes(), o).ok());
+  o.limits.deadline = std::chrono::steady_clock::now() - std::chrono::seconds(1);  // passed
+  auto late = Executable::Compile(mb.Bytes(), o);
+  EXPECT_EQ(late.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(late.status().message().find("limits.compile_seconds"), std::string::npos)
+      << late.status();
+}
+
+// Note [No external data]: a tensor whose data lives in a file is refused before anything
+// looks for the file, with the same answer whether the path exists or not.
+TEST(ExecutableTest, ExternalDataIsRefusedWithoutTouchingTheFileSystem) {
+  auto model_with = [](const std::string& path) {
+    ModelBuilder mb;
+    mb.Input("x", {4}).Initializer("w", {4}, {1, 2, 3, 4});
+    mb.Node("Add", {"x", "w"}, {"y"});
+    mb.Output("y", {4});
+    onnx::TensorProto* w = mb.proto().mutable_graph()->mutable_initializer(0);
+    w->clear_float_data();
+    w->set_data_location(onnx::TensorProto::EXTERNAL);
+    auto* entry = w->add_external_data();
+    entry->set_key("location");
+    entry->set_value(path);
+    return mb.Bytes();
+  };
+  auto exists = Executable::Compile(model_with("/etc/passwd"), CompileOptions{});
+  auto missing = Executable::Compile(model_with("/nonexistent/weights.bin"), CompileOptions{});
+  auto relative = Executable::Compile(model_with("../../etc/passwd"), CompileOptions{});
+  EXPECT_EQ(exists.status().code(), StatusCode::kInvalidArgument) << exists.status();
+  EXPECT_EQ(exists.status(), missing.status());
+  EXPECT_EQ(exists.status(), relative.status());
+  EXPECT_NE(exists.status().message().find("external data"), std::string::npos);
 }
 
 // Ops whose work grows with an inner dimension are not folded even on constants: they run

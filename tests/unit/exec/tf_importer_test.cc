@@ -975,6 +975,22 @@ TEST(TfImporterTest, Refusals) {
 }
 
 // Every op of the Keras 3 MLP and CNN training steps is mapped.
+// Note [Compile budgets]: a Const of one value repeated over a large shape is reserved against
+// max_constant_bytes before it is allocated.
+TEST(TfImporterTest, RepeatedConstantsCountAgainstTheBudget) {
+  TfGraph g;
+  g.ConstF("c", {1 << 22}, {2.5f});  // 16 MiB from one value
+  g.Node("y", "Identity", {"c"});
+  CompileOptions o;
+  o.fetches = {"y:0"};
+  o.limits.max_constant_bytes = (1 << 22) * 4 - 1;
+  auto over = Executable::CompileTf(g.Bytes(), o);
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted) << over.status();
+  EXPECT_NE(over.status().message().find("max_constant_bytes"), std::string::npos);
+  o.limits.max_nodes = 1;
+  EXPECT_EQ(Executable::CompileTf(g.Bytes(), o).status().code(), StatusCode::kResourceExhausted);
+}
+
 TEST(TfImporterTest, SupportsKerasTrainingStepOps) {
   const std::vector<std::string> ops = TfImporter::SupportedOps();
   for (const char* op : {"AddV2",

@@ -71,6 +71,24 @@ TEST(ClientRegistryTest, LeaseRunsOutOnlyWhenSilentWithNothingInFlight) {
   EXPECT_EQ(reg.Count(), 0u);
 }
 
+// Note [Leases and stalls]: silence is measured up to the last time every request had been
+// read, so a stall of the daemon longer than the lease expires no one before the requests
+// queued meanwhile are read.
+TEST(ClientRegistryTest, AStallOfTheDaemonIsNotTheClientsSilence) {
+  ManualClock clock;
+  ClientRegistry reg(&clock, kLease, Quotas{});
+  std::string token;
+  ASSERT_TRUE(reg.Hello("uid:1", &token).ok());
+  const Nanos stalled_at = clock.Now();
+  clock.Advance(kLease * 3);  // nothing read meanwhile
+  EXPECT_TRUE(reg.Expire(stalled_at).empty());
+  // The queued heartbeat is read: the client is renewed from now.
+  ASSERT_TRUE(reg.Resolve(token, "uid:1").ok());
+  EXPECT_TRUE(reg.Expire(clock.Now()).empty());
+  clock.Advance(kLease + 1s);
+  EXPECT_EQ(reg.Expire(clock.Now()).size(), 1u) << "silent for a lease of read time";
+}
+
 TEST(ClientRegistryTest, ResolvingRenewsTheLease) {
   ManualClock clock;
   ClientRegistry reg(&clock, kLease, Quotas{});

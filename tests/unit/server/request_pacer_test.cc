@@ -12,10 +12,11 @@ TEST(RequestPacerTest, BurstThenRatePerKeyInOrder) {
   ManualClock clock;
   RequestPacer pacer(&clock, 10);
   std::vector<int> ran;
-  for (int i = 0; i < 15; ++i) pacer.Offer("a", [&ran, i] { ran.push_back(i); });
+  for (int i = 0; i < 15; ++i) EXPECT_TRUE(pacer.Offer("a", [&ran, i] { ran.push_back(i); }));
   EXPECT_EQ(ran.size(), 10u) << "a second's worth runs at once";
   EXPECT_EQ(pacer.held(), 5u);
-  pacer.Offer("b", [&ran] { ran.push_back(100); });  // another key is not held back by a
+  // another key is not held back by a
+  EXPECT_TRUE(pacer.Offer("b", [&ran] { ran.push_back(100); }));
   EXPECT_EQ(ran.back(), 100);
   EXPECT_EQ(pacer.Release(), 0u) << "no time passed, no tokens";
   clock.Advance(300ms);
@@ -31,9 +32,9 @@ TEST(RequestPacerTest, WorkArrivingBehindHeldWorkWaitsItsTurn) {
   ManualClock clock;
   RequestPacer pacer(&clock, 2);
   std::vector<int> ran;
-  for (int i = 0; i < 3; ++i) pacer.Offer("a", [&ran, i] { ran.push_back(i); });
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(pacer.Offer("a", [&ran, i] { ran.push_back(i); }));
   clock.Advance(500ms);  // one token back, but request 2 is first in line
-  pacer.Offer("a", [&ran] { ran.push_back(3); });
+  EXPECT_TRUE(pacer.Offer("a", [&ran] { ran.push_back(3); }));
   EXPECT_EQ(ran, (std::vector<int>{0, 1}));
   EXPECT_EQ(pacer.Release(), 1u);
   EXPECT_EQ(ran, (std::vector<int>{0, 1, 2}));
@@ -45,8 +46,29 @@ TEST(RequestPacerTest, ZeroRateNeverHolds) {
   ManualClock clock;
   RequestPacer pacer(&clock, 0);
   int ran = 0;
-  for (int i = 0; i < 10000; ++i) pacer.Offer("a", [&ran] { ++ran; });
+  for (int i = 0; i < 10000; ++i) EXPECT_TRUE(pacer.Offer("a", [&ran] { ++ran; }));
   EXPECT_EQ(ran, 10000);
+  EXPECT_EQ(pacer.held(), 0u);
+}
+
+// A key holds at most max_held back, all keys at most max_held_total: past them Offer refuses,
+// and neither runs nor keeps the work.
+TEST(RequestPacerTest, HeldRequestsAreBounded) {
+  ManualClock clock;
+  RequestPacer pacer(&clock, 2, /*max_held=*/3, /*max_held_total=*/5);
+  int ran = 0;
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(pacer.Offer("a", [&ran] { ++ran; }));  // 2 run, 3 held
+  EXPECT_FALSE(pacer.Offer("a", [&ran] { ++ran; }));
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(pacer.Offer("b", [&ran] { ++ran; }));  // 2 run, 2 held
+  EXPECT_FALSE(pacer.Offer("b", [&ran] { ++ran; })) << "b holds 2 of its 3, all keys 5";
+  EXPECT_TRUE(pacer.Offer("c", [&ran] { ++ran; })) << "c has tokens: it runs, holding nothing";
+  EXPECT_EQ(pacer.held(), 5u);
+  EXPECT_EQ(ran, 5);
+  clock.Advance(1s);
+  EXPECT_EQ(pacer.Release(), 4u);  // two tokens each
+  EXPECT_TRUE(pacer.Offer("a", [&ran] { ++ran; }));  // behind a's last held one
+  pacer.Flush();
+  EXPECT_EQ(ran, 11);
   EXPECT_EQ(pacer.held(), 0u);
 }
 

@@ -264,5 +264,71 @@ TEST(RpcFrontendTest, EndpointThatCannotBeBoundIsNamed) {
   EXPECT_NE(fe.status().message().find("tcp://256.0.0.1:1"), std::string::npos);
 }
 
+// Note [Replies a peer does not read]: a client that pipelines more requests than ZeroMQ's
+// queues hold before reading any reply gets every reply once it reads; past the backlog, it
+// gets the replies that were kept and one notice of how many were dropped.
+void PipelineThenRead(uint64_t backlog, int requests, int* replies, int* notices) {
+  auto fe = RpcFrontend::Create({Listener{IpcEndpoint("hwm" + std::to_string(backlog)), false}},
+                                CurveServer{}, [](Call c) { Answerers::Answer(c); }, backlog);
+  ASSERT_TRUE(fe.ok()) << fe.status();
+  (*fe)->Start();
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvhwm, 10);  // the client's own queue holds little
+  s.connect((*fe)->endpoints()[0]);
+  for (int i = 1; i <= requests; ++i) {
+    v1::Request req;
+    req.set_request_id(static_cast<uint64_t>(i));
+    req.mutable_heartbeat();
+    // A frame of 16 KiB that comes back in the reply: more than the sockets' buffers hold.
+    std::vector<zmq::message_t> msg;
+    msg.emplace_back(req.SerializeAsString());
+    msg.emplace_back(std::string(16 * 1024, 'x'));
+    zmq::send_multipart(s, msg);
+  }
+  // Read nothing until every request was answered (kept or dropped).
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while ((*fe)->requests_received() < static_cast<uint64_t>(requests) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ((*fe)->requests_received(), static_cast<uint64_t>(requests));
+  std::set<uint64_t> seen;
+  while (true) {
+    zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, 2s) == 0) break;
+    std::vector<zmq::message_t> parts;
+    ASSERT_TRUE(zmq::recv_multipart(s, std::back_inserter(parts)));
+    v1::Reply reply;
+    ASSERT_TRUE(reply.ParseFromArray(parts[0].data(), static_cast<int>(parts[0].size())));
+    if (reply.request_id() == 0) {
+      EXPECT_EQ(reply.status().code(), static_cast<int>(StatusCode::kResourceExhausted));
+      EXPECT_NE(reply.status().message().find("limits.reply_backlog"), std::string::npos);
+      ++*notices;
+      continue;
+    }
+    EXPECT_TRUE(seen.insert(reply.request_id()).second) << "twice: " << reply.request_id();
+  }
+  *replies = static_cast<int>(seen.size());
+  EXPECT_EQ(static_cast<uint64_t>(*replies) + (*fe)->dropped_replies(),
+            static_cast<uint64_t>(requests));
+  (*fe)->Stop();
+}
+
+TEST(RpcFrontendTest, RepliesAPeerDoesNotReadAreKeptUntilItDoes) {
+  int replies = 0, notices = 0;
+  PipelineThenRead(kDefaultReplyBacklog, 3000, &replies, &notices);
+  EXPECT_EQ(replies, 3000);
+  EXPECT_EQ(notices, 0);
+}
+
+TEST(RpcFrontendTest, PastTheBacklogRepliesAreDroppedAndThePeerIsTold) {
+  int replies = 0, notices = 0;
+  PipelineThenRead(5, 3000, &replies, &notices);
+  EXPECT_LT(replies, 3000);
+  EXPECT_EQ(notices, 1);
+}
+
 }  // namespace
 }  // namespace salus::server

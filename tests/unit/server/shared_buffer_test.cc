@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -13,6 +14,8 @@
 
 namespace salus::server {
 namespace {
+
+constexpr uint64_t kMaxBytes = uint64_t{1} << 30;
 
 // A shared-memory object this test owns, unlinked when done.
 class Object {
@@ -40,7 +43,7 @@ class Object {
 
 TEST(SharedBufferTest, OpensAndMapsAnObject) {
   Object obj(8192, 7);
-  auto b = SharedBuffer::Open(obj.name(), 8192);
+  auto b = SharedBuffer::Open(obj.name(), 8192, getuid(), kMaxBytes);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ((*b)->size(), 8192u);
   EXPECT_EQ(static_cast<int>((*b)->data()[8191]), 7);
@@ -65,17 +68,43 @@ TEST(SharedBufferTest, RefusesBadNamesMissingObjectsAndShortObjects) {
       {obj.name(), 8192, StatusCode::kInvalidArgument},
   };
   for (const Case& c : cases) {
-    auto b = SharedBuffer::Open(c.name, c.bytes);
+    auto b = SharedBuffer::Open(c.name, c.bytes, getuid(), kMaxBytes);
     ASSERT_FALSE(b.ok()) << c.name;
     EXPECT_EQ(b.status().code(), c.code) << c.name << ": " << b.status();
     EXPECT_FALSE(b.status().message().empty());
   }
 }
 
+// Note [Whose buffer]: only a regular file of the caller's own user, reached without a
+// symbolic link, within the size limit; a FIFO is refused without blocking.
+TEST(SharedBufferTest, MapsOnlyTheCallersOwnRegularObjects) {
+  Object obj(8192);
+  auto other_user = SharedBuffer::Open(obj.name(), 8192, getuid() + 1, kMaxBytes);
+  EXPECT_EQ(other_user.status().code(), StatusCode::kPermissionDenied) << other_user.status();
+  EXPECT_NE(other_user.status().message().find("owned by"), std::string::npos);
+  auto too_large = SharedBuffer::Open(obj.name(), 8192, getuid(), 4096);
+  EXPECT_EQ(too_large.status().code(), StatusCode::kResourceExhausted) << too_large.status();
+  EXPECT_NE(too_large.status().message().find("limits.max_shared_buffer_bytes"),
+            std::string::npos);
+
+  const std::string fifo = "/salus-fifo-" + std::to_string(getpid());
+  ASSERT_EQ(mkfifo(("/dev/shm" + fifo).c_str(), 0600), 0);
+  auto f = SharedBuffer::Open(fifo, 4096, getuid(), kMaxBytes);  // must not block
+  unlink(("/dev/shm" + fifo).c_str());
+  EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument) << f.status();
+  EXPECT_NE(f.status().message().find("regular file"), std::string::npos);
+
+  const std::string link = "/salus-link-" + std::to_string(getpid());
+  ASSERT_EQ(symlink(("/dev/shm" + obj.name()).c_str(), ("/dev/shm" + link).c_str()), 0);
+  auto l = SharedBuffer::Open(link, 4096, getuid(), kMaxBytes);
+  unlink(("/dev/shm" + link).c_str());
+  EXPECT_EQ(l.status().code(), StatusCode::kInvalidArgument) << l.status();
+}
+
 TEST(SharedBufferTest, TruncationDuringAGuardedReadYieldsZerosAndMarksTheBuffer) {
   constexpr size_t kBytes = 16 * 4096;
   Object obj(kBytes, 1);
-  auto b = SharedBuffer::Open(obj.name(), kBytes);
+  auto b = SharedBuffer::Open(obj.name(), kBytes, getuid(), kMaxBytes);
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_EQ(ftruncate(obj.fd(), 4096), 0);  // the owner shrinks it behind the daemon's back
   EXPECT_FALSE((*b)->CheckIntact().ok());
@@ -99,7 +128,7 @@ TEST(SharedBufferDeathTest, AFaultOutsideAGuardedReadStillKillsTheProcess) {
   EXPECT_DEATH(
       {
         Object obj(2 * 4096, 1);
-        auto b = SharedBuffer::Open(obj.name(), 2 * 4096);
+        auto b = SharedBuffer::Open(obj.name(), 2 * 4096, getuid(), kMaxBytes);
         if (!b.ok()) std::abort();
         shm_unlink(obj.name().c_str());  // this process dies below: leave nothing behind
         if (ftruncate(obj.fd(), 0) != 0) std::abort();
