@@ -24,6 +24,16 @@ namespace v1 = ::salus::v1;
 // The opset the lowered nodes follow: reductions take their axes as inputs, Gelu exists.
 constexpr int kAtenOpset = 21;
 
+// A graph's number as an int64 element, saturated at the type's range and NaN as 0: a float
+// that does not fit comes only from a malformed graph (PyTorch promotes such arithmetic to a
+// float type), and converting it must not be undefined behaviour.
+int64_t SaturatedInt64(double v) {
+  if (std::isnan(v)) return 0;
+  if (v >= 9223372036854775808.0) return std::numeric_limits<int64_t>::max();
+  if (v < -9223372036854775808.0) return std::numeric_limits<int64_t>::min();
+  return static_cast<int64_t>(v);
+}
+
 class Lowerer;
 using Lowering = Status (Lowerer::*)();
 
@@ -257,7 +267,7 @@ class Lowerer {
     if (type == DataType::kFloat32) {
       std::fill_n(t.floats(), n, static_cast<float>(value));
     } else if (type == DataType::kInt64) {
-      std::fill_n(reinterpret_cast<int64_t*>(t.bytes.data()), n, static_cast<int64_t>(value));
+      std::fill_n(reinterpret_cast<int64_t*>(t.bytes.data()), n, SaturatedInt64(value));
     } else {
       std::fill(t.bytes.begin(), t.bytes.end(), std::byte(value != 0 ? 1 : 0));
     }
@@ -1318,7 +1328,7 @@ Status Lowerer::Arange() {
     if (type == DataType::kFloat32) {
       t.floats()[i] = static_cast<float>(v);
     } else if (type == DataType::kInt64) {
-      reinterpret_cast<int64_t*>(t.bytes.data())[i] = static_cast<int64_t>(v);
+      reinterpret_cast<int64_t*>(t.bytes.data())[i] = SaturatedInt64(v);
     } else {
       return Refuse("a bool arange");
     }
@@ -2195,8 +2205,8 @@ HostTensor NearestMatrix(int64_t in, int64_t out, std::optional<double> scale, b
   const float s = scale && *scale > 0 ? static_cast<float>(1.0 / *scale)
                                       : static_cast<float>(in) / static_cast<float>(out);
   for (int64_t d = 0; d < out; ++d) {
-    const int64_t i =
-        std::min<int64_t>(static_cast<int64_t>(std::floor(static_cast<float>(d) * s)), in - 1);
+    const int64_t i = std::clamp<int64_t>(
+        SaturatedInt64(std::floor(static_cast<float>(d) * s)), int64_t{0}, in - 1);
     (transposed ? m[i * out + d] : m[d * in + i]) = 1.f;
   }
   return HostTensor::FromFloats(transposed ? Shape{in, out} : Shape{out, in}, m);

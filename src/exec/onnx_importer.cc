@@ -71,8 +71,19 @@ StatusOr<Attribute> AttributeFromProto(const onnx::AttributeProto& a) {
   return out;
 }
 
-// The value of a Constant node.
+// The value of a Constant node. Each value attribute must be of its own kind: a "value" that
+// is a string holds no tensor, and an empty tensor of rank 0 would be read as one element.
 StatusOr<HostTensor> ConstantValue(const Node& n) {
+  static const std::pair<const char*, Attribute::Kind> kKinds[] = {
+      {"value", Attribute::Kind::kTensor},       {"value_float", Attribute::Kind::kFloat},
+      {"value_floats", Attribute::Kind::kFloats}, {"value_int", Attribute::Kind::kInt},
+      {"value_ints", Attribute::Kind::kInts}};
+  for (const auto& [name, kind] : kKinds) {
+    if (n.Has(name) && n.attrs.at(name).kind != kind) {
+      return InvalidArgumentError("node '" + n.name + "': op Constant's attribute '" + name +
+                                  "' is of the wrong kind");
+    }
+  }
   if (n.Has("value")) return n.attrs.at("value").t;
   if (n.Has("value_float")) return HostTensor::FromFloats({}, {n.GetFloat("value_float", 0)});
   if (n.Has("value_floats")) {
