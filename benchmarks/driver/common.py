@@ -9,10 +9,12 @@ import csv
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -122,8 +124,10 @@ class Daemon:
         binary = BIN / "salus-server"
         if not binary.exists():
             raise SystemExit(f"{binary} is missing: run scripts/build first")
-        port = free_port()
-        self.endpoint = f"tcp://127.0.0.1:{port}"
+        # ipc: clients on this host then stage feeds in shared memory, which the daemon maps
+        # only for a client whose Unix user it knows (docs/operations.md, Shared buffers).
+        self._dir = tempfile.mkdtemp(prefix="salus-bench-")
+        self.endpoint = f"ipc://{self._dir}/salus.sock"
         cmd = [str(binary), "--listen", self.endpoint, "--memory", memory, "--policy", policy,
                "--log-level", "info", "--metrics-listen", f"127.0.0.1:{free_port()}",
                "--device", device]
@@ -167,6 +171,7 @@ class Daemon:
         if self._log:
             self._log.close()
             self._log = None
+        shutil.rmtree(self._dir, ignore_errors=True)
         rc = int(self.proc.returncode)
         if rc != 0 and not self._warned:
             self._warned = True

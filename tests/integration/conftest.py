@@ -19,9 +19,16 @@ def daemon_factory() -> Iterator:
         return d
 
     yield make
+    # Every daemon is stopped (killed if it does not drain) even when one of them fails to.
+    failed: BaseException | None = None
     for d in started:
-        if d.proc.poll() is None:
-            d.stop()
+        try:
+            if d.proc.poll() is None:
+                d.stop()
+        except BaseException as e:
+            failed = failed or e
+    if failed is not None:
+        raise failed
 
 
 @pytest.fixture

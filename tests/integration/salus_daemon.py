@@ -33,16 +33,21 @@ class Daemon:
     """A salus-server child process. `endpoint` is its loopback tcp endpoint, where a client
     is an ordinary user; `admin_endpoint` its ipc socket in a private folder, where a client
     of this process's Unix user is an administrator. `config` is written to a file in that
-    folder and passed as --config; `args` are further flags."""
+    folder and passed as --config; `args` are further flags. `world_access` makes that folder
+    0755, so that other Unix users can reach the ipc socket (which the daemon makes 0666), as
+    they reach a system daemon's."""
 
     def __init__(self, *args: str, memory: str = "1GiB", policy: str = "fair",
-                 lease: float = 30.0, config: dict | None = None) -> None:
+                 lease: float = 30.0, config: dict | None = None,
+                 world_access: bool = False) -> None:
         self.port = free_port()
         self.metrics_port = free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.dir = Path(tempfile.mkdtemp(prefix="salus-test-"))
         self.admin_endpoint = f"ipc://{self.dir / 'salus.sock'}"
         self._remove_dir = weakref.finalize(self, shutil.rmtree, self.dir, True)
+        if world_access:
+            os.chmod(self.dir, 0o755)
         cmd = [str(SERVER), "--listen", self.endpoint, "--listen", self.admin_endpoint,
                "--memory", memory, "--policy", policy, "--lease-seconds", str(lease),
                "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *args]
@@ -54,11 +59,14 @@ class Daemon:
         self.ready: dict = {}
         deadline = time.monotonic() + 20
         assert self.proc.stderr is not None
+        early: list[str] = []  # what it said before it was ready, for the error below
         while time.monotonic() < deadline:
             line = self.proc.stderr.readline()
             if not line:
                 self._remove_dir()
-                raise RuntimeError(f"salus-server exited early with {self.proc.wait()}")
+                said = "".join(early[-20:])
+                raise RuntimeError(f"salus-server exited early with {self.proc.wait()}: {said}")
+            early.append(line)
             if "event: ready " in line:
                 self.ready = json.loads(line.split("event: ready ", 1)[1])
                 break

@@ -133,21 +133,24 @@ def folding_model(folds: int) -> bytes:
     return model.SerializeToString()
 
 
-def test_compilation_is_bounded_by_max_folded_bytes(daemon_factory) -> None:
-    d = daemon_factory("--max-folded-bytes", "1MiB")
+def test_compilation_is_bounded_by_max_constant_bytes(daemon_factory) -> None:
+    # The initializers (2 KiB) and sixteen folds of 256 KiB: exactly the limit. The older flag
+    # --max-folded-bytes sets limits.max_constant_bytes.
+    limit = 4 * MiB + 2048
+    d = daemon_factory("--max-folded-bytes", str(limit))
     with salus.connect(d.endpoint) as c:
         mlp = mlp_session(c)
         mlp.run(mlp_feeds())
-        # Four folds make exactly 1 MiB of constants: accepted, and the result is right.
-        ok = c.create_session(model=folding_model(4), mode="infer", inputs={"x": (256, 256)})
+        ok = c.create_session(model=folding_model(16), mode="infer", inputs={"x": (256, 256)})
         x = np.full((256, 256), 0.5, np.float32)
         y = ok.run({"x": x}, fetches=["y"])["y"]
-        np.testing.assert_array_equal(y, np.full((256, 256), 5.5, np.float32))
-        # A fifth is refused, naming the node and the limit.
+        np.testing.assert_array_equal(y, np.full((256, 256), 17.5, np.float32))
+        # A seventeenth is refused, naming the node and the limit.
         with pytest.raises(salus.SalusError) as e:
-            c.create_session(model=folding_model(5), mode="infer", inputs={"x": (256, 256)})
+            c.create_session(model=folding_model(17), mode="infer", inputs={"x": (256, 256)})
         assert e.value.code == "RESOURCE_EXHAUSTED"
-        assert "fold_4" in e.value.message and "1048576" in e.value.message, e.value.message
+        assert "fold_16" in e.value.message and str(limit) in e.value.message, e.value.message
+        assert "max_constant_bytes" in e.value.message
         mlp.run(mlp_feeds(seed=1))
     assert d.stop() == 0
 
@@ -279,7 +282,7 @@ FEED_BYTES = 16 * 784 * 4 + 16 * 8  # one mlp_feeds() batch
 def test_submitted_and_shared_buffer_feeds_train_exactly_like_frames(daemon: Daemon) -> None:
     steps = 6
     batches = [mlp_feeds(seed=i) for i in range(steps)]
-    with salus.connect(daemon.endpoint) as c:
+    with salus.connect(daemon.admin_endpoint) as c:
         framed = mlp_session(c)
         want = [float(framed.run(feeds=b, fetches=["loss"])["loss"]) for b in batches]
         # Submitted ahead, with frames.
@@ -310,13 +313,13 @@ def test_submitted_and_shared_buffer_feeds_train_exactly_like_frames(daemon: Dae
 def test_staged_feeds_train_exactly_like_frames(daemon: Daemon) -> None:
     batch, steps = 64, 8  # 200 KiB of x: over the default staging threshold
     batches = [mlp_feeds(batch, seed=i) for i in range(steps)]
-    with salus.connect(daemon.endpoint, stage_from=None) as framed_client:
+    with salus.connect(daemon.admin_endpoint, stage_from=None) as framed_client:
         assert not framed_client.staging
         framed = mlp_session(framed_client, batch)
         want = [float(framed.run(feeds=b, fetches=["loss"])["loss"]) for b in batches]
         assert framed_client.stats()["shared_buffers"] == 0
     # One call at a time: x is staged, the 512-byte labels travel in a frame.
-    with salus.connect(daemon.endpoint) as c:
+    with salus.connect(daemon.admin_endpoint) as c:
         s = mlp_session(c, batch)
         got = [float(s.run(feeds=b, fetches=["loss"])["loss"]) for b in batches]
         assert got == want
@@ -324,7 +327,7 @@ def test_staged_feeds_train_exactly_like_frames(daemon: Daemon) -> None:
         assert c.stats()["shared_buffers"] == 1
     # Four in flight, two staging buffers: two iterations staged, the others in frames. The
     # batches are rewritten in place after submit, as a loader reusing its arrays would.
-    with salus.connect(daemon.endpoint, max_staging_buffers=2) as c:
+    with salus.connect(daemon.admin_endpoint, max_staging_buffers=2) as c:
         s = mlp_session(c, batch)
         reused = [{k: v.copy() for k, v in mlp_feeds(batch).items()} for _ in range(4)]
         got, inflight = [], []
@@ -339,16 +342,16 @@ def test_staged_feeds_train_exactly_like_frames(daemon: Daemon) -> None:
         assert got == want
         assert c.staging_buffers == 2
         assert c.stats()["shared_buffers"] == 2
-    with salus.connect(daemon.endpoint) as c:
+    with salus.connect(daemon.admin_endpoint) as c:
         assert c.stats()["shared_buffers"] == 0  # closing the clients unregistered them
 
 
 def test_staging_refused_by_the_daemon_falls_back_to_frames(daemon: Daemon) -> None:
     batch = 64
     feeds = mlp_feeds(batch)
-    with salus.connect(daemon.endpoint, stage_from=None) as c:
+    with salus.connect(daemon.admin_endpoint, stage_from=None) as c:
         want = float(mlp_session(c, batch).run(feeds=feeds, fetches=["loss"])["loss"])
-    with salus.connect(daemon.endpoint) as c:
+    with salus.connect(daemon.admin_endpoint) as c:
         held = [c.shared_buffer(4096) for _ in range(64)]  # the daemon's limit per client
         with pytest.raises(salus.SalusError) as e:
             c.shared_buffer(4096)
@@ -363,7 +366,8 @@ def test_staging_refused_by_the_daemon_falls_back_to_frames(daemon: Daemon) -> N
 def test_bad_shared_buffer_requests_get_errors_and_harm_no_one(daemon: Daemon) -> None:
     from multiprocessing import shared_memory
 
-    other = raw_hello(daemon.endpoint)  # another client
+    # Shared buffers need the ipc endpoint (the daemon must know the caller's Unix user).
+    other = raw_hello(daemon.admin_endpoint)  # another client
 
     def reg(name: str, nbytes: int) -> bytes:
         return request(register_buffer=pb.RegisterBuffer(shm_name=name, bytes=nbytes),
@@ -371,7 +375,7 @@ def test_bad_shared_buffer_requests_get_errors_and_harm_no_one(daemon: Daemon) -
 
     small = shared_memory.SharedMemory(name=f"salus-test-{os.getpid()}", create=True, size=4096)
     try:
-        with salus.connect(daemon.endpoint) as c:
+        with salus.connect(daemon.admin_endpoint) as c:
             s = mlp_session(c)
             feeds = mlp_feeds()
             before = float(s.run(feeds=feeds, fetches=["loss"])["loss"])
@@ -406,8 +410,15 @@ def test_bad_shared_buffer_requests_get_errors_and_harm_no_one(daemon: Daemon) -
                     client_token=other).SerializeToString(), 5),
                 ("another client's buffer", theirs.SerializeToString(), 5),
             ]
+            # Over loopback TCP the daemon cannot tell who owns the object: refused.
+            tcp_client = raw_hello(daemon.endpoint)
+            over_tcp = request(register_buffer=pb.RegisterBuffer(shm_name="/" + small.name,
+                                                                 bytes=4096),
+                               client_token=tcp_client).SerializeToString()
+            code, message, _ = reply_status(raw_call(daemon.endpoint, [over_tcp]))
+            assert code == 9 and "ipc" in message, message
             for name, env, want in raw_cases:
-                code, message, rid = reply_status(raw_call(daemon.endpoint, [env]))
+                code, message, rid = reply_status(raw_call(daemon.admin_endpoint, [env]))
                 assert code == want, f"{name}: got {code} {message!r}"
                 assert message and rid == 77, name
             own_cases = [
