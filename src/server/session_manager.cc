@@ -416,7 +416,13 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
         ReplyIteration(*state, *out, r, /*early=*/true);
       };
     }
-    Status s = run(d);
+    Status s;
+    try {
+      s = run(d);
+    } catch (const std::bad_alloc&) {
+      // Iterations allocate only what their plans say; this is the last line behind that.
+      s = ResourceExhaustedError("the host ran out of memory during this iteration");
+    }
     if (*replied && !s.ok()) {
       // Kept before the engine completes the iteration, so no later request of the session
       // can start before it is there.
