@@ -483,9 +483,12 @@ void Server::Admit(Call& call) {
   }
   if (cls == RequestClass::kWork) return Dispatch(caller, std::move(call));
   // Everything else is cheap to ask and is paced per client (per principal without one); the
-  // requests held back are bounded (limits.paced_requests), past which they are refused.
-  const std::string key =
-      caller.client ? fmt::format("c{}", caller.client->id) : fmt::format("p{}", caller.principal);
+  // requests held back are bounded (limits.paced_requests), past which they are refused. Without
+  // a client, Hello and Heartbeat are paced apart from the views, so a flood of token-less
+  // views (from one user, or over loopback TCP from any) leaves the principal's Hellos alone.
+  const std::string key = caller.client        ? fmt::format("c{}", caller.client->id)
+                          : cls == RequestClass::kOpen ? fmt::format("o{}", caller.principal)
+                                                       : fmt::format("p{}", caller.principal);
   auto held = std::make_shared<std::pair<Caller, Call>>(std::move(caller), std::move(call));
   const bool taken = pacer_->Offer(key, [this, held] {
     try {
