@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/check.h"
 #include "common/units.h"
 
 namespace salus::server {
@@ -82,16 +83,18 @@ StatusOr<Quotas> Quotas::FromJson(const nlohmann::json& section) {
                       : key == "max_priority"          ? &q.max_priority
                       : key == "shared_buffer_bytes"   ? &q.shared_buffer_bytes
                       : key == "host_bytes"            ? &q.host_bytes
+                      : key == "request_bytes"         ? &q.request_bytes
                                                        : nullptr;
     if (field == nullptr) {
       return InvalidArgumentError(fmt::format(
           "unknown quota \"{}\" (expected sessions, persistent_bytes, requests_in_flight, "
           "shared_buffers, shared_buffer_bytes, clients_per_principal, requests_per_second, "
-          "max_priority, host_bytes)",
+          "max_priority, host_bytes, request_bytes)",
           key));
     }
     const bool bytes_key =
-        key == "persistent_bytes" || key == "host_bytes" || key == "shared_buffer_bytes";
+        key == "persistent_bytes" || key == "host_bytes" || key == "shared_buffer_bytes" ||
+        key == "request_bytes";
     if (value.is_number_unsigned()) {
       *field = value.get<uint64_t>();
     } else if (value.is_string() && bytes_key) {
@@ -154,7 +157,7 @@ StatusOr<ClientRef> ClientRegistry::Resolve(const std::string& token,
       "expired client are closed)");
 }
 
-Status ClientRegistry::BeginRequest(uint64_t client) {
+Status ClientRegistry::BeginRequest(uint64_t client, uint64_t bytes) {
   MutexLock lock(&mu_);
   auto it = clients_.find(client);
   if (it == clients_.end()) return UnauthenticatedError("the client's lease expired");
@@ -163,17 +166,39 @@ Status ClientRegistry::BeginRequest(uint64_t client) {
     return QuotaExceeded("requests_in_flight", quotas_.requests_in_flight,
                          "wait for replies before sending more");
   }
+  if (quotas_.request_bytes != 0 &&
+      (bytes > quotas_.request_bytes || c.in_flight_bytes > quotas_.request_bytes - bytes)) {
+    return QuotaExceeded("request_bytes", quotas_.request_bytes,
+                         fmt::format("this request has {} and the client's unanswered ones {}",
+                                     FormatBytes(bytes), FormatBytes(c.in_flight_bytes)));
+  }
+  if (max_request_bytes_ != 0 &&
+      (bytes > max_request_bytes_ || request_bytes_ > max_request_bytes_ - bytes)) {
+    return ResourceExhaustedError(fmt::format(
+        "this request has {} and all clients' unanswered ones {}: over limits.request_bytes={}",
+        FormatBytes(bytes), FormatBytes(request_bytes_), FormatBytes(max_request_bytes_)));
+  }
   ++c.in_flight;
+  c.in_flight_bytes += bytes;
+  request_bytes_ += bytes;
   return OkStatus();
 }
 
-void ClientRegistry::EndRequest(uint64_t client) {
+void ClientRegistry::EndRequest(uint64_t client, uint64_t bytes) {
   MutexLock lock(&mu_);
+  SALUS_DCHECK(request_bytes_ >= bytes, "request bytes underflow");
+  request_bytes_ -= std::min(bytes, request_bytes_);
   auto it = clients_.find(client);
   if (it == clients_.end()) return;
   Client& c = it->second;
   if (c.in_flight > 0) --c.in_flight;
+  c.in_flight_bytes -= std::min(bytes, c.in_flight_bytes);
   c.last_seen = clock_->Now();
+}
+
+uint64_t ClientRegistry::request_bytes() const {
+  MutexLock lock(&mu_);
+  return request_bytes_;
 }
 
 // Note [Leases and stalls]

@@ -32,6 +32,8 @@ struct Quotas {
   uint64_t sessions = 0;
   uint64_t persistent_bytes = 0;
   uint64_t requests_in_flight = 1024;
+  // Bytes of those requests (envelopes and tensor frames) one client may have unanswered.
+  uint64_t request_bytes = 4 * (uint64_t{1} << 30);
   uint64_t shared_buffers = 64;
   // Bytes of shared buffers one client may have mapped together.
   uint64_t shared_buffer_bytes = 64 * (uint64_t{1} << 30);
@@ -75,8 +77,9 @@ struct ClientRef {
 
 class ClientRegistry {
  public:
-  ClientRegistry(const Clock* clock, Nanos lease, Quotas quotas)
-      : clock_(clock), lease_(lease), quotas_(quotas) {}
+  // `max_request_bytes`: bytes of unanswered requests of all clients together (0: no bound).
+  ClientRegistry(const Clock* clock, Nanos lease, Quotas quotas, uint64_t max_request_bytes = 0)
+      : clock_(clock), lease_(lease), quotas_(quotas), max_request_bytes_(max_request_bytes) {}
 
   // A new client for `principal` (whom the transport authenticated); its token is written to
   // *token. With an `allocation` the client acts for it: its principal, which the
@@ -88,10 +91,13 @@ class ClientRegistry {
   // Anything else (empty, unknown, expired, another principal's) is UNAUTHENTICATED, and says
   // no more than that.
   StatusOr<ClientRef> Resolve(const std::string& token, const std::string& principal) EXCLUDES(mu_);
-  // Counts a request of `client` in flight, or refuses it at the requests_in_flight quota.
-  Status BeginRequest(uint64_t client) EXCLUDES(mu_);
-  // Its reply went out: the client was alive until now.
-  void EndRequest(uint64_t client) EXCLUDES(mu_);
+  // Counts a request of `client` of `bytes` in flight, or refuses it at the requests_in_flight
+  // or request_bytes quota, or past the daemon's bound on all requests' bytes.
+  Status BeginRequest(uint64_t client, uint64_t bytes = 0) EXCLUDES(mu_);
+  // Its reply went out: the client was alive until now. `bytes` as given to BeginRequest.
+  void EndRequest(uint64_t client, uint64_t bytes = 0) EXCLUDES(mu_);
+  // Bytes of all clients' unanswered requests.
+  uint64_t request_bytes() const EXCLUDES(mu_);
   // Forgets the clients silent for longer than the lease with nothing in flight; returns them.
   // Silence is measured up to `read_up_to`, the last time every request that had arrived was
   // read (now when absent): Note [Leases and stalls].
@@ -115,6 +121,7 @@ class ClientRegistry {
     std::string bound_to;  // the transport's principal at Hello: the token works only for it
     Nanos last_seen{0};
     uint64_t in_flight = 0;
+    uint64_t in_flight_bytes = 0;
   };
   // Removes `it`'s token and principal count and the client; returns the next client.
   std::unordered_map<uint64_t, Client>::iterator Erase(
@@ -123,7 +130,9 @@ class ClientRegistry {
   const Clock* clock_;
   const Nanos lease_;
   const Quotas quotas_;
+  const uint64_t max_request_bytes_;
   mutable Mutex mu_;
+  uint64_t request_bytes_ GUARDED_BY(mu_) = 0;  // of all clients' unanswered requests
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
   std::unordered_map<std::string, uint64_t> by_token_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, Client> clients_ GUARDED_BY(mu_);

@@ -15,6 +15,8 @@ uint64_t DefaultHostBytes() {
   return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
 }
 
+uint64_t DefaultRequestBytes() { return DefaultHostBytes() / 2; }
+
 StatusOr<Limits> Limits::FromJson(const nlohmann::json& section) {
   Limits l;
   if (section.is_null()) return l;
@@ -43,6 +45,8 @@ StatusOr<Limits> Limits::FromJson(const nlohmann::json& section) {
                             {"shared_buffer_bytes", &l.shared_buffer_bytes, true},
                             {"paced_requests", &l.paced_requests, false},
                             {"reply_backlog", &l.reply_backlog, false},
+                            {"reply_backlog_bytes", &l.reply_backlog_bytes, true},
+                            {"request_bytes", &l.request_bytes, true},
                             {"host_bytes", &l.host_bytes, true}};
     const Field* f = nullptr;
     for (const Field& candidate : fields) {

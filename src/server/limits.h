@@ -31,8 +31,13 @@ struct Limits {
   uint64_t shared_buffer_bytes = 1024 * kGiB;
   // Requests held back by the pacer per client (per principal for those without a client).
   uint64_t paced_requests = 1000;
-  // Replies held for one connection that does not read them, beyond ZeroMQ's own queue.
+  // Replies held for one connection that does not read them, beyond ZeroMQ's own queue: at
+  // most this many, and at most reply_backlog_bytes of them (four times that for all).
   uint64_t reply_backlog = 10000;
+  uint64_t reply_backlog_bytes = 256 * kMiB;
+  // Bytes of all clients' unanswered requests together (envelopes and tensor frames, queued
+  // iterations and creations included). 0: a quarter of the machine's physical memory.
+  uint64_t request_bytes = 0;
   // Host memory all sessions hold outside the arena together (compiled models' constants and
   // sources), compilations in progress included. 0: half the machine's physical memory.
   uint64_t host_bytes = 0;
@@ -46,5 +51,7 @@ struct Limits {
 
 // Half of the machine's physical memory: host_bytes' default.
 uint64_t DefaultHostBytes();
+// A quarter of it: request_bytes' default.
+uint64_t DefaultRequestBytes();
 
 }  // namespace salus::server

@@ -26,6 +26,13 @@ constexpr int kHandshakeMs = 10000;
 // How long the idle I/O thread sleeps at most, and at most while replies are backlogged.
 constexpr int kIdlePollMs = 100;
 constexpr int kBacklogPollMs = 5;
+// Replies ZeroMQ queues for one peer before a send fails and the reply goes to the peer's
+// backlog, which is bounded in bytes (Note [Replies a peer does not read]).
+constexpr int kRouterSendHwm = 128;
+// Parked requests of one peer handled at a time once its replies are out.
+constexpr size_t kUnparkBatch = 64;
+// What keeping one parked request costs at least, in bytes, against reply_backlog_bytes.
+constexpr uint64_t kParkedMessageCost = 256;
 // ZAP domains, one per kind of listener (Note [Principals]).
 constexpr char kIpcDomain[] = "salus-ipc";
 constexpr char kTcpDomain[] = "salus-tcp";
@@ -103,6 +110,12 @@ Call::Call(Call&& o) noexcept
   o.frontend_ = nullptr;
 }
 
+uint64_t Call::message_bytes() const {
+  uint64_t bytes = envelope_bytes_;
+  for (const zmq::message_t& f : frames_) bytes += f.size();
+  return bytes;
+}
+
 Call::~Call() {
   if (frontend_ != nullptr) {
     ReplyError(InternalError("the server dropped this request without an answer"));
@@ -144,11 +157,13 @@ StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(
 StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(const std::vector<Listener>& listeners,
                                                            const CurveServer& curve,
                                                            Handler handler,
-                                                           uint64_t reply_backlog) {
+                                                           uint64_t reply_backlog,
+                                                           uint64_t reply_backlog_bytes) {
   if (listeners.empty()) return InvalidArgumentError("no endpoint to listen on");
   std::unique_ptr<RpcFrontend> fe(new RpcFrontend(std::move(handler)));
   fe->curve_ = curve;
   fe->reply_backlog_ = reply_backlog;
+  fe->reply_backlog_bytes_ = reply_backlog_bytes;
   fe->caught_up_ns_ = SteadyClock::Get()->Now().count();
   fe->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fe->wake_fd_ < 0) {
@@ -170,6 +185,7 @@ StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(const std::vector<Lis
     s.set(zmq::sockopt::linger, 0);
     // Note [Replies a peer does not read]: a reply that does not fit is kept, not dropped.
     s.set(zmq::sockopt::router_mandatory, 1);
+    s.set(zmq::sockopt::sndhwm, kRouterSendHwm);
     s.set(zmq::sockopt::handshake_ivl, kHandshakeMs);
     try {
       if (l.curve) {
@@ -234,13 +250,27 @@ void RpcFrontend::Wake() {
 // and wait forever for them. With ROUTER_MANDATORY the send fails with EAGAIN instead, and the
 // reply is kept in the peer's backlog, after which every later reply to that peer queues too,
 // in order; the I/O thread sends the backlog on as the peer reads (it looks every few
-// milliseconds while any is kept). A backlog holds at most `reply_backlog` replies (and all of
-// them 64 times that): past it, replies to that peer are dropped and counted, and once its
+// milliseconds while any is kept). ZeroMQ's own queue per peer is kept short (kRouterSendHwm
+// messages, of any size), and a backlog holds at most `reply_backlog` replies and
+// `reply_backlog_bytes` (all backlogs 64 times as many replies and 4 times the bytes): past it, replies to that peer are dropped and counted, and once its
 // backlog has drained the peer is sent one error reply (request id 0, RESOURCE_EXHAUSTED)
 // saying how many were dropped, so a client that reads nothing for long costs the daemon a
-// bounded amount of memory and learns, when it reads again, that it lost replies. A peer that
-// has gone (EHOSTUNREACH) cannot be answered; its replies are dropped.
+// bounded amount of memory and learns, when it reads again, that it lost replies. While a
+// peer has replies waiting, its new requests are parked, not handled (at most
+// `reply_backlog_bytes` of them, counting each as at least kParkedMessageCost, and 4 times
+// that for all peers; past it they are dropped as replies are), and handled in order once its
+// replies are out: a client that sends faster than it reads is
+// slowed to its reading, rather than made to lose replies produced faster than it takes them.
+// A peer that has gone (EHOSTUNREACH) cannot be answered; its replies and parked requests are
+// dropped.
 constexpr uint64_t kBacklogPeersInAll = 64;
+constexpr uint64_t kBacklogBytesPeersInAll = 4;
+
+uint64_t MessageBytes(const std::vector<zmq::message_t>& msg) {
+  uint64_t bytes = 0;
+  for (const zmq::message_t& part : msg) bytes += part.size();
+  return bytes;
+}
 
 void RpcFrontend::SendOrKeep(size_t socket, std::vector<zmq::message_t> msg) {
   zmq::socket_t& router = routers_[socket];
@@ -259,7 +289,10 @@ void RpcFrontend::SendOrKeep(size_t socket, std::vector<zmq::message_t> msg) {
     it = backlogs.try_emplace(route).first;  // its queue is full: keep the reply
   }
   Backlog& b = it->second;
-  if (b.replies.size() >= reply_backlog_ || backlogged_ >= reply_backlog_ * kBacklogPeersInAll) {
+  const uint64_t bytes = MessageBytes(msg);
+  if (b.replies.size() >= reply_backlog_ || backlogged_ >= reply_backlog_ * kBacklogPeersInAll ||
+      b.bytes + bytes > reply_backlog_bytes_ ||
+      backlogged_bytes_ + bytes > reply_backlog_bytes_ * kBacklogBytesPeersInAll) {
     if (b.dropped++ == 0) {
       logging::Event("server", "replies_dropped",
                      {{"backlog", b.replies.size()}, {"limit", reply_backlog_}});
@@ -268,16 +301,40 @@ void RpcFrontend::SendOrKeep(size_t socket, std::vector<zmq::message_t> msg) {
     return;
   }
   b.replies.push_back(std::move(msg));
+  b.bytes += bytes;
   ++backlogged_;
+  backlogged_bytes_ += bytes;
 }
 
-bool RpcFrontend::FlushBacklogs() {
-  MutexLock lock(&sock_mu_);
-  if (backlogged_ == 0) {
-    bool any = false;
-    for (const auto& per_socket : backlogs_) any = any || !per_socket.empty();
-    if (!any) return false;
+bool RpcFrontend::Park(size_t socket, std::vector<zmq::message_t>& msg) {
+  if (msg.empty()) return false;
+  auto it = backlogs_[socket].find(msg.front().to_string());
+  if (it == backlogs_[socket].end()) return false;
+  Backlog& b = it->second;
+  // A parked request costs its bytes, and at least what keeping a message costs.
+  const uint64_t bytes = std::max(MessageBytes(msg), kParkedMessageCost);
+  if (b.parked_bytes + bytes > reply_backlog_bytes_ ||
+      parked_bytes_ + bytes > reply_backlog_bytes_ * kBacklogBytesPeersInAll) {
+    if (b.dropped++ == 0) {
+      logging::Event("server", "replies_dropped",
+                     {{"backlog", b.replies.size()}, {"parked", b.parked.size()},
+                      {"limit", reply_backlog_}});
+    }
+    ++dropped_replies_;  // the request is dropped unanswered: its reply is lost as above
+    return true;
   }
+  b.parked_bytes += bytes;
+  parked_bytes_ += bytes;
+  b.parked.push_back(std::move(msg));
+  return true;
+}
+
+bool RpcFrontend::FlushBacklogs(
+    std::vector<std::pair<size_t, std::vector<zmq::message_t>>>* unparked) {
+  MutexLock lock(&sock_mu_);
+  bool any = false;
+  for (const auto& per_socket : backlogs_) any = any || !per_socket.empty();
+  if (!any) return false;
   for (size_t socket = 0; socket < backlogs_.size(); ++socket) {
     zmq::socket_t& router = routers_[socket];
     for (auto it = backlogs_[socket].begin(); it != backlogs_[socket].end();) {
@@ -289,16 +346,33 @@ bool RpcFrontend::FlushBacklogs() {
         } catch (const zmq::error_t&) {
           gone = true;  // the peer has gone: nothing more can reach it
         }
+        const uint64_t bytes = MessageBytes(b.replies.front());
+        b.bytes -= bytes;
+        backlogged_bytes_ -= bytes;
         b.replies.pop_front();
         --backlogged_;
         if (gone) break;
       }
       if (gone) {
         backlogged_ -= b.replies.size();
+        backlogged_bytes_ -= b.bytes;
+        parked_bytes_ -= b.parked_bytes;
         it = backlogs_[socket].erase(it);
         continue;
       }
       if (!b.replies.empty()) {
+        ++it;
+        continue;
+      }
+      if (!b.parked.empty()) {
+        // Its replies are out: a batch of its parked requests is handled now, in order.
+        for (size_t n = 0; n < kUnparkBatch && !b.parked.empty(); ++n) {
+          const uint64_t bytes = std::max(MessageBytes(b.parked.front()), kParkedMessageCost);
+          b.parked_bytes -= bytes;
+          parked_bytes_ -= bytes;
+          unparked->emplace_back(socket, std::move(b.parked.front()));
+          b.parked.pop_front();
+        }
         ++it;
         continue;
       }
@@ -308,8 +382,9 @@ bool RpcFrontend::FlushBacklogs() {
         notice.set_request_id(0);
         ToProto(ResourceExhaustedError(fmt::format(
                     "{} replies to this connection were dropped: it did not read its replies "
-                    "while more than limits.reply_backlog={} were waiting",
-                    b.dropped, reply_backlog_)),
+                    "while more than limits.reply_backlog={} (or limits.reply_backlog_bytes={}) "
+                    "were waiting",
+                    b.dropped, reply_backlog_, reply_backlog_bytes_)),
                 notice.mutable_status());
         std::vector<zmq::message_t> msg;
         msg.emplace_back(it->first.data(), it->first.size());
@@ -325,8 +400,8 @@ bool RpcFrontend::FlushBacklogs() {
       it = backlogs_[socket].erase(it);
     }
   }
-  return backlogged_ > 0 || std::any_of(backlogs_.begin(), backlogs_.end(),
-                                        [](const auto& m) { return !m.empty(); });
+  return std::any_of(backlogs_.begin(), backlogs_.end(),
+                     [](const auto& m) { return !m.empty(); });
 }
 
 size_t RpcFrontend::backlogged_replies() const {
@@ -356,7 +431,6 @@ void RpcFrontend::Post(size_t socket, const std::string& route,
 }
 
 void RpcFrontend::OnRequest(size_t socket, std::vector<zmq::message_t>& msg) {
-  ++received_;
   // A DEALER's message reaches the ROUTER as [routing id, frames...].
   std::string route = msg.empty() ? std::string() : msg[0].to_string();
   auto bad = [&](uint64_t id, std::string why) {
@@ -450,7 +524,8 @@ void RpcFrontend::Loop() {
                                    zmq::recv_flags::dontwait)) {
             break;
           }
-          batch.emplace_back(i, std::move(msg));
+          ++received_;
+          if (!Park(i, msg)) batch.emplace_back(i, std::move(msg));
         }
         // Note [Sending from any thread]: sleep only when nothing is waiting.
         if (burst == kBurst || (routers_[i].get(zmq::sockopt::events) & ZMQ_POLLIN) != 0) {
@@ -464,7 +539,12 @@ void RpcFrontend::Loop() {
     batch.clear();
     // Everything that had arrived when this pass began has been read (Note [Leases and stalls]).
     if (!more) caught_up_ns_.store(pass.count());
-    const bool backlog = FlushBacklogs();
+    const bool backlog = FlushBacklogs(&batch);
+    if (!batch.empty()) {  // requests parked while their peers' replies waited
+      for (auto& [socket, msg] : batch) OnRequest(socket, msg);
+      batch.clear();
+      more = true;
+    }
     if (more) continue;
     // Asleep, the thread still wakes now and then: to mark its progress, and to send backlogs
     // on (Note [Replies a peer does not read]).

@@ -42,8 +42,10 @@ namespace salus::server {
 inline constexpr size_t kMaxEnvelopeBytes = 512ull << 20;
 // Largest message ZeroMQ accepts at all; larger ones drop the connection.
 inline constexpr int64_t kMaxMessageBytes = 2ll << 30;
-// Replies held for one connection that does not read them, beyond ZeroMQ's own queue.
+// Replies held for one connection that does not read them, beyond ZeroMQ's own queue, and
+// their bytes.
 inline constexpr uint64_t kDefaultReplyBacklog = 10000;
+inline constexpr uint64_t kDefaultReplyBacklogBytes = uint64_t{256} << 20;
 
 class RpcFrontend;
 
@@ -69,8 +71,9 @@ class Call {
   ~Call();
 
   v1::Request& request() { return request_; }
-  // The size of the request's envelope frame, as it arrived.
+  // The size of the request's envelope frame, as it arrived; and of all its frames.
   size_t envelope_bytes() const { return envelope_bytes_; }
+  uint64_t message_bytes() const;
   std::vector<zmq::message_t>& frames() { return frames_; }
   // Who the transport authenticated (Note [Principals]); empty when it could not tell.
   const std::string& principal() const { return principal_; }
@@ -104,11 +107,12 @@ class RpcFrontend {
   static StatusOr<std::unique_ptr<RpcFrontend>> Create(const std::vector<std::string>& endpoints,
                                                        Handler handler);
   // The same, with CURVE on the listeners that ask for it (`curve` must then hold a key), and at
-  // most `reply_backlog` replies held for one connection that does not read them (Note [Replies
-  // a peer does not read]).
-  static StatusOr<std::unique_ptr<RpcFrontend>> Create(const std::vector<Listener>& listeners,
-                                                       const CurveServer& curve, Handler handler,
-                                                       uint64_t reply_backlog = kDefaultReplyBacklog);
+  // most `reply_backlog` replies of at most `reply_backlog_bytes` held for one connection that
+  // does not read them (Note [Replies a peer does not read]).
+  static StatusOr<std::unique_ptr<RpcFrontend>> Create(
+      const std::vector<Listener>& listeners, const CurveServer& curve, Handler handler,
+      uint64_t reply_backlog = kDefaultReplyBacklog,
+      uint64_t reply_backlog_bytes = kDefaultReplyBacklogBytes);
   ~RpcFrontend();
 
   // Starts the I/O thread.
@@ -134,10 +138,18 @@ class RpcFrontend {
   // Replies held for one peer (Note [Replies a peer does not read]).
   struct Backlog {
     std::deque<std::vector<zmq::message_t>> replies;  // [route, frames...], in order
-    uint64_t dropped = 0;  // replies dropped since it was last empty
+    uint64_t bytes = 0;    // of `replies`
+    // The peer's requests that arrived while replies waited, to be handled once they are out.
+    std::deque<std::vector<zmq::message_t>> parked;
+    uint64_t parked_bytes = 0;
+    uint64_t dropped = 0;  // replies (and requests) dropped since it was last empty
   };
-  // Sends what the backlogs hold while their peers take it; returns whether any is left.
-  bool FlushBacklogs() EXCLUDES(sock_mu_);
+  // Sends what the backlogs hold while their peers take it, and moves to `unparked` the
+  // requests of peers whose replies are all out; returns whether any backlog is left.
+  bool FlushBacklogs(std::vector<std::pair<size_t, std::vector<zmq::message_t>>>* unparked)
+      EXCLUDES(sock_mu_);
+  // Keeps `msg` (a request) aside when its peer has replies waiting; returns whether it did.
+  bool Park(size_t socket, std::vector<zmq::message_t>& msg) REQUIRES(sock_mu_);
   // Sends `msg` on `router` now, or keeps it in the peer's backlog. REQUIRES the lock.
   void SendOrKeep(size_t socket, std::vector<zmq::message_t> msg) REQUIRES(sock_mu_);
   // Sends [route, frames...] on ROUTER `socket`, from any thread.
@@ -156,9 +168,12 @@ class RpcFrontend {
   std::vector<zmq::socket_t> routers_ GUARDED_BY(sock_mu_);
   bool closed_ GUARDED_BY(sock_mu_) = false;
   uint64_t reply_backlog_ = kDefaultReplyBacklog;
+  uint64_t reply_backlog_bytes_ = kDefaultReplyBacklogBytes;
   // Per ROUTER, per peer's routing id.
   std::vector<std::map<std::string, Backlog>> backlogs_ GUARDED_BY(sock_mu_);
   size_t backlogged_ GUARDED_BY(sock_mu_) = 0;
+  uint64_t backlogged_bytes_ GUARDED_BY(sock_mu_) = 0;
+  uint64_t parked_bytes_ GUARDED_BY(sock_mu_) = 0;
   zmq::socket_t zap_;  // the ZAP handler (Note [Principals]); the I/O thread's alone
   CurveServer curve_;
   std::vector<int> router_fds_;  // each ROUTER's ZMQ_FD, polled by the I/O thread

@@ -26,10 +26,10 @@ constexpr auto kHousekeepingPeriod = std::chrono::milliseconds(100);
 // A housekeeping pass this much later than the last means the daemon stood still.
 constexpr Nanos kStallGap = std::chrono::seconds(1);
 // Requests held back by the pacer in all, as a multiple of what one key may hold.
-constexpr uint64_t kPacedKeysInAll = 64;
+constexpr uint64_t kPacedKeysInAll = 16;
 // The largest envelope of a request that is not work (everything but CreateSession,
 // RunIteration and RegisterBuffer): such requests are small, and are held (paced) as such.
-constexpr size_t kMaxControlEnvelopeBytes = 64 * 1024;
+constexpr size_t kMaxControlEnvelopeBytes = 16 * 1024;
 
 // The memory-map or stats JSON of the whole arena, cut down to what one client may see:
 // entries of its own sessions in full, the others' summed into `others` ({sessions, bytes}).
@@ -297,7 +297,9 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   };
   SALUS_ASSIGN_OR_RETURN(s->executor_, sched::Executor::Create(std::move(eo)));
 
-  s->clients_ = std::make_unique<ClientRegistry>(SteadyClock::Get(), s->o_.lease, s->o_.quotas);
+  if (s->o_.limits.request_bytes == 0) s->o_.limits.request_bytes = DefaultRequestBytes();
+  s->clients_ = std::make_unique<ClientRegistry>(SteadyClock::Get(), s->o_.lease, s->o_.quotas,
+                                                 s->o_.limits.request_bytes);
   if (s->o_.limits.host_bytes == 0) s->o_.limits.host_bytes = DefaultHostBytes();
   s->pacer_ = std::make_unique<RequestPacer>(
       SteadyClock::Get(), static_cast<double>(s->o_.quotas.requests_per_second),
@@ -331,7 +333,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   SALUS_ASSIGN_OR_RETURN(s->frontend_,
                          RpcFrontend::Create(
                              listeners, curve, [self](Call c) { self->Handle(std::move(c)); },
-                             s->o_.limits.reply_backlog));
+                             s->o_.limits.reply_backlog, s->o_.limits.reply_backlog_bytes));
   // Any local user may connect over ipc: the peer's user is its principal (Note [Principals]),
   // and ownership, not the socket's mode, keeps users apart.
   for (const std::string& ep : s->frontend_->endpoints()) {
@@ -477,9 +479,10 @@ void Server::Admit(Call& call) {
     return Fail(call, UnavailableError("the server is draining and takes no new work"));
   }
   if (caller.client) {
-    const uint64_t id = caller.client->id;
-    if (Status s = clients_->BeginRequest(id); !s.ok()) return Fail(call, s);
-    call.OnAnswered([registry = clients_.get(), id] { registry->EndRequest(id); });
+    // The request's bytes count until its reply goes out: a queued iteration holds its frames.
+    const uint64_t id = caller.client->id, bytes = call.message_bytes();
+    if (Status s = clients_->BeginRequest(id, bytes); !s.ok()) return Fail(call, s);
+    call.OnAnswered([registry = clients_.get(), id, bytes] { registry->EndRequest(id, bytes); });
   }
   if (cls == RequestClass::kWork) return Dispatch(caller, std::move(call));
   // Everything else is cheap to ask and is paced per client (per principal without one); the

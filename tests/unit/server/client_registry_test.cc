@@ -89,6 +89,30 @@ TEST(ClientRegistryTest, AStallOfTheDaemonIsNotTheClientsSilence) {
   EXPECT_EQ(reg.Expire(clock.Now()).size(), 1u) << "silent for a lease of read time";
 }
 
+// The bytes of a client's unanswered requests are bounded per client (request_bytes) and for
+// all clients together; a refused request counts nothing, and replies give the bytes back.
+TEST(ClientRegistryTest, RequestBytesInFlightAreBounded) {
+  ManualClock clock;
+  Quotas q;
+  q.request_bytes = 100;
+  ClientRegistry reg(&clock, kLease, q, /*max_request_bytes=*/150);
+  std::string ta, tb;
+  auto a = reg.Hello("uid:1", &ta);
+  auto b = reg.Hello("uid:2", &tb);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(reg.BeginRequest(a->id, 60).ok());
+  Status over = reg.BeginRequest(a->id, 41);
+  EXPECT_EQ(over.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over.message().find("request_bytes=100"), std::string::npos) << over;
+  ASSERT_TRUE(reg.BeginRequest(a->id, 40).ok());
+  Status all = reg.BeginRequest(b->id, 60);  // 100 + 60 > 150
+  EXPECT_NE(all.message().find("limits.request_bytes"), std::string::npos) << all;
+  EXPECT_EQ(reg.request_bytes(), 100u);
+  reg.EndRequest(a->id, 60);
+  EXPECT_TRUE(reg.BeginRequest(b->id, 60).ok());
+  EXPECT_EQ(reg.request_bytes(), 100u);
+}
+
 TEST(ClientRegistryTest, ResolvingRenewsTheLease) {
   ManualClock clock;
   ClientRegistry reg(&clock, kLease, Quotas{});

@@ -267,9 +267,12 @@ TEST(RpcFrontendTest, EndpointThatCannotBeBoundIsNamed) {
 // Note [Replies a peer does not read]: a client that pipelines more requests than ZeroMQ's
 // queues hold before reading any reply gets every reply once it reads; past the backlog, it
 // gets the replies that were kept and one notice of how many were dropped.
-void PipelineThenRead(uint64_t backlog, int requests, int* replies, int* notices) {
-  auto fe = RpcFrontend::Create({Listener{IpcEndpoint("hwm" + std::to_string(backlog)), false}},
-                                CurveServer{}, [](Call c) { Answerers::Answer(c); }, backlog);
+void PipelineThenRead(uint64_t backlog, uint64_t backlog_bytes, int requests, int* replies,
+                      int* notices) {
+  auto fe = RpcFrontend::Create(
+      {Listener{IpcEndpoint("hwm" + std::to_string(backlog) + "-" + std::to_string(backlog_bytes)),
+                false}},
+      CurveServer{}, [](Call c) { Answerers::Answer(c); }, backlog, backlog_bytes);
   ASSERT_TRUE(fe.ok()) << fe.status();
   (*fe)->Start();
   zmq::context_t ctx(1);
@@ -318,14 +321,21 @@ void PipelineThenRead(uint64_t backlog, int requests, int* replies, int* notices
 
 TEST(RpcFrontendTest, RepliesAPeerDoesNotReadAreKeptUntilItDoes) {
   int replies = 0, notices = 0;
-  PipelineThenRead(kDefaultReplyBacklog, 3000, &replies, &notices);
+  PipelineThenRead(kDefaultReplyBacklog, kDefaultReplyBacklogBytes, 3000, &replies, &notices);
   EXPECT_EQ(replies, 3000);
   EXPECT_EQ(notices, 0);
 }
 
 TEST(RpcFrontendTest, PastTheBacklogRepliesAreDroppedAndThePeerIsTold) {
   int replies = 0, notices = 0;
-  PipelineThenRead(5, 3000, &replies, &notices);
+  PipelineThenRead(5, kDefaultReplyBacklogBytes, 3000, &replies, &notices);
+  EXPECT_LT(replies, 3000);
+  EXPECT_EQ(notices, 1);
+}
+
+TEST(RpcFrontendTest, TheBacklogIsBoundedInBytesToo) {
+  int replies = 0, notices = 0;
+  PipelineThenRead(kDefaultReplyBacklog, 1 << 20, 3000, &replies, &notices);  // 64 replies
   EXPECT_LT(replies, 3000);
   EXPECT_EQ(notices, 1);
 }
