@@ -1321,8 +1321,9 @@ Status Lowerer::Arange() {
     SALUS_ASSIGN_OR_RETURN(step, Number("step"));
   }
   if (shape.size() != 1) return Bad("arange's result is not 1-D");
-  SALUS_ASSIGN_OR_RETURN(HostTensor t, builder_.NewConstant(type, shape, fmt::format(
-                                           "{} (node {}): the range", node_->op(), index_)));
+  SALUS_ASSIGN_OR_RETURN(
+      HostTensor t, builder_.NewConstant(
+                        type, shape, fmt::format("{} (node {}): the range", node_->op(), index_)));
   for (int64_t i = 0; i < shape[0]; ++i) {
     const double v = start + step * static_cast<double>(i);
     if (type == DataType::kFloat32) {
@@ -2205,8 +2206,8 @@ HostTensor NearestMatrix(int64_t in, int64_t out, std::optional<double> scale, b
   const float s = scale && *scale > 0 ? static_cast<float>(1.0 / *scale)
                                       : static_cast<float>(in) / static_cast<float>(out);
   for (int64_t d = 0; d < out; ++d) {
-    const int64_t i = std::clamp<int64_t>(
-        SaturatedInt64(std::floor(static_cast<float>(d) * s)), int64_t{0}, in - 1);
+    const int64_t i = std::clamp<int64_t>(SaturatedInt64(std::floor(static_cast<float>(d) * s)),
+                                          int64_t{0}, in - 1);
     (transposed ? m[i * out + d] : m[d * in + i]) = 1.f;
   }
   return HostTensor::FromFloats(transposed ? Shape{in, out} : Shape{out, in}, m);

@@ -132,7 +132,7 @@ class Executable {
   // Host bytes of the constants the executable keeps (the initial state it writes into the
   // persistent block, and the constants its kernels read): Note [Compile budgets].
   uint64_t constant_bytes() const;
-  uint64_t ephemeral_bytes() const { return ephemeral_bytes_; }    // E of the selected point
+  uint64_t ephemeral_bytes() const { return ephemeral_bytes_; }  // E of the selected point
   const std::vector<TensorInfo>& inputs() const { return input_info_; }
   const std::vector<TensorInfo>& fetches() const { return fetch_info_; }
   size_t num_steps() const { return steps_.size(); }

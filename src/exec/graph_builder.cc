@@ -86,8 +86,7 @@ StatusOr<HostTensor> GraphBuilder::NewConstant(DataType type, const Shape& shape
   }
   if (TooManyElements(shape, limits_.max_tensor_elements)) {
     return InvalidArgumentError(fmt::format("{}: {} has more than max_tensor_elements={} elements",
-                                            what, ShapeString(shape),
-                                            limits_.max_tensor_elements));
+                                            what, ShapeString(shape), limits_.max_tensor_elements));
   }
   SALUS_RETURN_IF_ERROR(
       Reserve(static_cast<uint64_t>(NumElements(shape)) * ElementSize(type), what));

@@ -55,7 +55,7 @@ class LiveIndex {
   }
 
   size_t leaves_ = 1;
-  std::vector<int> latest_;                   // per node: the latest last step below it
+  std::vector<int> latest_;                    // per node: the latest last step below it
   std::vector<std::vector<size_t>> starting_;  // per step: the buffers that start there
 };
 
@@ -81,7 +81,8 @@ MemoryPlan MemoryPlanner::Plan(const std::vector<PlannedBuffer>& buffers) {
     live.clear();
     placed.Overlapping(b.first, b.last, buffers, &live);
     busy.clear();
-    for (size_t j : live) busy.emplace_back(plan.offsets[j], plan.offsets[j] + AlignUp(buffers[j].size));
+    for (size_t j : live)
+      busy.emplace_back(plan.offsets[j], plan.offsets[j] + AlignUp(buffers[j].size));
     std::sort(busy.begin(), busy.end());
     uint64_t offset = 0;
     for (const auto& [start, end] : busy) {

@@ -75,8 +75,10 @@ StatusOr<Attribute> AttributeFromProto(const onnx::AttributeProto& a) {
 // is a string holds no tensor, and an empty tensor of rank 0 would be read as one element.
 StatusOr<HostTensor> ConstantValue(const Node& n) {
   static const std::pair<const char*, Attribute::Kind> kKinds[] = {
-      {"value", Attribute::Kind::kTensor},       {"value_float", Attribute::Kind::kFloat},
-      {"value_floats", Attribute::Kind::kFloats}, {"value_int", Attribute::Kind::kInt},
+      {"value", Attribute::Kind::kTensor},
+      {"value_float", Attribute::Kind::kFloat},
+      {"value_floats", Attribute::Kind::kFloats},
+      {"value_int", Attribute::Kind::kInt},
       {"value_ints", Attribute::Kind::kInts}};
   for (const auto& [name, kind] : kKinds) {
     if (n.Has(name) && n.attrs.at(name).kind != kind) {
@@ -120,8 +122,8 @@ Status RefuseExternalData(const onnx::AttributeProto& a) {
   for (const auto& t : a.tensors()) {
     if (UsesExternalData(t)) return refuse();
   }
-  if (a.has_sparse_tensor() &&
-      (UsesExternalData(a.sparse_tensor().values()) || UsesExternalData(a.sparse_tensor().indices()))) {
+  if (a.has_sparse_tensor() && (UsesExternalData(a.sparse_tensor().values()) ||
+                                UsesExternalData(a.sparse_tensor().indices()))) {
     return refuse();
   }
   for (const auto& st : a.sparse_tensors()) {
@@ -402,7 +404,8 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
     }
     for (const auto& a : np.attribute()) {
       // (A tensor that cannot be read is refused by AttributeFromProto, with its context.)
-      if (auto bytes = DeclaredBytes(a.t()); a.type() == onnx::AttributeProto::TENSOR && bytes.ok()) {
+      if (auto bytes = DeclaredBytes(a.t());
+          a.type() == onnx::AttributeProto::TENSOR && bytes.ok()) {
         SALUS_RETURN_IF_ERROR(
             builder.Reserve(*bytes, n.Describe() + ": attribute '" + a.name() + "'"));
       }

@@ -128,7 +128,8 @@ StatusOr<HostTensor> TensorFromTf(const tf::TensorProto& p, const std::string& n
   }
   if (n > max_elements) return bad("is too large");
   // Reserved before it is filled: one value may describe a large tensor (Note [Compile budgets]).
-  SALUS_ASSIGN_OR_RETURN(HostTensor t, builder.NewConstant(type, shape, "node '" + node + "': constant"));
+  SALUS_ASSIGN_OR_RETURN(HostTensor t,
+                         builder.NewConstant(type, shape, "node '" + node + "': constant"));
   const size_t count = static_cast<size_t>(n);
   if (!p.tensor_content().empty()) {
     const std::string& raw = p.tensor_content();
@@ -240,9 +241,7 @@ using Lowering = Status (Importer::*)();
 class Importer {
  public:
   Importer(const tf::GraphDef& gd, const TfImportOptions& options)
-      : gd_(gd),
-        options_(options),
-        builder_(&graph_, options.limits) {}
+      : gd_(gd), options_(options), builder_(&graph_, options.limits) {}
 
   StatusOr<Graph> Run();
   static const std::map<std::string, Lowering>& Table();
@@ -828,7 +827,8 @@ Status Importer::Placeholder() {
   for (int64_t d : v.shape) {
     if (d < 0) return Bad("negative dim in the given shape " + ShapeString(v.shape));
   }
-  if (TooManyElements(v.shape, options_.limits.max_tensor_elements)) return Bad("input is too large");
+  if (TooManyElements(v.shape, options_.limits.max_tensor_elements))
+    return Bad("input is too large");
   if (const tf::AttrValue* s = Attr("shape");
       s != nullptr && s->has_shape() && !s->shape().unknown_rank()) {
     const auto& dims = s->shape().dim();
@@ -877,8 +877,7 @@ Status Importer::Const() {
   SALUS_RETURN_IF_ERROR(Arity(0, 0));
   const tf::AttrValue* value = Attr("value");
   if (value == nullptr || !value->has_tensor()) return Bad("missing tensor attribute 'value'");
-  SALUS_ASSIGN_OR_RETURN(HostTensor t,
-                         TensorFromTf(value->tensor(), name(), builder_));
+  SALUS_ASSIGN_OR_RETURN(HostTensor t, TensorFromTf(value->tensor(), name(), builder_));
   Bind(0, Constant(std::move(t)));
   return OkStatus();
 }

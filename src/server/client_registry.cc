@@ -92,9 +92,8 @@ StatusOr<Quotas> Quotas::FromJson(const nlohmann::json& section) {
           "max_priority, host_bytes, request_bytes)",
           key));
     }
-    const bool bytes_key =
-        key == "persistent_bytes" || key == "host_bytes" || key == "shared_buffer_bytes" ||
-        key == "request_bytes";
+    const bool bytes_key = key == "persistent_bytes" || key == "host_bytes" ||
+                           key == "shared_buffer_bytes" || key == "request_bytes";
     if (value.is_number_unsigned()) {
       *field = value.get<uint64_t>();
     } else if (value.is_string() && bytes_key) {
@@ -104,9 +103,9 @@ StatusOr<Quotas> Quotas::FromJson(const nlohmann::json& section) {
       }
       *field = *bytes;
     } else {
-      return InvalidArgumentError(fmt::format(
-          "quota \"{}\" must be a non-negative integer{}, got {}", key,
-          bytes_key ? " or a size such as \"4GiB\"" : "", value.dump()));
+      return InvalidArgumentError(
+          fmt::format("quota \"{}\" must be a non-negative integer{}, got {}", key,
+                      bytes_key ? " or a size such as \"4GiB\"" : "", value.dump()));
     }
   }
   return q;

@@ -66,9 +66,9 @@ StatusOr<Limits> Limits::FromJson(const nlohmann::json& section) {
       }
       *f->field = *bytes;
     } else {
-      return InvalidArgumentError(fmt::format("limit \"{}\" must be a non-negative integer{}, got {}",
-                                              key, f->bytes ? " or a size such as \"4GiB\"" : "",
-                                              value.dump()));
+      return InvalidArgumentError(
+          fmt::format("limit \"{}\" must be a non-negative integer{}, got {}", key,
+                      f->bytes ? " or a size such as \"4GiB\"" : "", value.dump()));
     }
     if (f->field == &max_nodes) {
       l.max_nodes = static_cast<int64_t>(std::min<uint64_t>(max_nodes, INT64_MAX));

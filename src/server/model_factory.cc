@@ -22,8 +22,9 @@ SessionManager::ModelFactory MakeModelFactory(const std::vector<std::string>& de
              std::optional<size_t> device) -> StatusOr<std::unique_ptr<SessionRuntime>> {
     exec::CompileLimits bounded = limits;
     if (compile_time > Nanos(0)) {
-      bounded.deadline = std::chrono::steady_clock::now() +
-                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(compile_time);
+      bounded.deadline =
+          std::chrono::steady_clock::now() +
+          std::chrono::duration_cast<std::chrono::steady_clock::duration>(compile_time);
     }
     SALUS_ASSIGN_OR_RETURN(auto rt,
                            ModelRuntime::Create(spec, kernels, device.value_or(0), bounded));

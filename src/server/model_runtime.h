@@ -43,9 +43,10 @@ class ModelRuntime final : public SessionRuntime {
   // device]). `limits` bound what the compilation may cost (Note [Compile budgets] in
   // exec/compile_limits.h): past them CreateSession fails with their status. Their deadline
   // applies to this first compilation only.
-  static StatusOr<std::unique_ptr<ModelRuntime>> Create(
-      const v1::ModelSpec& spec, std::vector<exec::Device> devices, size_t compile_for,
-      const exec::CompileLimits& limits = {});
+  static StatusOr<std::unique_ptr<ModelRuntime>> Create(const v1::ModelSpec& spec,
+                                                        std::vector<exec::Device> devices,
+                                                        size_t compile_for,
+                                                        const exec::CompileLimits& limits = {});
   ~ModelRuntime() override;
 
   std::string_view kind() const override { return "model"; }

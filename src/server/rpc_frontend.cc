@@ -156,8 +156,7 @@ StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(
 
 StatusOr<std::unique_ptr<RpcFrontend>> RpcFrontend::Create(const std::vector<Listener>& listeners,
                                                            const CurveServer& curve,
-                                                           Handler handler,
-                                                           uint64_t reply_backlog,
+                                                           Handler handler, uint64_t reply_backlog,
                                                            uint64_t reply_backlog_bytes) {
   if (listeners.empty()) return InvalidArgumentError("no endpoint to listen on");
   std::unique_ptr<RpcFrontend> fe(new RpcFrontend(std::move(handler)));
@@ -252,17 +251,16 @@ void RpcFrontend::Wake() {
 // in order; the I/O thread sends the backlog on as the peer reads (it looks every few
 // milliseconds while any is kept). ZeroMQ's own queue per peer is kept short (kRouterSendHwm
 // messages, of any size), and a backlog holds at most `reply_backlog` replies and
-// `reply_backlog_bytes` (all backlogs 64 times as many replies and 4 times the bytes): past it, replies to that peer are dropped and counted, and once its
-// backlog has drained the peer is sent one error reply (request id 0, RESOURCE_EXHAUSTED)
-// saying how many were dropped, so a client that reads nothing for long costs the daemon a
-// bounded amount of memory and learns, when it reads again, that it lost replies. While a
-// peer has replies waiting, its new requests are parked, not handled (at most
-// `reply_backlog_bytes` of them, counting each as at least kParkedMessageCost, and 4 times
-// that for all peers; past it they are dropped as replies are), and handled in order once its
-// replies are out: a client that sends faster than it reads is
-// slowed to its reading, rather than made to lose replies produced faster than it takes them.
-// A peer that has gone (EHOSTUNREACH) cannot be answered; its replies and parked requests are
-// dropped.
+// `reply_backlog_bytes` (all backlogs 64 times as many replies and 4 times the bytes): past it,
+// replies to that peer are dropped and counted, and once its backlog has drained the peer is sent
+// one error reply (request id 0, RESOURCE_EXHAUSTED) saying how many were dropped, so a client that
+// reads nothing for long costs the daemon a bounded amount of memory and learns, when it reads
+// again, that it lost replies. While a peer has replies waiting, its new requests are parked, not
+// handled (at most `reply_backlog_bytes` of them, counting each as at least kParkedMessageCost, and
+// 4 times that for all peers; past it they are dropped as replies are), and handled in order once
+// its replies are out: a client that sends faster than it reads is slowed to its reading, rather
+// than made to lose replies produced faster than it takes them. A peer that has gone (EHOSTUNREACH)
+// cannot be answered; its replies and parked requests are dropped.
 constexpr uint64_t kBacklogPeersInAll = 64;
 constexpr uint64_t kBacklogBytesPeersInAll = 4;
 
@@ -316,9 +314,9 @@ bool RpcFrontend::Park(size_t socket, std::vector<zmq::message_t>& msg) {
   if (b.parked_bytes + bytes > reply_backlog_bytes_ ||
       parked_bytes_ + bytes > reply_backlog_bytes_ * kBacklogBytesPeersInAll) {
     if (b.dropped++ == 0) {
-      logging::Event("server", "replies_dropped",
-                     {{"backlog", b.replies.size()}, {"parked", b.parked.size()},
-                      {"limit", reply_backlog_}});
+      logging::Event(
+          "server", "replies_dropped",
+          {{"backlog", b.replies.size()}, {"parked", b.parked.size()}, {"limit", reply_backlog_}});
     }
     ++dropped_replies_;  // the request is dropped unanswered: its reply is lost as above
     return true;
@@ -400,8 +398,7 @@ bool RpcFrontend::FlushBacklogs(
       it = backlogs_[socket].erase(it);
     }
   }
-  return std::any_of(backlogs_.begin(), backlogs_.end(),
-                     [](const auto& m) { return !m.empty(); });
+  return std::any_of(backlogs_.begin(), backlogs_.end(), [](const auto& m) { return !m.empty(); });
 }
 
 size_t RpcFrontend::backlogged_replies() const {

@@ -138,7 +138,7 @@ class RpcFrontend {
   // Replies held for one peer (Note [Replies a peer does not read]).
   struct Backlog {
     std::deque<std::vector<zmq::message_t>> replies;  // [route, frames...], in order
-    uint64_t bytes = 0;    // of `replies`
+    uint64_t bytes = 0;                               // of `replies`
     // The peer's requests that arrived while replies waited, to be handled once they are out.
     std::deque<std::vector<zmq::message_t>> parked;
     uint64_t parked_bytes = 0;

@@ -210,10 +210,10 @@ int main(int argc, char** argv) {
   }
   auto devices = salus::server::DeviceNames(o.device);
   if (!devices.ok()) return Fail(devices.status().WithContext("--device"));
-  o.model_factory = salus::server::MakeModelFactory(
-      *devices, o.limits.Compile(),
-      std::chrono::duration_cast<salus::Nanos>(
-          std::chrono::duration<double>(o.limits.compile_seconds)));
+  o.model_factory =
+      salus::server::MakeModelFactory(*devices, o.limits.Compile(),
+                                      std::chrono::duration_cast<salus::Nanos>(
+                                          std::chrono::duration<double>(o.limits.compile_seconds)));
 
   // Block the drain signals in every thread; one thread waits for them.
   sigset_t signals;

@@ -489,7 +489,7 @@ void Server::Admit(Call& call) {
   // requests held back are bounded (limits.paced_requests), past which they are refused. Without
   // a client, Hello and Heartbeat are paced apart from the views, so a flood of token-less
   // views (from one user, or over loopback TCP from any) leaves the principal's Hellos alone.
-  const std::string key = caller.client        ? fmt::format("c{}", caller.client->id)
+  const std::string key = caller.client                ? fmt::format("c{}", caller.client->id)
                           : cls == RequestClass::kOpen ? fmt::format("o{}", caller.principal)
                                                        : fmt::format("p{}", caller.principal);
   auto held = std::make_shared<std::pair<Caller, Call>>(std::move(caller), std::move(call));
@@ -644,9 +644,10 @@ bool Server::IsAdmin(const std::string& principal) const {
 
 StatusOr<v1::Reply> Server::Hello(const Caller& caller, const v1::Hello& hello) {
   if (hello.client_name().size() > o_.limits.max_name_bytes) {
-    return InvalidArgumentError(fmt::format("the client name has {} bytes, more than "
-                                            "limits.max_name_bytes={}",
-                                            hello.client_name().size(), o_.limits.max_name_bytes));
+    return InvalidArgumentError(
+        fmt::format("the client name has {} bytes, more than "
+                    "limits.max_name_bytes={}",
+                    hello.client_name().size(), o_.limits.max_name_bytes));
   }
   if (hello.protocol_version() != kProtocolVersion) {
     return FailedPreconditionError(

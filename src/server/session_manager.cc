@@ -76,9 +76,9 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
     return QuotaExceeded("sessions", quota.sessions, "close one of this client's sessions first");
   }
   if (req.name().size() > o_.limits.max_name_bytes) {
-    return InvalidArgumentError(fmt::format(
-        "the session name has {} bytes, more than limits.max_name_bytes={}", req.name().size(),
-        o_.limits.max_name_bytes));
+    return InvalidArgumentError(
+        fmt::format("the session name has {} bytes, more than limits.max_name_bytes={}",
+                    req.name().size(), o_.limits.max_name_bytes));
   }
   if (req.iterations() < 0) {
     return InvalidArgumentError(fmt::format("iterations must be >= 0, got {}", req.iterations()));
@@ -177,18 +177,18 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
     // Host memory, now that the compiled session's is known (Note [Host memory budget]).
     const Quotas& q = o_.quotas;
     if (q.host_bytes != 0 && HostBytesOf(owner.id) + entry->host_bytes > q.host_bytes) {
-      return QuotaExceeded("host_bytes", q.host_bytes,
-                           fmt::format("this session holds {} of host memory and the client {}",
-                                       FormatBytes(entry->host_bytes),
-                                       FormatBytes(HostBytesOf(owner.id))));
+      return QuotaExceeded(
+          "host_bytes", q.host_bytes,
+          fmt::format("this session holds {} of host memory and the client {}",
+                      FormatBytes(entry->host_bytes), FormatBytes(HostBytesOf(owner.id))));
     }
     const uint64_t limit = o_.limits.host_bytes;
     const uint64_t held = HostBytesOf(kAll) + compiling_host_bytes_;
     if (limit != 0 && held + entry->host_bytes > limit) {
-      return ResourceExhaustedError(fmt::format(
-          "this session holds {} of host memory and the daemon's sessions {}: over "
-          "limits.host_bytes={}",
-          FormatBytes(entry->host_bytes), FormatBytes(held), FormatBytes(limit)));
+      return ResourceExhaustedError(
+          fmt::format("this session holds {} of host memory and the daemon's sessions {}: over "
+                      "limits.host_bytes={}",
+                      FormatBytes(entry->host_bytes), FormatBytes(held), FormatBytes(limit)));
     }
     id = NewSessionId();
     // The allocation's budget, now that P and E are known (the registry's lock is a leaf).
@@ -517,8 +517,8 @@ StatusOr<uint64_t> SessionManager::RegisterBuffer(const ClientRef& owner,
     }
     if (byte_quota != 0 && (req.bytes() > byte_quota || mine > byte_quota - req.bytes())) {
       return QuotaExceeded("shared_buffer_bytes", byte_quota,
-                           fmt::format("the client maps {} and asks for {} more",
-                                       FormatBytes(mine), FormatBytes(req.bytes())));
+                           fmt::format("the client maps {} and asks for {} more", FormatBytes(mine),
+                                       FormatBytes(req.bytes())));
     }
     if (byte_limit != 0 && (req.bytes() > byte_limit || mapped_bytes_ > byte_limit - req.bytes())) {
       return ResourceExhaustedError(fmt::format(

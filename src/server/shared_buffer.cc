@@ -108,9 +108,9 @@ StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Open(const std::string& sh
   }
   if (bytes == 0) return InvalidArgumentError(fmt::format("shared buffer '{}': 0 bytes", shm_name));
   if (bytes > max_bytes) {
-    return ResourceExhaustedError(
-        fmt::format("shared buffer '{}' of {} bytes is larger than limits.max_shared_buffer_bytes={}",
-                    shm_name, bytes, max_bytes));
+    return ResourceExhaustedError(fmt::format(
+        "shared buffer '{}' of {} bytes is larger than limits.max_shared_buffer_bytes={}", shm_name,
+        bytes, max_bytes));
   }
   const std::string path = std::string(kShmDir) + shm_name;
   const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
@@ -121,18 +121,16 @@ StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Open(const std::string& sh
     if (err == ENOENT) return NotFoundError(why);
     if (err == EACCES) return PermissionDeniedError(why);
     if (err == ELOOP) {
-      return InvalidArgumentError(
-          fmt::format("shared buffer '{}' is a symbolic link; it must be the object itself",
-                      shm_name));
+      return InvalidArgumentError(fmt::format(
+          "shared buffer '{}' is a symbolic link; it must be the object itself", shm_name));
     }
     return InvalidArgumentError(why);
   }
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    return InvalidArgumentError(
-        fmt::format("shared buffer '{}' is not a regular file (a FIFO, device or socket)",
-                    shm_name));
+    return InvalidArgumentError(fmt::format(
+        "shared buffer '{}' is not a regular file (a FIFO, device or socket)", shm_name));
   }
   if (st.st_uid != caller_uid) {
     close(fd);

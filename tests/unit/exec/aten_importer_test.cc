@@ -217,8 +217,7 @@ TEST(AtenImporter, DeclarationsAllocateNothingPastTheBudget) {
   auto fits = Executable::CompileAten(b.Bytes(), o);
   EXPECT_TRUE(fits.ok()) << fits.status();
   o.limits.max_nodes = 0;
-  EXPECT_EQ(Executable::CompileAten(b.Bytes(), o).status().code(),
-            StatusCode::kResourceExhausted);
+  EXPECT_EQ(Executable::CompileAten(b.Bytes(), o).status().code(), StatusCode::kResourceExhausted);
 }
 
 // select_scatter (an assignment into a column) lowers as a slice of width 1; an index outside

@@ -2,7 +2,6 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -274,7 +273,8 @@ TEST(ExecutableTest, FoldedBytesAreBounded) {
   auto over = Executable::Compile(mb.Bytes(), o);
   EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(over.status().message().find("Add_8"), std::string::npos) << over.status();
-  EXPECT_NE(over.status().message().find("max_constant_bytes=131583"), std::string::npos) << over.status();
+  EXPECT_NE(over.status().message().find("max_constant_bytes=131583"), std::string::npos)
+      << over.status();
 }
 
 // Note [Compile budgets]: a model with more nodes than max_nodes is refused before any is

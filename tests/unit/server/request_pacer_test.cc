@@ -65,7 +65,7 @@ TEST(RequestPacerTest, HeldRequestsAreBounded) {
   EXPECT_EQ(pacer.held(), 5u);
   EXPECT_EQ(ran, 5);
   clock.Advance(1s);
-  EXPECT_EQ(pacer.Release(), 4u);  // two tokens each
+  EXPECT_EQ(pacer.Release(), 4u);                    // two tokens each
   EXPECT_TRUE(pacer.Offer("a", [&ran] { ++ran; }));  // behind a's last held one
   pacer.Flush();
   EXPECT_EQ(ran, 11);

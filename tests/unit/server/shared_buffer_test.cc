@@ -84,8 +84,7 @@ TEST(SharedBufferTest, MapsOnlyTheCallersOwnRegularObjects) {
   EXPECT_NE(other_user.status().message().find("owned by"), std::string::npos);
   auto too_large = SharedBuffer::Open(obj.name(), 8192, getuid(), 4096);
   EXPECT_EQ(too_large.status().code(), StatusCode::kResourceExhausted) << too_large.status();
-  EXPECT_NE(too_large.status().message().find("limits.max_shared_buffer_bytes"),
-            std::string::npos);
+  EXPECT_NE(too_large.status().message().find("limits.max_shared_buffer_bytes"), std::string::npos);
 
   const std::string fifo = "/salus-fifo-" + std::to_string(getpid());
   ASSERT_EQ(mkfifo(("/dev/shm" + fifo).c_str(), 0600), 0);
