@@ -1257,6 +1257,7 @@ Status Lowerer::WhereOp() {
 Status Lowerer::Identity() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(const v1::AtenArgument* self, Arg("self"));
+  if (Outputs() == 0) return Bad("the node declares no result");
   const int out = node_->outputs(0);
   if (self->kind_case() == v1::AtenArgument::kValue && out >= 0) {
     if (auto it = layer_eps_.find(self->value()); it != layer_eps_.end()) {

@@ -303,6 +303,11 @@ StatusOr<std::unique_ptr<SessionRuntime>> SessionManager::BuildRuntime(
     runtime = ResourceExhaustedError("the host ran out of memory compiling this model");
   } catch (const std::length_error&) {
     runtime = ResourceExhaustedError("compiling this model asked for an impossible allocation");
+  } catch (const std::exception& e) {
+    // A library's own check (protobuf's index checks throw) that an importer failed to make
+    // first: a bug of the engine's, answered as one, never the end of the daemon.
+    logging::Get("server")->error("compiling a model threw: {}", e.what());
+    runtime = InternalError(std::string("compiling this model failed: ") + e.what());
   }
   MutexLock lock(&mu_);
   compiling_host_bytes_ -= reserved;
