@@ -429,6 +429,10 @@ void Server::Handle(Call call) {
   } catch (const std::bad_alloc&) {
     // The budgets are the mechanism (docs/operations.md, Limits); this is the last line.
     if (!call.answered()) Fail(call, ResourceExhaustedError("the daemon ran out of memory"));
+  } catch (const std::exception& e) {
+    // A library's check that the daemon failed to make first: its bug, answered as one.
+    logging::Get("server")->error("handling a request threw: {}", e.what());
+    if (!call.answered()) Fail(call, InternalError(std::string("the request failed: ") + e.what()));
   }
 }
 
@@ -499,6 +503,11 @@ void Server::Admit(Call& call) {
     } catch (const std::bad_alloc&) {
       if (!held->second.answered()) {
         Fail(held->second, ResourceExhaustedError("the daemon ran out of memory"));
+      }
+    } catch (const std::exception& e) {
+      logging::Get("server")->error("handling a request threw: {}", e.what());
+      if (!held->second.answered()) {
+        Fail(held->second, InternalError(std::string("the request failed: ") + e.what()));
       }
     }
   });
@@ -764,6 +773,9 @@ void Server::CompileLoop() {
       created = sessions_->Create(next->client, call.request().create_session());
     } catch (const std::bad_alloc&) {
       created = ResourceExhaustedError("the daemon ran out of memory creating this session");
+    } catch (const std::exception& e) {
+      logging::Get("server")->error("creating a session threw: {}", e.what());
+      created = InternalError(std::string("creating this session failed: ") + e.what());
     }
     if (!created.ok()) {
       Fail(call, created.status());
@@ -793,6 +805,9 @@ void Server::BufferLoop() {
                                      CallerUid(caller.transport));
     } catch (const std::bad_alloc&) {
       id = ResourceExhaustedError("the daemon ran out of memory registering this buffer");
+    } catch (const std::exception& e) {
+      logging::Get("server")->error("registering a buffer threw: {}", e.what());
+      id = InternalError(std::string("registering this buffer failed: ") + e.what());
     }
     if (!id.ok()) {
       Fail(call, id.status());

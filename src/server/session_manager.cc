@@ -427,6 +427,9 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
     } catch (const std::bad_alloc&) {
       // Iterations allocate only what their plans say; this is the last line behind that.
       s = ResourceExhaustedError("the host ran out of memory during this iteration");
+    } catch (const std::exception& e) {
+      logging::Get("server")->error("an iteration threw: {}", e.what());
+      s = InternalError(std::string("the iteration failed: ") + e.what());
     }
     if (*replied && !s.ok()) {
       // Kept before the engine completes the iteration, so no later request of the session
