@@ -272,9 +272,9 @@ uint64_t MessageBytes(const std::vector<zmq::message_t>& msg) {
 
 void RpcFrontend::SendOrKeep(size_t socket, std::vector<zmq::message_t> msg) {
   zmq::socket_t& router = routers_[socket];
-  const std::string route = msg.front().to_string();
   auto& backlogs = backlogs_[socket];
-  auto it = backlogs.find(route);
+  // Most replies find no backlog at all: the route is looked up only when there is one.
+  auto it = backlogs.empty() ? backlogs.end() : backlogs.find(msg.front().to_string());
   if (it == backlogs.end()) {
     try {
       if (zmq::send_multipart(router, msg, zmq::send_flags::dontwait)) return;
@@ -284,7 +284,7 @@ void RpcFrontend::SendOrKeep(size_t socket, std::vector<zmq::message_t> msg) {
       }
       return;  // the peer has gone
     }
-    it = backlogs.try_emplace(route).first;  // its queue is full: keep the reply
+    it = backlogs.try_emplace(msg.front().to_string()).first;  // its queue is full: keep it
   }
   Backlog& b = it->second;
   const uint64_t bytes = MessageBytes(msg);
@@ -305,7 +305,7 @@ void RpcFrontend::SendOrKeep(size_t socket, std::vector<zmq::message_t> msg) {
 }
 
 bool RpcFrontend::Park(size_t socket, std::vector<zmq::message_t>& msg) {
-  if (msg.empty()) return false;
+  if (msg.empty() || backlogs_[socket].empty()) return false;
   auto it = backlogs_[socket].find(msg.front().to_string());
   if (it == backlogs_[socket].end()) return false;
   Backlog& b = it->second;

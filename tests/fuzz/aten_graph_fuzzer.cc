@@ -31,17 +31,7 @@ salus::fuzz::ProtoMutator Mutator(unsigned seed) {
 
 }  // namespace
 
-extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,
-                                          unsigned seed) {
-  return Mutator(seed).MutateSerialized(salus::v1::AtenGraph(), data, size, max_size);
-}
-
-extern "C" size_t LLVMFuzzerCustomCrossOver(const uint8_t* data1, size_t size1,
-                                            const uint8_t* data2, size_t size2, uint8_t* out,
-                                            size_t max_out, unsigned seed) {
-  return Mutator(seed).CrossOverSerialized(salus::v1::AtenGraph(), data1, size1, data2, size2, out,
-                                           max_out);
-}
+SALUS_FUZZ_PROTO_HOOKS(salus::v1::AtenGraph, Mutator)
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto exe = salus::exec::Executable::CompileAten(

@@ -33,17 +33,7 @@ salus::fuzz::ProtoMutator Mutator(unsigned seed) {
 
 }  // namespace
 
-extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,
-                                          unsigned seed) {
-  return Mutator(seed).MutateSerialized(onnx::ModelProto(), data, size, max_size);
-}
-
-extern "C" size_t LLVMFuzzerCustomCrossOver(const uint8_t* data1, size_t size1,
-                                            const uint8_t* data2, size_t size2, uint8_t* out,
-                                            size_t max_out, unsigned seed) {
-  return Mutator(seed).CrossOverSerialized(onnx::ModelProto(), data1, size1, data2, size2, out,
-                                           max_out);
-}
+SALUS_FUZZ_PROTO_HOOKS(onnx::ModelProto, Mutator)
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   salus::fuzz::CompileOnnxAndRun(std::string_view(reinterpret_cast<const char*>(data), size));

@@ -92,3 +92,17 @@ class ProtoMutator {
 };
 
 }  // namespace salus::fuzz
+
+// Defines libFuzzer's custom mutator and cross-over hooks for a target whose inputs are
+// serialized `MessageType`s, changed by the ProtoMutator that `make_mutator(seed)` returns.
+#define SALUS_FUZZ_PROTO_HOOKS(MessageType, make_mutator)                                         \
+  extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,          \
+                                            unsigned seed) {                                      \
+    return make_mutator(seed).MutateSerialized(MessageType(), data, size, max_size);              \
+  }                                                                                               \
+  extern "C" size_t LLVMFuzzerCustomCrossOver(const uint8_t* data1, size_t size1,                 \
+                                              const uint8_t* data2, size_t size2, uint8_t* out,   \
+                                              size_t max_out, unsigned seed) {                    \
+    return make_mutator(seed).CrossOverSerialized(MessageType(), data1, size1, data2, size2, out, \
+                                                  max_out);                                       \
+  }
