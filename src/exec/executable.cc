@@ -198,6 +198,10 @@ class Executable::CopyThread {
 
 Executable::~Executable() = default;
 
+uint64_t Executable::host_bytes() const {
+  return constant_bytes() + kHostBytesPerNode * graph_.nodes().size();
+}
+
 uint64_t Executable::constant_bytes() const {
   uint64_t bytes = 0;
   for (const Value& v : graph_.values()) bytes += v.data.bytes.size();

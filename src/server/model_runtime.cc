@@ -291,7 +291,7 @@ StatusOr<std::unique_ptr<ModelRuntime>> ModelRuntime::Build(std::unique_ptr<Sour
   const uint64_t source_bytes = source ? source->bytes.size() : 0;
   auto rt = std::unique_ptr<ModelRuntime>(
       new ModelRuntime(std::move(exe), std::move(devices), std::move(source)));
-  rt->host_bytes_ = rt->exe_->constant_bytes() + source_bytes;
+  rt->host_bytes_ = rt->exe_->host_bytes() + source_bytes;
   return rt;
 }
 

@@ -93,7 +93,7 @@ class ModelRuntime final : public SessionRuntime {
   // What it compiles from; null where every device runs the same kernels.
   const std::unique_ptr<Source> source_;
   mem::Requirement requirement_;
-  uint64_t host_bytes_ = 0;  // the executable's constants and the source kept
+  uint64_t host_bytes_ = 0;  // the executable's (Executable::host_bytes) and the source kept
   std::vector<v1::TensorSpec> inputs_, outputs_, state_;
   bool initialized_ = false;  // touched only by the session's lane worker
 };

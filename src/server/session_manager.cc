@@ -247,8 +247,9 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
 
 // Note [Host memory budget]
 // A compiled session holds host memory outside the arena for as long as it lives, admitted or
-// waiting: its model's constants (the initial state it writes into its persistent block) and,
-// where it may move between GPUs, its model's bytes (SessionRuntime::host_bytes). The sessions
+// waiting: its model's constants (the initial state it writes into its persistent block), its
+// graph and kernels (an estimate per node: exec::kHostBytesPerNode) and, where it may move
+// between GPUs, its model's bytes (SessionRuntime::host_bytes). The sessions
 // of all clients together may hold at most limits.host_bytes, one client's at most the
 // host_bytes quota. A compilation in progress counts as the most it may hold (its model's bytes
 // and limits.max_constant_bytes) from before it starts, so the budget holds before memory is

@@ -49,7 +49,8 @@ class SessionRuntime {
   // one); see salus.v1.RunIteration.
   virtual std::vector<v1::TensorSpec> state_specs() const { return {}; }
   // Host memory the session holds outside the arena for as long as it lives (a compiled
-  // model's constants and source): counted against the host_bytes limits (docs/operations.md).
+  // model's constants, graph and kernels, and source): counted against the host_bytes limits
+  // (docs/operations.md).
   virtual uint64_t host_bytes() const { return 0; }
   // Checks feeds and fetches before the iteration is queued, so bad input is refused at once
   // (INVALID_ARGUMENT naming the tensor) and never reaches a lane. `state_only`: the
