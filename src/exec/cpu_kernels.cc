@@ -445,8 +445,8 @@ KernelOr Concat(const Node& n, const Graph& g) {
 // Note [Block reductions]: oneDNN 2.6 reduces over a middle axis (a Transformer's mean over
 // its tokens) with its reference implementation, ten times slower than a loop. When the reduced
 // dims (size-1 dims aside) are one contiguous block, x is [outer, reduced, inner] and each output
-// row of `inner` values is accumulated slice by slice in order: contiguous, vectorisable, and
-// the same order every run.
+// row of `inner` values is accumulated slice by slice in order (sums in double): contiguous,
+// vectorisable, and the same order every run.
 struct ReduceBlock {
   int64_t outer = 1, reduced = 1, inner = 1;
 };
@@ -492,6 +492,30 @@ KernelOr BlockReduce(const std::string& op, const ReduceBlock& b) {
       std::fill_n(static_cast<float*>(a.outputs[0]), count, identity);
     }));
   }
+  if (fn == Fn::kSum || fn == Fn::kMean) {
+    // Sums accumulate in double (scratch: one row of `inner`): a long float accumulation loses
+    // digits in proportion to the reduced count, and a training step's gradients (a batch
+    // normalisation's, above all, whose sums cancel) amplify that loss.
+    const bool mean = fn == Fn::kMean;
+    return std::unique_ptr<Kernel>(new LoopKernel(
+        [b, mean](const KernelArgs& a) {
+          const float* x = static_cast<const float*>(a.inputs[0]);
+          float* y = static_cast<float*>(a.outputs[0]);
+          double* acc = static_cast<double*>(a.scratch);
+          const double scale = mean ? 1.0 / static_cast<double>(b.reduced) : 1.0;
+          for (int64_t o = 0; o < b.outer; ++o) {
+            const float* src = x + o * b.reduced * b.inner;
+            for (int64_t i = 0; i < b.inner; ++i) acc[i] = src[i];
+            for (int64_t r = 1; r < b.reduced; ++r) {
+              const float* row = src + r * b.inner;
+              for (int64_t i = 0; i < b.inner; ++i) acc[i] += row[i];
+            }
+            float* dst = y + o * b.inner;
+            for (int64_t i = 0; i < b.inner; ++i) dst[i] = static_cast<float>(acc[i] * scale);
+          }
+        },
+        static_cast<size_t>(b.inner) * sizeof(double)));
+  }
   return std::unique_ptr<Kernel>(new LoopKernel([b, fn](const KernelArgs& a) {
     const float* x = static_cast<const float*>(a.inputs[0]);
     float* y = static_cast<float*>(a.outputs[0]);
@@ -501,22 +525,11 @@ KernelOr BlockReduce(const std::string& op, const ReduceBlock& b) {
       std::copy(src, src + b.inner, dst);
       for (int64_t r = 1; r < b.reduced; ++r) {
         const float* row = src + r * b.inner;
-        switch (fn) {
-          case Fn::kSum:
-          case Fn::kMean:
-            for (int64_t i = 0; i < b.inner; ++i) dst[i] += row[i];
-            break;
-          case Fn::kMax:
-            for (int64_t i = 0; i < b.inner; ++i) dst[i] = std::max(dst[i], row[i]);
-            break;
-          case Fn::kMin:
-            for (int64_t i = 0; i < b.inner; ++i) dst[i] = std::min(dst[i], row[i]);
-            break;
+        if (fn == Fn::kMax) {
+          for (int64_t i = 0; i < b.inner; ++i) dst[i] = std::max(dst[i], row[i]);
+        } else {
+          for (int64_t i = 0; i < b.inner; ++i) dst[i] = std::min(dst[i], row[i]);
         }
-      }
-      if (fn == Fn::kMean) {
-        const float scale = 1.f / static_cast<float>(b.reduced);
-        for (int64_t i = 0; i < b.inner; ++i) dst[i] *= scale;
       }
     }
   }));

@@ -312,7 +312,7 @@ KernelOr Cast(const Node& n, const Graph& g) {
 // ---------------------------------------------------------------------------------------------
 // Unary float math.
 
-// Erf, Sin, Cos, Atan, Floor, Ceil, Round (half to even), and SalusLog1p and SalusExpm1 (PyTorch's
+// Erf, SalusErfc (1 - erf, exact where it is small), Sin, Cos, Atan, Floor, Ceil, Round (half to even), and SalusLog1p and SalusExpm1 (PyTorch's
 // log1p and expm1: exact for small x, where log(1 + x) and exp(x) - 1 lose every digit), by the C
 // library; SalusLgamma, SalusDigamma, SalusErfinv and SalusPolygamma (attribute n) by
 // element_math.h.
@@ -323,6 +323,7 @@ KernelOr FloatMath(const Node& n, const Graph& g) {
   Fn fn = static_cast<Fn>(std::erf);
   if (n.op == "SalusLog1p") fn = static_cast<Fn>(std::log1p);
   if (n.op == "SalusExpm1") fn = static_cast<Fn>(std::expm1);
+  if (n.op == "SalusErfc") fn = static_cast<Fn>(std::erfc);
   if (n.op == "Sin") fn = static_cast<Fn>(std::sin);
   if (n.op == "Cos") fn = static_cast<Fn>(std::cos);
   if (n.op == "Atan") fn = static_cast<Fn>(std::atan);
@@ -701,7 +702,7 @@ void RegisterCpuTensorKernels(KernelRegistry* r) {
   r->Register("Where", cpu, Where);
   r->Register("Clip", cpu, Clip);
   r->Register("Cast", cpu, Cast);
-  for (const char* op : {"Erf", "SalusLog1p", "SalusExpm1", "Sin", "Cos", "Atan", "Floor", "Ceil",
+  for (const char* op : {"Erf", "SalusErfc", "SalusLog1p", "SalusExpm1", "Sin", "Cos", "Atan", "Floor", "Ceil",
                          "Round", "SalusLgamma", "SalusDigamma", "SalusErfinv", "SalusPolygamma"}) {
     r->Register(op, cpu, FloatMath);
   }

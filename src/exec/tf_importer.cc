@@ -235,6 +235,13 @@ HostTensor ReduceInt64(const HostTensor& x, const std::vector<int64_t>& axes, bo
   return HostTensor::FromInt64s(out, acc);
 }
 
+// A StridedSlice's spec made dense (Importer::SliceSpec).
+struct DenseSlice {
+  std::vector<int64_t> starts, ends, steps;
+  Shape sliced, out;
+  bool whole = true;  // the Slice takes everything
+};
+
 class Importer;
 using Lowering = Status (Importer::*)();
 
@@ -344,6 +351,15 @@ class Importer {
   Status Concat();
   Status Pack();
   Status StridedSlice();
+  Status SliceOp();
+  Status SplitOp();
+  Status ConcatOffset();
+  Status Pad();
+  Status DynamicStitch();
+  Status Relu6();
+  Status Relu6Grad();
+  Status StridedSliceGrad();
+  StatusOr<DenseSlice> SliceSpec(const Shape& xs, size_t first_input);
   Status ShapeOp();
   Status BroadcastGradientArgs();
   Status Range();
@@ -353,8 +369,9 @@ class Importer {
   Status Conv2D();
   Status Conv2DBackpropInput();
   Status Conv2DBackpropFilter();
-  Status MaxPool();
+  Status Pool();
   Status MaxPoolGrad();
+  Status AvgPoolGrad();
   Status LeakyRelu();
   Status RandomKeyCounter();
   Status RandomUniform();
@@ -372,6 +389,13 @@ class Importer {
   StatusOr<Window2D> WindowFor(const Shape& x_nhwc_or_nchw, const std::vector<int64_t>& kernel_hw,
                                bool pooling);
   std::map<std::string, Attribute> ConvAttrs(const Window2D& w) const;
+  bool Depthwise() const;
+  Shape OihwShape(const Shape& fs) const;
+  StatusOr<ValueId> OihwFilter(ValueId f);
+  StatusOr<int64_t> Groups(int64_t in_c, const Shape& fs) const;
+  StatusOr<Window2D> PoolWindow(const Shape& x);
+  std::map<std::string, Attribute> PoolAttrs(const Window2D& w) const;
+  Status PoolGradOf(ValueId xc, ValueId dy, const Window2D& w, const std::string& forward);
   StatusOr<ValueId> ToNchw(ValueId x, bool nchw) {
     return nchw ? StatusOr<ValueId>(x) : Transpose(x, {0, 3, 1, 2});
   }
@@ -423,7 +447,8 @@ const std::map<std::string, Lowering>& Importer::Table() {
       {"Neg", &Importer::Unary}, {"Relu", &Importer::Unary}, {"Sigmoid", &Importer::Unary},
       {"Tanh", &Importer::Unary}, {"Exp", &Importer::Unary}, {"Log", &Importer::Unary},
       {"Sqrt", &Importer::Unary}, {"Rsqrt", &Importer::Unary}, {"Abs", &Importer::Unary},
-      {"Erf", &Importer::Unary}, {"Softplus", &Importer::Unary},
+      {"Erf", &Importer::Unary}, {"Erfc", &Importer::Unary}, {"Softplus", &Importer::Unary},
+      {"Floor", &Importer::Unary},
       {"Reciprocal", &Importer::Unary}, {"Inv", &Importer::Unary}, {"Square", &Importer::Unary},
       {"Sign", &Importer::Unary}, {"Softsign", &Importer::Unary}, {"Elu", &Importer::Unary},
       {"LeakyRelu", &Importer::LeakyRelu},
@@ -460,7 +485,18 @@ const std::map<std::string, Lowering>& Importer::Table() {
       {"Conv2D", &Importer::Conv2D},
       {"Conv2DBackpropInput", &Importer::Conv2DBackpropInput},
       {"Conv2DBackpropFilter", &Importer::Conv2DBackpropFilter},
-      {"MaxPool", &Importer::MaxPool}, {"MaxPoolGrad", &Importer::MaxPoolGrad},
+      {"DepthwiseConv2dNative", &Importer::Conv2D},
+      {"DepthwiseConv2dNativeBackpropInput", &Importer::Conv2DBackpropInput},
+      {"DepthwiseConv2dNativeBackpropFilter", &Importer::Conv2DBackpropFilter},
+      {"MaxPool", &Importer::Pool}, {"MaxPoolGrad", &Importer::MaxPoolGrad},
+      {"AvgPool", &Importer::Pool}, {"AvgPoolGrad", &Importer::AvgPoolGrad},
+      {"Pad", &Importer::Pad}, {"PadV2", &Importer::Pad},
+      {"DynamicStitch", &Importer::DynamicStitch},
+      {"ParallelDynamicStitch", &Importer::DynamicStitch},
+      {"Slice", &Importer::SliceOp}, {"StridedSliceGrad", &Importer::StridedSliceGrad},
+      {"Split", &Importer::SplitOp}, {"SplitV", &Importer::SplitOp},
+      {"Unpack", &Importer::SplitOp}, {"ConcatOffset", &Importer::ConcatOffset},
+      {"Relu6", &Importer::Relu6}, {"Relu6Grad", &Importer::Relu6Grad},
       {"Einsum", &Importer::Einsum},
       {"UnsortedSegmentSum", &Importer::UnsortedSegmentSum},
       {"StatelessRandomGetKeyCounter", &Importer::RandomKeyCounter},
@@ -996,11 +1032,34 @@ Status Importer::DivNoNan() {
 
 // Integers only: FloorMod is ONNX's Mod (the divisor's sign), FloorDiv (x - FloorMod) / y,
 // exact. Float forms need a Floor the engine lacks.
+// FloorDiv and FloorMod round toward negative infinity. On integers: the engine's Mod (fmod 0
+// is Python's, the sign of the divisor) and (x - mod) / y. On floats, as TensorFlow's kernels:
+// floor(x / y), and fmod(x, y) plus y where it is non-zero and its sign differs from y's.
 Status Importer::FloorDivMod() {
   SALUS_RETURN_IF_ERROR(Arity(2, 2));
   SALUS_ASSIGN_OR_RETURN(ValueId x, In(0));
   SALUS_ASSIGN_OR_RETURN(ValueId y, In(1));
-  if (V(x).type != DataType::kInt64) return Refuse("only on integers");
+  if (V(x).type == DataType::kFloat32) {
+    if (op() == "FloorDiv") {
+      SALUS_ASSIGN_OR_RETURN(ValueId q, Emit("Div", {x, y}));
+      SALUS_ASSIGN_OR_RETURN(ValueId f, Emit("Floor", {q}));
+      Bind(0, f);
+      return OkStatus();
+    }
+    SALUS_ASSIGN_OR_RETURN(ValueId m, Emit("Mod", {x, y}, {{"fmod", IntAttr(1)}}));
+    SALUS_ASSIGN_OR_RETURN(ValueId zero, Emit("Equal", {m, ScalarLike(m, 0)}));
+    SALUS_ASSIGN_OR_RETURN(ValueId nonzero, Emit("Not", {zero}));
+    SALUS_ASSIGN_OR_RETURN(ValueId m_neg, Emit("Less", {m, ScalarLike(m, 0)}));
+    SALUS_ASSIGN_OR_RETURN(ValueId y_neg, Emit("Less", {y, ScalarLike(y, 0)}));
+    SALUS_ASSIGN_OR_RETURN(ValueId same, Emit("Equal", {m_neg, y_neg}));
+    SALUS_ASSIGN_OR_RETURN(ValueId differ, Emit("Not", {same}));
+    SALUS_ASSIGN_OR_RETURN(ValueId fix, Emit("And", {nonzero, differ}));
+    SALUS_ASSIGN_OR_RETURN(ValueId shifted, Emit("Add", {m, y}));
+    SALUS_ASSIGN_OR_RETURN(ValueId r, Emit("Where", {fix, shifted, m}));
+    Bind(0, r);
+    return OkStatus();
+  }
+  if (V(x).type != DataType::kInt64) return Refuse("only on integers and float32");
   SALUS_ASSIGN_OR_RETURN(ValueId mod, Emit("Mod", {x, y}, {{"fmod", IntAttr(0)}}));
   if (op() == "FloorMod") {
     Bind(0, mod);
@@ -1061,6 +1120,10 @@ Status Importer::Unary() {
     SALUS_ASSIGN_OR_RETURN(ValueId a, Emit("Abs", {x}));
     SALUS_ASSIGN_OR_RETURN(ValueId d, Emit("Add", {a, ScalarLike(x, 1)}));
     SALUS_ASSIGN_OR_RETURN(y, Emit("Div", {x, d}));
+  } else if (o == "Erfc") {
+    // Its own kernel: 1 - erf(x) loses every digit where erfc(x) is small.
+    if (V(x).type != DataType::kFloat32) return Refuse("only on float32");
+    SALUS_ASSIGN_OR_RETURN(y, EmitShaped("SalusErfc", {x}, {}, DataType::kFloat32, V(x).shape));
   } else {
     const std::string engine = o == "Inv" ? "Reciprocal" : o;
     SALUS_ASSIGN_OR_RETURN(y, Emit(engine, {x}));
@@ -1677,18 +1740,17 @@ Status Importer::Pack() {
 }
 
 // TensorFlow's sparse slice spec (begin, end, strides and five masks) made dense over the
-// input's dims (as TensorFlow's ValidateStridedSliceOp), then one Slice and a Reshape for the
-// new and shrunk axes.
-Status Importer::StridedSlice() {
-  SALUS_RETURN_IF_ERROR(Arity(4, 4));
-  SALUS_ASSIGN_OR_RETURN(ValueId x, In(0));
-  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> begin, ConstInts(1, "begin"));
-  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> end, ConstInts(2, "end"));
-  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> strides, ConstInts(3, "strides"));
+// input's dims (as TensorFlow's ValidateStridedSliceOp): one Slice (starts, ends, steps over
+// every dim) whose result, of shape `sliced`, is reshaped to `out` for the new and shrunk axes.
+// StridedSlice and its gradient StridedSliceGrad share it.
+
+StatusOr<DenseSlice> Importer::SliceSpec(const Shape& xs, size_t first_input) {
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> begin, ConstInts(first_input, "begin"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> end, ConstInts(first_input + 1, "end"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> strides, ConstInts(first_input + 2, "strides"));
   if (begin.size() != end.size() || begin.size() != strides.size() || begin.size() > 32) {
     return Bad("begin, end and strides differ in length (or exceed 32)");
   }
-  const Shape xs = V(x).shape;
   const int64_t rank = xs.size();
   int64_t ellipsis = TfInt("ellipsis_mask", 0), new_axis = TfInt("new_axis_mask", 0);
   const int64_t shrink = TfInt("shrink_axis_mask", 0), begin_mask = TfInt("begin_mask", 0);
@@ -1737,23 +1799,20 @@ Status Importer::StridedSlice() {
     gather.push_back(d.shrink ? kShrunk : full);
     ++full;
   }
-  std::vector<int64_t> starts(rank), ends(rank), steps(rank);
-  Shape sliced(rank), out;
-  bool whole = true;
+  DenseSlice s;
+  s.starts.resize(rank), s.ends.resize(rank), s.steps.resize(rank), s.sliced.resize(rank);
   for (int64_t k = 0; k < rank; ++k) {
     const Dim& d = dense[k];
     const int64_t dim = xs[k];
     if (d.stride == 0) return Bad("a stride is 0");
     if (d.stride == std::numeric_limits<int64_t>::min()) return Bad("stride out of range");
-    int64_t b, e;
     if (d.shrink) {
-      b = d.begin < 0 ? d.begin + dim : d.begin;
+      const int64_t b = d.begin < 0 ? d.begin + dim : d.begin;
       if (b < 0 || b >= dim) return Bad("index " + std::to_string(d.begin) + " out of range");
-      e = b + 1;
-      starts[k] = b;
-      ends[k] = e;
-      steps[k] = 1;
-      sliced[k] = 1;
+      s.starts[k] = b;
+      s.ends[k] = b + 1;
+      s.steps[k] = 1;
+      s.sliced[k] = 1;
     } else {
       auto canonical = [&](int64_t v, bool masked, bool is_begin) {
         if (masked) {
@@ -1763,35 +1822,280 @@ Status Importer::StridedSlice() {
         return d.stride > 0 ? std::clamp<int64_t>(fwd, 0, dim)
                             : std::clamp<int64_t>(fwd, -1, dim - 1);
       };
-      b = canonical(d.begin, d.begin_masked, true);
-      e = canonical(d.end, d.end_masked, false);
+      const int64_t b = canonical(d.begin, d.begin_masked, true);
+      const int64_t e = canonical(d.end, d.end_masked, false);
       int64_t size = 0;
       if (d.stride > 0 && e > b) size = (e - b - 1) / d.stride + 1;
       if (d.stride < 0 && b > e) size = (b - e - 1) / -d.stride + 1;
-      starts[k] = b;
+      s.starts[k] = b;
       // ONNX reads a negative end from the back: "before index 0" is -dim - 1.
-      ends[k] = e < 0 ? -dim - 1 : e;
-      steps[k] = d.stride;
-      sliced[k] = size;
+      s.ends[k] = e < 0 ? -dim - 1 : e;
+      s.steps[k] = d.stride;
+      s.sliced[k] = size;
     }
-    whole = whole && sliced[k] == dim && steps[k] == 1;
+    s.whole = s.whole && s.sliced[k] == dim && s.steps[k] == 1;
   }
   for (int64_t g : gather) {
     if (g == kNewAxis) {
-      out.push_back(1);
+      s.out.push_back(1);
     } else if (g != kShrunk) {
-      out.push_back(sliced[g]);
+      s.out.push_back(s.sliced[g]);
     }
   }
+  return s;
+}
+
+Status Importer::StridedSlice() {
+  SALUS_RETURN_IF_ERROR(Arity(4, 4));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, In(0));
+  const Shape xs = V(x).shape;
+  SALUS_ASSIGN_OR_RETURN(DenseSlice s, SliceSpec(xs, 1));
   ValueId y = x;
-  if (!whole) {
-    std::vector<int64_t> axes(rank);
-    for (int64_t k = 0; k < rank; ++k) axes[k] = k;
+  if (!s.whole) {
+    std::vector<int64_t> axes(xs.size());
+    for (size_t k = 0; k < xs.size(); ++k) axes[k] = static_cast<int64_t>(k);
     SALUS_ASSIGN_OR_RETURN(
-        y, Emit("Slice", {x, Int64s(starts), Int64s(ends), Int64s(axes), Int64s(steps)}));
+        y, Emit("Slice", {x, Int64s(s.starts), Int64s(s.ends), Int64s(axes), Int64s(s.steps)}));
   }
-  SALUS_ASSIGN_OR_RETURN(y, Reshape(y, out));
+  SALUS_ASSIGN_OR_RETURN(y, Reshape(y, s.out));
   Bind(0, y);
+  return OkStatus();
+}
+
+// Inputs (shape, begin, end, strides, dy): dy scattered into zeros of `shape` where the
+// StridedSlice of the same spec read.
+Status Importer::StridedSliceGrad() {
+  SALUS_RETURN_IF_ERROR(Arity(5, 5));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> xs, ConstInts(0, "shape"));
+  for (int64_t d : xs) {
+    if (d < 0) return Bad("negative dimension in shape");
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, In(4));
+  SALUS_ASSIGN_OR_RETURN(DenseSlice s, SliceSpec(xs, 1));
+  if (NumElements(V(dy).shape) != NumElements(s.out)) {
+    return Bad("dy " + ShapeString(V(dy).shape) + " is not the slice's shape " +
+               ShapeString(s.out));
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId d, Reshape(dy, s.sliced));
+  ValueId dx = d;
+  if (!s.whole) {
+    SALUS_ASSIGN_OR_RETURN(dx, EmitShaped("SalusSliceGrad", {d},
+                                          {{"starts", IntsAttr(s.starts)},
+                                           {"steps", IntsAttr(s.steps)}},
+                                          V(dy).type, Shape(xs)));
+  }
+  Bind(0, dx);
+  return OkStatus();
+}
+
+// Slice(x, begin, size): size -1 takes the rest of the dim.
+Status Importer::SliceOp() {
+  SALUS_RETURN_IF_ERROR(Arity(3, 3));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, In(0));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> begin, ConstInts(1, "begin"));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> size, ConstInts(2, "size"));
+  const Shape xs = V(x).shape;
+  if (begin.size() != xs.size() || size.size() != xs.size()) {
+    return Bad("begin and size must have one entry per dim of " + ShapeString(xs));
+  }
+  std::vector<int64_t> ends(xs.size()), axes(xs.size());
+  bool whole = true;
+  for (size_t d = 0; d < xs.size(); ++d) {
+    const int64_t n = size[d] == -1 ? xs[d] - begin[d] : size[d];
+    if (begin[d] < 0 || n < 0 || begin[d] > xs[d] || n > xs[d] - begin[d]) {
+      return Bad("begin " + ShapeString(begin) + " and size " + ShapeString(size) +
+                 " fall outside " + ShapeString(xs));
+    }
+    ends[d] = begin[d] + n;
+    axes[d] = static_cast<int64_t>(d);
+    whole = whole && begin[d] == 0 && n == xs[d];
+  }
+  if (whole) {
+    Bind(0, x);
+    return OkStatus();
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Slice", {x, Int64s(begin), Int64s(ends), Int64s(axes)}));
+  Bind(0, y);
+  return OkStatus();
+}
+
+// Split(axis, value) into num_split equal parts, SplitV(value, size_splits, axis) (one size
+// may be -1: the rest) and Unpack(value) along attribute `axis`, its parts losing that dim.
+Status Importer::SplitOp() {
+  const std::string& o = op();
+  SALUS_RETURN_IF_ERROR(o == "Split" ? Arity(2, 2) : o == "SplitV" ? Arity(3, 3) : Arity(1, 1));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, In(o == "Split" ? 1 : 0));
+  const Shape xs = V(x).shape;
+  int64_t axis = TfInt("axis", 0);
+  if (o != "Unpack") {
+    SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> a, ConstInts(o == "Split" ? 0 : 2, "axis"));
+    if (a.size() != 1) return Bad("axis must be a scalar");
+    axis = a[0];
+  }
+  const int64_t rank = xs.size();
+  if (axis < -rank || axis >= rank) return Bad("axis out of range for " + ShapeString(xs));
+  if (axis < 0) axis += rank;
+  const int64_t dim = xs[axis];
+  std::vector<int64_t> sizes;
+  if (o == "SplitV") {
+    SALUS_ASSIGN_OR_RETURN(sizes, ConstInts(1, "size_splits"));
+    int64_t known = 0, rest = -1;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (sizes[i] == -1 && rest < 0) {
+        rest = static_cast<int64_t>(i);
+      } else if (sizes[i] < 0) {
+        return Bad("size_splits has a negative size");
+      } else {
+        known += sizes[i];
+      }
+    }
+    if (rest >= 0) sizes[rest] = dim - known;
+    if (known > dim || (rest < 0 && known != dim)) {
+      return Bad("size_splits " + ShapeString(sizes) + " do not sum to " + std::to_string(dim));
+    }
+  } else {
+    const int64_t parts = o == "Split" ? TfInt("num_split", 0) : TfInt("num", 0);
+    if (parts < 1 || dim % parts != 0 || (o == "Unpack" && parts != dim)) {
+      return Bad("cannot split a dim of " + std::to_string(dim) + " into " +
+                 std::to_string(parts) + " parts");
+    }
+    sizes.assign(parts, dim / parts);
+  }
+  std::vector<ValueId> outs;
+  if (sizes.size() == 1) {
+    outs = {x};
+  } else {
+    SALUS_ASSIGN_OR_RETURN(
+        outs, EmitN("Split", {x, Int64s(sizes)}, {{"axis", IntAttr(axis)}}, sizes.size()));
+  }
+  for (size_t k = 0; k < outs.size(); ++k) {
+    ValueId part = outs[k];
+    if (o == "Unpack") {
+      Shape s = xs;
+      s.erase(s.begin() + axis);
+      SALUS_ASSIGN_OR_RETURN(part, Reshape(part, s));
+    }
+    Bind(k, part);
+  }
+  return OkStatus();
+}
+
+// ConcatOffset(concat_dim, shape...): where each input of a Concat starts, folded here since
+// the shapes are constants.
+Status Importer::ConcatOffset() {
+  if (in_.size() < 2) return Bad("needs concat_dim and shapes");
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> axis, ConstInts(0, "concat_dim"));
+  if (axis.size() != 1) return Bad("concat_dim must be a scalar");
+  int64_t offset = 0;
+  size_t rank = 0;
+  for (size_t i = 1; i < in_.size(); ++i) {
+    SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> shape, ConstInts(i, "shape"));
+    if (i == 1) rank = shape.size();
+    int64_t a = axis[0] < 0 ? axis[0] + static_cast<int64_t>(rank) : axis[0];
+    if (shape.size() != rank || a < 0 || a >= static_cast<int64_t>(rank)) {
+      return Bad("shapes differ in rank or concat_dim is out of range");
+    }
+    std::vector<int64_t> at(rank, 0);
+    at[a] = offset;
+    offset += shape[a];
+    Bind(i - 1, Int64s(at));
+  }
+  return OkStatus();
+}
+
+// DynamicStitch(indices..., data...) and ParallelDynamicStitch: merged[indices[i][j]] =
+// data[i][j]. TensorFlow's gradient of a reduction over a shape unknown when traced builds the
+// reduced shape with it; shapes are constants here, so it folds at import, and only constant
+// inputs are taken.
+Status Importer::DynamicStitch() {
+  if (in_.empty() || in_.size() % 2 != 0) return Bad("needs as many data inputs as indices");
+  const size_t n = in_.size() / 2;
+  std::vector<const HostTensor*> idx(n), data(n);
+  int64_t rows = 0;
+  for (size_t i = 0; i < n; ++i) {
+    SALUS_ASSIGN_OR_RETURN(idx[i], ConstIn(i, "indices"));
+    SALUS_ASSIGN_OR_RETURN(data[i], ConstIn(n + i, "data"));
+    if (idx[i]->type != DataType::kInt64) return Bad("indices must be integers");
+    if (data[i]->type != data[0]->type) return Bad("data differ in type");
+    const Shape& is = idx[i]->shape;
+    const Shape& ds = data[i]->shape;
+    if (ds.size() < is.size() || !std::equal(is.begin(), is.end(), ds.begin())) {
+      return Bad("data " + ShapeString(ds) + " does not start with its indices' shape " +
+                 ShapeString(is));
+    }
+    for (int64_t k = 0; k < idx[i]->num_elements(); ++k) {
+      const int64_t at = idx[i]->int64s()[k];
+      if (at < 0 || at >= (int64_t{1} << 24)) return Bad("index " + std::to_string(at));
+      rows = std::max(rows, at + 1);
+    }
+  }
+  const Shape suffix(data[0]->shape.begin() + idx[0]->shape.size(), data[0]->shape.end());
+  Shape out = suffix;
+  out.insert(out.begin(), rows);
+  HostTensor merged(data[0]->type, out);
+  const size_t row_bytes = static_cast<size_t>(NumElements(suffix)) * ElementSize(merged.type);
+  for (size_t i = 0; i < n; ++i) {
+    const Shape ds_suffix(data[i]->shape.begin() + idx[i]->shape.size(), data[i]->shape.end());
+    if (ds_suffix != suffix) return Bad("data differ in their trailing dims");
+    for (int64_t k = 0; k < idx[i]->num_elements(); ++k) {
+      std::memcpy(merged.bytes.data() + idx[i]->int64s()[k] * row_bytes,
+                  data[i]->bytes.data() + k * row_bytes, row_bytes);
+    }
+  }
+  Bind(0, Constant(std::move(merged)));
+  return OkStatus();
+}
+
+// Pad(x, paddings) with zeros and PadV2(x, paddings, constant_values); paddings [rank, 2].
+Status Importer::Pad() {
+  const bool v2 = op() == "PadV2";
+  SALUS_RETURN_IF_ERROR(v2 ? Arity(3, 3) : Arity(2, 2));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, In(0));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> p, ConstInts(1, "paddings"));
+  const size_t rank = V(x).shape.size();
+  if (p.size() != 2 * rank) return Bad("paddings must have shape [" + std::to_string(rank) + ", 2]");
+  std::vector<int64_t> pads(2 * rank);
+  bool none = true;
+  for (size_t d = 0; d < rank; ++d) {
+    if (p[2 * d] < 0 || p[2 * d + 1] < 0) return Bad("negative paddings");
+    pads[d] = p[2 * d];
+    pads[rank + d] = p[2 * d + 1];
+    none = none && p[2 * d] == 0 && p[2 * d + 1] == 0;
+  }
+  if (none) {
+    Bind(0, x);
+    return OkStatus();
+  }
+  ValueId value = ScalarLike(x, 0);
+  if (v2) {
+    SALUS_ASSIGN_OR_RETURN(value, In(2));
+    if (ConstOf(value) == nullptr) return Refuse("constant_values that is not a constant");
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId y,
+                         Emit("Pad", {x, Int64s(pads), value}, {{"mode", StringAttr("constant")}}));
+  Bind(0, y);
+  return OkStatus();
+}
+
+// Relu6(x) = min(max(x, 0), 6); Relu6Grad(dy, features) = dy where 0 < features < 6, else 0.
+Status Importer::Relu6() {
+  SALUS_RETURN_IF_ERROR(Arity(1, 1));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, In(0));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Clip", {x, ScalarLike(x, 0), ScalarLike(x, 6)}));
+  Bind(0, y);
+  return OkStatus();
+}
+
+Status Importer::Relu6Grad() {
+  SALUS_RETURN_IF_ERROR(Arity(2, 2));
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, In(0));
+  SALUS_ASSIGN_OR_RETURN(ValueId f, In(1));
+  if (V(f).shape != V(dy).shape) return Bad("features and gradients differ in shape");
+  SALUS_ASSIGN_OR_RETURN(ValueId above, Emit("Greater", {f, ScalarLike(f, 0)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId below, Emit("Less", {f, ScalarLike(f, 6)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId inside, Emit("And", {above, below}));
+  SALUS_ASSIGN_OR_RETURN(ValueId dx, Emit("Where", {inside, dy, ScalarLike(dy, 0)}));
+  Bind(0, dx);
   return OkStatus();
 }
 
@@ -1982,27 +2286,57 @@ std::map<std::string, Attribute> Importer::ConvAttrs(const Window2D& w) const {
           {"pads", IntsAttr(w.pads)}};
 }
 
+// TensorFlow's filters as the engine's OIHW weights. Conv2D's are HWIO [kh, kw, I / group, O];
+// a depthwise convolution's are [kh, kw, C, M], output channel c * M + m reading input channel
+// c only: the grouped convolution with C groups of one input channel, whose OIHW weight is the
+// filter read as [kh, kw, 1, C * M].
+bool Importer::Depthwise() const { return op().rfind("DepthwiseConv2dNative", 0) == 0; }
+
+Shape Importer::OihwShape(const Shape& fs) const {
+  return Depthwise() ? Shape{fs[2] * fs[3], 1, fs[0], fs[1]} : Shape{fs[3], fs[2], fs[0], fs[1]};
+}
+
+StatusOr<ValueId> Importer::OihwFilter(ValueId f) {
+  const Shape fs = V(f).shape;
+  if (Depthwise()) {
+    SALUS_ASSIGN_OR_RETURN(f, Reshape(f, {fs[0], fs[1], 1, fs[2] * fs[3]}));
+  }
+  return Transpose(f, {3, 2, 0, 1});
+}
+
+// The group count of a convolution of `in_c` input channels with filter shape `fs`.
+StatusOr<int64_t> Importer::Groups(int64_t in_c, const Shape& fs) const {
+  if (Depthwise()) {
+    if (fs[2] != in_c) return Bad("the filter's channels are not the input's");
+    return in_c;
+  }
+  if (fs[2] <= 0 || in_c % fs[2] != 0) return Bad("filter channels do not divide the input's");
+  const int64_t groups = in_c / fs[2];
+  if (fs[3] % groups != 0) return Bad("groups do not divide the output channels");
+  return groups;
+}
+
+// Conv2D(input, filter) and DepthwiseConv2dNative(input, filter).
 Status Importer::Conv2D() {
   SALUS_RETURN_IF_ERROR(Arity(2, 2));
   SALUS_ASSIGN_OR_RETURN(ValueId x, In(0));
   SALUS_ASSIGN_OR_RETURN(ValueId f, In(1));
   const Shape fs = V(f).shape;
-  if (fs.size() != 4) return Bad("needs a 4-D HWIO filter");
+  if (fs.size() != 4) return Bad("needs a 4-D filter");
   SALUS_ASSIGN_OR_RETURN(Window2D w, WindowFor(V(x).shape, {fs[0], fs[1]}, false));
   SALUS_ASSIGN_OR_RETURN(ValueId xc, ToNchw(x, w.nchw));
-  SALUS_ASSIGN_OR_RETURN(ValueId wc, Transpose(f, {3, 2, 0, 1}));
+  SALUS_ASSIGN_OR_RETURN(int64_t groups, Groups(V(xc).shape[1], fs));
+  SALUS_ASSIGN_OR_RETURN(ValueId wc, OihwFilter(f));
   std::map<std::string, Attribute> attrs = ConvAttrs(w);
-  // Grouped convolution: the filter's input channels divide the input's.
-  const int64_t in_c = V(xc).shape[1];
-  if (fs[2] <= 0 || in_c % fs[2] != 0) return Bad("filter channels do not divide the input's");
-  attrs["group"] = IntAttr(in_c / fs[2]);
+  attrs["group"] = IntAttr(groups);
   SALUS_ASSIGN_OR_RETURN(ValueId yc, Emit("Conv", {xc, wc}, attrs));
   SALUS_ASSIGN_OR_RETURN(ValueId y, FromNchw(yc, w.nchw));
   Bind(0, y);
   return OkStatus();
 }
 
-// Inputs (input_sizes, filter, out_backprop).
+// Conv2DBackpropInput and DepthwiseConv2dNativeBackpropInput: (input_sizes, filter,
+// out_backprop).
 Status Importer::Conv2DBackpropInput() {
   SALUS_RETURN_IF_ERROR(Arity(3, 3));
   SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> sizes, ConstInts(0, "input_sizes"));
@@ -2015,14 +2349,15 @@ Status Importer::Conv2DBackpropInput() {
   }
   SALUS_ASSIGN_OR_RETURN(Window2D w, WindowFor(sizes, {fs[0], fs[1]}, false));
   const Shape xc = w.nchw ? Shape(sizes) : Shape{sizes[0], sizes[3], sizes[1], sizes[2]};
-  if (fs[2] != xc[1]) return Refuse("grouped convolution gradients");
-  SALUS_ASSIGN_OR_RETURN(ValueId wc, Transpose(f, {3, 2, 0, 1}));
+  SALUS_ASSIGN_OR_RETURN(int64_t groups, Groups(xc[1], fs));
+  SALUS_ASSIGN_OR_RETURN(ValueId wc, OihwFilter(f));
   SALUS_ASSIGN_OR_RETURN(ValueId dyc, ToNchw(dy, w.nchw));
-  if (V(dyc).shape != WindowOutput(xc, fs[3], w)) {
+  if (V(dyc).shape != WindowOutput(xc, OihwShape(fs)[0], w)) {
     return Bad("out_backprop " + ShapeString(V(dy).shape) + " is not the convolution's output");
   }
   std::map<std::string, Attribute> attrs = ConvAttrs(w);
   attrs["x_shape"] = IntsAttr(xc);
+  attrs["group"] = IntAttr(groups);
   attrs["forward_op"] = StringAttr("Conv");
   SALUS_ASSIGN_OR_RETURN(ValueId dxc,
                          EmitShaped("SalusConvGradData", {dyc, wc}, attrs, DataType::kFloat32, xc));
@@ -2031,7 +2366,8 @@ Status Importer::Conv2DBackpropInput() {
   return OkStatus();
 }
 
-// Inputs (input, filter_sizes, out_backprop).
+// Conv2DBackpropFilter and DepthwiseConv2dNativeBackpropFilter: (input, filter_sizes,
+// out_backprop).
 Status Importer::Conv2DBackpropFilter() {
   SALUS_RETURN_IF_ERROR(Arity(3, 3));
   SALUS_ASSIGN_OR_RETURN(ValueId x, In(0));
@@ -2043,37 +2379,68 @@ Status Importer::Conv2DBackpropFilter() {
   }
   SALUS_ASSIGN_OR_RETURN(Window2D w, WindowFor(V(x).shape, {fs[0], fs[1]}, false));
   SALUS_ASSIGN_OR_RETURN(ValueId xc, ToNchw(x, w.nchw));
-  if (fs[2] != V(xc).shape[1]) return Refuse("grouped convolution gradients");
+  SALUS_ASSIGN_OR_RETURN(int64_t groups, Groups(V(xc).shape[1], fs));
   SALUS_ASSIGN_OR_RETURN(ValueId dyc, ToNchw(dy, w.nchw));
-  if (V(dyc).shape != WindowOutput(V(xc).shape, fs[3], w)) {
+  const Shape wc = OihwShape(fs);
+  if (V(dyc).shape != WindowOutput(V(xc).shape, wc[0], w)) {
     return Bad("out_backprop " + ShapeString(V(dy).shape) + " is not the convolution's output");
   }
-  const Shape wc = {fs[3], fs[2], fs[0], fs[1]};
   std::map<std::string, Attribute> attrs = ConvAttrs(w);
   attrs["w_shape"] = IntsAttr(wc);
+  attrs["group"] = IntAttr(groups);
   attrs["forward_op"] = StringAttr("Conv");
   SALUS_ASSIGN_OR_RETURN(
       ValueId dwc, EmitShaped("SalusConvGradWeights", {xc, dyc}, attrs, DataType::kFloat32, wc));
   SALUS_ASSIGN_OR_RETURN(ValueId dw, Transpose(dwc, {2, 3, 1, 0}));
+  SALUS_ASSIGN_OR_RETURN(dw, Reshape(dw, Shape(fs)));
   Bind(0, dw);
   return OkStatus();
 }
 
-Status Importer::MaxPool() {
-  SALUS_RETURN_IF_ERROR(Arity(1, 1));
-  SALUS_ASSIGN_OR_RETURN(ValueId x, In(0));
+// The window of MaxPool, AvgPool and their gradients over `x` (NHWC or NCHW), from ksize.
+StatusOr<Importer::Window2D> Importer::PoolWindow(const Shape& x) {
   SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> ksize, TfInts("ksize"));
   if (ksize.size() != 4) return Bad("ksize must have 4 entries");
   const bool nchw = TfString("data_format", "NHWC") == "NCHW";
   if (ksize[0] != 1 || ksize[nchw ? 1 : 3] != 1) return Refuse("pooling over batch or channels");
-  SALUS_ASSIGN_OR_RETURN(Window2D w,
-                         WindowFor(V(x).shape, {ksize[nchw ? 2 : 1], ksize[nchw ? 3 : 2]}, true));
-  SALUS_ASSIGN_OR_RETURN(ValueId xc, ToNchw(x, w.nchw));
+  return WindowFor(x, {ksize[nchw ? 2 : 1], ksize[nchw ? 3 : 2]}, true);
+}
+
+// The engine's pooling attributes. TensorFlow's average pooling divides each window by its
+// part inside the input (padding not counted).
+std::map<std::string, Attribute> Importer::PoolAttrs(const Window2D& w) const {
   std::map<std::string, Attribute> attrs = ConvAttrs(w);
   attrs.erase("dilations");
-  SALUS_ASSIGN_OR_RETURN(ValueId yc, Emit("MaxPool", {xc}, attrs));
+  if (op().rfind("AvgPool", 0) == 0) attrs["count_include_pad"] = IntAttr(0);
+  return attrs;
+}
+
+// MaxPool(x) and AvgPool(x).
+Status Importer::Pool() {
+  SALUS_RETURN_IF_ERROR(Arity(1, 1));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, In(0));
+  SALUS_ASSIGN_OR_RETURN(Window2D w, PoolWindow(V(x).shape));
+  SALUS_ASSIGN_OR_RETURN(ValueId xc, ToNchw(x, w.nchw));
+  const std::string engine = op() == "MaxPool" ? "MaxPool" : "AveragePool";
+  SALUS_ASSIGN_OR_RETURN(ValueId yc, Emit(engine, {xc}, PoolAttrs(w)));
   SALUS_ASSIGN_OR_RETURN(ValueId y, FromNchw(yc, w.nchw));
   Bind(0, y);
+  return OkStatus();
+}
+
+// The engine's pooling gradient of NCHW `xc` given `dy` (the pooling's output shape, NHWC or
+// NCHW as the op's data format).
+Status Importer::PoolGradOf(ValueId xc, ValueId dy, const Window2D& w, const std::string& forward) {
+  SALUS_ASSIGN_OR_RETURN(ValueId dyc, ToNchw(dy, w.nchw));
+  if (V(dyc).shape != WindowOutput(V(xc).shape, V(xc).shape[1], w)) {
+    return Bad("grad does not have the pooling's output shape");
+  }
+  std::map<std::string, Attribute> attrs = PoolAttrs(w);
+  attrs["forward_op"] = StringAttr(forward);
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId dxc, EmitShaped("SalusPoolGrad", {xc, dyc}, attrs, DataType::kFloat32, V(xc).shape));
+  SALUS_ASSIGN_OR_RETURN(ValueId dx, FromNchw(dxc, w.nchw));
+  Bind(0, dx);
   return OkStatus();
 }
 
@@ -2083,26 +2450,40 @@ Status Importer::MaxPoolGrad() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, In(0));
   SALUS_ASSIGN_OR_RETURN(ValueId y, In(1));
   SALUS_ASSIGN_OR_RETURN(ValueId dy, In(2));
-  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> ksize, TfInts("ksize"));
-  if (ksize.size() != 4) return Bad("ksize must have 4 entries");
-  const bool nchw = TfString("data_format", "NHWC") == "NCHW";
-  if (ksize[0] != 1 || ksize[nchw ? 1 : 3] != 1) return Refuse("pooling over batch or channels");
-  SALUS_ASSIGN_OR_RETURN(Window2D w,
-                         WindowFor(V(x).shape, {ksize[nchw ? 2 : 1], ksize[nchw ? 3 : 2]}, true));
+  SALUS_ASSIGN_OR_RETURN(Window2D w, PoolWindow(V(x).shape));
   if (V(dy).shape != V(y).shape) return Bad("grad and orig_output differ in shape");
   SALUS_ASSIGN_OR_RETURN(ValueId xc, ToNchw(x, w.nchw));
-  SALUS_ASSIGN_OR_RETURN(ValueId dyc, ToNchw(dy, w.nchw));
-  std::map<std::string, Attribute> attrs = ConvAttrs(w);
-  attrs.erase("dilations");
-  if (V(dyc).shape != WindowOutput(V(xc).shape, V(xc).shape[1], w)) {
-    return Bad("grad does not have the pooling's output shape");
+  return PoolGradOf(xc, dy, w, "MaxPool");
+}
+
+// Inputs (orig_input_shape, grad). The engine's average-pooling gradient reads only the
+// input's shape, but takes the input as an operand: the tensor whose Shape gave
+// orig_input_shape where the graph says so (TensorFlow's gradient of AvgPool), else zeros.
+Status Importer::AvgPoolGrad() {
+  SALUS_RETURN_IF_ERROR(Arity(2, 2));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> xs, ConstInts(0, "orig_input_shape"));
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, In(1));
+  if (xs.size() != 4) return Bad("orig_input_shape must have 4 entries");
+  for (int64_t d : xs) {
+    if (d < 0) return Bad("negative dimension in orig_input_shape");
   }
-  attrs["forward_op"] = StringAttr("MaxPool");
-  SALUS_ASSIGN_OR_RETURN(
-      ValueId dxc, EmitShaped("SalusPoolGrad", {xc, dyc}, attrs, DataType::kFloat32, V(xc).shape));
-  SALUS_ASSIGN_OR_RETURN(ValueId dx, FromNchw(dxc, w.nchw));
-  Bind(0, dx);
-  return OkStatus();
+  SALUS_ASSIGN_OR_RETURN(Window2D w, PoolWindow(xs));
+  ValueId x = kNoValue;
+  const InputRef& ref = inputs_[index_.at(name())][0];
+  if (auto at = index_.find(ref.node); at != index_.end() && gd_.node(at->second).op() == "Shape") {
+    const std::vector<InputRef>& shape_in = inputs_[at->second];
+    if (!shape_in.empty() && !shape_in[0].control) {
+      auto t = tensors_.find(shape_in[0].node + ":" + std::to_string(shape_in[0].index));
+      if (t != tensors_.end() && t->second.value != kNoValue && V(t->second.value).shape == xs) {
+        x = t->second.value;
+      }
+    }
+  }
+  if (x == kNoValue) {
+    SALUS_ASSIGN_OR_RETURN(x, Emit("Expand", {ScalarLike(dy, 0), Int64s(xs)}));
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId xc, ToNchw(x, w.nchw));
+  return PoolGradOf(xc, dy, w, "AveragePool");
 }
 
 // ---------------------------------------------------------------------------------------------

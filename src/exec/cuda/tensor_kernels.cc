@@ -3,9 +3,9 @@
 //   - data movement (Gather, Where, Expand, Slice, Trilu) for float, int64 and bool:
 //     tensor_ops.cu's kernels over element_math.h's index maps, moving elements by their size;
 //     Split: one strided copy (cudaMemcpy2DAsync) per output, no kernel;
-//   - elementwise math (Erf, Gelu, Reciprocal, SalusLog1p, SalusExpm1, Sin, Cos, Atan, Floor, Ceil,
-//   Round, Cast, Clip, Min, Max, Mod, the comparisons, And,
-//     Or, Not): tensor_ops.cu's kernels over element_math.h's per-element functions, broadcasting
+//   - elementwise math (Erf, Gelu, Reciprocal, SalusLog1p, SalusExpm1, SalusErfc, Sin, Cos,
+//     Atan, Floor, Ceil, Round, Cast, Clip, Min, Max, Mod, the comparisons, And, Or, Not):
+//     tensor_ops.cu's kernels over element_math.h's per-element functions, broadcasting
 //     through its IndexMap (at most kMaxIndexDims dims once merged);
 //   - generators (Range, ConstantOfShape, Shape): small fill kernels, the values passed by value
 //     or read from device memory by the kernel;
@@ -248,6 +248,7 @@ const std::map<std::string, TensorUnaryOp>& UnaryOps() {
                                                {"Reciprocal", TensorUnaryOp::kReciprocal},
                                                {"SalusLog1p", TensorUnaryOp::kLog1p},
                                                {"SalusExpm1", TensorUnaryOp::kExpm1},
+                                               {"SalusErfc", TensorUnaryOp::kErfc},
                                                {"Sin", TensorUnaryOp::kSin},
                                                {"Cos", TensorUnaryOp::kCos},
                                                {"Atan", TensorUnaryOp::kAtan},

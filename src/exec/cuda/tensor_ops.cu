@@ -139,6 +139,9 @@ __global__ void TensorUnaryKernel(const float* __restrict__ x, float* __restrict
       case TensorUnaryOp::kExpm1:
         y[e] = expm1f(v);
         break;
+      case TensorUnaryOp::kErfc:
+        y[e] = erfcf(v);
+        break;
       case TensorUnaryOp::kSin:
         y[e] = sinf(v);
         break;
@@ -371,6 +374,8 @@ cudaError_t LaunchTensorUnary(TensorUnaryOp op, const float* x, float* y, int64_
       return Launch(&TensorUnaryKernel<TensorUnaryOp::kLog1p>, count, stream, x, y, count);
     case TensorUnaryOp::kExpm1:
       return Launch(&TensorUnaryKernel<TensorUnaryOp::kExpm1>, count, stream, x, y, count);
+    case TensorUnaryOp::kErfc:
+      return Launch(&TensorUnaryKernel<TensorUnaryOp::kErfc>, count, stream, x, y, count);
     case TensorUnaryOp::kSin:
       return Launch(&TensorUnaryKernel<TensorUnaryOp::kSin>, count, stream, x, y, count);
     case TensorUnaryOp::kCos:

@@ -73,6 +73,7 @@ enum class TensorUnaryOp : int32_t {
   kReciprocal,
   kLog1p,
   kExpm1,
+  kErfc,
   kSin,
   kCos,
   kAtan,

@@ -501,6 +501,198 @@ TEST(TfImporterTest, Conv2DAndMaxPoolNhwcWithGradients) {
   ExpectNear(Floats(out[4]), dxpool, 1e-6f, "MaxPoolGrad");
 }
 
+// Depthwise convolution (depth multiplier 2, stride 2, SAME) and both its gradients, NHWC,
+// against loops: output channel c * M + m reads input channel c through filter [kh, kw, c, m].
+TEST(TfImporterTest, DepthwiseConvolutionWithGradients) {
+  constexpr int64_t N = 2, H = 5, W = 4, C = 3, M = 2, K = 3, S = 2, OH = 3, OW = 2;
+  constexpr int64_t PT = 1, PL = 0;  // SAME: height pads 1 + 1, width 0 + 1
+  TfGraph g;
+  g.Placeholder("x");
+  g.Placeholder("f");
+  g.Placeholder("dy");
+  auto attrs = [](tf::NodeDef* n) {
+    TfGraph::Ints(n, "strides", {1, S, S, 1});
+    TfGraph::Str(n, "padding", "SAME");
+  };
+  attrs(g.Node("y", "DepthwiseConv2dNative", {"x", "f"}));
+  g.ConstI("x_sizes", {4}, {N, H, W, C});
+  g.ConstI("f_sizes", {4}, {K, K, C, M});
+  attrs(g.Node("dx", "DepthwiseConv2dNativeBackpropInput", {"x_sizes", "f", "dy"}));
+  attrs(g.Node("df", "DepthwiseConv2dNativeBackpropFilter", {"x", "f_sizes", "dy"}));
+  ASSERT_OK_AND_ASSIGN_TF(
+      exe, Compile(g, {{"x", {N, H, W, C}}, {"f", {K, K, C, M}}, {"dy", {N, OH, OW, C * M}}},
+                   {"y", "dx", "df"}));
+  Memory mem(*exe);
+  const std::vector<float> x = RandomFloats(N * H * W * C, 21), f = RandomFloats(K * K * C * M, 22);
+  const std::vector<float> dy = RandomFloats(N * OH * OW * C * M, 23);
+  ASSERT_OK_AND_ASSIGN_TF(out, RunHost(*exe, mem,
+                                       {HostTensor::FromFloats({N, H, W, C}, x),
+                                        HostTensor::FromFloats({K, K, C, M}, f),
+                                        HostTensor::FromFloats({N, OH, OW, C * M}, dy)}));
+  std::vector<float> y(dy.size(), 0.f), dx(x.size(), 0.f), df(f.size(), 0.f);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t oh = 0; oh < OH; ++oh)
+      for (int64_t ow = 0; ow < OW; ++ow)
+        for (int64_t kh = 0; kh < K; ++kh)
+          for (int64_t kw = 0; kw < K; ++kw) {
+            const int64_t h = oh * S - PT + kh, w = ow * S - PL + kw;
+            if (h < 0 || h >= H || w < 0 || w >= W) continue;
+            for (int64_t c = 0; c < C; ++c)
+              for (int64_t m = 0; m < M; ++m) {
+                const int64_t xi = ((n * H + h) * W + w) * C + c;
+                const int64_t fi = ((kh * K + kw) * C + c) * M + m;
+                const int64_t yi = ((n * OH + oh) * OW + ow) * C * M + c * M + m;
+                y[yi] += x[xi] * f[fi];
+                dx[xi] += dy[yi] * f[fi];
+                df[fi] += x[xi] * dy[yi];
+              }
+          }
+  ExpectNear(Floats(out[0]), y, 1e-5f, "DepthwiseConv2dNative");
+  ExpectNear(Floats(out[1]), dx, 1e-5f, "DepthwiseConv2dNativeBackpropInput");
+  ExpectNear(Floats(out[2]), df, 1e-5f, "DepthwiseConv2dNativeBackpropFilter");
+}
+
+// 3x3 average pooling, stride 2, SAME: each window divided by its part inside the input, as
+// TensorFlow does; the gradient spreads dy over the same windows. The gradient's input shape
+// comes from Shape(x) for one and a constant for the other: both give the same result.
+TEST(TfImporterTest, AvgPoolAndItsGradientCountOnlyTheInput) {
+  constexpr int64_t N = 1, H = 4, W = 5, C = 2, K = 3, S = 2, OH = 2, OW = 3;
+  TfGraph g;
+  g.Placeholder("x");
+  g.Placeholder("dy");
+  auto attrs = [](tf::NodeDef* n) {
+    TfGraph::Ints(n, "ksize", {1, K, K, 1});
+    TfGraph::Ints(n, "strides", {1, S, S, 1});
+    TfGraph::Str(n, "padding", "SAME");
+  };
+  attrs(g.Node("y", "AvgPool", {"x"}));
+  g.Node("x_shape", "Shape", {"x"});
+  attrs(g.Node("dx", "AvgPoolGrad", {"x_shape", "dy"}));
+  g.ConstI("x_sizes", {4}, {N, H, W, C});
+  attrs(g.Node("dx_const", "AvgPoolGrad", {"x_sizes", "dy"}));
+  ASSERT_OK_AND_ASSIGN_TF(
+      exe, Compile(g, {{"x", {N, H, W, C}}, {"dy", {N, OH, OW, C}}}, {"y", "dx", "dx_const"}));
+  Memory mem(*exe);
+  const std::vector<float> x = RandomFloats(N * H * W * C, 31), dy = RandomFloats(OH * OW * C, 32);
+  ASSERT_OK_AND_ASSIGN_TF(out, RunHost(*exe, mem,
+                                       {HostTensor::FromFloats({N, H, W, C}, x),
+                                        HostTensor::FromFloats({N, OH, OW, C}, dy)}));
+  // SAME: heights pad 0 + 1 (total 1), widths 1 + 1 (total 2).
+  std::vector<float> y(dy.size(), 0.f), dx(x.size(), 0.f);
+  for (int64_t oh = 0; oh < OH; ++oh)
+    for (int64_t ow = 0; ow < OW; ++ow)
+      for (int64_t c = 0; c < C; ++c) {
+        std::vector<int64_t> inside;
+        for (int64_t kh = 0; kh < K; ++kh)
+          for (int64_t kw = 0; kw < K; ++kw) {
+            const int64_t h = oh * S + kh, w = ow * S - 1 + kw;
+            if (h < H && w >= 0 && w < W) inside.push_back((h * W + w) * C + c);
+          }
+        const int64_t o = (oh * OW + ow) * C + c;
+        for (int64_t i : inside) {
+          y[o] += x[i] / static_cast<float>(inside.size());
+          dx[i] += dy[o] / static_cast<float>(inside.size());
+        }
+      }
+  ExpectNear(Floats(out[0]), y, 1e-6f, "AvgPool");
+  ExpectNear(Floats(out[1]), dx, 1e-6f, "AvgPoolGrad");
+  ExpectNear(Floats(out[2]), dx, 1e-6f, "AvgPoolGrad of a constant shape");
+}
+
+// The data-movement ops Keras models add: Pad, PadV2, Slice, Split, SplitV, Unpack,
+// StridedSliceGrad, and the elementwise Relu6, Relu6Grad, Erfc, Floor and float FloorMod.
+TEST(TfImporterTest, PaddingSlicingSplittingAndElementwiseOps) {
+  TfGraph g;
+  g.Placeholder("x");  // [2, 3]
+  g.ConstI("pads", {2, 2}, {1, 0, 0, 2});
+  g.Node("pad", "Pad", {"x", "pads"});
+  g.ConstF("minus1", {}, {-1.f});
+  g.Node("pad2", "PadV2", {"x", "pads", "minus1"});
+  g.ConstI("begin", {2}, {0, 1});
+  g.ConstI("size", {2}, {-1, 2});
+  g.Node("slice", "Slice", {"x", "begin", "size"});
+  g.ConstI("axis1", {}, {1});
+  TfGraph::Int(g.Node("split", "Split", {"axis1", "x"}), "num_split", 3);
+  g.ConstI("sizes", {2}, {-1, 2});
+  g.Node("splitv", "SplitV", {"x", "sizes", "axis1"});
+  TfGraph::Int(g.Node("unpack", "Unpack", {"x"}), "num", 2);
+  // StridedSlice x[:, ::2] and its gradient.
+  g.ConstI("shape", {2}, {2, 3});
+  g.ConstI("b", {2}, {0, 0});
+  g.ConstI("e", {2}, {0, 0});
+  g.ConstI("st", {2}, {1, 2});
+  g.Placeholder("dslice");  // [2, 2]
+  auto* ssg = g.Node("ssg", "StridedSliceGrad", {"shape", "b", "e", "st", "dslice"});
+  TfGraph::Int(ssg, "begin_mask", 3);
+  TfGraph::Int(ssg, "end_mask", 3);
+  g.Node("relu6", "Relu6", {"x"});
+  g.Node("relu6g", "Relu6Grad", {"dslice_like_x", "x"});
+  g.Placeholder("dslice_like_x");  // [2, 3]
+  g.Node("erfc", "Erfc", {"x"});
+  g.Node("floor", "Floor", {"x"});
+  g.ConstF("three", {}, {-3.f});
+  g.Node("fmod", "FloorMod", {"x", "three"});
+  ASSERT_OK_AND_ASSIGN_TF(
+      exe, Compile(g, {{"x", {2, 3}}, {"dslice", {2, 2}}, {"dslice_like_x", {2, 3}}},
+                   {"pad", "pad2", "slice", "split:0", "split:2", "splitv:0", "splitv:1",
+                    "unpack:1", "ssg", "relu6", "relu6g", "erfc", "floor", "fmod"}));
+  Memory mem(*exe);
+  const std::vector<float> x = {-1.5f, 0.f, 2.5f, 6.f, 7.25f, 4.f};
+  ASSERT_OK_AND_ASSIGN_TF(out, RunHost(*exe, mem,
+                                       {HostTensor::FromFloats({2, 3}, x),
+                                        HostTensor::FromFloats({2, 2}, {1, 2, 3, 4}),
+                                        HostTensor::FromFloats({2, 3}, {1, 1, 1, 1, 1, 1})}));
+  ExpectNear(Floats(out[0]), {0, 0, 0, 0, 0, -1.5f, 0, 2.5f, 0, 0, 6, 7.25f, 4, 0, 0}, 0,
+             "Pad");
+  EXPECT_EQ(out[0].shape, Shape({3, 5}));
+  ExpectNear(Floats(out[1]), {-1, -1, -1, -1, -1, -1.5f, 0, 2.5f, -1, -1, 6, 7.25f, 4, -1, -1},
+             0, "PadV2");
+  ExpectNear(Floats(out[2]), {0, 2.5f, 7.25f, 4}, 0, "Slice");
+  ExpectNear(Floats(out[3]), {-1.5f, 6}, 0, "Split:0");
+  ExpectNear(Floats(out[4]), {2.5f, 4}, 0, "Split:2");
+  ExpectNear(Floats(out[5]), {-1.5f, 6}, 0, "SplitV:0");
+  ExpectNear(Floats(out[6]), {0, 2.5f, 7.25f, 4}, 0, "SplitV:1");
+  ExpectNear(Floats(out[7]), {6, 7.25f, 4}, 0, "Unpack:1");
+  EXPECT_EQ(out[7].shape, Shape({3}));
+  ExpectNear(Floats(out[8]), {1, 0, 2, 3, 0, 4}, 0, "StridedSliceGrad");
+  ExpectNear(Floats(out[9]), {0, 0, 2.5f, 6, 6, 4}, 0, "Relu6");
+  ExpectNear(Floats(out[10]), {0, 0, 1, 0, 0, 1}, 0, "Relu6Grad");
+  std::vector<float> erfc, floors, fmods;
+  for (float v : x) {
+    erfc.push_back(std::erfc(v));
+    floors.push_back(std::floor(v));
+  }
+  // FloorMod by -3 takes the divisor's sign: -1.5 -> -1.5, 0 -> 0, 2.5 -> -0.5, 6 -> 0,
+  // 7.25 -> -1.75, 4 -> -2.
+  ExpectNear(Floats(out[11]), erfc, 1e-7f, "Erfc");
+  ExpectNear(Floats(out[12]), floors, 0, "Floor");
+  ExpectNear(Floats(out[13]), {-1.5f, 0, -0.5f, 0, -1.75f, -2}, 1e-7f, "FloorMod");
+}
+
+// ConcatOffset and DynamicStitch of constants fold to constants at import (TensorFlow's
+// gradients of Concat and of a reduction over a shape unknown when traced).
+TEST(TfImporterTest, ConcatOffsetAndDynamicStitchFold) {
+  TfGraph g;
+  g.ConstI("axis", {}, {1});
+  g.ConstI("s0", {3}, {2, 3, 4});
+  g.ConstI("s1", {3}, {2, 5, 4});
+  g.ConstI("s2", {3}, {2, 1, 4});
+  g.Node("offsets", "ConcatOffset", {"axis", "s0", "s1", "s2"});
+  g.ConstI("i0", {2}, {0, 2});
+  g.ConstI("i1", {2}, {1, 3});
+  g.ConstI("d0", {2}, {7, 9});
+  g.ConstI("d1", {2}, {1, 1});
+  g.Node("stitch", "DynamicStitch", {"i0", "i1", "d0", "d1"});
+  g.Placeholder("x");
+  g.Node("reshaped", "Reshape", {"x", "stitch"});
+  ASSERT_OK_AND_ASSIGN_TF(graph, Import(g, {{"x", {63}}}));
+  EXPECT_EQ(ConstantInts(graph, "offsets"), std::vector<int64_t>({0, 0, 0}));
+  EXPECT_EQ(ConstantInts(graph, "offsets:1"), std::vector<int64_t>({0, 3, 0}));
+  EXPECT_EQ(ConstantInts(graph, "offsets:2"), std::vector<int64_t>({0, 8, 0}));
+  EXPECT_EQ(ConstantInts(graph, "stitch"), std::vector<int64_t>({7, 1, 9, 1}));
+  EXPECT_EQ(graph.value(graph.Find("reshaped")).shape, Shape({7, 1, 9, 1}));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Variables.
 
@@ -1055,7 +1247,21 @@ TEST(TfImporterTest, SupportsKerasTrainingStepOps) {
                          "ShapeN",
                          "StatelessRandomGetKeyCounter",
                          "StatelessRandomUniformV2",
-                         "VarHandleOp"}) {
+                         "VarHandleOp",
+                         // keras.applications' ops beyond those.
+                         "AvgPool",
+                         "AvgPoolGrad",
+                         "ConcatOffset",
+                         "DepthwiseConv2dNative",
+                         "DepthwiseConv2dNativeBackpropFilter",
+                         "DepthwiseConv2dNativeBackpropInput",
+                         "DynamicStitch",
+                         "Erfc",
+                         "Pad",
+                         "Relu6",
+                         "Relu6Grad",
+                         "Slice",
+                         "StridedSliceGrad"}) {
     EXPECT_TRUE(std::binary_search(ops.begin(), ops.end(), op)) << op;
   }
 }
