@@ -56,9 +56,9 @@ SUBSETS = {
                  "ConvNeXtTiny"],
 }
 # Each architecture's module in keras.applications, whose preprocess_input a user applies.
-MODULES = {"VGG": "vgg", "ResNet": "resnet", "MobileNet": "mobilenet", "EfficientNet": "efficientnet",
-           "DenseNet": "densenet", "Xception": "xception", "InceptionV3": "inception_v3",
-           "InceptionResNetV2": "inception_resnet_v2", "NASNet": "nasnet", "ConvNeXt": "convnext"}
+MODULES = {"VGG": "vgg", "ResNet": "resnet", "MobileNet": "mobilenet",
+           "EfficientNet": "efficientnet", "DenseNet": "densenet", "Xception": "xception",
+           "InceptionV3": "inception_v3", "InceptionResNetV2": "inception_resnet_v2", "NASNet": "nasnet", "ConvNeXt": "convnext"}
 BATCH, SAMPLES, EPOCHS, CLASSES = 8, 20, 2, 10
 LOSS_RTOL, WEIGHT_RTOL, WEIGHT_ATOL = 1e-4, 1e-3, 1e-3
 
@@ -129,7 +129,8 @@ def child(name: str, size: int, weights_out: str) -> None:
     except Exception as e:  # noqa: BLE001 - the table reports any failure
         lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
         # TensorFlow's "Graph execution error:" first; the cause is the line naming a node.
-        cause = next((ln for ln in lines if "node '" in ln or "op " in ln), lines[0] if lines else "")
+        cause = next((ln for ln in lines if "node '" in ln or "op " in ln),
+                     lines[0] if lines else "")
         out["error"] = f"{type(e).__name__}: {cause[:300]}"
     print(json.dumps(out))
 
@@ -243,17 +244,21 @@ def start_server(threads: int) -> tuple[subprocess.Popen, str, tempfile.Temporar
     return server, endpoint, run_dir
 
 
+def cell(row: dict, key: str, fmt: str) -> str:
+    """A table cell: row[key] formatted, or "-" where it is missing."""
+    return format(row[key], fmt) if row.get(key) is not None else "-"
+
+
 def print_table(rows: list[dict]) -> None:
     print("| model | params | ops | first step | max loss diff | max |predict| diff "
           "| weights beyond 1e-3 | TF's own loss / weight spread | step ratio |")
     print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        def f(key: str, fmt: str) -> str:
-            return format(r[key], fmt) if r.get(key) is not None else "-"
         print(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['ops']} | {r['status']} | "
-              f"{f('loss_diff', '.1e')} | {f('predict_diff', '.1e')} | "
-              f"{f('weight_diff', '.1e')} | {f('tf_loss_spread', '.1e')} / "
-              f"{f('tf_weight_spread', '.1e')} | {f('step_ratio', '.2f')} |", flush=True)
+              f"{cell(r, 'loss_diff', '.1e')} | {cell(r, 'predict_diff', '.1e')} | "
+              f"{cell(r, 'weight_diff', '.1e')} | {cell(r, 'tf_loss_spread', '.1e')} / "
+              f"{cell(r, 'tf_weight_spread', '.1e')} | {cell(r, 'step_ratio', '.2f')} |",
+              flush=True)
 
 
 def main() -> int:

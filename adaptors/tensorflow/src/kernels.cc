@@ -226,6 +226,7 @@ struct GraphRunner::Compiled {
   std::vector<size_t> init_index;                         // each one's place in `fetches`
   std::unique_ptr<WireSession> session;
   GraphRunner* owner = nullptr;
+  std::string dump_stem;  // SALUS_TF_DUMP_DIR: where its first iteration's values go
 };
 
 namespace {
@@ -354,10 +355,11 @@ void GraphRunner::EvictLocked() {
 }
 
 // SALUS_TF_DUMP_DIR=DIR writes each session's graph as DIR/<n>.pb with the salus-exec-bench
-// arguments that time it in DIR/<n>.args, to profile a captured step outside the daemon.
-void DumpForBench(const WireSessionSpec& spec) {
+// arguments that time it in DIR/<n>.args, to profile a captured step outside the daemon; the
+// stem DIR/<n>, or "" when not dumping.
+std::string DumpForBench(const WireSessionSpec& spec) {
   const char* dir = std::getenv("SALUS_TF_DUMP_DIR");
-  if (dir == nullptr || *dir == '\0') return;
+  if (dir == nullptr || *dir == '\0') return "";
   static std::atomic<int> serial{0};
   const std::string stem = std::string(dir) + "/" + std::to_string(serial++);
   std::ofstream(stem + ".pb", std::ios::binary) << spec.graph_def;
@@ -369,6 +371,56 @@ void DumpForBench(const WireSessionSpec& spec) {
   }
   if (!spec.outputs.empty()) args << " --fetch " << spec.outputs[0];
   args << "\n";
+  // The session's spec, for a client that replays it (benchmarks/tensorflow/gpu_steps.py).
+  std::ofstream json(stem + ".spec.json");
+  json << "{\"name\": \"" << spec.name << "\", \"inputs\": {";
+  for (size_t k = 0; k < spec.inputs.size(); ++k) {
+    json << (k ? ", " : "") << "\"" << spec.inputs[k].first << "\": [";
+    const std::vector<int64_t>& dims = spec.inputs[k].second;
+    for (size_t i = 0; i < dims.size(); ++i) json << (i ? ", " : "") << dims[i];
+    json << "]";
+  }
+  json << "}, \"outputs\": [";
+  for (size_t k = 0; k < spec.outputs.size(); ++k) {
+    json << (k ? ", " : "") << "\"" << spec.outputs[k] << "\"";
+  }
+  json << "]}\n";
+  return stem;
+}
+
+// With SALUS_TF_DUMP_VALUES=1 besides, a session's first iteration is written too, to replay
+// the step elsewhere (benchmarks/tensorflow/gpu_steps.py): DIR/<n>.bin holds the bytes of its
+// feeds, state writes (every variable the step reads: a session's first iteration sends them
+// all) and fetched results, and DIR/<n>.json says which is which.
+void DumpValues(const std::string& stem, const std::vector<std::string>& fetch_names,
+                const std::set<std::string>& var_names, const std::vector<WireFeed>& sent,
+                const std::vector<WireResult>& results) {
+  const char* values = std::getenv("SALUS_TF_DUMP_VALUES");
+  if (stem.empty() || values == nullptr || std::string(values) != "1") return;
+  std::ofstream bin(stem + ".bin", std::ios::binary);
+  std::ofstream index(stem + ".json");
+  size_t offset = 0;
+  bool first = true;
+  auto entry = [&](const char* role, const std::string& name, WireType type,
+                   const std::vector<int64_t>& shape, const void* data, size_t bytes) {
+    bin.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+    index << (first ? "" : ",\n") << "{\"role\": \"" << role << "\", \"name\": \"" << name
+          << "\", \"type\": " << static_cast<int>(type) << ", \"shape\": [";
+    for (size_t i = 0; i < shape.size(); ++i) index << (i ? ", " : "") << shape[i];
+    index << "], \"offset\": " << offset << ", \"bytes\": " << bytes << "}";
+    offset += bytes;
+    first = false;
+  };
+  index << "[\n";
+  for (const WireFeed& f : sent) {
+    entry(var_names.count(f.name) > 0 ? "state" : "feed", f.name, f.type, f.shape, f.data,
+          f.bytes);
+  }
+  for (size_t k = 0; k < results.size() && k < fetch_names.size(); ++k) {
+    entry("fetch", fetch_names[k], results[k].type, results[k].shape, results[k].data.data(),
+          results[k].data.size());
+  }
+  index << "\n]\n";
 }
 
 // Note [First assignment]
@@ -482,7 +534,7 @@ GraphRunner::Compiled* GraphRunner::SessionFor(OpKernelContext* ctx,
     init_index.push_back(it - spec.outputs.begin());
     if (it == spec.outputs.end()) spec.outputs.push_back(name);
   }
-  DumpForBench(spec);
+  const std::string dump_stem = DumpForBench(spec);
   WireError err;
   WireClient* daemon = Daemon(&err);
   if (daemon == nullptr) {
@@ -517,6 +569,7 @@ GraphRunner::Compiled* GraphRunner::SessionFor(OpKernelContext* ctx,
   c->init_index = std::move(init_index);
   c->session = std::move(session);
   c->owner = this;
+  c->dump_stem = dump_stem;
   compiled_.push_back(std::move(c));
   return compiled_.back().get();
 }
@@ -594,6 +647,12 @@ void GraphRunner::Compute(OpKernelContext* ctx) {
   if (!c->session->Run(wire, c->fetches, /*state_only=*/false, &results, &err)) {
     ctx->SetStatus(ToStatus(err));
     return;
+  }
+  if (!c->dump_stem.empty()) {
+    DumpValues(c->dump_stem, c->fetches,
+               std::set<std::string>(spec_.var_names.begin(), spec_.var_names.end()), wire,
+               results);
+    c->dump_stem.clear();  // the first iteration only
   }
   for (size_t k = 0; k < c->init_fetches.size(); ++k) {
     const int j = c->init_fetches[k].first;
