@@ -13,8 +13,11 @@ train-step time on SALUS over TensorFlow's (second epoch). The JSON lands in --o
     .venv-tf/bin/python benchmarks/tensorflow/zoo.py --models MobileNetV2,DenseNet121
     .venv-tf/bin/python benchmarks/tensorflow/zoo.py --subset ci     # what CI runs
 
-A model passes when it trains on SALUS and its losses agree to 1e-4 relative and its weights
-to 1e-3 (relative, with 1e-3 absolute for weights near zero).
+A model is "ok" when it trains on SALUS and its losses agree to 1e-4 relative and its weights
+to 1e-3 (relative, with 1e-3 absolute for weights near zero); with --spread, "within TF's
+spread" when they do not but its untrained loss agrees to 1e-5 and its trained losses and
+weights differ by at most three times what TensorFlow's Eigen kernels differ from its oneDNN
+ones (docs/tensorflow.md, keras.applications).
 """
 
 from __future__ import annotations
@@ -58,9 +61,10 @@ SUBSETS = {
 # Each architecture's module in keras.applications, whose preprocess_input a user applies.
 MODULES = {"VGG": "vgg", "ResNet": "resnet", "MobileNet": "mobilenet",
            "EfficientNet": "efficientnet", "DenseNet": "densenet", "Xception": "xception",
-           "InceptionV3": "inception_v3", "InceptionResNetV2": "inception_resnet_v2", "NASNet": "nasnet", "ConvNeXt": "convnext"}
+           "InceptionV3": "inception_v3", "InceptionResNetV2": "inception_resnet_v2",
+           "NASNet": "nasnet", "ConvNeXt": "convnext"}
 BATCH, SAMPLES, EPOCHS, CLASSES = 8, 20, 2, 10
-LOSS_RTOL, WEIGHT_RTOL, WEIGHT_ATOL = 1e-4, 1e-3, 1e-3
+LOSS_RTOL, WEIGHT_RTOL, WEIGHT_ATOL, INITIAL_RTOL = 1e-4, 1e-3, 1e-3, 1e-5
 
 
 def module_of(name: str) -> str:
@@ -117,6 +121,8 @@ def child(name: str, size: int, weights_out: str) -> None:
     out: dict = {"params": int(model.count_params()),
                  "devices": [d.device_type for d in tf.config.list_logical_devices()]}
     try:
+        # The untrained model's loss: the forward pass alone, before any rounding compounds.
+        out["initial"] = float(model.evaluate(x, y, batch_size=BATCH, verbose=0))
         history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
                             callbacks=[timer])
         out["loss"] = history.history["loss"]
@@ -208,6 +214,7 @@ def compare(name: str, salus: dict, cpu: dict, workdir: Path, eigen: dict | None
     if "SALUS" not in salus.get("devices", []):
         row["status"] = "SALUS device missing"
         return row
+    row["initial_diff"] = rel_diff([salus["initial"]], [cpu["initial"]])
     row["loss_diff"] = max(rel_diff(salus["loss"], cpu["loss"]),
                            rel_diff([salus["evaluate"]], [cpu["evaluate"]]))
     row["predict_diff"] = float(np.max(np.abs(np.subtract(salus["predict"], cpu["predict"]))))
@@ -219,8 +226,13 @@ def compare(name: str, salus: dict, cpu: dict, workdir: Path, eigen: dict | None
         row["tf_weight_spread"] = weight_excess(eigen["weights_file"], cpu["weights_file"])
     row["step_ratio"] = (statistics.median(salus["step_ms"]) / statistics.median(cpu["step_ms"])
                          if salus["step_ms"] and cpu["step_ms"] else None)
-    ok = (rel_diff(salus["loss"], cpu["loss"]) <= LOSS_RTOL and worst <= WEIGHT_ATOL)
-    row["status"] = "ok" if ok else "mismatch"
+    ok = rel_diff(salus["loss"], cpu["loss"]) <= LOSS_RTOL and worst <= WEIGHT_ATOL
+    # TensorFlow's two CPU kernel sets drift apart too: within three times that drift (and with
+    # the untrained model's loss equal), SALUS differs from TensorFlow as TensorFlow from itself.
+    spread = ("tf_loss_spread" in row and row["initial_diff"] <= INITIAL_RTOL
+              and row["loss_diff"] <= max(LOSS_RTOL, 3 * row["tf_loss_spread"])
+              and worst <= max(WEIGHT_ATOL, 3 * row["tf_weight_spread"]))
+    row["status"] = "ok" if ok else "within TF's spread" if spread else "mismatch"
     return row
 
 
@@ -250,12 +262,14 @@ def cell(row: dict, key: str, fmt: str) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| model | params | ops | first step | max loss diff | max |predict| diff "
-          "| weights beyond 1e-3 | TF's own loss / weight spread | step ratio |")
-    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| model | params | ops | status | untrained loss diff | trained loss diff "
+          "| max |predict| diff | weights beyond 1e-3 | TF's own loss / weight spread "
+          "| step ratio |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['ops']} | {r['status']} | "
-              f"{cell(r, 'loss_diff', '.1e')} | {cell(r, 'predict_diff', '.1e')} | "
+              f"{cell(r, 'initial_diff', '.1e')} | {cell(r, 'loss_diff', '.1e')} | "
+              f"{cell(r, 'predict_diff', '.1e')} | "
               f"{cell(r, 'weight_diff', '.1e')} | {cell(r, 'tf_loss_spread', '.1e')} / "
               f"{cell(r, 'tf_weight_spread', '.1e')} | {cell(r, 'step_ratio', '.2f')} |",
               flush=True)
@@ -306,7 +320,7 @@ def main() -> int:
     print_table(rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=2))
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    return 0 if all(r["status"] in ("ok", "within TF's spread") for r in rows) else 1
 
 
 if __name__ == "__main__":

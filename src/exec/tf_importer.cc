@@ -356,6 +356,10 @@ class Importer {
   Status ConcatOffset();
   Status Pad();
   Status DynamicStitch();
+  Status FusedBatchNorm();
+  Status FusedBatchNormGrad();
+  struct BatchNormAxes;
+  StatusOr<BatchNormAxes> BatchNormLayout(ValueId x);
   Status Relu6();
   Status Relu6Grad();
   Status StridedSliceGrad();
@@ -492,6 +496,12 @@ const std::map<std::string, Lowering>& Importer::Table() {
       {"AvgPool", &Importer::Pool}, {"AvgPoolGrad", &Importer::AvgPoolGrad},
       {"Pad", &Importer::Pad}, {"PadV2", &Importer::Pad},
       {"DynamicStitch", &Importer::DynamicStitch},
+      {"FusedBatchNorm", &Importer::FusedBatchNorm},
+      {"FusedBatchNormV2", &Importer::FusedBatchNorm},
+      {"FusedBatchNormV3", &Importer::FusedBatchNorm},
+      {"FusedBatchNormGrad", &Importer::FusedBatchNormGrad},
+      {"FusedBatchNormGradV2", &Importer::FusedBatchNormGrad},
+      {"FusedBatchNormGradV3", &Importer::FusedBatchNormGrad},
       {"ParallelDynamicStitch", &Importer::DynamicStitch},
       {"Slice", &Importer::SliceOp}, {"StridedSliceGrad", &Importer::StridedSliceGrad},
       {"Split", &Importer::SplitOp}, {"SplitV", &Importer::SplitOp},
@@ -2000,6 +2010,159 @@ Status Importer::ConcatOffset() {
     offset += shape[a];
     Bind(i - 1, Int64s(at));
   }
+  return OkStatus();
+}
+
+// Note [Fused batch normalisation]
+// FusedBatchNorm/V2/V3(x, scale, offset, mean, variance), TensorFlow's own batch normalisation
+// kernels (tf.keras 2's BatchNormalization, tf.nn.fused_batch_norm), written as the engine's
+// reductions and elementwise ops over the channel dim (last in NHWC, second in NCHW). Training
+// normalises by the batch's mean and biased variance; outputs 1 and 2 are the running mean and
+// the Bessel-corrected variance averaged with the inputs by exponential_avg_factor (1: the
+// batch's own); reserve spaces 1 and 2 carry the batch mean and biased variance to the gradient,
+// as TensorFlow's CPU kernel does. Inference normalises by the given mean and variance.
+struct Importer::BatchNormAxes {
+  std::vector<int64_t> reduce;  // every dim but the channels'
+  Shape channel;                // [C] broadcast against x: [C] for NHWC, [C, 1, 1] for NCHW
+  int64_t count = 1;            // elements per channel
+};
+
+StatusOr<Importer::BatchNormAxes> Importer::BatchNormLayout(ValueId x) {
+  const Shape& xs = V(x).shape;
+  const std::string format = TfString("data_format", "NHWC");
+  if (xs.size() != 4 || (format != "NHWC" && format != "NCHW")) {
+    return Refuse("batch normalisation of a 4-D NHWC or NCHW input only");
+  }
+  const int64_t c = format == "NHWC" ? 3 : 1;
+  BatchNormAxes a;
+  for (int64_t d = 0; d < 4; ++d) {
+    if (d != c) {
+      a.reduce.push_back(d);
+      a.count *= xs[d];
+    }
+  }
+  a.channel = c == 3 ? Shape{xs[3]} : Shape{xs[1], 1, 1};
+  return a;
+}
+
+Status Importer::FusedBatchNorm() {
+  SALUS_RETURN_IF_ERROR(Arity(5, 5));
+  std::vector<ValueId> in(5);
+  for (size_t i = 0; i < 5; ++i) {
+    SALUS_ASSIGN_OR_RETURN(in[i], In(i));
+  }
+  const ValueId x = in[0];
+  SALUS_ASSIGN_OR_RETURN(BatchNormAxes a, BatchNormLayout(x));
+  std::vector<ValueId> per_channel(4);
+  for (size_t i = 1; i < 5; ++i) {
+    if (V(in[i]).type != DataType::kFloat32) return Refuse("a float32 scale, offset and moments");
+    SALUS_ASSIGN_OR_RETURN(per_channel[i - 1], Reshape(in[i], a.channel));
+  }
+  const ValueId scale = per_channel[0], offset = per_channel[1];
+  const float eps = Attr("epsilon") != nullptr ? Attr("epsilon")->f() : 1e-4f;
+  const float factor =
+      Attr("exponential_avg_factor") != nullptr ? Attr("exponential_avg_factor")->f() : 1.f;
+  const bool training = TfBool("is_training", true);
+  ValueId mean = per_channel[2], var = per_channel[3];
+  if (training) {
+    if (a.count < 2) return Bad("training over a single element per channel");
+    SALUS_ASSIGN_OR_RETURN(mean, Emit("ReduceMean", {x}, {{"axes", IntsAttr(a.reduce)},
+                                                          {"keepdims", IntAttr(0)}}));
+    SALUS_ASSIGN_OR_RETURN(mean, Reshape(mean, a.channel));
+    SALUS_ASSIGN_OR_RETURN(ValueId centred, Emit("Sub", {x, mean}));
+    SALUS_ASSIGN_OR_RETURN(ValueId squares, Emit("Mul", {centred, centred}));
+    SALUS_ASSIGN_OR_RETURN(var, Emit("ReduceMean", {squares}, {{"axes", IntsAttr(a.reduce)},
+                                                               {"keepdims", IntAttr(0)}}));
+    SALUS_ASSIGN_OR_RETURN(var, Reshape(var, a.channel));
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId shifted, Emit("Add", {var, ScalarLike(var, eps)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId root, Emit("Sqrt", {shifted}));
+  SALUS_ASSIGN_OR_RETURN(ValueId inv, Emit("Reciprocal", {root}));
+  SALUS_ASSIGN_OR_RETURN(ValueId gain, Emit("Mul", {inv, scale}));
+  SALUS_ASSIGN_OR_RETURN(ValueId centred, Emit("Sub", {x, mean}));
+  SALUS_ASSIGN_OR_RETURN(ValueId scaled, Emit("Mul", {centred, gain}));
+  SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("Add", {scaled, offset}));
+  Bind(0, y);
+  const Shape flat = {a.channel[0]};
+  ValueId running_mean = mean, running_var = var;
+  if (training) {
+    const float bessel = static_cast<float>(a.count) / static_cast<float>(a.count - 1);
+    SALUS_ASSIGN_OR_RETURN(running_var, Emit("Mul", {var, ScalarLike(var, bessel)}));
+    if (factor != 1.f) {
+      auto average = [&](ValueId old, ValueId batch) -> StatusOr<ValueId> {
+        SALUS_ASSIGN_OR_RETURN(ValueId kept, Emit("Mul", {old, ScalarLike(old, 1.f - factor)}));
+        SALUS_ASSIGN_OR_RETURN(ValueId added, Emit("Mul", {batch, ScalarLike(batch, factor)}));
+        return Emit("Add", {kept, added});
+      };
+      SALUS_ASSIGN_OR_RETURN(running_mean, average(per_channel[2], mean));
+      SALUS_ASSIGN_OR_RETURN(running_var, average(per_channel[3], running_var));
+    }
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId out_mean, Reshape(running_mean, flat));
+  SALUS_ASSIGN_OR_RETURN(ValueId out_var, Reshape(running_var, flat));
+  SALUS_ASSIGN_OR_RETURN(ValueId saved_mean, Reshape(mean, flat));
+  SALUS_ASSIGN_OR_RETURN(ValueId saved_var, Reshape(var, flat));
+  Bind(1, out_mean);
+  Bind(2, out_var);
+  Bind(3, saved_mean);
+  Bind(4, saved_var);
+  if (op() == "FusedBatchNormV3") Bind(5, Constant(HostTensor(DataType::kFloat32, {0})));
+  return OkStatus();
+}
+
+// FusedBatchNormGrad/V2/V3(dy, x, scale, reserve_space_1, reserve_space_2[, reserve_space_3]):
+// the batch mean and biased variance from the forward (Note [Fused batch normalisation]).
+Status Importer::FusedBatchNormGrad() {
+  SALUS_RETURN_IF_ERROR(op() == "FusedBatchNormGradV3" ? Arity(6, 6) : Arity(5, 5));
+  std::vector<ValueId> in(5);
+  for (size_t i = 0; i < 5; ++i) {
+    SALUS_ASSIGN_OR_RETURN(in[i], In(i));
+  }
+  const ValueId dy = in[0], x = in[1];
+  if (V(dy).shape != V(x).shape) return Bad("y_backprop and x differ in shape");
+  SALUS_ASSIGN_OR_RETURN(BatchNormAxes a, BatchNormLayout(x));
+  std::vector<ValueId> per_channel(3);
+  for (size_t i = 2; i < 5; ++i) {
+    SALUS_ASSIGN_OR_RETURN(per_channel[i - 2], Reshape(in[i], a.channel));
+  }
+  const ValueId scale = per_channel[0], mean = per_channel[1], var = per_channel[2];
+  const float eps = Attr("epsilon") != nullptr ? Attr("epsilon")->f() : 1e-4f;
+  const bool training = TfBool("is_training", true);
+  auto sum = [&](ValueId v) -> StatusOr<ValueId> {
+    SALUS_ASSIGN_OR_RETURN(ValueId s, Emit("ReduceSum", {v, Int64s(a.reduce)},
+                                           {{"keepdims", IntAttr(0)}}));
+    return Reshape(s, a.channel);
+  };
+  SALUS_ASSIGN_OR_RETURN(ValueId shifted, Emit("Add", {var, ScalarLike(var, eps)}));
+  SALUS_ASSIGN_OR_RETURN(ValueId root, Emit("Sqrt", {shifted}));
+  SALUS_ASSIGN_OR_RETURN(ValueId inv, Emit("Reciprocal", {root}));
+  SALUS_ASSIGN_OR_RETURN(ValueId centred, Emit("Sub", {x, mean}));
+  SALUS_ASSIGN_OR_RETURN(ValueId xhat, Emit("Mul", {centred, inv}));
+  SALUS_ASSIGN_OR_RETURN(ValueId dy_xhat, Emit("Mul", {dy, xhat}));
+  SALUS_ASSIGN_OR_RETURN(ValueId dscale, sum(dy_xhat));
+  SALUS_ASSIGN_OR_RETURN(ValueId doffset, sum(dy));
+  SALUS_ASSIGN_OR_RETURN(ValueId gain, Emit("Mul", {scale, inv}));
+  ValueId dx = kNoValue;
+  if (training) {
+    // dx = scale * inv / n * (n * dy - sum(dy) - xhat * sum(dy * xhat))
+    const float n = static_cast<float>(a.count);
+    SALUS_ASSIGN_OR_RETURN(ValueId mean_dy, Emit("Mul", {doffset, ScalarLike(doffset, 1.f / n)}));
+    SALUS_ASSIGN_OR_RETURN(ValueId mean_dyx, Emit("Mul", {dscale, ScalarLike(dscale, 1.f / n)}));
+    SALUS_ASSIGN_OR_RETURN(ValueId along, Emit("Mul", {xhat, mean_dyx}));
+    SALUS_ASSIGN_OR_RETURN(ValueId d1, Emit("Sub", {dy, mean_dy}));
+    SALUS_ASSIGN_OR_RETURN(ValueId d2, Emit("Sub", {d1, along}));
+    SALUS_ASSIGN_OR_RETURN(dx, Emit("Mul", {d2, gain}));
+  } else {
+    SALUS_ASSIGN_OR_RETURN(dx, Emit("Mul", {dy, gain}));
+  }
+  Bind(0, dx);
+  const Shape flat = {a.channel[0]};
+  SALUS_ASSIGN_OR_RETURN(ValueId dscale_flat, Reshape(dscale, flat));
+  SALUS_ASSIGN_OR_RETURN(ValueId doffset_flat, Reshape(doffset, flat));
+  Bind(1, dscale_flat);
+  Bind(2, doffset_flat);
+  Bind(3, Constant(HostTensor(DataType::kFloat32, {0})));
+  Bind(4, Constant(HostTensor(DataType::kFloat32, {0})));
   return OkStatus();
 }
 

@@ -92,6 +92,15 @@ def test_keras_embedding_and_attention_match_the_cpu(daemon: Daemon) -> None:
     assert_matches(salus, cpu_reference("keras_attention.py"))
 
 
+def test_tensorflows_fused_batch_norm_matches_the_cpu(daemon: Daemon) -> None:
+    # FusedBatchNormV3 in training (batch moments, running averages) and inference, and
+    # FusedBatchNormGradV3 (Note [Fused batch normalisation]).
+    salus = run("fused_batch_norm.py", endpoint=daemon.endpoint)
+    cpu = cpu_reference("fused_batch_norm.py")
+    assert_matches(salus, cpu)
+    np.testing.assert_allclose(salus["evaluate"], cpu["evaluate"], rtol=1e-4)
+
+
 def test_custom_loop_with_adam_and_a_saved_model(daemon: Daemon, tmp_path: Path) -> None:
     (tmp_path / "salus").mkdir()
     (tmp_path / "cpu").mkdir()

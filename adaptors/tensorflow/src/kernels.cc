@@ -984,6 +984,12 @@ const std::set<std::string>& GenericOps() {
   return ops;
 }
 
+// Ops whose output TensorFlow types as a shape tensor.
+const std::set<std::string>& ShapeOps() {
+  static const std::set<std::string> ops = {"Shape", "ShapeN", "Size", "Rank"};
+  return ops;
+}
+
 }  // namespace
 
 void RegisterKernels() {
@@ -999,6 +1005,10 @@ void RegisterKernels() {
     if (tensorflow::OpRegistry::Global()->LookUp(op) == nullptr) continue;
     TF_KernelBuilder* k =
         TF_NewKernelBuilder(op.c_str(), kDeviceType, CreateEager, ComputeRunner, DeleteRunner);
+    // TensorFlow types a shape op's int32 output as a shape tensor, which must live in host
+    // memory on any device but the CPU (an eager tf.shape on SALUS fails otherwise). Ours is
+    // host memory anyway (Note [Device memory] in device.cc).
+    if (ShapeOps().count(op) > 0) TF_KernelBuilder_HostMemory(k, "output");
     TF_RegisterKernelBuilder(("SalusEager" + op).c_str(), k, status);
     Check(status, op);
   }
