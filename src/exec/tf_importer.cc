@@ -2249,15 +2249,29 @@ Status Importer::Relu6() {
   return OkStatus();
 }
 
+// The engine's Clip gradient passes dy where lo <= f <= hi; TensorFlow's Relu6Grad, whose
+// features are Relu6's output, where 0 < f < 6: the same with lo the least float above 0 and hi
+// the greatest below 6.
 Status Importer::Relu6Grad() {
   SALUS_RETURN_IF_ERROR(Arity(2, 2));
   SALUS_ASSIGN_OR_RETURN(ValueId dy, In(0));
   SALUS_ASSIGN_OR_RETURN(ValueId f, In(1));
-  if (V(f).shape != V(dy).shape) return Bad("features and gradients differ in shape");
-  SALUS_ASSIGN_OR_RETURN(ValueId above, Emit("Greater", {f, ScalarLike(f, 0)}));
-  SALUS_ASSIGN_OR_RETURN(ValueId below, Emit("Less", {f, ScalarLike(f, 6)}));
-  SALUS_ASSIGN_OR_RETURN(ValueId inside, Emit("And", {above, below}));
-  SALUS_ASSIGN_OR_RETURN(ValueId dx, Emit("Where", {inside, dy, ScalarLike(dy, 0)}));
+  if (V(f).shape != V(dy).shape || V(f).type != DataType::kFloat32) {
+    return Bad("needs float features of the gradient's shape");
+  }
+  Node n;
+  n.op = "SalusClipGrad";
+  n.name = name();
+  n.inputs = {f, kNoValue, kNoValue, dy};
+  n.attrs["min"] = FloatAttr(std::numeric_limits<float>::denorm_min());
+  n.attrs["max"] = FloatAttr(std::nextafter(6.f, 0.f));
+  Value v;
+  v.name = graph_.UniqueName(name());
+  v.type = DataType::kFloat32;
+  v.shape = V(dy).shape;
+  const ValueId dx = graph_.AddValue(std::move(v));
+  n.outputs = {dx, kNoValue, kNoValue};
+  SALUS_RETURN_IF_ERROR(builder_.Add(std::move(n)));
   Bind(0, dx);
   return OkStatus();
 }
