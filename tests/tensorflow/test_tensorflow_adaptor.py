@@ -101,6 +101,13 @@ def test_tensorflows_fused_batch_norm_matches_the_cpu(daemon: Daemon) -> None:
     np.testing.assert_allclose(salus["evaluate"], cpu["evaluate"], rtol=1e-4)
 
 
+def test_keras_grouped_convolutions_match_the_cpu(daemon: Daemon) -> None:
+    # Keras' XLA function for grouped convolutions is replaced by a plain grouped Conv2D
+    # (salus_tensorflow/_autojit.py); its gradients are grouped too.
+    salus = run("keras_grouped_conv.py", endpoint=daemon.endpoint)
+    assert_matches(salus, cpu_reference("keras_grouped_conv.py"))
+
+
 def test_custom_loop_with_adam_and_a_saved_model(daemon: Daemon, tmp_path: Path) -> None:
     (tmp_path / "salus").mkdir()
     (tmp_path / "cpu").mkdir()
