@@ -19,6 +19,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 
+
 def _salus_listed() -> bool:
     try:
         import tensorflow as tf
