@@ -6,7 +6,11 @@ TensorFlow's CPU device (SALUS_TF_DISABLE=1). Each child fits for `--steps` step
 step with a Keras callback; the first `--warmup` steps (tracing, session creation) are dropped.
 Prints the medians and their ratio (SALUS / TensorFlow) and writes them as JSON.
 
-    .venv-tf/bin/python benchmarks/tensorflow/compare.py [--models mlp,cnn] [--rounds 3]
+    .venv-tf/bin/python benchmarks/tensorflow/compare.py [--models mlp,cnn,resnet50,mobilenetv2]
+        [--rounds 3]
+
+resnet50 and mobilenetv2 are keras.applications' ResNet50 and MobileNetV2 (weights=None) on
+32x32x3 at batch 16, with Adam.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+APPLICATIONS = {"resnet50": "ResNet50", "mobilenetv2": "MobileNetV2"}
+BATCHES = {"resnet50": 16, "mobilenetv2": 16}
 SERVER = Path(os.environ.get("SALUS_SERVER", REPO / "build" / "bin" / "salus-server"))
 
 
@@ -32,8 +38,14 @@ def child(model_name: str, steps: int, warmup: int) -> None:
 
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
-    batch = 64
-    if model_name == "mlp":
+    batch = BATCHES.get(model_name, 64)
+    if model_name in APPLICATIONS:
+        # keras.applications at a small resolution, as the zoo builds them (weights=None).
+        x = rng.uniform(0, 255, (batch * steps, 32, 32, 3)).astype("float32")
+        model = getattr(keras.applications, APPLICATIONS[model_name])(
+            weights=None, input_shape=(32, 32, 3), classes=10)
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    elif model_name == "mlp":
         x = rng.standard_normal((batch * steps, 784)).astype("float32")
         model = keras.Sequential([keras.Input((784,)),
                                   keras.layers.Dense(512, activation="relu"),
