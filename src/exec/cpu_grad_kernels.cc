@@ -111,8 +111,8 @@ KernelOr ConvGradData(const Node& n, const Graph& g) {
 
 // Inputs (X, dY); outputs dW and optionally dB. Attribute w_shape: the weights' shape.
 KernelOr ConvGradWeights(const Node& n, const Graph& g) {
-  SALUS_ASSIGN_OR_RETURN(ConvSpec c,
-                         ConvFor(n, g.value(n.inputs[0]).shape, n.GetInts("w_shape"), "Conv"));
+  SALUS_ASSIGN_OR_RETURN(ConvSpec c, ConvFor(n, ActivationShape(n, g.value(n.inputs[0]).shape),
+                                             n.GetInts("w_shape"), "Conv"));
   const bool bias = n.output(1) != kNoValue;
   auto src = AnyLayout(c.src), w = AnyLayout(c.weights), dst = AnyLayout(c.dst);
   auto d =

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "exec/dnnl_kernel.h"
+#include "exec/fusion.h"
 #include "exec/window.h"
 
 namespace salus::exec {
@@ -134,6 +135,10 @@ dnnl::memory::desc PoolLayout(const dnnl::memory::desc& plain) {
   return plain.dims().size() == 4 ? BlockedDesc(plain.dims(), CpuChannelBlock()) : plain;
 }
 
+Shape ActivationShape(const Node& n, const Shape& shape) {
+  return n.GetInt(kChannelsLastAttr, 0) != 0 ? NchwOf(shape) : shape;
+}
+
 StatusOr<ConvSpec> ConvFor(const Node& n, const Shape& xs, const Shape& ws, const std::string& op) {
   const int64_t group = n.GetInt("group", 1);
   std::vector<int64_t> spatial(xs.begin() + 2, xs.end()), kernel(ws.begin() + 2, ws.end());
@@ -175,6 +180,13 @@ StatusOr<ConvSpec> ConvFor(const Node& n, const Shape& xs, const Shape& ws, cons
   out.insert(out.end(), win.out.begin(), win.out.end());
   c.src = PlainDesc(xs);
   c.dst = PlainDesc(out);
+  if (n.GetInt(kChannelsLastAttr, 0) != 0 && xs.size() == 4) {
+    // Note [Channels-last convolutions]: the same dims, laid out NHWC.
+    c.src = dnnl::memory::desc(c.src.dims(), dnnl::memory::data_type::f32,
+                               dnnl::memory::format_tag::nhwc);
+    c.dst = dnnl::memory::desc(c.dst.dims(), dnnl::memory::data_type::f32,
+                               dnnl::memory::format_tag::nhwc);
+  }
   for (size_t i = 0; i < win.rank(); ++i) {
     c.strides.push_back(win.strides[i]);
     c.dilates.push_back(win.dilations[i] - 1);

@@ -46,8 +46,11 @@ struct ConvSpec {
   dnnl::memory::dims strides, dilates, pad_l, pad_r;
 };
 // For Conv/ConvTranspose (or a grad node carrying the forward attributes), given the forward
-// X and W shapes.
+// X and W shapes (X's in NCHW terms: see ActivationShape).
 StatusOr<ConvSpec> ConvFor(const Node& n, const Shape& xs, const Shape& ws, const std::string& op);
+// The NCHW shape of an activation value `shape` of convolution node `n`: its NHWC shape
+// reordered when the node is channels-last (Note [Channels-last convolutions] in fusion.h).
+Shape ActivationShape(const Node& n, const Shape& shape);
 
 struct PoolSpec {
   dnnl::algorithm alg;

@@ -299,6 +299,7 @@ Status Executable::Build(const CompileOptions& options) {
       KeepBlockedLayouts(&graph_, FusionOptions{device_.type, fetch_ids_}, CpuChannelBlock());
     }
   }
+  if (options.fuse) AdoptChannelsLast(&graph_, FusionOptions{device_.type, fetch_ids_});
   if (options.convolution_transforms) {
     for (Node& n : graph_.nodes()) {
       if (n.op.find("Conv") != std::string::npos) n.attrs[kConvolutionTransformsAttr] = IntAttr(1);

@@ -236,6 +236,77 @@ int FuseResidualAdd(Graph* graph, const FusionOptions& options) {
   return CountDead(dead);
 }
 
+Shape NchwOf(const Shape& shape) {
+  return shape.size() == 4 ? Shape{shape[0], shape[3], shape[1], shape[2]} : shape;
+}
+
+int AdoptChannelsLast(Graph* graph, const FusionOptions& options) {
+  if (options.device != DeviceType::kCpu) return 0;
+  Graph& g = *graph;
+  std::vector<Node>& nodes = g.nodes();
+  std::vector<bool> kept(g.values().size(), false);
+  for (ValueId v : options.keep) kept[v] = true;
+  for (ValueId v : g.outputs()) kept[v] = true;
+  std::vector<std::vector<int>> readers(g.values().size());
+  for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
+    for (ValueId v : nodes[i].inputs) {
+      if (v != kNoValue) readers[v].push_back(i);
+    }
+  }
+  const std::vector<int64_t> to_nchw = {0, 3, 1, 2}, to_nhwc = {0, 2, 3, 1};
+  auto transpose = [&](int i, const std::vector<int64_t>& perm) {
+    const Node& t = nodes[i];
+    return t.op == "Transpose" && t.inputs.size() == 1 && t.outputs.size() == 1 &&
+           t.GetInts("perm") == perm;
+  };
+  // The NHWC tensor a Transpose turned into `v`, or kNoValue.
+  auto nhwc_source = [&](ValueId v) -> ValueId {
+    if (v == kNoValue || g.value(v).shape.size() != 4) return kNoValue;
+    const int p = g.value(v).producer;
+    return p >= 0 && transpose(p, to_nchw) ? nodes[p].inputs[0] : kNoValue;
+  };
+  // Whether every reader of `v` turns it back to NHWC, and none of that is kept.
+  auto read_as_nhwc = [&](ValueId v) {
+    if (v == kNoValue || kept[v] || readers[v].empty()) return false;
+    for (int r : readers[v]) {
+      if (!transpose(r, to_nhwc) || kept[nodes[r].outputs[0]]) return false;
+    }
+    return true;
+  };
+  std::vector<ValueId> remap(g.values().size(), kNoValue);
+  int changed = 0;
+  for (Node& n : nodes) {
+    if ((n.op != "Conv" && n.op != "SalusConvGradData" && n.op != "SalusConvGradWeights") ||
+        n.Has(kChannelsLastAttr) || n.Has("src_block") || n.Has("dst_block") ||
+        n.input(3) != kNoValue || n.inputs.empty() || n.outputs.empty() ||
+        g.value(n.inputs[0]).shape.size() != 4) {
+      continue;
+    }
+    const bool weights = n.op == "SalusConvGradWeights";
+    const ValueId a = nhwc_source(n.inputs[0]);
+    const ValueId b = weights ? nhwc_source(n.input(1)) : kNoValue;
+    if (a == kNoValue || (weights && b == kNoValue) || (!weights && !read_as_nhwc(n.outputs[0]))) {
+      continue;
+    }
+    n.inputs[0] = a;
+    if (weights) n.inputs[1] = b;
+    if (!weights) {
+      const ValueId y = n.outputs[0];
+      Value& out = g.value(y);
+      out.shape = {out.shape[0], out.shape[2], out.shape[3], out.shape[1]};
+      for (int r : readers[y]) remap[nodes[r].outputs[0]] = y;
+    }
+    n.attrs[kChannelsLastAttr] = IntAttr(1);
+    ++changed;
+  }
+  for (Node& n : nodes) {
+    for (ValueId& v : n.inputs) {
+      if (v != kNoValue && remap[v] != kNoValue) v = remap[v];
+    }
+  }
+  return changed;
+}
+
 int KeepBlockedLayouts(Graph* graph, const FusionOptions& options, int64_t block) {
   Graph& g = *graph;
   const int num_values = static_cast<int>(g.values().size());

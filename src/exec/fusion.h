@@ -80,6 +80,21 @@ Status ApplyMatMulTransposes(const Node& n, Shape* a, Shape* b);
 // takes exactly the bytes of its row-major form and the memory plan is unchanged.
 int KeepBlockedLayouts(Graph* graph, const FusionOptions& options, int64_t block);
 
+// Note [Channels-last convolutions]: on the CPU, a 4-D Conv, SalusConvGradData or
+// SalusConvGradWeights whose node carries kChannelsLastAttr reads and writes its activations
+// (X, Y, dX, dY) as NHWC tensors: those values have NHWC shapes while the node's attributes stay
+// in NCHW terms (x_shape), and oneDNN reads them through channels-last memory descriptors.
+// AdoptChannelsLast sets it where Transposes from NHWC feed every activation a node reads and
+// every reader of its activation output is a Transpose back to NHWC (the TensorFlow importer's
+// lowering of NHWC convolutions, Note [NHWC lowering]): the node reads the Transposes' inputs,
+// the readers of the Transposes back read its output, and the Transposes, read by nothing, are
+// not run. Fetched values and graph outputs are never rewritten. Returns how many nodes it
+// changed. CPU only: the CUDA kernels take NCHW.
+inline constexpr const char* kChannelsLastAttr = "channels_last";
+int AdoptChannelsLast(Graph* graph, const FusionOptions& options);
+// The NCHW shape of the NHWC `shape` a channels-last node reads (other shapes as they are).
+Shape NchwOf(const Shape& shape);
+
 // FoldBatchNorm, FuseActivations and FuseResidualAdd, in that order.
 void ApplyInferenceFusions(Graph* graph, const FusionOptions& options);
 

@@ -2385,9 +2385,9 @@ Status Importer::ClipByValue() {
 // TensorFlow's Conv2D and MaxPool (and their gradients) default to NHWC with HWIO filters; the
 // engine's Conv, MaxPool, SalusConvGradData/Weights and SalusPoolGrad are NCHW with OIHW
 // weights. Each is lowered with Transposes around it (NHWC -> NCHW before, back after, HWIO ->
-// OIHW for filters), which is correct but moves every activation twice per op: a layout pass
-// that cancels adjacent Transposes (or NHWC kernels) is the performance work left. NCHW graphs
-// take no Transposes. Padding SAME is TensorFlow's (the extra pad at the end), computed here as
+// OIHW for filters). On the CPU the executable then lets the convolutions read and write NHWC
+// themselves and drops their activations' Transposes (Note [Channels-last convolutions] in
+// fusion.h); pooling, the filters and CUDA keep them. NCHW graphs take no Transposes. Padding SAME is TensorFlow's (the extra pad at the end), computed here as
 // explicit pads; EXPLICIT takes explicit_paddings.
 
 StatusOr<Importer::Window2D> Importer::WindowFor(const Shape& x, const std::vector<int64_t>& kernel,

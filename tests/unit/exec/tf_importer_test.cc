@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "exec/fusion.h"
 #include "exec/philox_math.h"
 #include "exec/tf_graph.pb.h"
 #include "model_builder.h"
@@ -440,12 +441,16 @@ TEST(TfImporterTest, Conv2DAndMaxPoolNhwcWithGradients) {
   pool_attrs(g.Node("pool", "MaxPool", {"x"}));
   g.Placeholder("dpool");
   pool_attrs(g.Node("dxpool", "MaxPoolGrad", {"x", "pool", "dpool"}));
+  // Readers of the convolutions' outputs, as a step has (a fetched output stays as it is).
+  g.ConstF("one", {}, {1.f});
+  g.Node("conv_out", "Mul", {"conv", "one"});
+  g.Node("dx_out", "Mul", {"dx", "one"});
   ASSERT_OK_AND_ASSIGN_TF(exe, Compile(g,
                                        {{"x", {N, H, W, C}},
                                         {"f", {K, K, C, O}},
                                         {"dy", {N, OH, OW, O}},
                                         {"dpool", {N, 2, 2, C}}},
-                                       {"conv", "dx", "df", "pool", "dxpool"}));
+                                       {"conv_out", "dx_out", "df", "pool", "dxpool"}));
   Memory mem(*exe);
   const std::vector<float> x = RandomFloats(N * H * W * C, 11), f = RandomFloats(K * K * C * O, 12);
   const std::vector<float> dy = RandomFloats(N * OH * OW * O, 13),
@@ -482,6 +487,13 @@ TEST(TfImporterTest, Conv2DAndMaxPoolNhwcWithGradients) {
   ExpectNear(Floats(out[0]), y, 1e-5f, "conv");
   ExpectNear(Floats(out[1]), dx, 1e-5f, "Conv2DBackpropInput");
   ExpectNear(Floats(out[2]), df, 1e-5f, "Conv2DBackpropFilter");
+  // On the CPU the three convolutions read and write NHWC themselves (Note [Channels-last
+  // convolutions]): the importer's Transposes around them are left unread.
+  int channels_last = 0;
+  for (const auto& node : exe->graph().nodes()) {
+    if (node.GetInt(kChannelsLastAttr, 0) != 0) ++channels_last;
+  }
+  EXPECT_EQ(channels_last, 3);
   std::vector<float> pool(N * 2 * 2 * C), dxpool(x.size(), 0.f);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t ph = 0; ph < 2; ++ph)
