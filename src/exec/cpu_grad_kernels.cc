@@ -93,8 +93,8 @@ dnnl::convolution_forward::primitive_desc ConvForwardHint(const ConvSpec& c) {
 
 // Inputs (dY, W); output dX. Attribute x_shape: the forward input's shape.
 KernelOr ConvGradData(const Node& n, const Graph& g) {
-  SALUS_ASSIGN_OR_RETURN(ConvSpec c,
-                         ConvFor(n, n.GetInts("x_shape"), g.value(n.inputs[1]).shape, "Conv"));
+  SALUS_ASSIGN_OR_RETURN(ConvSpec c, ConvFor(n, n.GetInts("x_shape"),
+                                             FilterShape(n, g.value(n.inputs[1]).shape), "Conv"));
   dnnl::convolution_backward_data::primitive_desc pd(
       dnnl::convolution_backward_data::desc(algorithm::convolution_direct, AnyLayout(c.src),
                                             AnyLayout(c.weights), AnyLayout(c.dst), c.strides,

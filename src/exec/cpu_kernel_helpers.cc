@@ -139,6 +139,10 @@ Shape ActivationShape(const Node& n, const Shape& shape) {
   return n.GetInt(kChannelsLastAttr, 0) != 0 ? NchwOf(shape) : shape;
 }
 
+Shape FilterShape(const Node& n, const Shape& shape) {
+  return n.GetInt(kFilterHwioAttr, 0) != 0 ? OihwOf(shape) : shape;
+}
+
 StatusOr<ConvSpec> ConvFor(const Node& n, const Shape& xs, const Shape& ws, const std::string& op) {
   const int64_t group = n.GetInt("group", 1);
   std::vector<int64_t> spatial(xs.begin() + 2, xs.end()), kernel(ws.begin() + 2, ws.end());
@@ -186,6 +190,17 @@ StatusOr<ConvSpec> ConvFor(const Node& n, const Shape& xs, const Shape& ws, cons
                                dnnl::memory::format_tag::nhwc);
     c.dst = dnnl::memory::desc(c.dst.dims(), dnnl::memory::data_type::f32,
                                dnnl::memory::format_tag::nhwc);
+  }
+  if (n.GetInt(kFilterHwioAttr, 0) != 0 && op == "Conv" && ws.size() == 4) {
+    // An HWIO filter of OIHW dims ws: element (o, i, h, w) at ((h * kw + w) * I + i) * O + o,
+    // I the input channels per group and O all the outputs; grouped, [G, O / G, I, kh, kw].
+    const int64_t O = ws[0], I = ws[1], kw = ws[3];
+    if (group == 1) {
+      c.weights = StridedDesc(ws, {1, O, kw * I * O, I * O});
+    } else {
+      c.weights = StridedDesc({group, O / group, I, ws[2], kw},
+                              {O / group, 1, O, kw * I * O, I * O});
+    }
   }
   for (size_t i = 0; i < win.rank(); ++i) {
     c.strides.push_back(win.strides[i]);

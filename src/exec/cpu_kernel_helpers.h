@@ -51,6 +51,9 @@ StatusOr<ConvSpec> ConvFor(const Node& n, const Shape& xs, const Shape& ws, cons
 // The NCHW shape of an activation value `shape` of convolution node `n`: its NHWC shape
 // reordered when the node is channels-last (Note [Channels-last convolutions] in fusion.h).
 Shape ActivationShape(const Node& n, const Shape& shape);
+// The OIHW shape of filter value `shape` of such a node: its HWIO shape reordered when the node
+// reads HWIO.
+Shape FilterShape(const Node& n, const Shape& shape);
 
 struct PoolSpec {
   dnnl::algorithm alg;

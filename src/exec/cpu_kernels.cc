@@ -266,7 +266,7 @@ KernelOr Softmax(const Node& n, const Graph& g) {
 KernelOr Conv(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   SALUS_ASSIGN_OR_RETURN(ConvSpec c, ConvFor(n, ActivationShape(n, g.value(n.inputs[0]).shape),
-                                             g.value(n.inputs[1]).shape, n.op));
+                                             FilterShape(n, g.value(n.inputs[1]).shape), n.op));
   auto k = std::make_unique<DnnlKernel>();
   const bool bias = n.input(2) != kNoValue;
   // Note [Blocked layouts] in dnnl_kernel.h: X and Y are row-major unless the graph keeps them

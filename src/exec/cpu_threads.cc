@@ -21,8 +21,10 @@ int64_t MultiplyAdds(const Graph& g, const Node& n) {
       op == "ConvTranspose") {
     // Every output or input element of the larger activation meets a whole filter.
     const Shape& w = op == "SalusConvGradWeights" ? g.value(n.outputs[0]).shape : shape(1);
+    // Per output channel: OIHW's dims after the first, an HWIO filter's before the last.
+    const bool hwio = n.GetInt(kFilterHwioAttr, 0) != 0;
     int64_t filter = 1;
-    for (size_t d = 1; d < w.size(); ++d) filter *= w[d];
+    for (size_t d = hwio ? 0 : 1; d + (hwio ? 1 : 0) < w.size(); ++d) filter *= w[d];
     int64_t activation = 0;
     for (ValueId v : n.inputs) activation = std::max(activation, Elements(g, v));
     for (ValueId v : n.outputs) activation = std::max(activation, Elements(g, v));

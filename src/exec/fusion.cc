@@ -265,14 +265,16 @@ int AdoptChannelsLast(Graph* graph, const FusionOptions& options) {
     const int p = g.value(v).producer;
     return p >= 0 && transpose(p, to_nchw) ? nodes[p].inputs[0] : kNoValue;
   };
-  // Whether every reader of `v` turns it back to NHWC, and none of that is kept.
-  auto read_as_nhwc = [&](ValueId v) {
+  // Whether every reader of `v` is a Transpose by `perm`, and none of that is kept.
+  auto read_as = [&](ValueId v, const std::vector<int64_t>& perm) {
     if (v == kNoValue || kept[v] || readers[v].empty()) return false;
     for (int r : readers[v]) {
-      if (!transpose(r, to_nhwc) || kept[nodes[r].outputs[0]]) return false;
+      if (!transpose(r, perm) || kept[nodes[r].outputs[0]]) return false;
     }
     return true;
   };
+  auto read_as_nhwc = [&](ValueId v) { return read_as(v, to_nhwc); };
+  const std::vector<int64_t> hwio_to_oihw = {3, 2, 0, 1}, oihw_to_hwio = {2, 3, 1, 0};
   std::vector<ValueId> remap(g.values().size(), kNoValue);
   int changed = 0;
   for (Node& n : nodes) {
@@ -298,6 +300,22 @@ int AdoptChannelsLast(Graph* graph, const FusionOptions& options) {
     }
     n.attrs[kChannelsLastAttr] = IntAttr(1);
     ++changed;
+    // The filter: HWIO read (or, for the weight gradient, written) in place of the Transposes to
+    // and from OIHW around it.
+    if (!weights) {
+      const ValueId w = n.inputs[1];
+      const int p = w != kNoValue ? g.value(w).producer : -1;
+      if (p >= 0 && transpose(p, hwio_to_oihw) && g.value(w).shape.size() == 4) {
+        n.inputs[1] = nodes[p].inputs[0];
+        n.attrs[kFilterHwioAttr] = IntAttr(1);
+      }
+    } else if (n.outputs.size() == 1 && read_as(n.outputs[0], oihw_to_hwio)) {
+      const ValueId dw = n.outputs[0];
+      Value& out = g.value(dw);
+      out.shape = {out.shape[2], out.shape[3], out.shape[1], out.shape[0]};
+      for (int r : readers[dw]) remap[nodes[r].outputs[0]] = dw;
+      n.attrs[kFilterHwioAttr] = IntAttr(1);
+    }
   }
   for (Node& n : nodes) {
     for (ValueId& v : n.inputs) {
@@ -305,6 +323,10 @@ int AdoptChannelsLast(Graph* graph, const FusionOptions& options) {
     }
   }
   return changed;
+}
+
+Shape OihwOf(const Shape& hwio) {
+  return hwio.size() == 4 ? Shape{hwio[3], hwio[2], hwio[0], hwio[1]} : hwio;
 }
 
 int KeepBlockedLayouts(Graph* graph, const FusionOptions& options, int64_t block) {

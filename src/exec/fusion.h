@@ -90,10 +90,17 @@ int KeepBlockedLayouts(Graph* graph, const FusionOptions& options, int64_t block
 // the readers of the Transposes back read its output, and the Transposes, read by nothing, are
 // not run. Fetched values and graph outputs are never rewritten. Returns how many nodes it
 // changed. CPU only: the CUDA kernels take NCHW.
+// Such a node's filter, when a Transpose from HWIO (TensorFlow's filter layout) is all that
+// made it OIHW, is read as HWIO too (kFilterHwioAttr: the value has the HWIO shape, the node's
+// attributes stay OIHW), and a weight gradient that only Transposes back to HWIO read writes
+// HWIO itself.
 inline constexpr const char* kChannelsLastAttr = "channels_last";
+inline constexpr const char* kFilterHwioAttr = "filter_hwio";
 int AdoptChannelsLast(Graph* graph, const FusionOptions& options);
-// The NCHW shape of the NHWC `shape` a channels-last node reads (other shapes as they are).
+// The NCHW shape of the NHWC `shape` a channels-last node reads (other shapes as they are), and
+// the OIHW shape of an HWIO filter's.
 Shape NchwOf(const Shape& shape);
+Shape OihwOf(const Shape& hwio);
 
 // FoldBatchNorm, FuseActivations and FuseResidualAdd, in that order.
 void ApplyInferenceFusions(Graph* graph, const FusionOptions& options);

@@ -489,11 +489,15 @@ TEST(TfImporterTest, Conv2DAndMaxPoolNhwcWithGradients) {
   ExpectNear(Floats(out[2]), df, 1e-5f, "Conv2DBackpropFilter");
   // On the CPU the three convolutions read and write NHWC themselves (Note [Channels-last
   // convolutions]): the importer's Transposes around them are left unread.
-  int channels_last = 0;
+  // The forward and data gradient read the filter as HWIO; the filter gradient, fetched as
+  // HWIO, stays OIHW and Transposed.
+  int channels_last = 0, hwio = 0;
   for (const auto& node : exe->graph().nodes()) {
     if (node.GetInt(kChannelsLastAttr, 0) != 0) ++channels_last;
+    if (node.GetInt(kFilterHwioAttr, 0) != 0) ++hwio;
   }
   EXPECT_EQ(channels_last, 3);
+  EXPECT_EQ(hwio, 2);
   std::vector<float> pool(N * 2 * 2 * C), dxpool(x.size(), 0.f);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t ph = 0; ph < 2; ++ph)
