@@ -16,8 +16,11 @@ updated; then times each step on both devices. With torch and torchvision import
 PyTorch's eager CUDA training step of the same architectures (ResNet50, MobileNetV2,
 EfficientNetB0) at the same batch and resolution beside them.
 
-    .venv-tf/bin/python benchmarks/tensorflow/gpu_steps.py capture --out .gpu/tfsteps
-    python3 benchmarks/tensorflow/gpu_steps.py replay --bundle .gpu/tfsteps --device cuda:0
+    .venv-tf/bin/python benchmarks/tensorflow/gpu_steps.py capture --out build/tfsteps
+    python3 benchmarks/tensorflow/gpu_steps.py replay --bundle build/tfsteps --device cuda:0
+
+(scripts/gpu-bundle captures into .gpu/tfsteps.tar.xz; scripts/gpu-check --step tfsteps
+replays it.)
 """
 
 from __future__ import annotations
@@ -293,7 +296,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("capture")
-    c.add_argument("--out", default=str(REPO / ".gpu" / "tfsteps"))
+    c.add_argument("--out", default=str(REPO / "build" / "tfsteps"))
     c.add_argument("--models", default="MobileNetV3Small",
                    help="captured with their variables (checked there)")
     c.add_argument("--graphs-only", default="MobileNetV2,EfficientNetB0,ResNet50",
@@ -301,7 +304,7 @@ def main() -> int:
     c.add_argument("--endpoint")
     c.add_argument("--timeout", type=float, default=1800)
     r = sub.add_parser("replay")
-    r.add_argument("--bundle", default=str(REPO / ".gpu" / "tfsteps"))
+    r.add_argument("--bundle", default=str(REPO / "build" / "tfsteps"))
     r.add_argument("--server", default=str(REPO / "build" / "bin" / "salus-server"))
     r.add_argument("--device", default="cuda:0")
     r.add_argument("--memory", default="16GiB")
