@@ -137,10 +137,10 @@ KernelOr ConvGradWeights(const Node& n, const Graph& g) {
 // (SalusMaxPool's, Note [Pooling taps] in cpu_kernel_helpers.h) or, without them, runs the
 // forward primitive again for it.
 KernelOr PoolGrad(const Node& n, const Graph& g) {
-  SALUS_ASSIGN_OR_RETURN(PoolSpec p,
-                         PoolFor(n, g.value(n.inputs[0]).shape, n.GetString("forward_op", "")));
+  SALUS_ASSIGN_OR_RETURN(PoolSpec p, PoolFor(n, ActivationShape(n, g.value(n.inputs[0]).shape),
+                                             n.GetString("forward_op", "")));
   // Note [Blocked pooling] in cpu_kernel_helpers.h.
-  const dnnl::memory::desc src = PoolLayout(p.src), dst = PoolLayout(p.dst);
+  const dnnl::memory::desc src = PoolLayout(n, p.src), dst = PoolLayout(n, p.dst);
   dnnl::pooling_v2_forward::primitive_desc fwd(
       dnnl::pooling_v2_forward::desc(prop_kind::forward_training, p.alg, src, dst, p.strides,
                                      p.kernel, p.dilation, p.pad_l, p.pad_r),

@@ -131,8 +131,19 @@ StatusOr<SoftmaxSpec> SoftmaxFor(const Node& n, const Graph& g, ValueId x) {
   return spec;
 }
 
-dnnl::memory::desc PoolLayout(const dnnl::memory::desc& plain) {
-  return plain.dims().size() == 4 ? BlockedDesc(plain.dims(), CpuChannelBlock()) : plain;
+namespace {
+
+dnnl::memory::desc NhwcDesc(const dnnl::memory::desc& plain) {
+  return dnnl::memory::desc(plain.dims(), dnnl::memory::data_type::f32,
+                            dnnl::memory::format_tag::nhwc);
+}
+
+}  // namespace
+
+dnnl::memory::desc PoolLayout(const Node& n, const dnnl::memory::desc& plain) {
+  if (plain.dims().size() != 4) return plain;
+  if (n.GetInt(kChannelsLastAttr, 0) != 0) return plain;  // NHWC already (PoolFor)
+  return BlockedDesc(plain.dims(), CpuChannelBlock());
 }
 
 Shape ActivationShape(const Node& n, const Shape& shape) {
@@ -186,10 +197,8 @@ StatusOr<ConvSpec> ConvFor(const Node& n, const Shape& xs, const Shape& ws, cons
   c.dst = PlainDesc(out);
   if (n.GetInt(kChannelsLastAttr, 0) != 0 && xs.size() == 4) {
     // Note [Channels-last convolutions]: the same dims, laid out NHWC.
-    c.src = dnnl::memory::desc(c.src.dims(), dnnl::memory::data_type::f32,
-                               dnnl::memory::format_tag::nhwc);
-    c.dst = dnnl::memory::desc(c.dst.dims(), dnnl::memory::data_type::f32,
-                               dnnl::memory::format_tag::nhwc);
+    c.src = NhwcDesc(c.src);
+    c.dst = NhwcDesc(c.dst);
   }
   if (n.GetInt(kFilterHwioAttr, 0) != 0 && op == "Conv" && ws.size() == 4) {
     // An HWIO filter of OIHW dims ws: element (o, i, h, w) at ((h * kw + w) * I + i) * O + o,
@@ -198,8 +207,8 @@ StatusOr<ConvSpec> ConvFor(const Node& n, const Shape& xs, const Shape& ws, cons
     if (group == 1) {
       c.weights = StridedDesc(ws, {1, O, kw * I * O, I * O});
     } else {
-      c.weights = StridedDesc({group, O / group, I, ws[2], kw},
-                              {O / group, 1, O, kw * I * O, I * O});
+      c.weights =
+          StridedDesc({group, O / group, I, ws[2], kw}, {O / group, 1, O, kw * I * O, I * O});
     }
   }
   for (size_t i = 0; i < win.rank(); ++i) {
@@ -248,6 +257,11 @@ StatusOr<PoolSpec> PoolFor(const Node& n, const Shape& xs, const std::string& op
   }
   p.src = PlainDesc(xs);
   p.dst = PlainDesc(out);
+  if (n.GetInt(kChannelsLastAttr, 0) != 0 && xs.size() == 4) {
+    // Note [Channels-last convolutions]: the same dims, laid out NHWC.
+    p.src = NhwcDesc(p.src);
+    p.dst = NhwcDesc(p.dst);
+  }
   return p;
 }
 

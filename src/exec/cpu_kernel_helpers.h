@@ -66,8 +66,10 @@ StatusOr<PoolSpec> PoolFor(const Node& n, const Shape& xs, const std::string& op
 // vectorised ("simple_nchw"); in the channel-blocked layout (nChw8c, nChw16c with AVX-512) its
 // JIT kernels do it. On an AVX2 machine a ResNet-shaped CNN's MaxPool took 6.9 ms of a 31.7 ms
 // training step and its gradient 5.2 ms. So 4-D pooling runs blocked, its inputs and outputs
-// reordered around it (the reorders are JIT kernels as well). The layout for `plain`:
-dnnl::memory::desc PoolLayout(const dnnl::memory::desc& plain);
+// reordered around it (the reorders are JIT kernels as well). The layout for `plain` (NCHW
+// dims) that node `n` pools in: NHWC for a channels-last node (Note [Channels-last
+// convolutions] in fusion.h), whose tensors are NHWC already and need no reorder, else blocked.
+dnnl::memory::desc PoolLayout(const Node& n, const dnnl::memory::desc& plain);
 
 // Note [Pooling taps]: SalusMaxPool's second output, Taps (int64, Y's shape), is what the
 // device's SalusPoolGrad reads instead of finding each window's maximum again; its contents

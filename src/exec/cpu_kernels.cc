@@ -351,10 +351,10 @@ KernelOr Pool(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const bool taps = n.op == "SalusMaxPool";
   if (taps) SALUS_RETURN_IF_ERROR(CheckPoolTaps(n, g));
-  SALUS_ASSIGN_OR_RETURN(PoolSpec p,
-                         PoolFor(n, g.value(n.inputs[0]).shape, taps ? "MaxPool" : n.op));
+  SALUS_ASSIGN_OR_RETURN(PoolSpec p, PoolFor(n, ActivationShape(n, g.value(n.inputs[0]).shape),
+                                             taps ? "MaxPool" : n.op));
   // Note [Blocked pooling] in cpu_kernel_helpers.h.
-  const dnnl::memory::desc src = PoolLayout(p.src), dst = PoolLayout(p.dst);
+  const dnnl::memory::desc src = PoolLayout(n, p.src), dst = PoolLayout(n, p.dst);
   dnnl::pooling_v2_forward::desc d(prop_kind::forward_training, p.alg, src, dst, p.strides,
                                    p.kernel, p.dilation, p.pad_l, p.pad_r);
   dnnl::pooling_v2_forward::primitive_desc pd(d, UserScratchpad(), CpuEngine());

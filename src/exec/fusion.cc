@@ -278,20 +278,25 @@ int AdoptChannelsLast(Graph* graph, const FusionOptions& options) {
   std::vector<ValueId> remap(g.values().size(), kNoValue);
   int changed = 0;
   for (Node& n : nodes) {
-    if ((n.op != "Conv" && n.op != "SalusConvGradData" && n.op != "SalusConvGradWeights") ||
-        n.Has(kChannelsLastAttr) || n.Has("src_block") || n.Has("dst_block") ||
-        n.input(3) != kNoValue || n.inputs.empty() || n.outputs.empty() ||
+    const bool conv = n.op == "Conv" || n.op == "SalusConvGradData";
+    const bool weights = n.op == "SalusConvGradWeights";
+    // Pools without taps: their workspace's layout would have to agree between the two nodes.
+    const bool pool = (n.op == "MaxPool" || n.op == "AveragePool") && n.outputs.size() == 1;
+    const bool pool_grad = n.op == "SalusPoolGrad" && n.input(2) == kNoValue;
+    if (!(conv || weights || pool || pool_grad) || n.Has(kChannelsLastAttr) || n.Has("src_block") ||
+        n.Has("dst_block") || n.input(3) != kNoValue || n.inputs.empty() || n.outputs.empty() ||
         g.value(n.inputs[0]).shape.size() != 4) {
       continue;
     }
-    const bool weights = n.op == "SalusConvGradWeights";
+    // Nodes reading two activations (X and dY); all but the weight gradient write one.
+    const bool two = weights || pool_grad;
     const ValueId a = nhwc_source(n.inputs[0]);
-    const ValueId b = weights ? nhwc_source(n.input(1)) : kNoValue;
-    if (a == kNoValue || (weights && b == kNoValue) || (!weights && !read_as_nhwc(n.outputs[0]))) {
+    const ValueId b = two ? nhwc_source(n.input(1)) : kNoValue;
+    if (a == kNoValue || (two && b == kNoValue) || (!weights && !read_as_nhwc(n.outputs[0]))) {
       continue;
     }
     n.inputs[0] = a;
-    if (weights) n.inputs[1] = b;
+    if (two) n.inputs[1] = b;
     if (!weights) {
       const ValueId y = n.outputs[0];
       Value& out = g.value(y);
@@ -302,14 +307,14 @@ int AdoptChannelsLast(Graph* graph, const FusionOptions& options) {
     ++changed;
     // The filter: HWIO read (or, for the weight gradient, written) in place of the Transposes to
     // and from OIHW around it.
-    if (!weights) {
+    if (conv) {
       const ValueId w = n.inputs[1];
       const int p = w != kNoValue ? g.value(w).producer : -1;
       if (p >= 0 && transpose(p, hwio_to_oihw) && g.value(w).shape.size() == 4) {
         n.inputs[1] = nodes[p].inputs[0];
         n.attrs[kFilterHwioAttr] = IntAttr(1);
       }
-    } else if (n.outputs.size() == 1 && read_as(n.outputs[0], oihw_to_hwio)) {
+    } else if (weights && n.outputs.size() == 1 && read_as(n.outputs[0], oihw_to_hwio)) {
       const ValueId dw = n.outputs[0];
       Value& out = g.value(dw);
       out.shape = {out.shape[2], out.shape[3], out.shape[1], out.shape[0]};

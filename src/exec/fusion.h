@@ -81,19 +81,22 @@ Status ApplyMatMulTransposes(const Node& n, Shape* a, Shape* b);
 int KeepBlockedLayouts(Graph* graph, const FusionOptions& options, int64_t block);
 
 // Note [Channels-last convolutions]: on the CPU, a 4-D Conv, SalusConvGradData or
-// SalusConvGradWeights whose node carries kChannelsLastAttr reads and writes its activations
-// (X, Y, dX, dY) as NHWC tensors: those values have NHWC shapes while the node's attributes stay
-// in NCHW terms (x_shape), and oneDNN reads them through channels-last memory descriptors.
-// AdoptChannelsLast sets it where Transposes from NHWC feed every activation a node reads and
-// every reader of its activation output is a Transpose back to NHWC (the TensorFlow importer's
-// lowering of NHWC convolutions, Note [NHWC lowering]): the node reads the Transposes' inputs,
-// the readers of the Transposes back read its output, and the Transposes, read by nothing, are
-// not run. Fetched values and graph outputs are never rewritten. Returns how many nodes it
+// SalusConvGradWeights (or pooling, below) whose node carries kChannelsLastAttr reads and
+// writes its activations (X, Y, dX, dY) as NHWC tensors: those values have NHWC shapes while the
+// node's attributes stay in NCHW terms (x_shape), and oneDNN reads them through channels-last
+// memory descriptors. AdoptChannelsLast sets it where Transposes from NHWC feed every activation a
+// node reads and every reader of its activation output is a Transpose back to NHWC (the TensorFlow
+// importer's lowering of NHWC convolutions, Note [NHWC lowering]): the node reads the Transposes'
+// inputs, the readers of the Transposes back read its output, and the Transposes, read by nothing,
+// are not run. Fetched values and graph outputs are never rewritten. Returns how many nodes it
 // changed. CPU only: the CUDA kernels take NCHW.
 // Such a node's filter, when a Transpose from HWIO (TensorFlow's filter layout) is all that
 // made it OIHW, is read as HWIO too (kFilterHwioAttr: the value has the HWIO shape, the node's
 // attributes stay OIHW), and a weight gradient that only Transposes back to HWIO read writes
 // HWIO itself.
+// MaxPool, AveragePool and SalusPoolGrad without taps between such Transposes are channels-last
+// the same way: oneDNN pools NHWC with its JIT kernels, so they also skip the reorders to and
+// from the blocked layout of Note [Blocked pooling].
 inline constexpr const char* kChannelsLastAttr = "channels_last";
 inline constexpr const char* kFilterHwioAttr = "filter_hwio";
 int AdoptChannelsLast(Graph* graph, const FusionOptions& options);

@@ -445,12 +445,14 @@ TEST(TfImporterTest, Conv2DAndMaxPoolNhwcWithGradients) {
   g.ConstF("one", {}, {1.f});
   g.Node("conv_out", "Mul", {"conv", "one"});
   g.Node("dx_out", "Mul", {"dx", "one"});
+  g.Node("pool_out", "Mul", {"pool", "one"});
+  g.Node("dxpool_out", "Mul", {"dxpool", "one"});
   ASSERT_OK_AND_ASSIGN_TF(exe, Compile(g,
                                        {{"x", {N, H, W, C}},
                                         {"f", {K, K, C, O}},
                                         {"dy", {N, OH, OW, O}},
                                         {"dpool", {N, 2, 2, C}}},
-                                       {"conv_out", "dx_out", "df", "pool", "dxpool"}));
+                                       {"conv_out", "dx_out", "df", "pool_out", "dxpool_out"}));
   Memory mem(*exe);
   const std::vector<float> x = RandomFloats(N * H * W * C, 11), f = RandomFloats(K * K * C * O, 12);
   const std::vector<float> dy = RandomFloats(N * OH * OW * O, 13),
@@ -487,8 +489,9 @@ TEST(TfImporterTest, Conv2DAndMaxPoolNhwcWithGradients) {
   ExpectNear(Floats(out[0]), y, 1e-5f, "conv");
   ExpectNear(Floats(out[1]), dx, 1e-5f, "Conv2DBackpropInput");
   ExpectNear(Floats(out[2]), df, 1e-5f, "Conv2DBackpropFilter");
-  // On the CPU the three convolutions read and write NHWC themselves (Note [Channels-last
-  // convolutions]): the importer's Transposes around them are left unread.
+  // On the CPU the three convolutions, the pooling and its gradient read and write NHWC
+  // themselves (Note [Channels-last convolutions]): the importer's Transposes around them are
+  // left unread.
   // The forward and data gradient read the filter as HWIO; the filter gradient, fetched as
   // HWIO, stays OIHW and Transposed.
   int channels_last = 0, hwio = 0;
@@ -496,7 +499,7 @@ TEST(TfImporterTest, Conv2DAndMaxPoolNhwcWithGradients) {
     if (node.GetInt(kChannelsLastAttr, 0) != 0) ++channels_last;
     if (node.GetInt(kFilterHwioAttr, 0) != 0) ++hwio;
   }
-  EXPECT_EQ(channels_last, 3);
+  EXPECT_EQ(channels_last, 5);
   EXPECT_EQ(hwio, 2);
   std::vector<float> pool(N * 2 * 2 * C), dxpool(x.size(), 0.f);
   for (int64_t n = 0; n < N; ++n)
