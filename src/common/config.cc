@@ -1,7 +1,10 @@
 #include "common/config.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <sstream>
 
@@ -171,5 +174,64 @@ SALUS_CONFIG_GET_OR(double, GetDouble)
 SALUS_CONFIG_GET_OR(bool, GetBool)
 SALUS_CONFIG_GET_OR(uint64_t, GetBytes)
 #undef SALUS_CONFIG_GET_OR
+
+namespace {
+
+std::string Folded(std::string_view name) {
+  std::string out;
+  for (char c : name) {
+    if (c == '-' || c == '_') continue;
+    out.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  }
+  return out;
+}
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string NearestName(std::string_view name, const std::vector<std::string>& candidates) {
+  const std::string folded = Folded(name);
+  std::string best;
+  size_t best_distance = SIZE_MAX;
+  for (const std::string& c : candidates) {
+    const size_t d = EditDistance(folded, Folded(c));
+    const size_t allowed = std::max<size_t>(2, std::max(name.size(), c.size()) / 3);
+    if (d <= allowed && d < best_distance) {
+      best = c;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+std::string DidYouMean(std::string_view name, const std::vector<std::string>& candidates) {
+  const std::string nearest = NearestName(name, candidates);
+  return nearest.empty() ? "" : fmt::format(": did you mean '{}'?", nearest);
+}
+
+Status CheckKnownKeys(const nlohmann::json& object, std::string_view where,
+                      const std::vector<std::string>& known) {
+  if (!object.is_object()) return OkStatus();
+  for (const auto& [key, value] : object.items()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    return InvalidArgumentError(fmt::format("unknown key '{}' in {}{} (known: {})", key, where,
+                                            DidYouMean(key, known), fmt::join(known, ", ")));
+  }
+  return OkStatus();
+}
 
 }  // namespace salus

@@ -46,6 +46,8 @@ class Config {
   StatusOr<uint64_t> GetBytes(std::string_view key, uint64_t fallback) const;
 
   const nlohmann::json& json() const { return root_; }
+  // Where the config came from: its file, or "<defaults>".
+  const std::string& origin() const { return origin_; }
   // The sub-object at key (empty object if absent), e.g. a policy's options.
   nlohmann::json Section(std::string_view key) const;
 
@@ -56,5 +58,22 @@ class Config {
   nlohmann::json root_;
   std::string origin_ = "<defaults>";
 };
+
+// Note [Config mistakes]
+// A misspelt key would otherwise be ignored and its default used without a word, so every
+// section of the daemon's config refuses keys it does not know, naming the key, where it was,
+// and the nearest known key when one is close enough to be the one meant.
+
+// The candidate nearest `name` by edit distance (case, '-' and '_' ignored), or "" when none is
+// within a third of the longer name's length (at least 2 edits).
+std::string NearestName(std::string_view name, const std::vector<std::string>& candidates);
+
+// ": did you mean 'X'?" for NearestName's X, or "" when there is none.
+std::string DidYouMean(std::string_view name, const std::vector<std::string>& candidates);
+
+// INVALID_ARGUMENT for the first key of `object` (a JSON object) not among `known`:
+// "unknown key 'metrics-listen' in <where>: did you mean 'metrics_listen'? (known: ...)".
+Status CheckKnownKeys(const nlohmann::json& object, std::string_view where,
+                      const std::vector<std::string>& known);
 
 }  // namespace salus

@@ -2,10 +2,12 @@
 #include "sched/policy.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
 
+#include "common/config.h"
 #include "sched/fair_policy.h"
 #include "sched/fifo_policy.h"
 #include "sched/pack_policy.h"
@@ -35,7 +37,11 @@ Status CheckPolicyOptions(std::string_view policy, const nlohmann::json& options
   }
   for (const auto& [key, value] : options.items()) {
     if (std::find(known.begin(), known.end(), key) == known.end()) {
-      return InvalidArgumentError(fmt::format("policy '{}': unknown option '{}'", policy, key));
+      const std::vector<std::string> names(known.begin(), known.end());
+      return InvalidArgumentError(
+          fmt::format("policy '{}': unknown option '{}'{}{}", policy, key, DidYouMean(key, names),
+                      names.empty() ? std::string(" (it takes none)")
+                                    : fmt::format(" (it takes {})", fmt::join(names, ", "))));
     }
   }
   return OkStatus();

@@ -1,6 +1,7 @@
 #include "server/client_registry.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/random.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "common/config.h"
 #include "common/units.h"
 
 namespace salus::server {
@@ -86,11 +88,18 @@ StatusOr<Quotas> Quotas::FromJson(const nlohmann::json& section) {
                       : key == "request_bytes"         ? &q.request_bytes
                                                        : nullptr;
     if (field == nullptr) {
-      return InvalidArgumentError(fmt::format(
-          "unknown quota \"{}\" (expected sessions, persistent_bytes, requests_in_flight, "
-          "shared_buffers, shared_buffer_bytes, clients_per_principal, requests_per_second, "
-          "max_priority, host_bytes, request_bytes)",
-          key));
+      const std::vector<std::string> names = {"sessions",
+                                              "persistent_bytes",
+                                              "requests_in_flight",
+                                              "shared_buffers",
+                                              "shared_buffer_bytes",
+                                              "clients_per_principal",
+                                              "requests_per_second",
+                                              "max_priority",
+                                              "host_bytes",
+                                              "request_bytes"};
+      return InvalidArgumentError(fmt::format("unknown quota \"{}\"{} (expected {})", key,
+                                              DidYouMean(key, names), fmt::join(names, ", ")));
     }
     const bool bytes_key = key == "persistent_bytes" || key == "host_bytes" ||
                            key == "shared_buffer_bytes" || key == "request_bytes";

@@ -1,10 +1,13 @@
 #include "server/limits.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <string>
+
+#include "common/config.h"
 
 namespace salus::server {
 
@@ -53,9 +56,10 @@ StatusOr<Limits> Limits::FromJson(const nlohmann::json& section) {
       if (key == candidate.name) f = &candidate;
     }
     if (f == nullptr) {
-      std::string known = "compile_seconds";
-      for (const Field& candidate : fields) known += std::string(", ") + candidate.name;
-      return InvalidArgumentError(fmt::format("unknown limit \"{}\" (expected {})", key, known));
+      std::vector<std::string> names = {"compile_seconds"};
+      for (const Field& candidate : fields) names.emplace_back(candidate.name);
+      return InvalidArgumentError(fmt::format("unknown limit \"{}\"{} (expected {})", key,
+                                              DidYouMean(key, names), fmt::join(names, ", ")));
     }
     if (value.is_number_unsigned()) {
       *f->field = value.get<uint64_t>();

@@ -90,5 +90,26 @@ TEST(ConfigTest, ReadsFileWithComments) {
   EXPECT_TRUE(c->Section("absent").empty());
 }
 
+// Note [Config mistakes].
+TEST(ConfigTest, NearestNameForgivesCaseDashesAndSmallSlips) {
+  const std::vector<std::string> known = {"metrics_listen", "memory", "policy", "lease_seconds"};
+  EXPECT_EQ(NearestName("metrics-listen", known), "metrics_listen");
+  EXPECT_EQ(NearestName("Policy", known), "policy");
+  EXPECT_EQ(NearestName("memroy", known), "memory");
+  EXPECT_EQ(NearestName("lease_second", known), "lease_seconds");
+  EXPECT_EQ(NearestName("threads", known), "");
+  EXPECT_EQ(DidYouMean("polcy", known), ": did you mean 'policy'?");
+  EXPECT_EQ(DidYouMean("xyz", known), "");
+}
+
+TEST(ConfigTest, CheckKnownKeysNamesTheUnknownKeyAndWhere) {
+  auto ok = CheckKnownKeys(nlohmann::json{{"policy", "fair"}}, "config 'x'", {"policy"});
+  EXPECT_TRUE(ok.ok()) << ok;
+  auto bad = CheckKnownKeys(nlohmann::json{{"polcy", "fair"}}, "config 'x'", {"policy", "memory"});
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.message(),
+            "unknown key 'polcy' in config 'x': did you mean 'policy'? (known: policy, memory)");
+}
+
 }  // namespace
 }  // namespace salus
