@@ -20,13 +20,13 @@
 #include <zmq_addon.hpp>
 
 #include "common/curve_keys.h"
+#include "common/version.h"
 #include "salus/v1/data_type.h"
 #include "salus/v1/salus.pb.h"
 
 namespace salus::client {
 namespace {
 
-constexpr uint32_t kProtocolVersion = 1;
 // Heartbeats go out this many times per lease.
 constexpr int kBeatsPerLease = 3;
 

@@ -29,6 +29,7 @@
 
 #include "common/clock.h"
 #include "common/thread_annotations.h"
+#include "common/version.h"
 #include "device/memory_provider.h"
 #include "exec/device.h"
 #include "sched/executor.h"
@@ -43,8 +44,9 @@
 
 namespace salus::server {
 
-inline constexpr uint32_t kProtocolVersion = 1;
-inline constexpr char kServerVersion[] = "0.1.0";
+// The protocol and the daemon's version: common/version.h (CMakeLists.txt defines both).
+using salus::kProtocolVersion;
+inline constexpr const char* kServerVersion = salus::kVersion;
 inline constexpr uint16_t kDefaultTcpPort = 5501;
 
 // Who may reach the daemon from elsewhere, and who administers it (docs/operations.md).

@@ -7,19 +7,25 @@
 #include <thread>
 
 #include "common/units.h"
+#include "common/version.h"
 #include "device/cuda_query.h"
 
 namespace po = boost::program_options;
 
 int main(int argc, char** argv) {
   po::options_description opts("salus-devices: the devices Salus can use");
-  opts.add_options()("help,h", "show this help")("json", "print JSON instead of a table");
+  opts.add_options()("help,h", "show this help")("version", "print the version and exit")(
+      "json", "print JSON instead of a table");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, opts), vm);
   } catch (const po::error& e) {
     std::cerr << "salus-devices: " << e.what() << "\n" << opts;
     return 2;
+  }
+  if (vm.count("version")) {
+    std::cout << salus::VersionText("salus-devices");
+    return 0;
   }
   if (vm.count("help")) {
     std::cout << opts;

@@ -26,6 +26,7 @@
 #include <sstream>
 
 #include "common/openmp_env.h"
+#include "common/version.h"
 #include "exec/alignment.h"
 #include "exec/executable.h"
 
@@ -84,8 +85,8 @@ int main(int argc, char** argv) {
   int iterations = 50, warmup = 5;
   unsigned seed = 1;
   po::options_description desc("salus-run: time a model's iterations in-process");
-  desc.add_options()("help,h", "show this help")("model", po::value(&model_path)->required(),
-                                                 "ONNX model file")(
+  desc.add_options()("help,h", "show this help")("version", "print the version and exit")(
+      "model", po::value(&model_path)->required(), "ONNX model file")(
       "input", po::value(&input_texts)->composing(), "input shape NAME=D0,D1,... (repeatable)")(
       "mode", po::value(&mode)->default_value("train"), "train or infer")(
       "loss", po::value(&loss)->default_value("loss"), "the loss output (train)")(
@@ -97,6 +98,10 @@ int main(int argc, char** argv) {
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
+    if (vm.count("version")) {
+      std::cout << salus::VersionText("salus-run");
+      return 0;
+    }
     if (vm.count("help")) {
       std::cout << desc;
       return 0;

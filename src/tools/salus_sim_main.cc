@@ -12,6 +12,7 @@
 
 #include "common/logging.h"
 #include "common/units.h"
+#include "common/version.h"
 #include "device/memory_provider.h"
 #include "tools/simulator.h"
 
@@ -26,7 +27,7 @@ int main(int argc, char** argv) {
   double host_gbps = salus::tools::kDefaultHostBandwidthBytesPerS / kBytesPerGB;
   po::options_description desc(
       "salus-sim: replay a trace through Salus's scheduler and memory manager");
-  desc.add_options()("help,h", "show this help")(
+  desc.add_options()("help,h", "show this help")("version", "print the version and exit")(
       "trace", po::value(&trace)->required(),
       "trace CSV: job_id,workload,submit_time_s,iterations[,persistent_mb,ephemeral_mb,"
       "iteration_s,utilization,turnaround_s,priority,swap_fraction,device]")(
@@ -73,6 +74,10 @@ int main(int argc, char** argv) {
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
+    if (vm.count("version")) {
+      std::cout << salus::VersionText("salus-sim");
+      return 0;
+    }
     if (vm.count("help")) {
       std::cout << desc;
       return 0;

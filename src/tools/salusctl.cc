@@ -27,6 +27,7 @@
 
 #include "common/endpoints.h"
 #include "common/units.h"
+#include "common/version.h"
 #include "salus/client.h"
 
 namespace po = boost::program_options;
@@ -255,7 +256,7 @@ int main(int argc, char** argv) {
       "commands: status | sessions | memory | allocations | close ID | move ID DEVICE | drain | "
       "keygen PREFIX\n\n"
       "options");
-  desc.add_options()("help,h", "show this help")(
+  desc.add_options()("help,h", "show this help")("version", "print the version and exit")(
       "endpoint", po::value(&endpoint), "the daemon (default $SALUS_ENDPOINT or its ipc socket)")(
       "server-key", po::value(&server_key),
       "the daemon's CURVE public key or key file, for a remote endpoint")(
@@ -273,6 +274,10 @@ int main(int argc, char** argv) {
   } catch (const po::error& e) {
     std::cerr << "salusctl: " << e.what() << "\n\n" << desc;
     return 2;
+  }
+  if (vm.count("version")) {
+    std::cout << salus::VersionText("salusctl");
+    return 0;
   }
   if (vm.count("help") || command.empty()) {
     std::cout << desc;

@@ -9,6 +9,7 @@
 """
 
 from salus.client import (
+    PROTOCOL_VERSION,
     Client,
     IterationStats,
     PendingIteration,
@@ -20,7 +21,12 @@ from salus.client import (
     read_curve_key,
 )
 
+# The project's version (CMakeLists.txt; tests/python/test_versions.py holds them equal).
+__version__ = "0.1.0"
+
 __all__ = [
+    "PROTOCOL_VERSION",
+    "__version__",
     "Client",
     "IterationStats",
     "PendingIteration",

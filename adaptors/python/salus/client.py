@@ -31,6 +31,8 @@ from zmq.utils import z85
 
 from salus._generated.salus.v1 import salus_pb2 as pb
 
+# The wire protocol's version (CMakeLists.txt's SALUS_PROTOCOL_VERSION; `salus-server
+# --version` reports it, and tests/python/test_versions.py holds the two equal).
 PROTOCOL_VERSION = 1
 DEFAULT_TCP = "tcp://127.0.0.1:5501"
 # Each names a Z85 key (40 characters) or a file holding one; see `Client`.

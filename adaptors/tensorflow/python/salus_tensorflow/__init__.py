@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["plugin_path", "wire_library_path"]
+__all__ = ["__version__", "plugin_path", "wire_library_path"]
+
+# The project's version (CMakeLists.txt; tests/python/test_versions.py holds them equal).
+__version__ = "0.1.0"
 
 
 def plugin_path() -> str:
