@@ -403,7 +403,7 @@ def test_curve_admits_listed_keys_only(daemon_factory, tmp_path: Path,  # noqa: 
     listed.write_text(f"# who may connect\n{salus.read_curve_key(alice_pub).decode()}\n\n")
     remote = f"tcp://127.0.0.1:{free_port()}"
     d = daemon_factory("--listen-remote", remote, config={"security": {"curve": {
-        "secret_key_file": str(server_key), "public_key_file": str(server_pub),
+        "secret_key_file": str(server_key),
         "client_keys_file": str(listed),
         "admin_keys": [salus.read_curve_key(root_pub).decode()]}}})
 
@@ -448,7 +448,7 @@ def test_curve_client_keys_listed_in_the_config(daemon_factory, tmp_path: Path, 
     mallory_key, _ = keygen(tmp_path, "mallory")
     remote = f"tcp://127.0.0.1:{free_port()}"
     daemon_factory("--listen-remote", remote, config={"security": {"curve": {
-        "secret_key_file": str(server_key), "public_key_file": str(server_pub),
+        "secret_key_file": str(server_key),
         "client_keys": [salus.read_curve_key(bob_pub).decode()], "open": False}}})
     with salus.connect(remote, server_key=server_pub, secret_key=bob_key) as bob:
         assert bob.server["role"] == "user"
@@ -461,7 +461,7 @@ def test_curve_open_mode_admits_any_key(daemon_factory, tmp_path: Path,  # noqa:
     server_key, server_pub = keygen(tmp_path, "server")
     remote = f"tcp://127.0.0.1:{free_port()}"
     daemon_factory("--listen-remote", remote, config={"security": {"curve": {
-        "secret_key_file": str(server_key), "public_key_file": str(server_pub),
+        "secret_key_file": str(server_key),
         "open": True}}})
     with salus.connect(remote, server_key=server_pub) as anyone:  # a throw-away key
         assert anyone.server["role"] == "user"
