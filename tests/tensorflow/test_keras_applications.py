@@ -6,7 +6,8 @@ gradients, Relu6, hard swish, Pad, squeeze-and-excitation (MobileNetV3Small); Av
 gradient, ConcatOffset, a deep concatenating network (DenseNet121).
 
 What must agree: the untrained model's evaluation (the forward pass, to 1e-5), the trained
-losses and the predictions. Training losses are compared loosely (2e-2 relative): a ReLU whose
+losses and the predictions. Training losses are compared loosely (5e-2 relative; TensorFlow's
+own two CPU kernel sets differ by 2.9e-2 on DenseNet121, the zoo's spread column): a ReLU whose
 input rounds to either side of zero routes a gradient differently, and Adam's first steps, which
 move each weight by about its learning rate whatever the gradient's size, carry that into the
 weights; TensorFlow's own two CPU kernels (oneDNN, Eigen) drift apart the same way (the zoo's
@@ -29,7 +30,7 @@ sys.path.insert(0, str(REPO / "benchmarks" / "tensorflow"))
 import zoo  # noqa: E402
 from salus_daemon import Daemon  # noqa: E402
 
-TRAINED_LOSS_RTOL = 2e-2
+TRAINED_LOSS_RTOL = 5e-2
 
 
 @pytest.fixture(scope="module")

@@ -589,8 +589,18 @@ TEST(TfImporterTest, AvgPoolAndItsGradientCountOnlyTheInput) {
   attrs(g.Node("dx", "AvgPoolGrad", {"x_shape", "dy"}));
   g.ConstI("x_sizes", {4}, {N, H, W, C});
   attrs(g.Node("dx_const", "AvgPoolGrad", {"x_sizes", "dy"}));
-  ASSERT_OK_AND_ASSIGN_TF(
-      exe, Compile(g, {{"x", {N, H, W, C}}, {"dy", {N, OH, OW, C}}}, {"y", "dx", "dx_const"}));
+  // Readers, as a step has: on the CPU the pooling and the gradient of x's shape pool NHWC
+  // themselves (Note [Channels-last convolutions]); the gradient of a constant shape, whose
+  // input is a folded constant, stays NCHW.
+  g.ConstF("one", {}, {1.f});
+  for (const char* v : {"y", "dx", "dx_const"}) g.Node(std::string(v) + "_out", "Mul", {v, "one"});
+  ASSERT_OK_AND_ASSIGN_TF(exe, Compile(g, {{"x", {N, H, W, C}}, {"dy", {N, OH, OW, C}}},
+                                       {"y_out", "dx_out", "dx_const_out"}));
+  int channels_last = 0;
+  for (const auto& node : exe->graph().nodes()) {
+    if (node.GetInt(kChannelsLastAttr, 0) != 0) ++channels_last;
+  }
+  EXPECT_EQ(channels_last, 2);
   Memory mem(*exe);
   const std::vector<float> x = RandomFloats(N * H * W * C, 31), dy = RandomFloats(OH * OW * C, 32);
   ASSERT_OK_AND_ASSIGN_TF(out, RunHost(*exe, mem,
