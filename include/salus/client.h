@@ -291,6 +291,8 @@ class Client {
     // allocation. Empty: $SALUS_ALLOCATION_TOKEN, if set.
     std::string allocation_token;
   };
+  // An empty endpoint is the daemon every client finds by default: $SALUS_ENDPOINT, else a
+  // local daemon's ipc socket, else tcp://127.0.0.1:5501 (Note [Default endpoint]).
   static StatusOr<std::unique_ptr<Client>> Connect(const std::string& endpoint);
   static StatusOr<std::unique_ptr<Client>> Connect(const std::string& endpoint, Options options);
   ~Client();

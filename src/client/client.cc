@@ -20,6 +20,7 @@
 #include <zmq_addon.hpp>
 
 #include "common/curve_keys.h"
+#include "common/endpoints.h"
 #include "common/version.h"
 #include "salus/v1/data_type.h"
 #include "salus/v1/salus.pb.h"
@@ -277,7 +278,9 @@ Status ConfigureCurve(zmq::socket_t& sock, const std::string& endpoint, const Cl
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& endpoint, Options options) {
+StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& endpoint_or_empty,
+                                                  Options options) {
+  const std::string endpoint = endpoint_or_empty.empty() ? ClientEndpoint() : endpoint_or_empty;
   auto impl = std::make_unique<Impl>();
   impl->endpoint = endpoint;
   impl->options = options;

@@ -39,11 +39,6 @@ int Fail(const salus::Status& s) {
   return 1;
 }
 
-std::string DefaultEndpoint() {
-  const char* env = std::getenv("SALUS_ENDPOINT");
-  return env != nullptr && *env != '\0' ? env : salus::DefaultIpcEndpoint();
-}
-
 // Writes a new CURVE key pair: PREFIX.key (the secret, readable by its owner only) and
 // PREFIX.pub (the public key, to give to the other side).
 int Keygen(const std::string& prefix) {
@@ -250,14 +245,16 @@ void PrintMap(const nlohmann::json& j) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string endpoint = DefaultEndpoint(), command, argument, device, server_key, secret_key;
+  std::string endpoint = salus::ClientEndpoint(), command, argument, device, server_key, secret_key;
   po::options_description desc(
       "salusctl: inspect and control a running salus-server\n\n"
       "commands: status | sessions | memory | allocations | close ID | move ID DEVICE | drain | "
-      "keygen PREFIX\n\n"
+      "keygen PREFIX | endpoint\n\n"
       "options");
   desc.add_options()("help,h", "show this help")("version", "print the version and exit")(
-      "endpoint", po::value(&endpoint), "the daemon (default $SALUS_ENDPOINT or its ipc socket)")(
+      "endpoint", po::value(&endpoint),
+      "the daemon (default: $SALUS_ENDPOINT, else a local daemon's ipc socket, else "
+      "tcp://127.0.0.1:5501; `salusctl endpoint` prints which)")(
       "server-key", po::value(&server_key),
       "the daemon's CURVE public key or key file, for a remote endpoint")(
       "secret-key", po::value(&secret_key), "this client's CURVE secret key or key file")(
@@ -282,6 +279,10 @@ int main(int argc, char** argv) {
   if (vm.count("help") || command.empty()) {
     std::cout << desc;
     return command.empty() && !vm.count("help") ? 2 : 0;
+  }
+  if (command == "endpoint") {  // which daemon a client reaches (Note [Default endpoint])
+    std::cout << endpoint << "\n";
+    return 0;
   }
   if (command == "keygen") {
     if (argument.empty()) {

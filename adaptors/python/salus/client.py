@@ -85,8 +85,25 @@ class IterationStats:
 
 
 def default_endpoint() -> str:
-    """$SALUS_ENDPOINT, else the daemon's default tcp endpoint."""
-    return os.environ.get("SALUS_ENDPOINT", DEFAULT_TCP)
+    """The daemon a client talks to when not told (Note [Default endpoint] in
+    src/common/endpoints.h, which every client follows): $SALUS_ENDPOINT; else the first ipc
+    socket that exists of a daemon the user started ($XDG_RUNTIME_DIR/salus/salus.sock, then
+    /tmp/salus-<uid>/salus.sock) and the system service's (/run/salus/salus.sock); else
+    tcp://127.0.0.1:5501."""
+    env = os.environ.get("SALUS_ENDPOINT", "")
+    if env:
+        return env
+    dirs = []
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        dirs.append(Path(os.environ["XDG_RUNTIME_DIR"]) / "salus")
+    dirs += [Path(f"/tmp/salus-{os.getuid()}"), Path("/run/salus")]
+    for d in dirs:
+        try:
+            if (d / "salus.sock").is_socket():
+                return f"ipc://{d / 'salus.sock'}"
+        except OSError:
+            continue
+    return DEFAULT_TCP
 
 
 def read_curve_key(value: str | bytes | os.PathLike[str]) -> bytes:
@@ -790,7 +807,7 @@ def connect(endpoint: str | None = None, timeout: float | None = 30.0,
             server_key: str | bytes | os.PathLike[str] | None = None,
             secret_key: str | bytes | os.PathLike[str] | None = None,
             allocation_token: str | None = None) -> Client:
-    """Connects to a salus-server (default: $SALUS_ENDPOINT or tcp://127.0.0.1:5501).
+    """Connects to a salus-server (default: `default_endpoint()`).
 
     Feeds of `stage_from` bytes or more are staged in shared memory when the daemon can map
     it (see `Client`); None sends every feed in a frame. `server_key` and `secret_key` (Z85

@@ -1593,7 +1593,7 @@ _registered = False
 
 
 def runtime() -> Runtime:
-    """The process's salus device (its connection: $SALUS_ENDPOINT or the default)."""
+    """The process's salus device (its connection: salus.default_endpoint())."""
     global _runtime
     if _runtime is None:
         _runtime = Runtime(os.environ.get("SALUS_ENDPOINT"))

@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 
+#include "common/endpoints.h"
 #include "plugin.h"
 #include "tensorflow/c/ops.h"
 #include "tensorflow/c/tf_status.h"
@@ -47,23 +48,8 @@ bool IsCapturable(const std::string& op) {
 
 namespace {
 
-// Note [Endpoint]
-// SALUS_ENDPOINT names the daemon. Without it, the adaptor looks for the daemon's ipc socket
-// where the daemon puts it: /run/salus (a system service), $XDG_RUNTIME_DIR/salus, then
-// /tmp/salus-<uid>; without any, the daemon's default tcp endpoint.
-std::string DefaultEndpoint() {
-  if (const char* e = std::getenv("SALUS_ENDPOINT"); e != nullptr && *e != '\0') return e;
-  std::vector<std::string> dirs = {"/run/salus"};
-  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x != nullptr && *x != '\0') {
-    dirs.push_back(std::string(x) + "/salus");
-  }
-  dirs.push_back("/tmp/salus-" + std::to_string(getuid()));
-  for (const std::string& d : dirs) {
-    std::error_code ec;
-    if (std::filesystem::exists(d + "/salus.sock", ec)) return "ipc://" + d + "/salus.sock";
-  }
-  return "tcp://127.0.0.1:5501";
-}
+// The daemon: Note [Default endpoint] in src/common/endpoints.h (compiled into the plugin).
+std::string DefaultEndpoint() { return salus::ClientEndpoint(); }
 
 // Note [Two protobufs]
 // TensorFlow's libraries export their own protobuf runtime, and Python loads them with

@@ -23,8 +23,8 @@ inline constexpr char kIterationOp[] = "SalusIteration";
 const std::vector<std::string>& CapturableOps();
 bool IsCapturable(const std::string& op);
 
-// The daemon connection of this process, made on first use: SALUS_ENDPOINT, else the daemon's
-// default ipc socket (Note [Endpoint] in kernels.cc). Null with *error set when the wire
+// The daemon connection of this process, made on first use, to the daemon every client finds
+// (Note [Default endpoint] in src/common/endpoints.h). Null with *error set when the wire
 // library cannot be loaded or the daemon cannot be reached.
 WireClient* Daemon(WireError* error);
 
