@@ -918,6 +918,7 @@ std::string Server::Gauges() const {
         fmt::format("salus_mem_capacity_bytes{{device=\"{}\"}} {}\n", dev, mem.capacity());
     const mem::MemoryStatsSnapshot snap = mem.StatsSnapshot();
     for (const mem::SessionStats& s : snap.sessions) {
+      if (!o_.metrics_per_session) break;
       const bool resident =
           s.residence == mem::Residence::kResident || s.residence == mem::Residence::kPagingIn;
       session_out += fmt::format(
@@ -952,10 +953,13 @@ std::string Server::Gauges() const {
     out += fmt::format("salus_device_lost{{device=\"{}\"}} {}\n", device_names_[d],
                        executor_->engine().DeviceLost(d).ok() ? 0 : 1);
   }
-  out +=
-      "# HELP salus_mem_session_bytes Persistent bytes of each admitted session, resident in the "
-      "arena or paged out to host memory.\n# TYPE salus_mem_session_bytes gauge\n" +
-      session_out;
+  if (o_.metrics_per_session) {
+    out +=
+        "# HELP salus_mem_session_bytes Persistent bytes of each admitted session, resident in "
+        "the arena or paged out to host memory (metrics_per_session).\n"
+        "# TYPE salus_mem_session_bytes gauge\n" +
+        session_out;
+  }
   out +=
       "# HELP salus_mem_paged_bytes Persistent bytes paged out to host memory.\n"
       "# TYPE salus_mem_paged_bytes gauge\n" +

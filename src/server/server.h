@@ -69,6 +69,9 @@ struct ServerOptions {
   std::string policy = "fair";
   nlohmann::json policy_options;
   std::string metrics_listen;  // HOST:PORT; empty: no metrics endpoint
+  // Whether /metrics has a series per session (salus_mem_session_bytes): off by default, so the
+  // number of series stays bounded however many sessions come and go.
+  bool metrics_per_session = false;
   Nanos lease{std::chrono::seconds(30)};
   // Admission beyond the arena, paging persistent state to host memory (1: off), and how
   // long a session paged in keeps its place (sched::Engine::Options).

@@ -84,6 +84,7 @@ const std::vector<std::string>& ConfigKeys() {
                                                 "lease_seconds",
                                                 "overcommit",
                                                 "paging_quantum_ms",
+                                                "metrics_per_session",
                                                 "limits",
                                                 "quotas",
                                                 "security",
@@ -110,6 +111,7 @@ StatusOr<ServerOptions> OptionsFromConfig(const Config& config, std::string* log
   SALUS_ASSIGN_OR_RETURN(o.policy, config.GetString("policy", o.policy));
   SALUS_ASSIGN_OR_RETURN(o.metrics_listen, config.GetString("metrics_listen", o.metrics_listen));
   SALUS_ASSIGN_OR_RETURN(*log_level, config.GetString("log_level", "info"));
+  SALUS_ASSIGN_OR_RETURN(o.metrics_per_session, config.GetBool("metrics_per_session", false));
   SALUS_ASSIGN_OR_RETURN(o.memory, config.GetBytes("memory", 0));
   if (config.Has("listen")) {
     SALUS_ASSIGN_OR_RETURN(o.listen, config.GetStrings("listen"));

@@ -92,8 +92,9 @@ def test_a_killed_clients_paged_out_state_is_freed(daemon_factory) -> None:  # n
         info = next(s for s in c.sessions() if s["session_id"] == probe.id)
         p = info["persistent_bytes"]
     capacity = (2 * p // 256) * 256
+    # Per-session series on, to see the doomed session's go.
     d = daemon_factory("--overcommit", "2", "--paging-quantum-ms", "0", memory=f"{capacity}B",
-                       policy="fair", lease=2)
+                       policy="fair", lease=2, config={"metrics_per_session": True})
     here = str(pathlib.Path(__file__).resolve().parent)
     doomed = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, d.endpoint, here],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -114,6 +115,7 @@ def test_a_killed_clients_paged_out_state_is_freed(daemon_factory) -> None:  # n
             text = urllib.request.urlopen(
                 f"http://127.0.0.1:{d.metrics_port}/metrics", timeout=10).read().decode()
             assert f'session="{doomed_id}"' not in text
+            assert f'session="{s.id}"' in text
             s.run(feeds=feeds(1, 1), fetches=["loss"])  # the survivor trains on
     finally:
         doomed.kill()
