@@ -34,5 +34,6 @@ COPY --from=build /opt/salus /opt/salus
 ENV PATH=/opt/salus/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 # Root: the plugin serves sockets in the kubelet's device-plugins directory and is the
 # daemon's administrator over its ipc socket (the chart drops every capability).
+# hadolint ignore=DL3002
 USER root
 ENTRYPOINT ["salus-device-plugin"]

@@ -25,8 +25,11 @@ and is applied with kubectl as well. */}}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- end -}}
 
+{{/* The daemon's image: image.repository, else the image docker/ builds for the device
+(docker/cuda.Dockerfile: salus-server-cuda; docker/Dockerfile: salus-server). */}}
 {{- define "salus.serverImage" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- $built := ternary "salus-server-cuda" "salus-server" (eq .Values.device "cuda") -}}
+{{ .Values.image.repository | default $built }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
 {{- define "salus.pluginImage" -}}
