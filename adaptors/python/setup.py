@@ -2,7 +2,7 @@
 project's .proto files (../../proto) when the package is built, so `pip install adaptors/python`
 and `python -m build adaptors/python` need no CMake build first. An sdist carries the generated
 modules, so a wheel built from it needs no .proto files. protoc is grpcio-tools' (a build
-requirement in pyproject.toml), which generates for the protobuf runtime 4.21 the client pins.
+requirement in pyproject.toml): protoc 3.21, whose modules load on protobuf 4.21 and later.
 """
 
 from __future__ import annotations
