@@ -355,6 +355,8 @@ class Importer {
   Status SplitOp();
   Status ConcatOffset();
   Status Pad();
+  Status MirrorPad();
+  Status MirrorPadGrad();
   Status DynamicStitch();
   Status FusedBatchNorm();
   Status FusedBatchNormGrad();
@@ -495,6 +497,7 @@ const std::map<std::string, Lowering>& Importer::Table() {
       {"MaxPool", &Importer::Pool}, {"MaxPoolGrad", &Importer::MaxPoolGrad},
       {"AvgPool", &Importer::Pool}, {"AvgPoolGrad", &Importer::AvgPoolGrad},
       {"Pad", &Importer::Pad}, {"PadV2", &Importer::Pad},
+      {"MirrorPad", &Importer::MirrorPad}, {"MirrorPadGrad", &Importer::MirrorPadGrad},
       {"DynamicStitch", &Importer::DynamicStitch},
       {"FusedBatchNorm", &Importer::FusedBatchNorm},
       {"FusedBatchNormV2", &Importer::FusedBatchNorm},
@@ -2237,6 +2240,94 @@ Status Importer::Pad() {
   SALUS_ASSIGN_OR_RETURN(ValueId y,
                          Emit("Pad", {x, Int64s(pads), value}, {{"mode", StringAttr("constant")}}));
   Bind(0, y);
+  return OkStatus();
+}
+
+// Note [Mirror padding]
+// MirrorPad(x, paddings, mode) pads each dim with x's own values mirrored at its edges: REFLECT
+// leaves the edge out ([a b c] padded by 2 each side: c b | a b c | b a), SYMMETRIC repeats it
+// (b a | a b c | c b). Each padded dim is a Gather of x along it, by the source index of every
+// output position. The gradient, MirrorPadGrad(dy, paddings, mode), sums each position's
+// gradient into its source: along each dim a product with the 0/1 matrix of that map (output
+// positions by input positions), the dim moved last for the MatMul and back. The dims are
+// separable, so their order does not matter.
+
+// The source index of each of the n + before + after output positions along one dim, or an
+// error when the padding is wider than the mode allows.
+StatusOr<std::vector<int64_t>> MirrorSources(int64_t n, int64_t before, int64_t after,
+                                             bool reflect) {
+  const int64_t widest = reflect ? n - 1 : n;
+  if (before < 0 || after < 0 || before > widest || after > widest) {
+    return InvalidArgumentError("paddings must be in [0, " + std::to_string(widest) +
+                                "] for a dim of " + std::to_string(n) + " in " +
+                                (reflect ? "REFLECT" : "SYMMETRIC") + " mode");
+  }
+  std::vector<int64_t> src;
+  for (int64_t o = 0; o < n + before + after; ++o) {
+    int64_t i = o - before;
+    if (i < 0) i = reflect ? -i : -i - 1;
+    if (i >= n) i = reflect ? 2 * (n - 1) - i : 2 * n - 1 - i;
+    src.push_back(i);
+  }
+  return src;
+}
+
+// MirrorPad(x, paddings, mode): Note [Mirror padding].
+Status Importer::MirrorPad() {
+  SALUS_RETURN_IF_ERROR(Arity(2, 2));
+  SALUS_ASSIGN_OR_RETURN(ValueId x, In(0));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> p, ConstInts(1, "paddings"));
+  const std::string mode = TfString("mode", "");
+  if (mode != "REFLECT" && mode != "SYMMETRIC") return Bad("mode must be REFLECT or SYMMETRIC");
+  const Shape shape = V(x).shape;
+  if (p.size() != 2 * shape.size()) {
+    return Bad("paddings must have shape [" + std::to_string(shape.size()) + ", 2]");
+  }
+  ValueId y = x;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (p[2 * d] == 0 && p[2 * d + 1] == 0) continue;
+    auto src = MirrorSources(shape[d], p[2 * d], p[2 * d + 1], mode == "REFLECT");
+    if (!src.ok()) return Bad(std::string(src.status().message()));
+    SALUS_ASSIGN_OR_RETURN(
+        y, Emit("Gather", {y, Int64s(*src)}, {{"axis", IntAttr(static_cast<int64_t>(d))}}));
+  }
+  Bind(0, y);
+  return OkStatus();
+}
+
+// MirrorPadGrad(dy, paddings, mode): Note [Mirror padding].
+Status Importer::MirrorPadGrad() {
+  SALUS_RETURN_IF_ERROR(Arity(2, 2));
+  SALUS_ASSIGN_OR_RETURN(ValueId dy, In(0));
+  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> p, ConstInts(1, "paddings"));
+  const std::string mode = TfString("mode", "");
+  if (mode != "REFLECT" && mode != "SYMMETRIC") return Bad("mode must be REFLECT or SYMMETRIC");
+  if (V(dy).type != DataType::kFloat32) return Refuse("a gradient that is not float32");
+  const Shape shape = V(dy).shape;
+  const size_t rank = shape.size();
+  if (p.size() != 2 * rank) return Bad("paddings must have shape [" + std::to_string(rank) + ", 2]");
+  ValueId dx = dy;
+  for (size_t d = 0; d < rank; ++d) {
+    if (p[2 * d] == 0 && p[2 * d + 1] == 0) continue;
+    const int64_t n = shape[d] - p[2 * d] - p[2 * d + 1];
+    if (n <= 0) return Bad("paddings are wider than the gradient");
+    auto src = MirrorSources(n, p[2 * d], p[2 * d + 1], mode == "REFLECT");
+    if (!src.ok()) return Bad(std::string(src.status().message()));
+    const int64_t out = shape[d];
+    std::vector<float> m(out * n, 0.f);
+    for (int64_t o = 0; o < out; ++o) m[o * n + (*src)[o]] += 1.f;
+    std::vector<int64_t> perm, back(rank);
+    for (size_t k = 0; k < rank; ++k) {
+      if (k != d) perm.push_back(static_cast<int64_t>(k));
+    }
+    perm.push_back(static_cast<int64_t>(d));
+    for (size_t k = 0; k < rank; ++k) back[perm[k]] = static_cast<int64_t>(k);
+    SALUS_ASSIGN_OR_RETURN(ValueId last, Transpose(dx, perm));
+    SALUS_ASSIGN_OR_RETURN(
+        ValueId summed, Emit("MatMul", {last, Constant(HostTensor::FromFloats({out, n}, m))}));
+    SALUS_ASSIGN_OR_RETURN(dx, Transpose(summed, back));
+  }
+  Bind(0, dx);
   return OkStatus();
 }
 

@@ -108,6 +108,12 @@ def test_keras_grouped_convolutions_match_the_cpu(daemon: Daemon) -> None:
     assert_matches(salus, cpu_reference("keras_grouped_conv.py"))
 
 
+def test_mirror_padding_matches_the_cpu(daemon: Daemon) -> None:
+    # tf.pad's REFLECT and SYMMETRIC modes: MirrorPad and MirrorPadGrad (Note [Mirror padding]).
+    salus = run("mirror_pad.py", endpoint=daemon.endpoint)
+    assert_matches(salus, cpu_reference("mirror_pad.py"))
+
+
 def test_custom_loop_with_adam_and_a_saved_model(daemon: Daemon, tmp_path: Path) -> None:
     (tmp_path / "salus").mkdir()
     (tmp_path / "cpu").mkdir()

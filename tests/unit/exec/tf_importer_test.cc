@@ -630,6 +630,66 @@ TEST(TfImporterTest, AvgPoolAndItsGradientCountOnlyTheInput) {
 
 // The data-movement ops Keras models add: Pad, PadV2, Slice, Split, SplitV, Unpack,
 // StridedSliceGrad, and the elementwise Relu6, Relu6Grad, Erfc, Floor and float FloorMod.
+// Note [Mirror padding]: both modes on two dims of a [2, 3], and the gradient of each, against
+// the mirror map written out by hand.
+TEST(TfImporterTest, MirrorPadAndItsGradientInBothModes) {
+  TfGraph g;
+  g.Placeholder("x");   // [2, 3]
+  g.Placeholder("dr");  // REFLECT's output [3, 7]
+  g.Placeholder("ds");  // SYMMETRIC's output [4, 8]
+  g.ConstI("pr", {2, 2}, {1, 0, 2, 2});
+  g.ConstI("ps", {2, 2}, {1, 1, 2, 3});
+  TfGraph::Str(g.Node("reflect", "MirrorPad", {"x", "pr"}), "mode", "REFLECT");
+  TfGraph::Str(g.Node("symmetric", "MirrorPad", {"x", "ps"}), "mode", "SYMMETRIC");
+  TfGraph::Str(g.Node("dreflect", "MirrorPadGrad", {"dr", "pr"}), "mode", "REFLECT");
+  TfGraph::Str(g.Node("dsymmetric", "MirrorPadGrad", {"ds", "ps"}), "mode", "SYMMETRIC");
+  ASSERT_OK_AND_ASSIGN_TF(exe,
+                          Compile(g, {{"x", {2, 3}}, {"dr", {3, 7}}, {"ds", {4, 8}}},
+                                  {"reflect", "symmetric", "dreflect", "dsymmetric"}));
+  Memory mem(*exe);
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6};
+  const std::vector<float> dr = RandomFloats(21, 41), ds = RandomFloats(32, 42);
+  ASSERT_OK_AND_ASSIGN_TF(out, RunHost(*exe, mem,
+                                       {HostTensor::FromFloats({2, 3}, x),
+                                        HostTensor::FromFloats({3, 7}, dr),
+                                        HostTensor::FromFloats({4, 8}, ds)}));
+  // Rows: REFLECT [1 | 0 1] -> 1 0 1; SYMMETRIC [0 | 0 1 | 1] -> 0 0 1 1. Columns: REFLECT by
+  // (2, 2) -> 2 1 | 0 1 2 | 1 0; SYMMETRIC by (2, 3) -> 1 0 | 0 1 2 | 2 1 0.
+  const std::vector<int64_t> rr = {1, 0, 1}, rc = {2, 1, 0, 1, 2, 1, 0};
+  const std::vector<int64_t> sr = {0, 0, 1, 1}, sc = {1, 0, 0, 1, 2, 2, 1, 0};
+  std::vector<float> reflect, symmetric, dx_r(6, 0.f), dx_s(6, 0.f);
+  for (size_t i = 0; i < rr.size(); ++i)
+    for (size_t j = 0; j < rc.size(); ++j) {
+      reflect.push_back(x[rr[i] * 3 + rc[j]]);
+      dx_r[rr[i] * 3 + rc[j]] += dr[i * rc.size() + j];
+    }
+  for (size_t i = 0; i < sr.size(); ++i)
+    for (size_t j = 0; j < sc.size(); ++j) {
+      symmetric.push_back(x[sr[i] * 3 + sc[j]]);
+      dx_s[sr[i] * 3 + sc[j]] += ds[i * sc.size() + j];
+    }
+  EXPECT_EQ(out[0].shape, Shape({3, 7}));
+  ExpectNear(Floats(out[0]), reflect, 0, "MirrorPad REFLECT");
+  EXPECT_EQ(out[1].shape, Shape({4, 8}));
+  ExpectNear(Floats(out[1]), symmetric, 0, "MirrorPad SYMMETRIC");
+  EXPECT_EQ(out[2].shape, Shape({2, 3}));
+  ExpectNear(Floats(out[2]), dx_r, 1e-6f, "MirrorPadGrad REFLECT");
+  ExpectNear(Floats(out[3]), dx_s, 1e-6f, "MirrorPadGrad SYMMETRIC");
+}
+
+TEST(TfImporterTest, MirrorPadWiderThanItsModeAllowsIsRefusedByName) {
+  TfGraph g;
+  g.Placeholder("x");  // [2, 3]
+  g.ConstI("p", {2, 2}, {0, 0, 3, 0});
+  TfGraph::Str(g.Node("wide", "MirrorPad", {"x", "p"}), "mode", "REFLECT");
+  auto exe = Compile(g, {{"x", {2, 3}}}, {"wide"});
+  ASSERT_FALSE(exe.ok());
+  EXPECT_EQ(exe.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(exe.status().message().find("node 'wide': op MirrorPad"), std::string::npos)
+      << exe.status();
+  EXPECT_NE(exe.status().message().find("[0, 2]"), std::string::npos) << exe.status();
+}
+
 TEST(TfImporterTest, PaddingSlicingSplittingAndElementwiseOps) {
   TfGraph g;
   g.Placeholder("x");  // [2, 3]
