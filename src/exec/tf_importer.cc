@@ -1892,10 +1892,10 @@ Status Importer::StridedSliceGrad() {
   SALUS_ASSIGN_OR_RETURN(ValueId d, Reshape(dy, s.sliced));
   ValueId dx = d;
   if (!s.whole) {
-    SALUS_ASSIGN_OR_RETURN(dx, EmitShaped("SalusSliceGrad", {d},
-                                          {{"starts", IntsAttr(s.starts)},
-                                           {"steps", IntsAttr(s.steps)}},
-                                          V(dy).type, Shape(xs)));
+    SALUS_ASSIGN_OR_RETURN(
+        dx, EmitShaped("SalusSliceGrad", {d},
+                       {{"starts", IntsAttr(s.starts)}, {"steps", IntsAttr(s.steps)}}, V(dy).type,
+                       Shape(xs)));
   }
   Bind(0, dx);
   return OkStatus();
@@ -1969,8 +1969,8 @@ Status Importer::SplitOp() {
   } else {
     const int64_t parts = o == "Split" ? TfInt("num_split", 0) : TfInt("num", 0);
     if (parts < 1 || dim % parts != 0 || (o == "Unpack" && parts != dim)) {
-      return Bad("cannot split a dim of " + std::to_string(dim) + " into " +
-                 std::to_string(parts) + " parts");
+      return Bad("cannot split a dim of " + std::to_string(dim) + " into " + std::to_string(parts) +
+                 " parts");
     }
     sizes.assign(parts, dim / parts);
   }
@@ -2069,13 +2069,13 @@ Status Importer::FusedBatchNorm() {
   ValueId mean = per_channel[2], var = per_channel[3];
   if (training) {
     if (a.count < 2) return Bad("training over a single element per channel");
-    SALUS_ASSIGN_OR_RETURN(mean, Emit("ReduceMean", {x}, {{"axes", IntsAttr(a.reduce)},
-                                                          {"keepdims", IntAttr(0)}}));
+    SALUS_ASSIGN_OR_RETURN(
+        mean, Emit("ReduceMean", {x}, {{"axes", IntsAttr(a.reduce)}, {"keepdims", IntAttr(0)}}));
     SALUS_ASSIGN_OR_RETURN(mean, Reshape(mean, a.channel));
     SALUS_ASSIGN_OR_RETURN(ValueId centred, Emit("Sub", {x, mean}));
     SALUS_ASSIGN_OR_RETURN(ValueId squares, Emit("Mul", {centred, centred}));
-    SALUS_ASSIGN_OR_RETURN(var, Emit("ReduceMean", {squares}, {{"axes", IntsAttr(a.reduce)},
-                                                               {"keepdims", IntAttr(0)}}));
+    SALUS_ASSIGN_OR_RETURN(var, Emit("ReduceMean", {squares},
+                                     {{"axes", IntsAttr(a.reduce)}, {"keepdims", IntAttr(0)}}));
     SALUS_ASSIGN_OR_RETURN(var, Reshape(var, a.channel));
   }
   SALUS_ASSIGN_OR_RETURN(ValueId shifted, Emit("Add", {var, ScalarLike(var, eps)}));
@@ -2132,8 +2132,8 @@ Status Importer::FusedBatchNormGrad() {
   const float eps = Attr("epsilon") != nullptr ? Attr("epsilon")->f() : 1e-4f;
   const bool training = TfBool("is_training", true);
   auto sum = [&](ValueId v) -> StatusOr<ValueId> {
-    SALUS_ASSIGN_OR_RETURN(ValueId s, Emit("ReduceSum", {v, Int64s(a.reduce)},
-                                           {{"keepdims", IntAttr(0)}}));
+    SALUS_ASSIGN_OR_RETURN(ValueId s,
+                           Emit("ReduceSum", {v, Int64s(a.reduce)}, {{"keepdims", IntAttr(0)}}));
     return Reshape(s, a.channel);
   };
   SALUS_ASSIGN_OR_RETURN(ValueId shifted, Emit("Add", {var, ScalarLike(var, eps)}));
@@ -2219,7 +2219,8 @@ Status Importer::Pad() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, In(0));
   SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> p, ConstInts(1, "paddings"));
   const size_t rank = V(x).shape.size();
-  if (p.size() != 2 * rank) return Bad("paddings must have shape [" + std::to_string(rank) + ", 2]");
+  if (p.size() != 2 * rank)
+    return Bad("paddings must have shape [" + std::to_string(rank) + ", 2]");
   std::vector<int64_t> pads(2 * rank);
   bool none = true;
   for (size_t d = 0; d < rank; ++d) {
@@ -2305,7 +2306,8 @@ Status Importer::MirrorPadGrad() {
   if (V(dy).type != DataType::kFloat32) return Refuse("a gradient that is not float32");
   const Shape shape = V(dy).shape;
   const size_t rank = shape.size();
-  if (p.size() != 2 * rank) return Bad("paddings must have shape [" + std::to_string(rank) + ", 2]");
+  if (p.size() != 2 * rank)
+    return Bad("paddings must have shape [" + std::to_string(rank) + ", 2]");
   ValueId dx = dy;
   for (size_t d = 0; d < rank; ++d) {
     if (p[2 * d] == 0 && p[2 * d + 1] == 0) continue;
@@ -2323,8 +2325,8 @@ Status Importer::MirrorPadGrad() {
     perm.push_back(static_cast<int64_t>(d));
     for (size_t k = 0; k < rank; ++k) back[perm[k]] = static_cast<int64_t>(k);
     SALUS_ASSIGN_OR_RETURN(ValueId last, Transpose(dx, perm));
-    SALUS_ASSIGN_OR_RETURN(
-        ValueId summed, Emit("MatMul", {last, Constant(HostTensor::FromFloats({out, n}, m))}));
+    SALUS_ASSIGN_OR_RETURN(ValueId summed,
+                           Emit("MatMul", {last, Constant(HostTensor::FromFloats({out, n}, m))}));
     SALUS_ASSIGN_OR_RETURN(dx, Transpose(summed, back));
   }
   Bind(0, dx);
@@ -2478,8 +2480,9 @@ Status Importer::ClipByValue() {
 // weights. Each is lowered with Transposes around it (NHWC -> NCHW before, back after, HWIO ->
 // OIHW for filters). On the CPU the executable then lets the convolutions read and write NHWC
 // themselves and drops their activations' Transposes (Note [Channels-last convolutions] in
-// fusion.h); pooling, the filters and CUDA keep them. NCHW graphs take no Transposes. Padding SAME is TensorFlow's (the extra pad at the end), computed here as
-// explicit pads; EXPLICIT takes explicit_paddings.
+// fusion.h); pooling, the filters and CUDA keep them. NCHW graphs take no Transposes. Padding SAME
+// is TensorFlow's (the extra pad at the end), computed here as explicit pads; EXPLICIT takes
+// explicit_paddings.
 
 StatusOr<Importer::Window2D> Importer::WindowFor(const Shape& x, const std::vector<int64_t>& kernel,
                                                  bool pooling) {

@@ -399,8 +399,7 @@ void DumpValues(const std::string& stem, const std::vector<std::string>& fetch_n
   };
   index << "[\n";
   for (const WireFeed& f : sent) {
-    entry(var_names.count(f.name) > 0 ? "state" : "feed", f.name, f.type, f.shape, f.data,
-          f.bytes);
+    entry(var_names.count(f.name) > 0 ? "state" : "feed", f.name, f.type, f.shape, f.data, f.bytes);
   }
   for (size_t k = 0; k < results.size() && k < fetch_names.size(); ++k) {
     entry("fetch", fetch_names[k], results[k].type, results[k].shape, results[k].data.data(),

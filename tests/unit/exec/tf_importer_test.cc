@@ -643,16 +643,15 @@ TEST(TfImporterTest, MirrorPadAndItsGradientInBothModes) {
   TfGraph::Str(g.Node("symmetric", "MirrorPad", {"x", "ps"}), "mode", "SYMMETRIC");
   TfGraph::Str(g.Node("dreflect", "MirrorPadGrad", {"dr", "pr"}), "mode", "REFLECT");
   TfGraph::Str(g.Node("dsymmetric", "MirrorPadGrad", {"ds", "ps"}), "mode", "SYMMETRIC");
-  ASSERT_OK_AND_ASSIGN_TF(exe,
-                          Compile(g, {{"x", {2, 3}}, {"dr", {3, 7}}, {"ds", {4, 8}}},
-                                  {"reflect", "symmetric", "dreflect", "dsymmetric"}));
+  ASSERT_OK_AND_ASSIGN_TF(exe, Compile(g, {{"x", {2, 3}}, {"dr", {3, 7}}, {"ds", {4, 8}}},
+                                       {"reflect", "symmetric", "dreflect", "dsymmetric"}));
   Memory mem(*exe);
   const std::vector<float> x = {1, 2, 3, 4, 5, 6};
   const std::vector<float> dr = RandomFloats(21, 41), ds = RandomFloats(32, 42);
-  ASSERT_OK_AND_ASSIGN_TF(out, RunHost(*exe, mem,
-                                       {HostTensor::FromFloats({2, 3}, x),
-                                        HostTensor::FromFloats({3, 7}, dr),
-                                        HostTensor::FromFloats({4, 8}, ds)}));
+  ASSERT_OK_AND_ASSIGN_TF(
+      out, RunHost(*exe, mem,
+                   {HostTensor::FromFloats({2, 3}, x), HostTensor::FromFloats({3, 7}, dr),
+                    HostTensor::FromFloats({4, 8}, ds)}));
   // Rows: REFLECT [1 | 0 1] -> 1 0 1; SYMMETRIC [0 | 0 1 | 1] -> 0 0 1 1. Columns: REFLECT by
   // (2, 2) -> 2 1 | 0 1 2 | 1 0; SYMMETRIC by (2, 3) -> 1 0 | 0 1 2 | 2 1 0.
   const std::vector<int64_t> rr = {1, 0, 1}, rc = {2, 1, 0, 1, 2, 1, 0};
@@ -727,15 +726,14 @@ TEST(TfImporterTest, PaddingSlicingSplittingAndElementwiseOps) {
                     "unpack:1", "ssg", "relu6", "relu6g", "erfc", "floor", "fmod"}));
   Memory mem(*exe);
   const std::vector<float> x = {-1.5f, 0.f, 2.5f, 6.f, 7.25f, 4.f};
-  ASSERT_OK_AND_ASSIGN_TF(out, RunHost(*exe, mem,
-                                       {HostTensor::FromFloats({2, 3}, x),
-                                        HostTensor::FromFloats({2, 2}, {1, 2, 3, 4}),
-                                        HostTensor::FromFloats({2, 3}, {1, 1, 1, 1, 1, 1})}));
-  ExpectNear(Floats(out[0]), {0, 0, 0, 0, 0, -1.5f, 0, 2.5f, 0, 0, 6, 7.25f, 4, 0, 0}, 0,
-             "Pad");
+  ASSERT_OK_AND_ASSIGN_TF(
+      out, RunHost(*exe, mem,
+                   {HostTensor::FromFloats({2, 3}, x), HostTensor::FromFloats({2, 2}, {1, 2, 3, 4}),
+                    HostTensor::FromFloats({2, 3}, {1, 1, 1, 1, 1, 1})}));
+  ExpectNear(Floats(out[0]), {0, 0, 0, 0, 0, -1.5f, 0, 2.5f, 0, 0, 6, 7.25f, 4, 0, 0}, 0, "Pad");
   EXPECT_EQ(out[0].shape, Shape({3, 5}));
-  ExpectNear(Floats(out[1]), {-1, -1, -1, -1, -1, -1.5f, 0, 2.5f, -1, -1, 6, 7.25f, 4, -1, -1},
-             0, "PadV2");
+  ExpectNear(Floats(out[1]), {-1, -1, -1, -1, -1, -1.5f, 0, 2.5f, -1, -1, 6, 7.25f, 4, -1, -1}, 0,
+             "PadV2");
   ExpectNear(Floats(out[2]), {0, 2.5f, 7.25f, 4}, 0, "Slice");
   ExpectNear(Floats(out[3]), {-1.5f, 6}, 0, "Split:0");
   ExpectNear(Floats(out[4]), {2.5f, 4}, 0, "Split:2");
@@ -1274,83 +1272,21 @@ TEST(TfImporterTest, RepeatedConstantsCountAgainstTheBudget) {
 
 TEST(TfImporterTest, SupportsKerasTrainingStepOps) {
   const std::vector<std::string> ops = TfImporter::SupportedOps();
-  for (const char* op : {"AddV2",
-                         "ArgMax",
-                         "AssignAddVariableOp",
-                         "AssignSubVariableOp",
-                         "AssignVariableOp",
-                         "BiasAdd",
-                         "BiasAddGrad",
-                         "Bitcast",
-                         "BitwiseAnd",
-                         "BroadcastTo",
-                         "Cast",
-                         "Const",
-                         "DivNoNan",
-                         "Equal",
-                         "ExpandDims",
-                         "Identity",
-                         "IdentityN",
-                         "Less",
-                         "LogicalAnd",
-                         "MatMul",
-                         "Mul",
-                         "Neg",
-                         "NoOp",
-                         "Pack",
-                         "Placeholder",
-                         "Pow",
-                         "Prod",
-                         "Range",
-                         "ReadVariableOp",
-                         "RealDiv",
-                         "Relu",
-                         "ReluGrad",
-                         "Reshape",
-                         "SelectV2",
-                         "Shape",
-                         "Softmax",
-                         "SparseSoftmaxCrossEntropyWithLogits",
-                         "Sqrt",
-                         "Square",
-                         "StridedSlice",
-                         "Sub",
-                         "Sum",
-                         "Tile",
-                         "AddN",
-                         "BroadcastGradientArgs",
-                         "Conv2D",
-                         "Conv2DBackpropFilter",
-                         "Conv2DBackpropInput",
-                         "FloorMod",
-                         "GatherV2",
-                         "GreaterEqual",
-                         "MaxPool",
-                         "MaxPoolGrad",
-                         "Mean",
-                         "Rsqrt",
-                         "RsqrtGrad",
-                         "SquaredDifference",
-                         "Squeeze",
-                         "StopGradient",
-                         "ShapeN",
-                         "StatelessRandomGetKeyCounter",
-                         "StatelessRandomUniformV2",
-                         "VarHandleOp",
-                         // keras.applications' ops beyond those.
-                         "AvgPool",
-                         "AvgPoolGrad",
-                         "ConcatOffset",
-                         "DepthwiseConv2dNative",
-                         "DepthwiseConv2dNativeBackpropFilter",
-                         "DepthwiseConv2dNativeBackpropInput",
-                         "DynamicStitch",
-                         "Erfc",
-                         "Pad",
-                         "Relu6",
-                         "Relu6Grad",
-                         "Slice",
-                         "StridedSliceGrad"}) {
+  for (const char* op :
+       {"AddV2", "ArgMax", "AssignAddVariableOp", "AssignSubVariableOp", "AssignVariableOp",
+        "BiasAdd", "BiasAddGrad", "Bitcast", "BitwiseAnd", "BroadcastTo", "Cast", "Const",
+        "DivNoNan", "Equal", "ExpandDims", "Identity", "IdentityN", "Less", "LogicalAnd", "MatMul",
+        "Mul", "Neg", "NoOp", "Pack", "Placeholder", "Pow", "Prod", "Range", "ReadVariableOp",
+        "RealDiv", "Relu", "ReluGrad", "Reshape", "SelectV2", "Shape", "Softmax",
+        "SparseSoftmaxCrossEntropyWithLogits", "Sqrt", "Square", "StridedSlice", "Sub", "Sum",
+        "Tile", "AddN", "BroadcastGradientArgs", "Conv2D", "Conv2DBackpropFilter",
+        "Conv2DBackpropInput", "FloorMod", "GatherV2", "GreaterEqual", "MaxPool", "MaxPoolGrad",
+        "Mean", "Rsqrt", "RsqrtGrad", "SquaredDifference", "Squeeze", "StopGradient", "ShapeN",
+        "StatelessRandomGetKeyCounter", "StatelessRandomUniformV2", "VarHandleOp",
+        // keras.applications' ops beyond those.
+        "AvgPool", "AvgPoolGrad", "ConcatOffset", "DepthwiseConv2dNative",
+        "DepthwiseConv2dNativeBackpropFilter", "DepthwiseConv2dNativeBackpropInput",
+        "DynamicStitch", "Erfc", "Pad", "Relu6", "Relu6Grad", "Slice", "StridedSliceGrad"}) {
     EXPECT_TRUE(std::binary_search(ops.begin(), ops.end(), op)) << op;
   }
 }
