@@ -357,6 +357,13 @@ class Importer {
   Status Pad();
   Status MirrorPad();
   Status MirrorPadGrad();
+  // MirrorPad's and MirrorPadGrad's operands: the tensor, one (before, after) per dim, the mode.
+  struct MirrorArgs {
+    ValueId value;
+    std::vector<int64_t> paddings;
+    bool reflect;
+  };
+  StatusOr<MirrorArgs> MirrorOperands();
   Status DynamicStitch();
   Status FusedBatchNorm();
   Status FusedBatchNormGrad();
@@ -2274,20 +2281,29 @@ StatusOr<std::vector<int64_t>> MirrorSources(int64_t n, int64_t before, int64_t 
 }
 
 // MirrorPad(x, paddings, mode): Note [Mirror padding].
-Status Importer::MirrorPad() {
+StatusOr<Importer::MirrorArgs> Importer::MirrorOperands() {
   SALUS_RETURN_IF_ERROR(Arity(2, 2));
-  SALUS_ASSIGN_OR_RETURN(ValueId x, In(0));
-  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> p, ConstInts(1, "paddings"));
+  MirrorArgs a;
+  SALUS_ASSIGN_OR_RETURN(a.value, In(0));
+  SALUS_ASSIGN_OR_RETURN(a.paddings, ConstInts(1, "paddings"));
   const std::string mode = TfString("mode", "");
   if (mode != "REFLECT" && mode != "SYMMETRIC") return Bad("mode must be REFLECT or SYMMETRIC");
-  const Shape shape = V(x).shape;
-  if (p.size() != 2 * shape.size()) {
-    return Bad("paddings must have shape [" + std::to_string(shape.size()) + ", 2]");
+  a.reflect = mode == "REFLECT";
+  const size_t rank = V(a.value).shape.size();
+  if (a.paddings.size() != 2 * rank) {
+    return Bad("paddings must have shape [" + std::to_string(rank) + ", 2]");
   }
-  ValueId y = x;
+  return a;
+}
+
+Status Importer::MirrorPad() {
+  SALUS_ASSIGN_OR_RETURN(MirrorArgs a, MirrorOperands());
+  const Shape shape = V(a.value).shape;
+  const std::vector<int64_t>& p = a.paddings;
+  ValueId y = a.value;
   for (size_t d = 0; d < shape.size(); ++d) {
     if (p[2 * d] == 0 && p[2 * d + 1] == 0) continue;
-    auto src = MirrorSources(shape[d], p[2 * d], p[2 * d + 1], mode == "REFLECT");
+    auto src = MirrorSources(shape[d], p[2 * d], p[2 * d + 1], a.reflect);
     if (!src.ok()) return Bad(std::string(src.status().message()));
     SALUS_ASSIGN_OR_RETURN(
         y, Emit("Gather", {y, Int64s(*src)}, {{"axis", IntAttr(static_cast<int64_t>(d))}}));
@@ -2298,22 +2314,18 @@ Status Importer::MirrorPad() {
 
 // MirrorPadGrad(dy, paddings, mode): Note [Mirror padding].
 Status Importer::MirrorPadGrad() {
-  SALUS_RETURN_IF_ERROR(Arity(2, 2));
-  SALUS_ASSIGN_OR_RETURN(ValueId dy, In(0));
-  SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> p, ConstInts(1, "paddings"));
-  const std::string mode = TfString("mode", "");
-  if (mode != "REFLECT" && mode != "SYMMETRIC") return Bad("mode must be REFLECT or SYMMETRIC");
+  SALUS_ASSIGN_OR_RETURN(MirrorArgs a, MirrorOperands());
+  const ValueId dy = a.value;
   if (V(dy).type != DataType::kFloat32) return Refuse("a gradient that is not float32");
   const Shape shape = V(dy).shape;
   const size_t rank = shape.size();
-  if (p.size() != 2 * rank)
-    return Bad("paddings must have shape [" + std::to_string(rank) + ", 2]");
+  const std::vector<int64_t>& p = a.paddings;
   ValueId dx = dy;
   for (size_t d = 0; d < rank; ++d) {
     if (p[2 * d] == 0 && p[2 * d + 1] == 0) continue;
     const int64_t n = shape[d] - p[2 * d] - p[2 * d + 1];
     if (n <= 0) return Bad("paddings are wider than the gradient");
-    auto src = MirrorSources(n, p[2 * d], p[2 * d + 1], mode == "REFLECT");
+    auto src = MirrorSources(n, p[2 * d], p[2 * d + 1], a.reflect);
     if (!src.ok()) return Bad(std::string(src.status().message()));
     const int64_t out = shape[d];
     std::vector<float> m(out * n, 0.f);

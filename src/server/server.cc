@@ -917,16 +917,17 @@ std::string Server::Gauges() const {
     capacity_out +=
         fmt::format("salus_mem_capacity_bytes{{device=\"{}\"}} {}\n", dev, mem.capacity());
     const mem::MemoryStatsSnapshot snap = mem.StatsSnapshot();
-    for (const mem::SessionStats& s : snap.sessions) {
-      if (!o_.metrics_per_session) break;
-      const bool resident =
-          s.residence == mem::Residence::kResident || s.residence == mem::Residence::kPagingIn;
-      session_out += fmt::format(
-          "salus_mem_session_bytes{{device=\"{}\",session=\"{}\",residence=\"resident\"}} {}\n",
-          dev, s.session, resident ? s.requirement.persistent_bytes : 0);
-      session_out += fmt::format(
-          "salus_mem_session_bytes{{device=\"{}\",session=\"{}\",residence=\"paged\"}} {}\n", dev,
-          s.session, resident ? 0 : s.requirement.persistent_bytes);
+    if (o_.metrics_per_session) {
+      for (const mem::SessionStats& s : snap.sessions) {
+        const bool resident =
+            s.residence == mem::Residence::kResident || s.residence == mem::Residence::kPagingIn;
+        session_out += fmt::format(
+            "salus_mem_session_bytes{{device=\"{}\",session=\"{}\",residence=\"resident\"}} {}\n",
+            dev, s.session, resident ? s.requirement.persistent_bytes : 0);
+        session_out += fmt::format(
+            "salus_mem_session_bytes{{device=\"{}\",session=\"{}\",residence=\"paged\"}} {}\n", dev,
+            s.session, resident ? 0 : s.requirement.persistent_bytes);
+      }
     }
     paged_out += fmt::format("salus_mem_paged_bytes{{device=\"{}\"}} {}\n", dev, snap.paged_bytes);
     queue_out +=

@@ -35,8 +35,9 @@ def daemon():
     d.stop()
 
 
-def start(script: str, *args: str, endpoint: str | None) -> subprocess.Popen:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+def start(script: str, *args: str, endpoint: str | None,
+          env_extra: dict[str, str] | None = None) -> subprocess.Popen:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **(env_extra or {}))
     if endpoint is None:
         env["SALUS_TF_DISABLE"] = "1"
     else:
@@ -52,8 +53,9 @@ def finish(proc: subprocess.Popen, timeout: float = 600) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run(script: str, *args: str, endpoint: str | None) -> dict:
-    return finish(start(script, *args, endpoint=endpoint))
+def run(script: str, *args: str, endpoint: str | None,
+        env_extra: dict[str, str] | None = None) -> dict:
+    return finish(start(script, *args, endpoint=endpoint, env_extra=env_extra))
 
 
 @functools.cache
