@@ -4,7 +4,9 @@
 //     StatelessRandomGetKeyCounter with the Philox algorithm; attribute seed_bits 32 for an int32
 //     seed (the low 32 bits of each word, sign-extended, as TensorFlow reads an int32), else 64;
 //   - SalusRandomUniform: key, counter -> float32 of the output's shape, uniform in [0, 1),
-//     TensorFlow's StatelessRandomUniformV2.
+//     TensorFlow's StatelessRandomUniformV2; SalusRandomNormal and SalusRandomTruncatedNormal
+//     likewise, standard normal and normal truncated to 2 standard deviations
+//     (StatelessRandomNormalV2, StatelessTruncatedNormalV2).
 // The uint64 words of TensorFlow's key and counter are int64 of the same bits. Both are loops over
 // philox_math.h's functions, which the CUDA kernels share; the results are bit for bit those of
 // TensorFlow's CPU kernels.
@@ -38,16 +40,18 @@ KernelOr KeyCounter(const Node& n, const Graph& g) {
   }));
 }
 
-KernelOr Uniform(const Node& n, const Graph& g) {
-  SALUS_ASSIGN_OR_RETURN(const int64_t count, PhiloxUniformFor(g, n));
-  return std::unique_ptr<Kernel>(new LoopKernel([count](const KernelArgs& a) {
+KernelOr Draw(const Node& n, const Graph& g) {
+  SALUS_ASSIGN_OR_RETURN(const PhiloxDraw draw, PhiloxDrawFor(g, n));
+  return std::unique_ptr<Kernel>(new LoopKernel([draw](const KernelArgs& a) {
     const auto key = static_cast<uint64_t>(static_cast<const int64_t*>(a.inputs[0])[0]);
     const auto* c = static_cast<const int64_t*>(a.inputs[1]);
     const auto lo = static_cast<uint64_t>(c[0]);
     const auto hi = static_cast<uint64_t>(c[1]);
     auto* out = static_cast<float*>(a.outputs[0]);
-    const int64_t groups = (count + 3) / 4;
-    for (int64_t gi = 0; gi < groups; ++gi) PhiloxUniformGroup(key, lo, hi, gi, count, out);
+    const int64_t groups = (draw.count + 3) / 4;
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      PhiloxGroup(draw.distribution, key, lo, hi, gi, draw.count, out);
+    }
   }));
 }
 
@@ -55,7 +59,9 @@ KernelOr Uniform(const Node& n, const Graph& g) {
 
 void RegisterCpuRandomKernels(KernelRegistry* r) {
   r->Register("SalusPhiloxKeyCounter", DeviceType::kCpu, KeyCounter);
-  r->Register("SalusRandomUniform", DeviceType::kCpu, Uniform);
+  for (const char* op : {"SalusRandomUniform", "SalusRandomNormal", "SalusRandomTruncatedNormal"}) {
+    r->Register(op, DeviceType::kCpu, Draw);
+  }
 }
 
 }  // namespace salus::exec

@@ -5,6 +5,7 @@
 // C++17 with no project header beyond hd.h: nvcc compiles tensor_ops.cu, which includes this.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -25,7 +26,17 @@ namespace salus::exec {
 //   - Uniform floats: group g of four outputs is Philox of the counter plus g (a 128-bit sum)
 //     under the key; element 4g + i takes word i, the last group as many words as it needs. A
 //     word becomes a float in [0, 1) from its low 23 bits: 1.m - 1.
-// So each group of four elements is independent, and both devices compute it the same way.
+//   - Normal floats (StatelessRandomNormalV2): group g is Philox of the counter plus g, as for
+//     uniform floats; words (0, 1) and (2, 3) each give two elements by the Box-Muller transform
+//     (PhiloxBoxMuller, TensorFlow's arithmetic: the radius's uniform clamped to at least 1e-7,
+//     the angle 2 pi u rounded from double).
+//   - Truncated normal floats (StatelessTruncatedNormalV2: normal, redrawn beyond 2 standard
+//     deviations): group g reads Philox words from the counter plus 256 g on (256 Philox calls
+//     reserved per group), pairs of words in order through Box-Muller, keeping each result of
+//     magnitude under 2 until it has four.
+// So each group of four elements is independent, and both devices compute it the same way. The
+// normal draws match TensorFlow's CPU bit for bit where the device's logf and sincosf are
+// glibc's (the CPU); CUDA's differ from them in the last bits.
 
 struct Philox4 {
   uint32_t w[4];
@@ -104,6 +115,75 @@ SALUS_HD void PhiloxUniformGroup(uint64_t key, uint64_t counter_lo, uint64_t cou
                     static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32));
   const int64_t first = 4 * g;
   for (int i = 0; i < 4 && first + i < count; ++i) y[first + i] = PhiloxUniformFloat(words.w[i]);
+}
+
+// Two normal floats of two words, as TensorFlow's BoxMullerFloat computes them.
+SALUS_HD void PhiloxBoxMuller(uint32_t x0, uint32_t x1, float* f0, float* f1) {
+  constexpr double kPi = 3.14159265358979323846;
+  float u1 = PhiloxUniformFloat(x0);
+  if (u1 < 1.0e-7f) u1 = 1.0e-7f;
+  const auto angle = static_cast<float>(2.0 * kPi * static_cast<double>(PhiloxUniformFloat(x1)));
+  const float radius = sqrtf(-2.0f * logf(u1));
+  sincosf(angle, f0, f1);
+  *f0 *= radius;
+  *f1 *= radius;
+}
+
+// Elements [4g, min(4g + 4, count)) of the normal floats of key and counter into y.
+SALUS_HD void PhiloxNormalGroup(uint64_t key, uint64_t counter_lo, uint64_t counter_hi, int64_t g,
+                                int64_t count, float* y) {
+  const Philox4 words =
+      Philox4x32x10(PhiloxAdd(PhiloxCounter(counter_lo, counter_hi), static_cast<uint64_t>(g)),
+                    static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32));
+  float f[4];
+  PhiloxBoxMuller(words.w[0], words.w[1], &f[0], &f[1]);
+  PhiloxBoxMuller(words.w[2], words.w[3], &f[2], &f[3]);
+  const int64_t first = 4 * g;
+  for (int i = 0; i < 4 && first + i < count; ++i) y[first + i] = f[i];
+}
+
+// Elements [4g, min(4g + 4, count)) of the truncated normal floats of key and counter into y.
+SALUS_HD void PhiloxTruncatedNormalGroup(uint64_t key, uint64_t counter_lo, uint64_t counter_hi,
+                                         int64_t g, int64_t count, float* y) {
+  constexpr uint64_t kCallsPerGroup = 256;
+  Philox4 counter =
+      PhiloxAdd(PhiloxCounter(counter_lo, counter_hi), static_cast<uint64_t>(g) * kCallsPerGroup);
+  const auto k0 = static_cast<uint32_t>(key);
+  const auto k1 = static_cast<uint32_t>(key >> 32);
+  float f[4];
+  int have = 0;
+  while (have < 4) {
+    const Philox4 words = Philox4x32x10(counter, k0, k1);
+    counter = PhiloxAdd(counter, 1);
+    for (int pair = 0; pair < 4 && have < 4; pair += 2) {
+      float two[2];
+      PhiloxBoxMuller(words.w[pair], words.w[pair + 1], &two[0], &two[1]);
+      for (int i = 0; i < 2 && have < 4; ++i) {
+        if (fabsf(two[i]) < 2.0f) f[have++] = two[i];
+      }
+    }
+  }
+  const int64_t first = 4 * g;
+  for (int i = 0; i < 4 && first + i < count; ++i) y[first + i] = f[i];
+}
+
+// The distributions of the engine's stateless random ops: SalusRandomUniform, SalusRandomNormal,
+// SalusRandomTruncatedNormal.
+enum class PhiloxDistribution { kUniform, kNormal, kTruncatedNormal };
+
+SALUS_HD void PhiloxGroup(PhiloxDistribution d, uint64_t key, uint64_t counter_lo,
+                          uint64_t counter_hi, int64_t g, int64_t count, float* y) {
+  switch (d) {
+    case PhiloxDistribution::kUniform:
+      PhiloxUniformGroup(key, counter_lo, counter_hi, g, count, y);
+      return;
+    case PhiloxDistribution::kNormal:
+      PhiloxNormalGroup(key, counter_lo, counter_hi, g, count, y);
+      return;
+    case PhiloxDistribution::kTruncatedNormal:
+      PhiloxTruncatedNormalGroup(key, counter_lo, counter_hi, g, count, y);
+      return;
+  }
 }
 
 }  // namespace salus::exec

@@ -954,7 +954,17 @@ StatusOr<bool> PhiloxKeyCounterFor(const Graph& graph, const Node& node) {
   return seed_bits == 32;
 }
 
-StatusOr<int64_t> PhiloxUniformFor(const Graph& graph, const Node& node) {
+StatusOr<PhiloxDraw> PhiloxDrawFor(const Graph& graph, const Node& node) {
+  PhiloxDraw draw;
+  if (node.op == "SalusRandomUniform") {
+    draw.distribution = PhiloxDistribution::kUniform;
+  } else if (node.op == "SalusRandomNormal") {
+    draw.distribution = PhiloxDistribution::kNormal;
+  } else if (node.op == "SalusRandomTruncatedNormal") {
+    draw.distribution = PhiloxDistribution::kTruncatedNormal;
+  } else {
+    return InvalidArgumentError(node.Describe() + ": not a random draw");
+  }
   if (node.inputs.size() != 2 || node.outputs.size() != 1 || node.input(0) == kNoValue ||
       node.input(1) == kNoValue || node.output(0) == kNoValue) {
     return InvalidArgumentError(node.Describe() + ": takes a key and a counter");
@@ -966,7 +976,8 @@ StatusOr<int64_t> PhiloxUniformFor(const Graph& graph, const Node& node) {
     return UnimplementedError(node.Describe() + ": draws float32 only, not " +
                               DataTypeName(y.type));
   }
-  return NumElements(y.shape);
+  draw.count = NumElements(y.shape);
+  return draw;
 }
 
 }  // namespace salus::exec

@@ -14,6 +14,7 @@
 
 #include "exec/element_math.h"
 #include "exec/graph.h"
+#include "exec/philox_math.h"
 #include "salus/status.h"
 
 namespace salus::exec {
@@ -69,7 +70,12 @@ StatusOr<ArgMaxGeometry> SortFor(const Graph& graph, const Node& node);
 // SalusPhiloxKeyCounter: int64 seed [2] -> key [1], counter [2]; whether the seed is int32
 // (attribute seed_bits 32, else 64).
 StatusOr<bool> PhiloxKeyCounterFor(const Graph& graph, const Node& node);
-// SalusRandomUniform: int64 key [1] and counter [2] -> float32; the output's element count.
-StatusOr<int64_t> PhiloxUniformFor(const Graph& graph, const Node& node);
+// SalusRandomUniform, SalusRandomNormal, SalusRandomTruncatedNormal: int64 key [1] and counter [2]
+// -> float32; the output's element count and the op's distribution.
+struct PhiloxDraw {
+  int64_t count = 0;
+  PhiloxDistribution distribution = PhiloxDistribution::kUniform;
+};
+StatusOr<PhiloxDraw> PhiloxDrawFor(const Graph& graph, const Node& node);
 
 }  // namespace salus::exec

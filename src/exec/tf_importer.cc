@@ -387,7 +387,7 @@ class Importer {
   Status AvgPoolGrad();
   Status LeakyRelu();
   Status RandomKeyCounter();
-  Status RandomUniform();
+  Status RandomDraw();
   // SalusPhiloxKeyCounter of the seed input `i` (Note [TensorFlow random numbers]).
   StatusOr<std::vector<ValueId>> KeyCounterOf(size_t i);
 
@@ -521,8 +521,12 @@ const std::map<std::string, Lowering>& Importer::Table() {
       {"UnsortedSegmentSum", &Importer::UnsortedSegmentSum},
       {"StatelessRandomGetKeyCounter", &Importer::RandomKeyCounter},
       {"StatelessRandomGetKeyCounterAlg", &Importer::RandomKeyCounter},
-      {"StatelessRandomUniform", &Importer::RandomUniform},
-      {"StatelessRandomUniformV2", &Importer::RandomUniform},
+      {"StatelessRandomUniform", &Importer::RandomDraw},
+      {"StatelessRandomUniformV2", &Importer::RandomDraw},
+      {"StatelessRandomNormal", &Importer::RandomDraw},
+      {"StatelessRandomNormalV2", &Importer::RandomDraw},
+      {"StatelessTruncatedNormal", &Importer::RandomDraw},
+      {"StatelessTruncatedNormalV2", &Importer::RandomDraw},
   };
   // clang-format on
   return table;
@@ -2778,9 +2782,12 @@ Status Importer::AvgPoolGrad() {
 // read from a SeedGenerator's variable each step. The engine's SalusPhiloxKeyCounter (attribute
 // seed_bits: 32 for an int32 seed, else 64) and SalusRandomUniform compute them bit for bit as
 // TensorFlow's CPU kernels do (philox_math.h), the uint64 words carried as int64 of the same
-// bits. They run each iteration like any node, and fold where their inputs are constants. Only
-// the Philox algorithm (alg 1, or 3: auto-select, which TensorFlow resolves to Philox) and float32
-// outputs are mapped; the output shape must be a compile-time constant.
+// bits. `keras.random.normal` and `truncated_normal` (a VAE's reparameterisation, GaussianNoise,
+// initialisers run inside a step) draw the same way with StatelessRandomNormalV2 and
+// StatelessTruncatedNormalV2: SalusRandomNormal and SalusRandomTruncatedNormal, bit for bit on
+// the CPU. They run each iteration like any node, and fold where their inputs are constants.
+// Only the Philox algorithm (alg 1, or 3: auto-select, which TensorFlow resolves to Philox) and
+// float32 outputs are mapped; the output shape must be a compile-time constant.
 
 StatusOr<std::vector<ValueId>> Importer::KeyCounterOf(size_t i) {
   SALUS_ASSIGN_OR_RETURN(ValueId seed, In(i));
@@ -2818,9 +2825,15 @@ Status Importer::RandomKeyCounter() {
   return OkStatus();
 }
 
-// StatelessRandomUniform(shape, seed) and StatelessRandomUniformV2(shape, key, counter, alg).
-Status Importer::RandomUniform() {
-  const bool v1 = op() == "StatelessRandomUniform";
+// StatelessRandomUniform(shape, seed) and StatelessRandomUniformV2(shape, key, counter, alg); the
+// normal and truncated normal ops likewise.
+Status Importer::RandomDraw() {
+  const std::string& tf_op = op();
+  const bool v1 = tf_op.back() != '2';
+  const char* engine_op = tf_op.find("Truncated") != std::string::npos
+                              ? "SalusRandomTruncatedNormal"
+                          : tf_op.find("Normal") != std::string::npos ? "SalusRandomNormal"
+                                                                      : "SalusRandomUniform";
   SALUS_RETURN_IF_ERROR(v1 ? Arity(2, 2) : Arity(4, 4));
   const tf::AttrValue* dtype = Attr("dtype");
   if (dtype != nullptr &&
@@ -2851,8 +2864,8 @@ Status Importer::RandomUniform() {
       kc.push_back(v);
     }
   }
-  SALUS_ASSIGN_OR_RETURN(ValueId y, EmitShaped("SalusRandomUniform", {kc[0], kc[1]}, {},
-                                               DataType::kFloat32, Shape(dims)));
+  SALUS_ASSIGN_OR_RETURN(
+      ValueId y, EmitShaped(engine_op, {kc[0], kc[1]}, {}, DataType::kFloat32, Shape(dims)));
   Bind(0, y);
   return OkStatus();
 }

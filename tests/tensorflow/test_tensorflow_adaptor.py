@@ -116,6 +116,22 @@ def test_mirror_padding_matches_the_cpu(daemon: Daemon) -> None:
     assert_matches(salus, cpu_reference("mirror_pad.py"))
 
 
+def test_normal_and_truncated_normal_draws_match_the_cpu_bit_for_bit(daemon: Daemon,
+                                                                     tmp_path: Path) -> None:
+    # keras.random.normal (a VAE's sampling) and truncated_normal inside fit's steps, and
+    # stateless draws of odd sizes (Note [TensorFlow random numbers]): SALUS draws the bits
+    # TensorFlow's CPU kernels draw, so the training matches and the raw draws are equal.
+    salus = run("random_draws.py", endpoint=daemon.endpoint,
+                env_extra={"SALUS_TF_DUMP_DIR": str(tmp_path)})
+    cpu = cpu_reference("random_draws.py")
+    assert_matches(salus, cpu)
+    np.testing.assert_array_equal(salus["normal"], cpu["normal"])
+    np.testing.assert_array_equal(salus["truncated"], cpu["truncated"])
+    graphs = b"".join(p.read_bytes() for p in tmp_path.glob("*.pb"))
+    for op in (b"StatelessRandomNormalV2", b"StatelessTruncatedNormalV2"):
+        assert op in graphs, f"no captured graph carries {op.decode()}"
+
+
 def test_custom_loop_with_adam_and_a_saved_model(daemon: Daemon, tmp_path: Path) -> None:
     (tmp_path / "salus").mkdir()
     (tmp_path / "cpu").mkdir()

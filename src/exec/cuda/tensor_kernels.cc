@@ -9,8 +9,9 @@
 //     through its IndexMap (at most kMaxIndexDims dims once merged);
 //   - generators (Range, ConstantOfShape, Shape): small fill kernels, the values passed by value
 //     or read from device memory by the kernel;
-//   - stateless random numbers (SalusPhiloxKeyCounter, SalusRandomUniform): philox_math.h's
-//     Philox-4x32-10, one thread per group of four outputs, bit for bit the CPU's.
+//   - stateless random numbers (SalusPhiloxKeyCounter, SalusRandomUniform, SalusRandomNormal,
+//     SalusRandomTruncatedNormal): philox_math.h's Philox-4x32-10, one thread per group of four
+//     outputs; the uniform bits are the CPU's, the normal ones within CUDA's logf and sincosf.
 // Scalars the CPU reads when it runs (Clip's bounds, Trilu's k, Range's start and delta) are read
 // by the kernels from device memory, never by the host. Two CPU checks of data have no
 // counterpart here, since they would need a host read: a Gather index out of range gives zeros
@@ -532,13 +533,13 @@ KernelOr PhiloxKeyCounter(const Node& n, const Graph& g, DeviceContext*) {
   });
 }
 
-KernelOr RandomUniform(const Node& n, const Graph& g, DeviceContext*) {
-  SALUS_ASSIGN_OR_RETURN(const int64_t count, PhiloxUniformFor(g, n));
+KernelOr Random(const Node& n, const Graph& g, DeviceContext*) {
+  SALUS_ASSIGN_OR_RETURN(const PhiloxDraw draw, PhiloxDrawFor(g, n));
   const std::string what = n.Describe();
-  return FnKernel([count, what](const KernelArgs& a) -> Status {
-    return CudaStatus(LaunchRandomUniform(static_cast<const int64_t*>(a.inputs[0]),
-                                          static_cast<const int64_t*>(a.inputs[1]), count,
-                                          static_cast<float*>(a.outputs[0]), StreamOf(a)),
+  return FnKernel([draw, what](const KernelArgs& a) -> Status {
+    return CudaStatus(LaunchRandom(draw.distribution, static_cast<const int64_t*>(a.inputs[0]),
+                                   static_cast<const int64_t*>(a.inputs[1]), draw.count,
+                                   static_cast<float*>(a.outputs[0]), StreamOf(a)),
                       what);
   });
 }
@@ -573,7 +574,9 @@ void RegisterTensorKernels(KernelRegistry* registry) {
   registry->Register("SalusArgMax", cuda, KernelFactory(&ArgMax));
   registry->Register("SalusSort", cuda, KernelFactory(&Sort));
   registry->Register("SalusPhiloxKeyCounter", cuda, KernelFactory(&PhiloxKeyCounter));
-  registry->Register("SalusRandomUniform", cuda, KernelFactory(&RandomUniform));
+  for (const char* op : {"SalusRandomUniform", "SalusRandomNormal", "SalusRandomTruncatedNormal"}) {
+    registry->Register(op, cuda, KernelFactory(&Random));
+  }
 }
 
 }  // namespace salus::exec::cuda

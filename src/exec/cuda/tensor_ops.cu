@@ -579,14 +579,14 @@ __global__ void PhiloxKeyCounterKernel(const int64_t* __restrict__ seed, bool in
   counter[1] = static_cast<int64_t>(c[1]);
 }
 
-__global__ void RandomUniformKernel(const int64_t* __restrict__ key,
-                                    const int64_t* __restrict__ counter, int64_t count,
-                                    int64_t groups, float* __restrict__ y) {
+__global__ void RandomKernel(PhiloxDistribution d, const int64_t* __restrict__ key,
+                             const int64_t* __restrict__ counter, int64_t count, int64_t groups,
+                             float* __restrict__ y) {
   const auto k = static_cast<uint64_t>(key[0]);
   const auto lo = static_cast<uint64_t>(counter[0]);
   const auto hi = static_cast<uint64_t>(counter[1]);
   for (int64_t g = FirstIndex(); g < groups; g += GridStride()) {
-    PhiloxUniformGroup(k, lo, hi, g, count, y);
+    PhiloxGroup(d, k, lo, hi, g, count, y);
   }
 }
 
@@ -652,10 +652,10 @@ cudaError_t LaunchPhiloxKeyCounter(const int64_t* seed, bool int32_seed, int64_t
   return Launch(&PhiloxKeyCounterKernel, 1, stream, seed, int32_seed, key, counter);
 }
 
-cudaError_t LaunchRandomUniform(const int64_t* key, const int64_t* counter, int64_t count, float* y,
-                                cudaStream_t stream) {
+cudaError_t LaunchRandom(PhiloxDistribution d, const int64_t* key, const int64_t* counter,
+                         int64_t count, float* y, cudaStream_t stream) {
   const int64_t groups = (count + 3) / 4;
-  return Launch(&RandomUniformKernel, groups, stream, key, counter, count, groups, y);
+  return Launch(&RandomKernel, groups, stream, d, key, counter, count, groups, y);
 }
 
 }  // namespace salus::exec::cuda

@@ -159,9 +159,9 @@ cudaError_t LaunchSort(ElemType t, const ArgMaxGeometry& g, bool descending, con
 cudaError_t LaunchPhiloxKeyCounter(const int64_t* seed, bool int32_seed, int64_t* key,
                                    int64_t* counter, cudaStream_t stream);
 
-// The `count` uniform floats of key[0] and counter[0..1], one thread per group of four
-// (SalusRandomUniform).
-cudaError_t LaunchRandomUniform(const int64_t* key, const int64_t* counter, int64_t count, float* y,
-                                cudaStream_t stream);
+// The `count` floats of distribution d of key[0] and counter[0..1], one thread per group of four
+// (SalusRandomUniform, SalusRandomNormal, SalusRandomTruncatedNormal).
+cudaError_t LaunchRandom(PhiloxDistribution d, const int64_t* key, const int64_t* counter,
+                         int64_t count, float* y, cudaStream_t stream);
 
 }  // namespace salus::exec::cuda

@@ -1085,6 +1085,72 @@ TEST(TfImporterTest, StatelessRandomUniformIsTensorFlowsBitForBit) {
   }
 }
 
+// StatelessRandomNormalV2 and StatelessTruncatedNormalV2 (keras.random.normal and
+// truncated_normal) bit for bit against TensorFlow 2.21's CPU kernels, for int32 seeds (1, 2)
+// and (1337, 42): the first seven elements' bits of the [5, 7] output and FNV-1a hashes of the
+// bits of the [5, 7] and [1031] outputs, printed by tf.raw_ops (tensorflow-cpu 2.21).
+TEST(TfImporterTest, StatelessNormalDrawsAreTensorFlowsBitForBit) {
+  struct Reference {
+    int64_t seed0, seed1;
+    const char* op;
+    std::vector<uint32_t> first7;
+    uint64_t hash_5x7, hash_1031;
+  };
+  const std::vector<Reference> refs = {
+      {1,
+       2,
+       "StatelessRandomNormalV2",
+       {0x3f0b4acd, 0x3e545b81, 0x3d96a8e4, 0x3d3e3228, 0xbfa69a7f, 0xbf742ff1, 0x3f577b86},
+       0x3b46d5ff857dd5fbULL,
+       0xf1adbd09246ea95bULL},
+      {1,
+       2,
+       "StatelessTruncatedNormalV2",
+       {0x3f0b4acd, 0x3e545b81, 0x3d96a8e4, 0x3d3e3228, 0x3e2c3e2c, 0xbfd7af2c, 0x3e77d657},
+       0xbd3a1d3295914d87ULL,
+       0xf81b9b0a6fa79280ULL},
+      {1337,
+       42,
+       "StatelessRandomNormalV2",
+       {0x3ea63ca9, 0xbe1320b2, 0xbf774ccc, 0xbeb679a4, 0xbeb1f0c5, 0xbf85fad6, 0xbe8de3b1},
+       0x04bb08bb217fc6eeULL,
+       0x4b935224e8423f18ULL},
+      {1337,
+       42,
+       "StatelessTruncatedNormalV2",
+       {0x3ea63ca9, 0xbe1320b2, 0xbf774ccc, 0xbeb679a4, 0xbed6aee4, 0x3f2f9650, 0x3f4fc4c0},
+       0xe08a49ebf4a3d4c6ULL,
+       0x238c83a46919dd4cULL},
+  };
+  for (const char* op : {"StatelessRandomNormalV2", "StatelessTruncatedNormalV2"}) {
+    TfGraph g;
+    g.Placeholder("seed", tf::DT_INT32);
+    TfGraph::Type(g.Node("kc", "StatelessRandomGetKeyCounter", {"seed"}), "Tseed", tf::DT_INT32);
+    g.ConstI("alg", {}, {1});
+    g.ConstI("s5x7/shape", {2}, {5, 7});
+    g.ConstI("s1031/shape", {1}, {1031});
+    for (const char* name : {"s5x7", "s1031"}) {
+      TfGraph::Type(g.Node(name, op, {std::string(name) + "/shape", "kc", "kc:1", "alg"}), "dtype",
+                    tf::DT_FLOAT);
+    }
+    ASSERT_OK_AND_ASSIGN_TF(exe, Compile(g, {{"seed", {2}}}, {"s5x7", "s1031"}));
+    Memory mem(*exe);
+    for (const Reference& r : refs) {
+      if (std::string(r.op) != op) continue;
+      const std::string what = std::string(op) + " of seed (" + std::to_string(r.seed0) + ", " +
+                               std::to_string(r.seed1) + ")";
+      ASSERT_OK_AND_ASSIGN_TF(out, RunHost(*exe, mem, {Int64Tensor({2}, {r.seed0, r.seed1})}));
+      const std::vector<uint32_t> bits = Bits(out[0]);
+      EXPECT_EQ(std::vector<uint32_t>(bits.begin(), bits.begin() + 7), r.first7) << what;
+      EXPECT_EQ(Fnv1a(bits), r.hash_5x7) << what;
+      EXPECT_EQ(Fnv1a(Bits(out[1])), r.hash_1031) << what;
+      if (std::string(op) == "StatelessTruncatedNormalV2") {
+        for (float v : Floats(out[1])) EXPECT_LT(std::fabs(v), 2.f) << what;
+      }
+    }
+  }
+}
+
 // StatelessRandomUniform (the seed in, no key and counter), StatelessRandomGetKeyCounterAlg and
 // alg 3 (auto-select: Philox); with a constant seed the ops fold into constants.
 TEST(TfImporterTest, StatelessRandomFoldsWithConstantSeed) {
