@@ -207,6 +207,8 @@ _EXTRA_DECOMPOSE = (
     torch.ops.aten.upsample_bicubic2d.default,
     torch.ops.aten.upsample_bicubic2d.vec,
     torch.ops.aten.rrelu_with_noise_backward.default,
+    # torch 2.15 leaves the .default overload out of its core set (the .vec one stays in).
+    torch.ops.aten.upsample_trilinear3d.default,
 )
 
 
@@ -256,6 +258,8 @@ def _decompositions() -> dict:
         a._scaled_dot_product_flash_attention_for_cpu_backward.default: _attention_backward,
         a.mkldnn_linear.default: _linear,
         a.mkldnn_linear_backward.default: _linear_backward,
+        # torch 2.15's `all` of a tensor reaches the recording as this op.
+        a._is_all_true.default: lambda x: torch.all(x),
     })
     table.update(_MATH)
     return table

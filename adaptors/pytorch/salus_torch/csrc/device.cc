@@ -23,6 +23,9 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/extension.h>
+#include <torch/version.h>
+
+#include <type_traits>
 
 namespace {
 
@@ -63,6 +66,8 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   const at::Generator& getDefaultGenerator(c10::DeviceIndex) const {
     return at::detail::getDefaultCPUGenerator();
   }
+  // From torch 2.15 on, the device's generators (DeviceGenerator below); a plain method before.
+  at::Generator getNewGenerator(c10::DeviceIndex index = -1) const;
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
 };
 
@@ -105,7 +110,13 @@ at::Generator MakeGenerator(c10::DeviceIndex index) {
   return at::make_generator<DeviceGenerator>(index, at::detail::createCPUGenerator());
 }
 
+// Up to torch 2.14 a device's generators come from a registered factory; 2.15 deprecates it
+// for the hooks' getNewGenerator (Hooks above).
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 15
 REGISTER_GENERATOR_PRIVATEUSE1(MakeGenerator)
+#endif
+
+at::Generator Hooks::getNewGenerator(c10::DeviceIndex index) const { return MakeGenerator(index); }
 
 // The host generator behind a device generator, for the host's kernels to draw with.
 at::Generator HostGenerator(const at::Generator& generator) {
@@ -151,12 +162,25 @@ bool Fusable(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return true;
 }
 
+// torch 2.5 added `enable_gqa` (grouped-query attention: fewer key and value heads than query
+// heads) to the op's schema; the kernel's signature must be the installed schema's. Grouped
+// calls take the composite.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                     c10::optional<double> scale, bool enable_gqa) {
+  if (enable_gqa || !Fusable(q, k, v, mask, dropout_p, is_causal)) {
+    return at::native::scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale,
+                                                    enable_gqa);
+  }
+#else
 at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                      c10::optional<double> scale) {
   if (!Fusable(q, k, v, mask, dropout_p, is_causal)) {
     return at::native::scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale);
   }
+#endif
   return std::get<0>(
       at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, mask, scale));
 }
@@ -221,13 +245,26 @@ struct LinearBackward final : torch::autograd::Node {
   }
 };
 
+// A new autograd node, owned as the installed PyTorch owns them: by an intrusive pointer from
+// 2.15 on (Node derives from intrusive_ptr_target), by a shared_ptr with autograd's deleter
+// before. (`deleteNode` is found by argument-dependent lookup, through Node's namespace, so the
+// branch a version lacks is never compiled.)
+template <typename N>
+auto MakeNode() {
+  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, N>) {
+    return c10::make_intrusive<N>();
+  } else {
+    return std::shared_ptr<N>(new N(), [](N* node) { deleteNode(node); });
+  }
+}
+
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
   if (!LinearFusable(x, w, b)) return at::native::linear(x, w, b);
   const bool has_bias = b.has_value() && b->defined();
-  std::shared_ptr<LinearBackward> node;
+  decltype(MakeNode<LinearBackward>()) node;
   if (at::GradMode::is_enabled() &&
       (x.requires_grad() || w.requires_grad() || (has_bias && b->requires_grad()))) {
-    node = std::shared_ptr<LinearBackward>(new LinearBackward(), torch::autograd::deleteNode);
+    node = MakeNode<LinearBackward>();
     node->set_next_edges(torch::autograd::collect_next_edges(x, w, b));
     node->x = torch::autograd::SavedVariable(x, false);
     node->w = torch::autograd::SavedVariable(w, false);
