@@ -78,6 +78,15 @@ class Lowerer {
       SALUS_ASSIGN_OR_RETURN(DataType type, EngineType(v));
       ids_[index] = Filled(type, Shape(v.shape().begin(), v.shape().end()), 0);
     }
+    if (ids_[index] == kNoValue && pool_taps_.count(index) > 0) {
+      // A graph that computes with max pooling's indices (max_unpool2d, which later PyTorch
+      // versions decompose into index arithmetic; indices returned to the caller).
+      return UnimplementedError(fmt::format(
+          "{} (node {}): max pooling's indices ('{}') are not computed by the engine: only max "
+          "pooling's own gradient may read them (max_unpool2d and returned indices are not "
+          "supported)",
+          node_->op(), index_, ag_.values(index).name()));
+    }
     if (ids_[index] == kNoValue) {
       return Bad(fmt::format("value {} ('{}') is used before it is made", index,
                              ag_.values(index).name()));

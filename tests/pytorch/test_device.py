@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import inspect
 import io
 import json
 import math
@@ -435,15 +436,17 @@ def test_an_iteration_that_fails_in_flight_reports_once_and_the_device_goes_on(
 def test_an_iteration_that_fails_after_its_loss_was_replied_reports_at_the_next_request(
         daemon: Daemon) -> None:
     """Note [Fetches before the end]: the loss is replied when it is computed; an op after it
-    that fails (an embedding gradient's index out of range) fails the next request that
-    reaches that iteration's session, once, naming the iteration and the op."""
+    that fails (a scatter-add's index out of range, as an embedding's gradient makes) fails the
+    next request that reaches that iteration's session, once, naming the iteration and the op.
+    (Not through embedding_dense_backward itself: torch 2.15's decomposition of it drops
+    out-of-range indices.)"""
     if os.environ.get("SALUS_TEST_DEVICE", "cpu").startswith("cuda"):
         pytest.skip("on CUDA a Gather index out of range is not checked (see above)")
     x = torch.randn(4)
     xs, w = x.to("salus"), torch.zeros(10, 3).to("salus")
     loss = (xs * 2).sum()
-    grad = torch.ops.aten.embedding_dense_backward(
-        torch.ones(2, 3).to("salus"), torch.tensor([0, 12]).to("salus"), 10, -1, False)
+    grad = torch.zeros(10, 3).to("salus").index_put(
+        (torch.tensor([0, 12]).to("salus"),), torch.ones(2, 3).to("salus"), accumulate=True)
     w.add_(grad)
     # Replied before the failing op ran (the engine sums in double, PyTorch in float).
     torch.testing.assert_close(loss.item(), float((x * 2).sum()), rtol=1e-6, atol=1e-6)
@@ -681,13 +684,18 @@ def test_host_tensors_copied_to_the_device_in_every_form(daemon: Daemon) -> None
 def test_initialisation_in_place_runs_on_the_host_values(daemon: Daemon) -> None:
     """In-place ops on a device tensor's host value, from host values (an initialiser's
     `erfinv_` and `clamp_`, a hand-made rescale), run on the host at once, as does the QR of
-    `orthogonal_`: PyTorch's numbers, nothing sent to the daemon."""
+    `orthogonal_`: PyTorch's numbers, nothing sent to the daemon. (torch 2.15's `trunc_normal_`
+    redraws rejected samples instead, reading a mask each round: those reads go to the daemon,
+    and the numbers are still PyTorch's.)"""
+    reads_a_mask = "erfinv_" not in inspect.getsource(torch.nn.init._no_grad_trunc_normal_)
     flushes = salus_torch.device.runtime().flushes
     results = {}
     for device in ("cpu", "salus"):
         torch.manual_seed(5)
         w = torch.empty(8, 6, device=device)
         torch.nn.init.trunc_normal_(w, std=0.02, a=-0.03, b=0.03)
+        if reads_a_mask:
+            flushes = salus_torch.device.runtime().flushes
         with torch.no_grad():
             w.mul_(2).add_(torch.ones(6, device=device))
         q = torch.nn.init.orthogonal_(torch.empty(7, 5, device=device))  # QR on the host

@@ -99,6 +99,17 @@ def _rotary(q: torch.Tensor) -> torch.Tensor:
     return q * cos + rotated * sin
 
 
+def _fused_layout_is_tokens_major() -> bool:
+    """Whether the CPU's fused attention kernel lays its output out as [batch, tokens, heads,
+    features] (torch 2.4) rather than as the output is shaped (2.15)."""
+    q = torch.zeros(1, 2, 3, 4)
+    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.0, False)[0]
+    return out.transpose(1, 2).is_contiguous()
+
+
+_TOKENS_MAJOR = _fused_layout_is_tokens_major()
+
+
 def _attention(m: Net, d: dict[str, torch.Tensor]) -> torch.Tensor:
     """scaled_dot_product_attention as blocks call it: two heads, causal, under a float mask
     with a scale, the output viewed as the fused kernel lays it out (Note [Fused attention] in
@@ -109,7 +120,11 @@ def _attention(m: Net, d: dict[str, torch.Tensor]) -> torch.Tensor:
     k, v = q.roll(1, 2) + 0.1, torch.tanh(q)
     causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     masked = F.scaled_dot_product_attention(q, k, v, attn_mask=d["scores_mask"], scale=0.3)
-    return (causal.transpose(1, 2).view(3, 6, 10).pow(2).sum() + masked.pow(2).sum()
+    # Viewed (no copy) where the fused kernel's layout allows it: the device's tensor must have
+    # that layout too.
+    merged = causal.transpose(1, 2)
+    merged = merged.view(3, 6, 10) if _TOKENS_MAJOR else merged.reshape(3, 6, 10)
+    return (merged.pow(2).sum() + masked.pow(2).sum()
             + F.scaled_dot_product_attention(h, h.roll(1, 1), h).pow(2).sum()
             + F.scaled_dot_product_attention(q, k, v, attn_mask=d["scores_mask"] > 0).sum())
 

@@ -260,9 +260,53 @@ def _decompositions() -> dict:
         a.mkldnn_linear_backward.default: _linear_backward,
         # torch 2.15's `all` of a tensor reaches the recording as this op.
         a._is_all_true.default: lambda x: torch.all(x),
+        # torch 2.15's cumprod gradient finds each row's first zero with the max of a bool
+        # tensor and clamps int64 positions with relu_: through float32 and a select, which the
+        # engine has.
+        a.max.dim: _bool_extreme(torch.max),
+        a.min.dim: _bool_extreme(torch.min),
+        a.relu.default: _int_relu,
+        a.relu_.default: _int_relu_,
     })
+    # torch 2.15 declares rrelu_with_noise's write to its noise and drops it from the core
+    # decompositions: in eval it is the leaky ReLU of the bounds' mean (training, which draws
+    # slopes, stays whole and is refused by name).
+    # (Later versions make the table torch.export's own mapping, whose setdefault does not store.)
+    if a.rrelu_with_noise.default not in table:
+        table[a.rrelu_with_noise.default] = _rrelu_in_eval
     table.update(_MATH)
     return table
+
+
+def _bool_extreme(reduce: object) -> object:
+    """max.dim or min.dim of a bool tensor, through float32; other types stay whole."""
+    def extreme(x: torch.Tensor, dim: int, keepdim: bool = False) -> object:
+        if x.dtype != torch.bool:
+            return NotImplemented
+        values, indices = reduce(x.to(torch.float32), dim, keepdim)
+        return values.to(torch.bool), indices
+    return extreme
+
+
+def _int_relu(x: torch.Tensor) -> object:
+    """relu of an integer tensor as a select; float relu stays whole."""
+    if x.dtype.is_floating_point:
+        return NotImplemented
+    return torch.where(x > 0, x, torch.zeros_like(x))
+
+
+def _int_relu_(x: torch.Tensor) -> object:
+    if x.dtype.is_floating_point:
+        return NotImplemented
+    return x.copy_(_int_relu(x))
+
+
+def _rrelu_in_eval(x: torch.Tensor, noise: torch.Tensor, lower: float = 0.125,
+                   upper: float = 1 / 3, training: bool = False,
+                   generator: object = None) -> object:
+    if training:
+        return NotImplemented
+    return torch.nn.functional.leaky_relu(x, (lower + upper) / 2)
 
 
 # The dispatch keys of this thread outside any op: a decomposition runs inside one, where
