@@ -6,11 +6,12 @@ TensorFlow's CPU device (SALUS_TF_DISABLE=1). Each child fits for `--steps` step
 step with a Keras callback; the first `--warmup` steps (tracing, session creation) are dropped.
 Prints the medians and their ratio (SALUS / TensorFlow) and writes them as JSON.
 
-    .venv-tf/bin/python benchmarks/tensorflow/compare.py [--models mlp,cnn,resnet50,mobilenetv2]
-        [--rounds 3]
+    .venv-tf/bin/python benchmarks/tensorflow/compare.py
+        [--models mlp,cnn,resnet50,mobilenetv2,mlp-loop] [--rounds 3]
 
 resnet50 and mobilenetv2 are keras.applications' ResNet50 and MobileNetV2 (weights=None) on
-32x32x3 at batch 16, with Adam.
+32x32x3 at batch 16, with Adam. mlp-loop is the MLP trained by a custom loop instead of fit (a
+tf.function with GradientTape and Adam's apply_gradients, the loss read every step).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def child(model_name: str, steps: int, warmup: int) -> None:
         model = getattr(keras.applications, APPLICATIONS[model_name])(
             weights=None, input_shape=(32, 32, 3), classes=10)
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    elif model_name == "mlp":
+    elif model_name in ("mlp", "mlp-loop"):
         x = rng.standard_normal((batch * steps, 784)).astype("float32")
         model = keras.Sequential([keras.Input((784,)),
                                   keras.layers.Dense(512, activation="relu"),
@@ -64,6 +65,26 @@ def child(model_name: str, steps: int, warmup: int) -> None:
         model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     y = rng.integers(0, 10, len(x)).astype("int64")
+    devices = [d.device_type for d in tf.config.list_logical_devices()]
+    if model_name == "mlp-loop":
+        optimizer = keras.optimizers.Adam()
+        loss_fn = keras.losses.SparseCategoricalCrossentropy()
+
+        @tf.function
+        def train_step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=False))
+            return loss
+
+        times = []
+        for i in range(steps):
+            start = time.perf_counter()
+            float(train_step(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]))
+            times.append(time.perf_counter() - start)
+        print(json.dumps({"step_ms": [t * 1e3 for t in times[warmup:]], "devices": devices}))
+        return
 
     class Timer(keras.callbacks.Callback):
         def __init__(self) -> None:
@@ -79,7 +100,6 @@ def child(model_name: str, steps: int, warmup: int) -> None:
 
     timer = Timer()
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[timer])
-    devices = [d.device_type for d in tf.config.list_logical_devices()]
     print(json.dumps({"step_ms": [t * 1e3 for t in timer.times[warmup:]], "devices": devices}))
 
 

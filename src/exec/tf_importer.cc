@@ -868,7 +868,8 @@ Status Importer::Placeholder() {
     for (const tf::NodeDef& n : gd_.node()) {
       for (const std::string& in : n.input()) {
         if (in != name() && in.rfind(name() + ":", 0) != 0) continue;
-        if (n.op().rfind("StatelessRandom", 0) != 0) {
+        if (n.op().rfind("StatelessRandom", 0) != 0 &&
+            n.op().rfind("StatelessTruncatedNormal", 0) != 0) {
           return Refuse("a uint64 input read by " + n.op() + " '" + n.name() +
                         "' (only the random ops' key and counter may be uint64)");
         }

@@ -88,12 +88,9 @@ StatusOr<exec::OptimizerOptions> Optimizer(const v1::Optimizer& o) {
   return out;
 }
 
-// The tensors a TensorFlow graph session may fetch: at least one, each named, none twice.
+// The tensors a TensorFlow graph session may fetch: each named, none twice. None at all is a
+// step run for its variable updates alone (a tf.function that returns nothing).
 Status CheckTfOutputs(const v1::ModelSpec& spec) {
-  if (spec.outputs().empty()) {
-    return InvalidArgumentError(
-        "a TensorFlow graph session must list the tensors it may fetch (ModelSpec.outputs)");
-  }
   std::set<std::string> seen;
   for (const std::string& name : spec.outputs()) {
     if (name.empty()) return InvalidArgumentError("ModelSpec.outputs has an empty name");

@@ -204,7 +204,6 @@ def test_tf_graph_create_session_checks(daemon: Daemon) -> None:
         onnx = (MODELS / "mlp.onnx").read_bytes()
         cases = [
             ("onnx and tf_graph", dict(model=onnx, tf_graph=b"\x0a\x00", outputs=["y:0"])),
-            ("no outputs", dict(tf_graph=b"\x0a\x00")),
             ("empty output name", dict(tf_graph=b"\x0a\x00", outputs=["y:0", ""])),
             ("output twice", dict(tf_graph=b"\x0a\x00", outputs=["y:0", "y:0"])),
             ("outputs with onnx", dict(model=onnx, outputs=["y:0"], loss="loss",
@@ -215,6 +214,18 @@ def test_tf_graph_create_session_checks(daemon: Daemon) -> None:
                 c.create_session(**kw)  # type: ignore[arg-type]
             assert e.value.code == "INVALID_ARGUMENT", f"{what}: {e.value}"
         assert c.sessions() == []
+
+
+def test_tf_graph_with_nothing_to_fetch_runs(daemon: Daemon) -> None:
+    # A step run for its variable updates alone (a tf.function that returns nothing) lists no
+    # outputs; its iterations reply with none.
+    from test_hostile import tf_const_graph
+
+    with salus.connect(daemon.endpoint) as c:
+        s = c.create_session(tf_graph=tf_const_graph("c", [2, 3]))
+        assert s.run() == {}
+        assert iterations_done(c, s) == 1
+        s.close()
 
 
 def test_tf_graph_that_does_not_parse_is_refused(daemon: Daemon) -> None:

@@ -135,9 +135,18 @@ def test_normal_and_truncated_normal_draws_match_the_cpu_bit_for_bit(daemon: Dae
 def test_custom_loop_with_adam_and_a_saved_model(daemon: Daemon, tmp_path: Path) -> None:
     (tmp_path / "salus").mkdir()
     (tmp_path / "cpu").mkdir()
-    salus = run("custom_loop.py", str(tmp_path / "salus"), endpoint=daemon.endpoint)
+    (tmp_path / "graphs").mkdir()
+    salus = run("custom_loop.py", str(tmp_path / "salus"), endpoint=daemon.endpoint,
+                env_extra={"SALUS_TF_DUMP_DIR": str(tmp_path / "graphs")})
     cpu = run("custom_loop.py", str(tmp_path / "cpu"), endpoint=None)
-    assert_matches(salus, cpu)
+    assert_matches(salus, cpu)  # the weights after the steps that return nothing too
+    # Each step is one captured session that fetches only what the function returns (Note
+    # [Stand-ins] in rewrite.cc): the variables it reads stay in the daemon.
+    steps = [json.loads(p.read_text()) for p in (tmp_path / "graphs").glob("*.spec.json")]
+    steps = [s for s in steps if s["name"].startswith("tf:salus_step_")]
+    assert not [o for s in steps for o in s["outputs"] if "ReadVariableOp" in o], steps
+    training = [s for s in steps if sorted(s["inputs"].values()) == [[64, 1], [64, 8]]]
+    assert sorted(len(s["outputs"]) for s in training) == [0, 1], training
     # The model saved from SALUS reloads and predicts what it predicted before saving.
     np.testing.assert_allclose(salus["reloaded_predictions"], salus["predictions"], rtol=1e-5,
                                atol=1e-6)
@@ -189,3 +198,17 @@ def test_two_tensorflow_jobs_and_an_onnx_job_share_the_daemon_under_fair(
     log = "".join(daemon.log)
     assert log.count('"name":"onnx-mlp"') >= 2
     assert log.count('"name":"tf:salus_step_') >= 4
+
+
+def test_the_compare_benchmark_runs_at_its_smallest_scale(tmp_path: Path) -> None:
+    # benchmarks/tensorflow/compare.py (docs/benchmarks.md), fit and a custom loop, so the
+    # benchmark cannot break unseen; its timings mean nothing at this scale.
+    out = tmp_path / "compare.json"
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "tensorflow" / "compare.py"),
+                    "--models", "mlp,mlp-loop", "--steps", "6", "--warmup", "2", "--rounds", "1",
+                    "--out", str(out)], check=True, timeout=600,
+                   env=dict(os.environ, OMP_NUM_THREADS="2"))
+    models = json.loads(out.read_text())["models"]
+    assert set(models) == {"mlp", "mlp-loop"}
+    assert all(m["salus_median_ms"] > 0 and m["tensorflow_median_ms"] > 0
+               for m in models.values())

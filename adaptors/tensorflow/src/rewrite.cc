@@ -31,6 +31,15 @@ using tensorflow::NodeDef;
 // the CPU) on a path between two of its nodes would have to run in the middle of the
 // iteration, so it is refused, naming that node and its op. The refusal is a SalusIteration
 // that fails when it runs, since a graph optimizer's own errors are only logged.
+//
+// Note [Stand-ins]
+// A node of the step that TensorFlow will look up by name afterwards keeps a node of that name
+// outside it. Only the item's fetches need its value: for those the stand-in is an Identity of
+// the step's output. The rest are kept for their effects (a tf.function's control outputs: every
+// stateful op of its body, each variable read included), and a NoOp after the step is all they
+// need. An Identity there would make every step fetch every variable it reads out of the daemon
+// (a Keras custom loop's step: the weights and both Adam slots, about 16 MB for a 1.3M-parameter
+// MLP) and, since the Identity runs on SALUS too, send them back in as a second captured step.
 
 struct Edge {
   std::string node;
@@ -86,7 +95,8 @@ bool Capturable(const NodeDef& n) {
 
 class Rewriter {
  public:
-  Rewriter(GraphDef* g, std::set<std::string> preserve) : g_(g), preserve_(std::move(preserve)) {
+  Rewriter(GraphDef* g, std::set<std::string> preserve, std::set<std::string> fetched)
+      : g_(g), preserve_(std::move(preserve)), fetched_(std::move(fetched)) {
     for (int i = 0; i < g_->node_size(); ++i) index_[g_->node(i).name()] = i;
   }
 
@@ -312,8 +322,8 @@ class Rewriter {
     }
     attr["error"].set_s(error);
     // Keep what the step does not contain, then the step, then a stand-in for each node of
-    // the step TensorFlow will ask for by name (a graph's fetch or target): an Identity of its
-    // first output, or a NoOp after the step.
+    // the step TensorFlow will ask for by name (Note [Stand-ins]): an Identity of its first
+    // output for a fetch, else a NoOp after the step.
     GraphDef out;
     *out.mutable_versions() = g_->versions();
     *out.mutable_library() = g_->library();
@@ -326,7 +336,8 @@ class Rewriter {
       stand_in->set_name(g_->node(i).name());
       stand_in->set_device(device);
       auto types = OutputTypes(g_->node(i));
-      if (types.ok() && !types->empty() && (*types)[0] != tensorflow::DT_RESOURCE) {
+      if (fetched_.count(g_->node(i).name()) > 0 && types.ok() && !types->empty() &&
+          (*types)[0] != tensorflow::DT_RESOURCE) {
         const std::string tensor = g_->node(i).name() + ":0";
         auto [it, fresh] = fetch_of.emplace(tensor, static_cast<int>(tout.size()));
         if (fresh) {
@@ -350,8 +361,28 @@ class Rewriter {
 
   GraphDef* g_;
   std::set<std::string> preserve_;
+  std::set<std::string> fetched_;  // the nodes whose outputs the item fetches
   std::map<std::string, int> index_;
 };
+
+// A list of node names from the item (the nodes to preserve, or the fetches); a fetch may name a
+// tensor ("node:1"): its node counts.
+using ListSizeFn = void (*)(const TF_GrapplerItem*, int*, size_t*, TF_Status*);
+using ListFn = void (*)(const TF_GrapplerItem*, char**, size_t*, int, void*, size_t, TF_Status*);
+bool NodeNames(const TF_GrapplerItem* item, ListSizeFn size_of, ListFn list,
+               std::set<std::string>* out, TF_Status* status) {
+  int num = 0;
+  size_t storage = 0;
+  size_of(item, &num, &storage, status);
+  if (TF_GetCode(status) != TF_OK) return false;
+  std::vector<char*> values(num);
+  std::vector<size_t> lengths(num);
+  std::vector<char> buffer(storage);
+  list(item, values.data(), lengths.data(), num, buffer.data(), storage, status);
+  if (TF_GetCode(status) != TF_OK) return false;
+  for (int i = 0; i < num; ++i) out->insert(ParseInput(std::string(values[i], lengths[i])).node);
+  return true;
+}
 
 void* CreateOptimizer() { return nullptr; }
 void DeleteOptimizer(void*) {}
@@ -364,20 +395,16 @@ void Optimize(void*, const TF_Buffer* in, const TF_GrapplerItem* item, TF_Buffer
     TF_SetStatus(status, TF_INVALID_ARGUMENT, "SALUS: the graph does not parse");
     return;
   }
-  // Nodes TensorFlow must find by name afterwards (a graph's fetches) cannot be cut out.
-  int num = 0;
-  size_t storage = 0;
-  TF_GetNodesToPreserveListSize(item, &num, &storage, status);
-  if (TF_GetCode(status) != TF_OK) return;
-  std::vector<char*> values(num);
-  std::vector<size_t> lengths(num);
-  std::vector<char> buffer(storage);
-  TF_GetNodesToPreserveList(item, values.data(), lengths.data(), num, buffer.data(), storage,
-                            status);
-  if (TF_GetCode(status) != TF_OK) return;
+  // Nodes TensorFlow must find by name afterwards cannot be cut out; of those, the fetches need
+  // their values (Note [Stand-ins]).
   std::set<std::string> preserve;
-  for (int i = 0; i < num; ++i) preserve.emplace(values[i], lengths[i]);
-  Rewriter r(&g, std::move(preserve));
+  std::set<std::string> fetched;
+  if (!NodeNames(item, TF_GetNodesToPreserveListSize, TF_GetNodesToPreserveList, &preserve,
+                 status) ||
+      !NodeNames(item, TF_GetFetchNodesListSize, TF_GetFetchNodesList, &fetched, status)) {
+    return;
+  }
+  Rewriter r(&g, std::move(preserve), std::move(fetched));
   absl::Status s = r.Run(serial++);
   if (!s.ok()) {
     TF_SetStatus(status, static_cast<TF_Code>(s.code()), std::string(s.message()).c_str());

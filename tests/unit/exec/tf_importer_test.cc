@@ -1148,6 +1148,16 @@ TEST(TfImporterTest, StatelessNormalDrawsAreTensorFlowsBitForBit) {
         for (float v : Floats(out[1])) EXPECT_LT(std::fabs(v), 2.f) << what;
       }
     }
+    // Run eagerly (an initializer drawn on the device), the op's key and counter arrive as
+    // uint64 inputs of their own.
+    TfGraph eager;
+    eager.Placeholder("key", tf::DT_UINT64);
+    eager.Placeholder("counter", tf::DT_UINT64);
+    eager.ConstI("alg", {}, {1});
+    eager.ConstI("shape", {1}, {9});
+    TfGraph::Type(eager.Node("y", op, {"shape", "key", "counter", "alg"}), "dtype", tf::DT_FLOAT);
+    const Status st = ImportStatus(eager, {{"key", {1}}, {"counter", {2}}});
+    EXPECT_TRUE(st.ok()) << op << ": " << st.ToString();
   }
 }
 
