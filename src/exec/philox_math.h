@@ -98,6 +98,11 @@ SALUS_HD void PhiloxKeyCounterOfSeed(uint64_t s0, uint64_t s1, uint64_t* key, ui
   counter[1] = (static_cast<uint64_t>(mix.w[3]) << 32) | mix.w[2];
 }
 
+// Philox of `counter` under TensorFlow's uint64 key.
+SALUS_HD Philox4 PhiloxWords(uint64_t key, Philox4 counter) {
+  return Philox4x32x10(counter, static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32));
+}
+
 // A word as a float in [0, 1): 1.m - 1 with the word's low 23 bits as the mantissa m.
 SALUS_HD float PhiloxUniformFloat(uint32_t word) {
   const uint32_t bits = (127u << 23) | (word & 0x7fffffu);
@@ -111,8 +116,7 @@ SALUS_HD float PhiloxUniformFloat(uint32_t word) {
 SALUS_HD void PhiloxUniformGroup(uint64_t key, uint64_t counter_lo, uint64_t counter_hi, int64_t g,
                                  int64_t count, float* y) {
   const Philox4 words =
-      Philox4x32x10(PhiloxAdd(PhiloxCounter(counter_lo, counter_hi), static_cast<uint64_t>(g)),
-                    static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32));
+      PhiloxWords(key, PhiloxAdd(PhiloxCounter(counter_lo, counter_hi), static_cast<uint64_t>(g)));
   const int64_t first = 4 * g;
   for (int i = 0; i < 4 && first + i < count; ++i) y[first + i] = PhiloxUniformFloat(words.w[i]);
 }
@@ -133,8 +137,7 @@ SALUS_HD void PhiloxBoxMuller(uint32_t x0, uint32_t x1, float* f0, float* f1) {
 SALUS_HD void PhiloxNormalGroup(uint64_t key, uint64_t counter_lo, uint64_t counter_hi, int64_t g,
                                 int64_t count, float* y) {
   const Philox4 words =
-      Philox4x32x10(PhiloxAdd(PhiloxCounter(counter_lo, counter_hi), static_cast<uint64_t>(g)),
-                    static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32));
+      PhiloxWords(key, PhiloxAdd(PhiloxCounter(counter_lo, counter_hi), static_cast<uint64_t>(g)));
   float f[4];
   PhiloxBoxMuller(words.w[0], words.w[1], &f[0], &f[1]);
   PhiloxBoxMuller(words.w[2], words.w[3], &f[2], &f[3]);
@@ -148,12 +151,10 @@ SALUS_HD void PhiloxTruncatedNormalGroup(uint64_t key, uint64_t counter_lo, uint
   constexpr uint64_t kCallsPerGroup = 256;
   Philox4 counter =
       PhiloxAdd(PhiloxCounter(counter_lo, counter_hi), static_cast<uint64_t>(g) * kCallsPerGroup);
-  const auto k0 = static_cast<uint32_t>(key);
-  const auto k1 = static_cast<uint32_t>(key >> 32);
   float f[4];
   int have = 0;
   while (have < 4) {
-    const Philox4 words = Philox4x32x10(counter, k0, k1);
+    const Philox4 words = PhiloxWords(key, counter);
     counter = PhiloxAdd(counter, 1);
     for (int pair = 0; pair < 4 && have < 4; pair += 2) {
       float two[2];
