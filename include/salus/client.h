@@ -110,6 +110,9 @@ struct SessionOptions {
   bool interactive = false;
   std::string name;
   double admission_timeout_seconds = 0;  // 0: wait as long as it takes
+  // The job it belongs to (salus.v1.CreateSession.job): this client's sessions of one job
+  // name take turns and are admitted as one. Empty: a job of its own.
+  std::string job;
 };
 
 struct IterationStats {
@@ -147,6 +150,7 @@ struct SessionInfo {
   int64_t iterations_done = 0, iterations_declared = 0;
   double avg_iteration_seconds = 0;
   std::string allocation;  // the allocation its client acts for; empty: none
+  std::string job;         // SessionOptions::job; empty: none
 };
 
 // A share of the daemon its administrator granted (salus.v1.Allocation, without the token).

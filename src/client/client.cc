@@ -363,6 +363,7 @@ StatusOr<std::unique_ptr<Session>> Client::CreateSession(const SessionOptions& o
   cs->set_latency_class(o.interactive ? v1::LATENCY_INTERACTIVE : v1::LATENCY_BATCH);
   cs->set_name(o.name);
   cs->set_admission_timeout_seconds(o.admission_timeout_seconds);
+  cs->set_job(o.job);
   SALUS_ASSIGN_OR_RETURN(v1::Reply reply, impl_->Control(std::move(req)));
   const v1::CreateSessionReply& r = reply.create_session();
   std::unique_ptr<Session> s(new Session(this, r.session_id()));
@@ -401,6 +402,7 @@ StatusOr<std::vector<SessionInfo>> Client::ListSessions(OtherSessions* others) {
     i.iterations_declared = s.iterations_declared();
     i.avg_iteration_seconds = s.avg_iteration_seconds();
     i.allocation = s.allocation();
+    i.job = s.job();
     out.push_back(std::move(i));
   }
   return out;

@@ -1,5 +1,8 @@
 #include "mem/admission.h"
 
+#include <algorithm>
+#include <iterator>
+
 namespace salus::mem {
 
 std::string_view StepName(AdmissionDecision::Step step) {
@@ -14,6 +17,28 @@ std::string_view StepName(AdmissionDecision::Step step) {
       return "wait";
   }
   return "?";
+}
+
+size_t ArenaView::ResidentOutside(uint64_t job) const {
+  std::vector<uint64_t> jobs;
+  ResidentJobs(&jobs);
+  if (job == 0) return jobs.size();
+  return static_cast<size_t>(
+      std::count_if(jobs.begin(), jobs.end(), [job](uint64_t j) { return j != job; }));
+}
+
+size_t ArenaView::ResidentJobCount() const {
+  std::vector<uint64_t> jobs;
+  ResidentJobs(&jobs);
+  std::sort(jobs.begin(), jobs.end());
+  const auto first_job = std::upper_bound(jobs.begin(), jobs.end(), uint64_t{0});
+  // Sessions of no job each count; the others once per job.
+  return static_cast<size_t>(first_job - jobs.begin()) +
+         static_cast<size_t>(std::distance(first_job, std::unique(first_job, jobs.end())));
+}
+
+void ArenaSnapshot::ResidentJobs(std::vector<uint64_t>* out) const {
+  for (const auto& [id, r] : resident) out->push_back(r.job);
 }
 
 std::optional<LaneView> ArenaSnapshot::SmallestLane(LaneClass cls, uint64_t at_least) const {

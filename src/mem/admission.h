@@ -43,6 +43,12 @@ class ArenaView {
   virtual uint64_t capacity() const = 0;    // C
   virtual uint64_t lane_bytes() const = 0;  // ΣL
   virtual size_t resident_sessions() const = 0;
+  // Appends the job of each resident session (Requirement::job; 0 for one of no job).
+  virtual void ResidentJobs(std::vector<uint64_t>* out) const = 0;
+  // Resident sessions not of `job` (every one, for job 0).
+  size_t ResidentOutside(uint64_t job) const;
+  // Jobs with a resident session, each session of no job counting as a job of its own.
+  size_t ResidentJobCount() const;
   // The persistent footprint once a block of `p` bytes is placed (Note [Persistent
   // footprint] in arena_memory_manager.cc).
   virtual uint64_t FootprintWith(uint64_t p) const = 0;
@@ -68,6 +74,7 @@ struct ArenaSnapshot final : ArenaView {
     uint64_t persistent_bytes = 0;  // rounded
     uint64_t ephemeral_bytes = 0;   // rounded
     uint64_t block_offset = 0;
+    uint64_t job = 0;
   };
 
   uint64_t capacity_bytes = 0;  // C
@@ -79,6 +86,7 @@ struct ArenaSnapshot final : ArenaView {
   uint64_t capacity() const override { return capacity_bytes; }
   uint64_t lane_bytes() const override { return lane_total; }
   size_t resident_sessions() const override { return resident.size(); }
+  void ResidentJobs(std::vector<uint64_t>* out) const override;
   uint64_t FootprintWith(uint64_t p) const override { return region.ExtentWith(p); }
   std::optional<LaneView> SmallestLane(LaneClass cls, uint64_t at_least) const override;
   std::optional<LaneView> FindLane(LaneId id) const override;

@@ -156,6 +156,12 @@ size_t ArenaMemoryManager::LiveView::resident_sessions() const {
   return m_.sessions_.size() - m_.paged_sessions_;
 }
 
+void ArenaMemoryManager::LiveView::ResidentJobs(std::vector<uint64_t>* out) const {
+  for (const auto& [id, s] : m_.sessions_) {
+    if (s.lane != 0) out->push_back(s.req.job);
+  }
+}
+
 std::optional<LaneView> ArenaMemoryManager::LiveView::SmallestLane(LaneClass cls,
                                                                    uint64_t at_least) const {
   const auto it = m_.lanes_by_size_.lower_bound({cls, at_least, 0});
@@ -186,8 +192,9 @@ ArenaSnapshot ArenaMemoryManager::SnapshotArenaLocked() const {
   }
   for (const auto& [id, s] : sessions_) {
     if (s.lane == 0) continue;
-    a.resident.emplace(id, ArenaSnapshot::Resident{s.lane, s.req.persistent_bytes,
-                                                   s.req.ephemeral_bytes, s.block_offset});
+    a.resident.emplace(
+        id, ArenaSnapshot::Resident{s.lane, s.req.persistent_bytes, s.req.ephemeral_bytes,
+                                    s.block_offset, s.req.job});
   }
   return a;
 }
@@ -383,7 +390,8 @@ StatusOr<Requirement> ArenaMemoryManager::Aligned(SessionId session, const Requi
         "than the device's capacity C = {}",
         session, FormatBytes(req.persistent_bytes), FormatBytes(least_e), FormatBytes(c)));
   }
-  Requirement r{AlignUp(req.persistent_bytes), AlignUp(req.ephemeral_bytes), req.lane_class};
+  Requirement r{
+      AlignUp(req.persistent_bytes), AlignUp(req.ephemeral_bytes), req.lane_class, {}, req.job};
   for (const uint64_t e : req.smaller_ephemeral) {
     if (AlignUp(e) < r.ephemeral_bytes) r.smaller_ephemeral.push_back(AlignUp(e));
   }

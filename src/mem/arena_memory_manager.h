@@ -159,6 +159,7 @@ class ArenaMemoryManager final : public MemoryManager {
     uint64_t capacity() const override { return m_.capacity_; }
     uint64_t lane_bytes() const override NO_THREAD_SAFETY_ANALYSIS { return m_.lane_bytes_; }
     size_t resident_sessions() const override NO_THREAD_SAFETY_ANALYSIS;
+    void ResidentJobs(std::vector<uint64_t>* out) const override NO_THREAD_SAFETY_ANALYSIS;
     uint64_t FootprintWith(uint64_t p) const override NO_THREAD_SAFETY_ANALYSIS {
       return m_.region_.ExtentWith(p);
     }

@@ -101,6 +101,9 @@ struct Requirement {
   // points, exec/swap_planner.h: slower, less memory). Admission grants the first of E and
   // these that its rule admits now; the admitted session's E is the one granted.
   std::vector<uint64_t> smaller_ephemeral = {};
+  // The job it belongs to (Note [Jobs] in src/sched/admission_rules.cc): sessions of one job
+  // are one tenant of the device to an exclusive rule. 0: a job of its own.
+  uint64_t job = 0;
 };
 
 class AdmissionRule;      // mem/admission.h

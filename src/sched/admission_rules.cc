@@ -8,8 +8,21 @@
 //   4. otherwise                              wait.
 // Every search stays within the session's lane class (a lane holds sessions of one class).
 // The single-lane rule keeps at most one lane per class and admits when
-// F + ΣL - L + max(L, E) ≤ C, L the class's lane; the exclusive rule admits when no session is
-// resident, whatever its class.
+// F + ΣL - L + max(L, E) ≤ C, L the class's lane; the exclusive rule admits one job at a time
+// (Note [Jobs]).
+//
+// Note [Jobs]
+// ~~~~~~~~~~~
+// A job is what a client runs as one: a Keras job's training step, its last short batch,
+// evaluate and predict, each a session of its own graph; a PyTorch job's several captured
+// graphs. Its sessions carry one job key (CreateSession.job, scoped to the client), and take
+// turns, so under the exclusive rule (FIFO: one tenant on the device at a time) the tenant is
+// the job, not the session: a session is admitted when no session of another job is resident,
+// by the single-lane rule (its job's sessions share one lane per class, growing it to the
+// largest E among them, since they run one iteration at a time). Were the tenant the session,
+// a job's second session would wait behind its own first one, which waits for the job's next
+// step: forever. A session of no job (job 0) is a job of its own. The sharing rules place a
+// job's sessions as any others: nothing there waits behind the job itself.
 #include "sched/admission_rules.h"
 
 #include <fmt/format.h>
@@ -85,54 +98,59 @@ class Pack final : public Rule {
   }
 };
 
+// One lane per class: the class's lane grows to max(L, E) and the other classes' lanes stay.
+AdmissionDecision DecideSingleLane(const ArenaView& a, const Requirement& req) {
+  const Sizes z(a, req);
+  const auto mine = a.SmallestLane(req.lane_class, 0);
+  if (!mine) {
+    if (z.NewLaneFits()) return {Step::kNewLane, 0, {}};
+    return AdmissionDecision::Wait();
+  }
+  if (!z.LanesFit() || std::max(mine->size, z.e) - mine->size > z.c - z.f - z.l) {
+    return AdmissionDecision::Wait();
+  }
+  return {mine->size >= z.e ? Step::kJoin : Step::kGrow, mine->id, {}};
+}
+
+Status CheckOneLanePerClass(const ArenaView& a, std::string_view rule) {
+  for (const mem::LaneClass cls : {mem::LaneClass::kBatch, mem::LaneClass::kInteractive}) {
+    if (a.LaneCount(cls) > 1) {
+      return InternalError(
+          fmt::format("memory invariant broken: more than one {} lane under the {} rule",
+                      mem::LaneClassName(cls), rule));
+    }
+  }
+  return OkStatus();
+}
+
 class SingleLane final : public Rule {
  public:
   std::string_view name() const override { return "single-lane"; }
-  Status CheckShape(const ArenaView& a) const override {
-    for (const mem::LaneClass cls : {mem::LaneClass::kBatch, mem::LaneClass::kInteractive}) {
-      if (a.LaneCount(cls) > 1) {
-        return InternalError(
-            fmt::format("memory invariant broken: more than one {} lane under the single-lane rule",
-                        mem::LaneClassName(cls)));
-      }
-    }
-    return OkStatus();
-  }
+  Status CheckShape(const ArenaView& a) const override { return CheckOneLanePerClass(a, name()); }
 
  protected:
   AdmissionDecision DecideHere(const ArenaView& a, const Requirement& req) const override {
-    const Sizes z(a, req);
-    const auto mine = a.SmallestLane(req.lane_class, 0);
-    if (!mine) {
-      if (z.NewLaneFits()) return {Step::kNewLane, 0, {}};
-      return AdmissionDecision::Wait();
-    }
-    // The class's lane grows to max(L, E) and the other classes' lanes stay.
-    if (!z.LanesFit() || std::max(mine->size, z.e) - mine->size > z.c - z.f - z.l) {
-      return AdmissionDecision::Wait();
-    }
-    return {mine->size >= z.e ? Step::kJoin : Step::kGrow, mine->id, {}};
+    return DecideSingleLane(a, req);
   }
 };
 
+// Note [Jobs]: one job resident at a time, its sessions in one lane per class.
 class Exclusive final : public Rule {
  public:
   std::string_view name() const override { return "exclusive"; }
   Status CheckShape(const ArenaView& a) const override {
-    if (a.LaneCount() > 1 || a.resident_sessions() > 1) {
+    if (const size_t jobs = a.ResidentJobCount(); jobs > 1) {
       return InternalError(fmt::format(
-          "memory invariant broken: {} lanes and {} resident sessions under the exclusive rule",
-          a.LaneCount(), a.resident_sessions()));
+          "memory invariant broken: {} jobs with {} resident sessions under the exclusive rule",
+          jobs, a.resident_sessions()));
     }
-    return OkStatus();
+    return CheckOneLanePerClass(a, name());
   }
 
  protected:
   AdmissionDecision DecideHere(const ArenaView& a, const Requirement& req) const override {
-    if (a.resident_sessions() == 0 && Sizes(a, req).NewLaneFits()) {
-      return {Step::kNewLane, 0, {}};
-    }
-    return AdmissionDecision::Wait();
+    if (a.ResidentOutside(req.job) != 0) return AdmissionDecision::Wait();
+    return DecideSingleLane(a, req);
   }
 };
 

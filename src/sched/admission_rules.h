@@ -5,7 +5,7 @@
 //                (PACK, FAIR);
 //   single-lane  one lane per lane class, grown to the largest E (SRTF, PRIORITY, FAIR's
 //                single-lane option);
-//   exclusive    one resident session on the device at a time (FIFO).
+//   exclusive    one resident job on the device at a time (FIFO; Note [Jobs]).
 // Every rule keeps a lane to sessions of one LaneClass. Asked to make room for a page-in with
 // candidates to page out, a rule takes the shortest prefix of them after which its own
 // condition admits the session (Note [Paging] in src/mem/arena_memory_manager.cc).

@@ -80,6 +80,11 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
         fmt::format("the session name has {} bytes, more than limits.max_name_bytes={}",
                     req.name().size(), o_.limits.max_name_bytes));
   }
+  if (req.job().size() > o_.limits.max_name_bytes) {
+    return InvalidArgumentError(
+        fmt::format("the job name has {} bytes, more than limits.max_name_bytes={}",
+                    req.job().size(), o_.limits.max_name_bytes));
+  }
   if (req.iterations() < 0) {
     return InvalidArgumentError(fmt::format("iterations must be >= 0, got {}", req.iterations()));
   }
@@ -156,6 +161,7 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
   entry->priority = priority;
   entry->latency_class = latency_class;
   entry->iterations_declared = req.iterations();
+  entry->job = req.job();
   sched::SessionSpec spec;
   spec.requirement = runtime->requirement();
   spec.requirement.lane_class = latency_class == v1::LATENCY_INTERACTIVE
@@ -202,12 +208,14 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
     }
     entry->id = id;
     sessions_[id] = entry;
+    spec.requirement.job = JoinJob(owner.id, entry->job);
   }
   auto admitted = o_.executor->AddSession(id, spec);
   if (!admitted.ok()) {
     {
       MutexLock lock(&mu_);
       sessions_.erase(id);
+      LeaveJob(owner.id, entry->job);
     }
     ReleaseCharge(*entry);
     return admitted.status();
@@ -238,6 +246,7 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
                   {"kind", entry->runtime->kind()},
                   {"latency_class", v1::LatencyClass_Name(entry->latency_class)},
                   {"allocation", entry->allocation},
+                  {"job", entry->job},
                   {"persistent_bytes", spec.requirement.persistent_bytes},
                   {"ephemeral_bytes", spec.requirement.ephemeral_bytes},
                   {"admitted", *admitted}});
@@ -596,6 +605,7 @@ Status SessionManager::Remove(uint64_t id) {
     if (it == sessions_.end()) return NoSuchSession(id);  // closed meanwhile by another path
     entry = it->second;
     sessions_.erase(it);
+    LeaveJob(entry->client, entry->job);
   }
   Status s = o_.executor->RemoveSession(id);
   if (s.code() == StatusCode::kNotFound) {
@@ -607,6 +617,22 @@ Status SessionManager::Remove(uint64_t id) {
   logging::Event("server", "session_closed", {{"session", id}, {"name", entry->name}});
   if (o_.metrics != nullptr) o_.metrics->SessionClosed();
   return s;
+}
+
+uint64_t SessionManager::JoinJob(uint64_t client, const std::string& name) {
+  if (name.empty()) return 0;
+  Job& job = jobs_[{client, name}];
+  if (job.id == 0) job.id = next_job_++;
+  ++job.sessions;
+  return job.id;
+}
+
+void SessionManager::LeaveJob(uint64_t client, const std::string& name) {
+  if (name.empty()) return;
+  const auto it = jobs_.find({client, name});
+  SALUS_DCHECK(it != jobs_.end() && it->second.sessions > 0, "a session left a job it was not in");
+  if (it == jobs_.end()) return;
+  if (--it->second.sessions == 0) jobs_.erase(it);
 }
 
 void SessionManager::ReleaseCharge(const Entry& entry) {
@@ -705,6 +731,7 @@ v1::ListSessionsReply SessionManager::List(const ClientRef* viewer) const {
     info.set_iterations_declared(e->iterations_declared);
     info.set_client_id(e->client_name);
     info.set_allocation(e->allocation);
+    info.set_job(e->job);
     if (s.ok()) {
       info.set_state(WireState(s->state));
       if (s->ephemeral_bytes > 0) info.set_ephemeral_bytes(s->ephemeral_bytes);
@@ -741,6 +768,7 @@ void SessionManager::OnAdmissionFailed(uint64_t session, const Status& status) {
     if (auto it = sessions_.find(session); it != sessions_.end()) {
       entry = std::move(it->second);
       sessions_.erase(it);
+      LeaveJob(entry->client, entry->job);
     }
   }
   if (entry) ReleaseCharge(*entry);

@@ -105,6 +105,7 @@ class SessionManager {
     int32_t priority = 0;
     v1::LatencyClass latency_class = v1::LATENCY_BATCH;
     int64_t iterations_declared = 0;
+    std::string job;          // CreateSession.job; empty: none
     uint64_t host_bytes = 0;  // runtime->host_bytes(), counted against the host_bytes limits
     std::unique_ptr<SessionRuntime> runtime;
     // An iteration that failed after its reply (RunIteration.reply_when_fetched): the
@@ -125,6 +126,11 @@ class SessionManager {
   uint64_t NewSessionId() REQUIRES(mu_);
   // Host bytes of `client`'s sessions (every session's with kAll).
   uint64_t HostBytesOf(uint64_t client) const REQUIRES(mu_);
+  // The engine's id of `client`'s job `name` (Note [Jobs] in src/sched/admission_rules.cc),
+  // counting one more session of it; 0 for no job.
+  uint64_t JoinJob(uint64_t client, const std::string& name) REQUIRES(mu_);
+  // One session of the job fewer; it is forgotten with its last session.
+  void LeaveJob(uint64_t client, const std::string& name) REQUIRES(mu_);
   static constexpr uint64_t kAll = 0;
   // The runtime of a CreateSession, compiled with `reserved` host bytes counted meanwhile.
   StatusOr<std::unique_ptr<SessionRuntime>> BuildRuntime(const ClientRef& owner,
@@ -140,6 +146,13 @@ class SessionManager {
   uint64_t next_buffer_id_ GUARDED_BY(mu_) = 1;
   uint64_t compiling_host_bytes_ GUARDED_BY(mu_) = 0;  // reserved by compilations under way
   uint64_t mapped_bytes_ GUARDED_BY(mu_) = 0;          // all shared buffers' bytes
+  // Live jobs by (client, name): the engine's job id and how many sessions it has.
+  struct Job {
+    uint64_t id = 0;
+    size_t sessions = 0;
+  };
+  std::map<std::pair<uint64_t, std::string>, Job> jobs_ GUARDED_BY(mu_);
+  uint64_t next_job_ GUARDED_BY(mu_) = 1;
   // A feed in a shared buffer: checked against the buffer, which joins `buffers` (distinct).
   StatusOr<HostTensor> ResolveSlice(uint64_t client, const v1::TensorSpec& spec,
                                     std::vector<std::shared_ptr<SharedBuffer>>* buffers)

@@ -130,7 +130,8 @@ int Sessions(salus::client::Client& c, bool json) {
                      {"iterations_done", s.iterations_done},
                      {"iterations_declared", s.iterations_declared},
                      {"avg_iteration_seconds", s.avg_iteration_seconds},
-                     {"client_id", s.client_id}});
+                     {"client_id", s.client_id},
+                     {"job", s.job}});
     }
     std::cout << out.dump(2) << "\n";
     return 0;

@@ -115,6 +115,40 @@ def test_admission_timeout(daemon_factory) -> None:
         keep.run()
 
 
+def test_a_job_never_waits_on_itself_under_fifo(daemon_factory) -> None:
+    """A job's sessions are one tenant under FIFO: its new session is admitted beside the job's
+    own, in one lane grown to the larger E; another job (or another client's job of the same
+    name) waits for the whole job, and a job name belongs to its client."""
+    d = daemon_factory(memory="256MiB", policy="fifo")
+    with salus.connect(d.endpoint) as a, salus.connect(d.endpoint) as b:
+        train = synthetic(a, 16 * MiB, 16 * MiB, 0.0, job="fit", name="train")
+        evaluate = synthetic(a, 16 * MiB, 32 * MiB, 0.0, job="fit", name="evaluate")
+        assert (train.state, evaluate.state) == ("ADMITTED", "ADMITTED")
+        assert train.lane == evaluate.lane
+        alone = synthetic(a, MiB, MiB, 0.0, name="alone")  # a's session of no job: another tenant
+        other = synthetic(b, MiB, MiB, 0.0, job="fit")  # b's "fit" is not a's
+        assert (alone.state, other.state) == ("WAITING", "WAITING")
+        listed = {s["name"]: s for s in a.sessions()}
+        assert listed["train"]["job"] == listed["evaluate"]["job"] == "fit"
+        assert listed["alone"]["job"] == ""
+        assert listed["evaluate"]["ephemeral_bytes"] == 32 * MiB
+        train.run()
+        evaluate.run()
+        train.close()
+        late = synthetic(a, MiB, MiB, 0.0, job="fit", name="predict")  # the job is still there
+        assert late.state == "ADMITTED"
+        evaluate.close()
+        late.close()
+        # The job left: the queue in order gives the device to the next tenant, one at a time.
+        alone.run(timeout=30)
+        assert [s["state"] for s in b.sessions()] == ["WAITING"]
+        alone.close()
+        other.run(timeout=30)
+        with pytest.raises(salus.SalusError) as e:
+            synthetic(b, MiB, MiB, 0.0, job="j" * 5000)
+        assert e.value.code == "INVALID_ARGUMENT" and "job name" in e.value.message
+
+
 def folding_model(folds: int) -> bytes:
     """An ONNX model whose `folds` broadcasting Adds of initializers (256 KiB each) all fold."""
     from onnx import TensorProto, helper, numpy_helper

@@ -4,6 +4,7 @@ salus_torch.capture_step, checked step by step against eager PyTorch on the CPU.
 from __future__ import annotations
 
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +99,8 @@ def test_training_matches_eager_pytorch(daemon: Daemon, model: str, optimizer: s
             torch.testing.assert_close(p_got[key], p_want[key], rtol=1e-3, atol=3e-4)
 
 
-def uneven_last_batch_and_an_eval_pass(endpoint: str, **options: object) -> None:
+def uneven_last_batch_and_an_eval_pass(endpoint: str, open_at_end: tuple[int, int] = (2, 1),
+                                       **options: object) -> None:
     """A smaller last batch is a second session that receives the state from the first; an
     evaluation step under torch.no_grad() (BatchNorm in eval mode) sees the trained state."""
     batches = images(3, 2) + [(torch.randn(5, 3, 16, 16), torch.randint(0, 10, (5,)))]
@@ -125,8 +127,9 @@ def uneven_last_batch_and_an_eval_pass(endpoint: str, **options: object) -> None
             sessions = (len(step.sessions), len(ev.sessions))
             ev.close()
             step.close()
-            # Under FAIR every session stays open; under FIFO only the last one made.
-            assert sessions == ((1, 0) if options else (2, 1))
+            # Every session stays open, under FIFO too (they are one job), unless the arena
+            # cannot hold them together.
+            assert sessions == open_at_end
         return losses, logits, m.state_dict()
 
     want_losses, want_logits, want_state = run(None)
@@ -140,14 +143,28 @@ def test_uneven_last_batch_and_an_eval_pass(daemon: Daemon) -> None:
     uneven_last_batch_and_an_eval_pass(daemon.endpoint)
 
 
-def test_a_job_with_several_sessions_under_a_daemon_that_runs_one_at_a_time() -> None:
+def test_a_job_with_several_sessions_under_a_daemon_that_runs_one_job_at_a_time() -> None:
     """Note [A captured job never waits on itself]: under FIFO the job's sessions (two shapes of
-    the training step, the evaluation step) would queue behind one another; each new one closes
-    the others, their state pulled home. The admission timeout turns a wait into a failure."""
+    the training step, the evaluation step) are one job, admitted as one: none queues behind
+    another, none is closed. The admission timeout turns a wait into a failure."""
     fifo = Daemon(memory="2GiB", policy="fifo")
     try:
-        with pytest.warns(UserWarning, match="one session at a time"):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", "(?s).*the daemon queued a session")
             uneven_last_batch_and_an_eval_pass(fifo.endpoint, admission_timeout=60.0)
+    finally:
+        fifo.stop()
+
+
+def test_a_job_whose_sessions_do_not_fit_together_closes_its_idle_ones() -> None:
+    """Note [A captured job never waits on itself], the memory case: in an arena that holds
+    the training step's session (P 174 KiB + E 748 KiB here) but not it and another of the job
+    beside it, each new session waits for memory the job's own idle sessions hold; the job
+    closes them, their state pulled home, and the results still match eager PyTorch."""
+    fifo = Daemon(memory="960KiB", policy="fifo")
+    try:
+        with pytest.warns(UserWarning, match="the daemon queued a session"):
+            uneven_last_batch_and_an_eval_pass(fifo.endpoint, (1, 0), admission_timeout=60.0)
     finally:
         fifo.stop()
 

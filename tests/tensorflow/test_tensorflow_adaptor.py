@@ -163,13 +163,20 @@ def test_an_unsupported_op_is_refused_by_name_and_the_daemon_keeps_serving(
 
 
 def test_a_job_under_fifo_never_waits_on_its_own_sessions() -> None:
-    # FIFO admits one session at a time; the job's eager, training, evaluate and predict
-    # sessions must not queue behind one another (Note [A job never waits on itself]).
+    # FIFO admits one job at a time; the job's eager, training, evaluate and predict sessions
+    # are one job to the daemon (Note [A job never waits on itself]): none queues behind another,
+    # so none is closed to make way and made again.
     fifo = Daemon(memory="2GiB", policy="fifo")
     try:
         salus = finish(start("keras_cnn.py", endpoint=fifo.endpoint), timeout=300)
     finally:
         fifo.stop()
+    mark = "event: session_created "
+    created = [json.loads(line.split(mark, 1)[1]) for line in fifo.log if mark in line]
+    assert len(created) >= 4 and all(e["admitted"] for e in created), created
+    assert {e["job"] for e in created} == {"tensorflow"}
+    steps = [e["name"] for e in created if e["name"].startswith("tf:salus_step_")]
+    assert len(steps) == len(set(steps)), f"steps' sessions made again: {steps}"
     cpu = cpu_reference("keras_cnn.py")
     assert_matches(salus, cpu)
     np.testing.assert_allclose(salus["evaluate"][0], cpu["evaluate"][0], rtol=1e-3)

@@ -324,6 +324,7 @@ class Client:
         device: str = "",
         aten_graph: bytes | None = None,
         convolution_transforms: bool = False,
+        job: str = "",
     ) -> Session:
         """A session of an ONNX `model` (bytes or a path), of a TensorFlow graph (`tf_graph`:
         a serialized GraphDef, bytes or a path, run as written: `inputs` gives every
@@ -333,7 +334,10 @@ class Client:
         or of a `synthetic` profile. `device` pins it to one of the
         daemon's devices by name ("cpu:1"); empty: the daemon places it.
         `convolution_transforms`: on a GPU, let convolutions take cuDNN's FFT and Winograd
-        algorithms (faster for larger batches, a larger E; see ModelSpec in salus.proto)."""
+        algorithms (faster for larger batches, a larger E; see ModelSpec in salus.proto).
+        `job`: the job the session belongs to; this client's sessions of one job take turns
+        and are admitted as one (under FIFO a job's new session never waits behind the job's
+        own sessions). Empty: a job of its own."""
         if (model is None and tf_graph is None and aten_graph is None) == (synthetic is None):
             raise ValueError(
                 "give exactly one of model= (or tf_graph= or aten_graph=) and synthetic=")
@@ -374,6 +378,7 @@ class Client:
         cs.name = name
         cs.admission_timeout_seconds = admission_timeout
         cs.device = device
+        cs.job = job
         r = self._call(req)[0].create_session
         return Session(self, r)
 
@@ -396,7 +401,7 @@ class Client:
                 "iterations_done": s.iterations_done,
                 "iterations_declared": s.iterations_declared,
                 "avg_iteration_seconds": s.avg_iteration_seconds,
-                "allocation": s.allocation,
+                "allocation": s.allocation, "job": s.job,
             })
         return out
 

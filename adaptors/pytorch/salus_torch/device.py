@@ -44,17 +44,18 @@ flush's wait, or a read of a value the session holds), once, its message naming 
 iteration.
 
 Note [A job never waits on itself]
-Each graph is a daemon session. When the daemon queues a new one (FIFO admits one session at a
-time; under the sharing policies, the arena may have no room left), it may be waiting for the
-job's own other sessions, which hold the job's state and never close by themselves: a step
+Each graph is a daemon session, and the device's sessions are one job to the daemon
+(CreateSession.job), which admits a job's sessions as one tenant: under FIFO a new graph's
+session never waits behind the job's own. It may still wait for memory the job's own sessions
+hold (each its values and a lane; a full arena), and those never close by themselves: a step
 split in two by a read, or an evaluation pass, would wait forever. So when a session is
 created waiting, the device first moves the values its other sessions still hold to the host
 and closes them (their graphs stay traced); the values go back in with the next iteration, as
 any host value does, and a session closed so is made again when its graph is next flushed.
-Whatever the new session then waits for is another job, as the policy intends. Under FIFO a job
-that alternates between graphs so pays a state read and a session compile at each switch; the
-device warns once. (The TensorFlow adaptor does the same, Note [A job never waits on itself] in
-its kernels.cc.)
+Whatever the new session then waits for is another job, as the policy intends. A job that
+alternates between graphs in a full arena so pays a state read and a session compile at each
+switch; the device warns once. (The TensorFlow adaptor does the same, Note [A job never waits
+on itself] in its kernels.cc.)
 
 Note [Shared locations]
 `detach()` or `alias` of a tensor whose value exists, run at once, makes a tensor with the same
@@ -1094,7 +1095,7 @@ class Runtime:
             blob, digest, outputs, draws = traced
             g = self._graphs.get(digest)
             if g is None:
-                options = {"name": f"torch:salus-device:{len(self._graphs)}"}
+                options = {"name": f"torch:salus-device:{len(self._graphs)}", "job": "torch"}
                 options.update(self._session_options)
                 session = self.client.create_session(aten_graph=blob, **options)
                 g = _Graph(session, digest, blob)
@@ -1184,11 +1185,11 @@ class Runtime:
         if not self._evicted:
             self._evicted = True
             warnings.warn(
-                "salus device: the daemon queued a session of this job behind the job's own "
-                "(FIFO runs one session at a time, or the arena is full); the job's other "
-                "sessions close, their state moved to the host, and are made again when next "
-                "needed. Under FIFO each switch between graphs pays that; FAIR or PACK keep "
-                "every graph's session open.", stacklevel=2)
+                "salus device: the daemon queued a session of this job (the arena has no "
+                "room for it beside the job's other sessions, or another job holds the "
+                "device); the job's other sessions close, their state moved to the host, and "
+                "are made again when next needed. Each switch between graphs pays that while "
+                "the arena stays this full.", stacklevel=2)
         self._move_home(g, [name for name in list(g.occupant) if g.holder(name) is not None])
         self._drop(g)
 

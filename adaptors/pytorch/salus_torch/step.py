@@ -12,14 +12,16 @@ copy; which copy is newest is tracked:
   changes made on the host in between (loading a checkpoint, say) are seen.
 
 Note [A captured job never waits on itself]
-Each shape signature of each captured step is a session. When the daemon queues a new one
-(FIFO admits one session at a time; a full arena), it may be waiting behind the job's own idle
-sessions, which never close by themselves: an uneven last batch or an evaluation step would
-wait forever. So when a session is created waiting, every captured step of the process pulls
-its state home and closes its other sessions; a closed one is made again when its signature is
-next called (its trace is kept), and its first call writes the state from the host as any new
-session's does. A warning says so once. (The lazy device and the TensorFlow adaptor do the
-same: Note [A job never waits on itself].)
+Each shape signature of each captured step is a session. The process's captured steps share one
+client per endpoint (unless given their own), and their sessions are one job to the daemon
+(CreateSession.job, scoped to the client), which admits a job's sessions as one tenant: under
+FIFO an uneven last batch or an evaluation step never waits behind the job's own training
+step. A new session may still wait for memory the job's own idle sessions hold (a full arena),
+and those never close by themselves. So when a session is created waiting, every captured
+step of the process pulls its state home and closes its other sessions; a closed one is made
+again when its signature is next called (its trace is kept), and its first call writes the
+state from the host as any new session's does. A warning says so once. (The lazy device and
+the TensorFlow adaptor do the same: Note [A job never waits on itself].)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -49,6 +52,29 @@ _holders: dict[int, CapturedStep] = {}
 # Every captured step of the process, for Note [A captured job never waits on itself].
 _live: weakref.WeakSet[CapturedStep] = weakref.WeakSet()
 _warned = False
+# The clients the process's captured steps share, per endpoint, with how many steps use each
+# (Note [A captured job never waits on itself]).
+_clients: dict[str | None, tuple[salus.Client, int]] = {}
+_clients_lock = threading.Lock()
+
+
+def _acquire_client(endpoint: str | None) -> salus.Client:
+    with _clients_lock:
+        client, users = _clients.get(endpoint, (None, 0))
+        if client is None:
+            client = salus.connect(endpoint)
+        _clients[endpoint] = (client, users + 1)
+        return client
+
+
+def _release_client(endpoint: str | None) -> None:
+    with _clients_lock:
+        client, users = _clients[endpoint]
+        if users > 1:
+            _clients[endpoint] = (client, users - 1)
+            return
+        del _clients[endpoint]
+    client.close()
 
 
 @dataclass
@@ -71,10 +97,11 @@ class CapturedStep:
         found_m, found_o = _trace.discover(fn)
         self.modules = list(modules) if modules is not None else found_m
         self.optimizers = list(optimizers) if optimizers is not None else found_o
+        self._shared_endpoint = endpoint
         self._own_client = client is None
-        self._client = client if client is not None else salus.connect(endpoint)
+        self._client = client if client is not None else _acquire_client(endpoint)
         self._name = name or f"torch:{getattr(fn, '__name__', 'step')}"
-        self._options = session_options
+        self._options = {"job": "torch:captured", **session_options}
         self._entries: dict[tuple, _Entry] = {}
         self._holder: _Entry | None = None  # the session with the newest state, if any
         # Note [Random numbers]: the seed of this step's draws and the next unused offset.
@@ -134,11 +161,11 @@ class CapturedStep:
         if evicted and not _warned:
             _warned = True
             warnings.warn(
-                "salus_torch.capture_step: the daemon queued a session of this job behind the "
-                "job's own (FIFO runs one session at a time, or the arena is full); the job's "
-                "other sessions close, their state pulled home, and are made again when next "
-                "called. Under FIFO each switch between steps or shapes pays that; FAIR or PACK "
-                "keep every session open.", stacklevel=3)
+                "salus_torch.capture_step: the daemon queued a session of this job (the arena "
+                "has no room for it beside the job's other sessions, or another job holds the "
+                "device); the job's other sessions close, their state pulled home, and are "
+                "made again when next called. Each switch between steps or shapes pays that "
+                "while the arena stays this full.", stacklevel=3)
 
     def _close_others(self, keep: salus.Session) -> bool:
         """Pulls this step's state home and closes its sessions but `keep`; whether any was
@@ -236,7 +263,8 @@ class CapturedStep:
                 s.close()
             self._entries.clear()
             if self._own_client:
-                self._client.close()
+                self._own_client = False
+                _release_client(self._shared_endpoint)
 
     def __enter__(self) -> CapturedStep:
         return self

@@ -532,11 +532,13 @@ GraphRunner::Compiled* GraphRunner::SessionFor(OpKernelContext* ctx,
     return nullptr;
   }
   // Note [A job never waits on itself]
-  // A job has several sessions (a step per shape signature, evaluate, predict, eager ops). Under
-  // an exclusive policy (FIFO admits one session at a time) a new one would wait for admission
-  // behind the job's own idle sessions forever. So when the daemon queues a new session, the
-  // job closes its other sessions, their variables pulled home first; they are made again when
-  // next needed. Whatever else the session waits for is another job, as the policy intends.
+  // A job has several sessions (a step per shape signature, evaluate, predict, eager ops), one
+  // job to the daemon (wire.cc), which admits them as one: under FIFO a new one never waits
+  // behind the job's own. It may still wait for memory the job's own idle sessions hold (each
+  // holds its variables and a lane), and those never close by themselves: so when the daemon
+  // queues a new session, the job closes its other sessions, their variables pulled home
+  // first; they are made again when next needed. Whatever else the session waits for is
+  // another job, as the policy intends.
   if (!session->admitted()) {
     std::lock_guard<std::mutex> l(runners_mu);
     for (GraphRunner* other : Runners()) {

@@ -76,6 +76,10 @@ class Client final : public WireClient {
     o.mode = client::Mode::kInfer;
     o.tf_graph = spec.graph_def;
     o.outputs = spec.outputs;
+    // Every session of the process is one job (a step per shape signature, evaluate, predict,
+    // eager ops), which takes turns with itself: the daemon admits its sessions as one, so
+    // under FIFO none waits behind the job's own (Note [Jobs] in the daemon).
+    o.job = "tensorflow";
     for (const auto& [name, dims] : spec.inputs) o.inputs[name] = dims;
     StatusOr<std::unique_ptr<client::Session>> s = c_->CreateSession(o);
     if (!s.ok()) {

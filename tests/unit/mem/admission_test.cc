@@ -250,6 +250,43 @@ TEST(AdmissionRuleTest, ExclusiveAdmitsOneSessionAtATime) {
   EXPECT_EQ(h.manager->Lanes().size(), 1u);
 }
 
+// Note [Jobs]: the exclusive rule's tenant is the job. A job's sessions share one lane per
+// class (grown to the largest E); another job, and a session of no job, wait for all of them.
+TEST(AdmissionRuleTest, ExclusiveAdmitsOneJobAtATime) {
+  Harness h(100 * M, sched::ExclusiveRule());
+  const auto of_job = [](uint64_t p, uint64_t e, uint64_t job, LaneClass cls = LaneClass::kBatch) {
+    Requirement r{p * M, e * M, cls};
+    r.job = job;
+    return r;
+  };
+  const LaneId lane = h.AdmitNow(1, of_job(10, 10, 7));
+  EXPECT_EQ(h.AdmitNow(2, of_job(10, 30, 7)), lane);  // its job's lane, grown to 30
+  EXPECT_EQ(h.LaneSize(lane), 30 * M);
+  h.AdmitWaits(3, of_job(10, 10, 8));
+  h.AdmitWaits(4, of_job(10, 10, 0));
+  EXPECT_EQ(h.AdmitNow(5, of_job(5, 5, 7)), lane);  // joins without growing
+  // An interactive session of the job gets the job's lane of that class.
+  const LaneId interactive = h.AdmitNow(9, of_job(5, 5, 7, LaneClass::kInteractive));
+  EXPECT_NE(interactive, lane);
+  EXPECT_EQ(h.manager->Lanes().size(), 2u);
+  // Its own job still needs the room: F + ΣL - L + max(L, E) = 90 + 35 - 30 + 35 > 100, and
+  // stays above 100 while any of the job's sessions is resident.
+  h.AdmitWaits(6, of_job(60, 35, 7));
+  EXPECT_TRUE(h.manager->CheckInvariants().ok()) << h.manager->CheckInvariants();
+  for (const SessionId s : {1, 2, 5, 9}) ASSERT_TRUE(h.Release(s).ok());
+  // Job 7 left the device: the queue in order gives it to job 8; the session of no job and
+  // job 7's late session wait for it.
+  ASSERT_EQ(h.admitted.size(), 1u);
+  EXPECT_EQ(h.admitted[0].session, 3u);
+  ASSERT_TRUE(h.Release(3).ok());
+  ASSERT_EQ(h.admitted.size(), 2u);
+  EXPECT_EQ(h.admitted[1].session, 4u);
+  ASSERT_TRUE(h.Release(4).ok());
+  ASSERT_EQ(h.admitted.size(), 3u);
+  EXPECT_EQ(h.admitted[2].session, 6u);
+  EXPECT_TRUE(h.manager->CheckInvariants().ok()) << h.manager->CheckInvariants();
+}
+
 TEST(AdmissionQueueTest, RetriedInOrderOnEveryRelease) {
   Harness h(100 * M);
   h.AdmitNow(1, 50 * M, 40 * M);  // 90 committed

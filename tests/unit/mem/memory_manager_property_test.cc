@@ -86,6 +86,8 @@ TEST(MemoryManagerPropertyTest, RandomWorkloadKeepsEveryInvariant) {
         Requirement req{pick(410) * kUnit + (pick(4) == 0 ? pick(kUnit) : 0),
                         pick(410) * kUnit + (pick(4) == 0 ? pick(kUnit) : 0)};
         if (pick(8) == 0) req.persistent_bytes = 0;
+        // Three jobs and sessions of no job (Note [Jobs]: the exclusive rule's tenant).
+        req.job = pick(4);
         std::optional<Nanos> timeout;
         if (pick(3) == 0) timeout = std::chrono::milliseconds(1 + pick(100));
         auto g = h.manager->Admit(s, req, timeout);

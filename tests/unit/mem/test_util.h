@@ -32,8 +32,9 @@ struct Harness {
   }
 
   // Admits and expects a grant now; returns its lane (0 on failure).
-  LaneId AdmitNow(SessionId s, uint64_t p, uint64_t e) {
-    auto g = manager->Admit(s, {p, e});
+  LaneId AdmitNow(SessionId s, uint64_t p, uint64_t e) { return AdmitNow(s, Requirement{p, e}); }
+  LaneId AdmitNow(SessionId s, const Requirement& req) {
+    auto g = manager->Admit(s, req);
     EXPECT_TRUE(g.ok()) << g.status();
     if (!g.ok()) return 0;
     EXPECT_TRUE(g->has_value()) << "session " << s << " was queued";
@@ -42,7 +43,10 @@ struct Harness {
 
   // Admits and expects to wait.
   void AdmitWaits(SessionId s, uint64_t p, uint64_t e, std::optional<Nanos> timeout = {}) {
-    auto g = manager->Admit(s, {p, e}, timeout);
+    AdmitWaits(s, Requirement{p, e}, timeout);
+  }
+  void AdmitWaits(SessionId s, const Requirement& req, std::optional<Nanos> timeout = {}) {
+    auto g = manager->Admit(s, req, timeout);
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_FALSE(g->has_value()) << "session " << s << " was admitted";
   }
