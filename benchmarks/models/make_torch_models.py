@@ -1,6 +1,6 @@
-"""Writes five models defined in PyTorch and exported to ONNX (opset 17) with torch.onnx.export.
+"""Writes six models defined in PyTorch and exported to ONNX (opset 17) with torch.onnx.export.
 
-    .venv/bin/python benchmarks/models/make_torch_models.py [--out DIR] [--ops]
+    .venv/bin/python benchmarks/models/make_torch_models.py [--out DIR] [--ops] [NAME...]
 
 Needs benchmarks/requirements.txt. Each module's forward takes (inputs..., labels) and returns
 (loss, logits); the export names them "loss" (a scalar) and "logits", with the batch dimension
@@ -13,6 +13,10 @@ its graph contains.
                3x32x32, 10 classes, cross-entropy
   mobilenetv2  MobileNetV2 (inverted residuals, depthwise convolutions, BatchNorm, ReLU6) at a
                small width for 3x32x32, 10 classes, cross-entropy
+  mobilenetv3  torchvision's MobileNetV3-Small at width 0.5 (hard-swish, squeeze-and-excite
+               gates with hard-sigmoid; dropout 0) for 3x32x32, 10 classes, cross-entropy;
+               needs torchvision, and was written with torch 2.15 and torchvision 0.29 (the
+               TorchScript exporter, dynamo=False)
   transformer  token and learned positional embeddings, 2 nn.TransformerEncoderLayer (d_model
                64, 4 heads, feed-forward 128, GELU), mean-pool, linear classifier; 32 tokens
                of a 1,000-word vocabulary, 10 classes
@@ -42,6 +46,7 @@ How they are exported (Note [Exporting for training]):
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import warnings
 from collections.abc import Callable
@@ -153,6 +158,28 @@ class MobileNetV2(nn.Module):
         return F.cross_entropy(logits, labels), logits
 
 
+# -- MobileNetV3 (torchvision's) --------------------------------------------------------------
+
+
+class WithLoss(nn.Module):
+    """A classifier `net` as the exported models' forward: (x, labels) -> (loss, logits)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.net(x)
+        return F.cross_entropy(logits, labels), logits
+
+
+def mobilenet_v3_small() -> nn.Module:
+    from torchvision.models.mobilenetv3 import MobileNetV3, _mobilenet_v3_conf
+
+    setting, last_channel = _mobilenet_v3_conf("mobilenet_v3_small", width_mult=0.5)
+    return WithLoss(MobileNetV3(setting, last_channel, num_classes=CLASSES, dropout=0.0))
+
+
 # -- Transformer encoder classifier ----------------------------------------------------------
 
 
@@ -259,6 +286,7 @@ class Spec:
 MODELS: dict[str, Spec] = {
     "resnet18": Spec(ResNet18, "x", IMAGE, (), (CLASSES,)),
     "mobilenetv2": Spec(MobileNetV2, "x", IMAGE, (), (CLASSES,)),
+    "mobilenetv3": Spec(mobilenet_v3_small, "x", IMAGE, (), (CLASSES,)),
     "transformer": Spec(TransformerClassifier, "tokens", (SEQ,), (), (CLASSES,)),
     "gpt": Spec(GPT, "tokens", (SEQ,), (SEQ,), (SEQ, VOCAB)),
     "lstm": Spec(LSTMClassifier, "tokens", (SEQ,), (), (CLASSES,)),
@@ -317,8 +345,12 @@ def export(name: str, path: str) -> None:
         # in the graph (Shape, ConstantOfShape), so any batch runs.
         warnings.filterwarnings("ignore", message="It is recommended that constant folding")
         warnings.filterwarnings("ignore", message="Exporting a model to ONNX with a batch_size")
+        # The TorchScript exporter, which later torch versions no longer take by default.
+        legacy = ({"dynamo": False}
+                  if "dynamo" in inspect.signature(torch.onnx.export).parameters else {})
         torch.onnx.export(
             module, example_inputs(name, 2), path, opset_version=OPSET, do_constant_folding=True,
+            **legacy,
             training=torch.onnx.TrainingMode.PRESERVE,  # Note [Exporting for training]
             input_names=[spec.input, "labels"], output_names=["loss", "logits"],
             dynamic_axes={spec.input: batch, "labels": batch, "logits": batch})
@@ -337,9 +369,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     ap.add_argument("--ops", action="store_true", help="print the op types of each model")
+    ap.add_argument("names", nargs="*", choices=[[], *MODELS], help="the models (default: all)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for name in MODELS:
+    for name in args.names or MODELS:
         path = os.path.join(args.out, f"{name}.onnx")
         export(name, path)
         if args.ops:

@@ -100,6 +100,60 @@ StatusOr<HostTensor> ConstantValue(const Node& n) {
   return UnimplementedError("node '" + n.name + "': op Constant with an unsupported value kind");
 }
 
+// Note [Composed ops]
+// A few ONNX ops are exactly a short chain of ops the engine has, and are imported as that
+// chain, which gives them shape inference, kernels on every device, fusion and gradients at
+// once: HardSigmoid(x; alpha, beta) = Clip(alpha x + beta, 0, 1) and HardSwish(x) =
+// x HardSigmoid(x; 1/6, 1/2) (torchvision's MobileNetV3 exports both). Clip's gradient passes
+// where the bound was not taken, as PyTorch's hardsigmoid_backward does inside (-3, 3).
+bool IsComposedOp(const std::string& op) { return op == "HardSigmoid" || op == "HardSwish"; }
+
+// A fresh value of `g` named after `stem`, unused by the model.
+ValueId NewValue(Graph& g, const std::string& stem, Value v) {
+  std::string name = stem;
+  for (int k = 1; g.Find(name) != kNoValue; ++k) name = stem + "#" + std::to_string(k);
+  v.name = std::move(name);
+  return g.AddValue(std::move(v));
+}
+
+Status AddComposed(GraphBuilder& builder, Node n) {
+  Graph& g = builder.graph();
+  if (n.inputs.size() != 1 || n.inputs[0] == kNoValue || n.outputs.size() != 1) {
+    return InvalidArgumentError(n.Describe() + ": needs one input and one output");
+  }
+  const bool swish = n.op == "HardSwish";
+  const float alpha = swish ? 1.f / 6 : n.GetFloat("alpha", 0.2f);
+  const float beta = swish ? 0.5f : n.GetFloat("beta", 0.5f);
+  auto scalar = [&](const char* what, float f) {
+    Value v;
+    v.kind = ValueKind::kConstant;
+    v.data = HostTensor::FromFloats({}, {f});
+    return NewValue(g, n.name + "/" + what, std::move(v));
+  };
+  auto intermediate = [&](const char* what) {
+    Value v;
+    v.type = DataType::kUndefined;
+    return NewValue(g, n.name + "/" + what, std::move(v));
+  };
+  auto add = [&](const char* op, const char* what, std::vector<ValueId> inputs, ValueId out) {
+    Node m;
+    m.op = op;
+    m.name = n.name + "/" + what;
+    m.inputs = std::move(inputs);
+    m.outputs = {out};
+    return builder.Add(std::move(m));
+  };
+  const ValueId x = n.inputs[0];
+  const ValueId scaled = intermediate("scaled"), shifted = intermediate("shifted");
+  const ValueId gate = swish ? intermediate("gate") : n.outputs[0];
+  SALUS_RETURN_IF_ERROR(add("Mul", "scale", {x, scalar("alpha", alpha)}, scaled));
+  SALUS_RETURN_IF_ERROR(add("Add", "shift", {scaled, scalar("beta", beta)}, shifted));
+  SALUS_RETURN_IF_ERROR(
+      add("Clip", "clip", {shifted, scalar("zero", 0.f), scalar("one", 1.f)}, gate));
+  if (swish) SALUS_RETURN_IF_ERROR(add("Mul", "gated", {x, gate}, n.outputs[0]));
+  return OkStatus();
+}
+
 // Note [No external data]
 // A tensor may keep its data in a file beside the model (data_location EXTERNAL, with a path in
 // external_data). The daemon never reads such files: a model is data a client sends, and a path
@@ -399,7 +453,7 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
       return UnimplementedError("node '" + n.name + "': op " + np.domain() + "." + n.op +
                                 " is not supported");
     }
-    if (!IsSupportedOp(n.op)) {
+    if (!IsSupportedOp(n.op) && !IsComposedOp(n.op)) {
       return UnimplementedError("node '" + n.name + "': op " + n.op + " is not supported");
     }
     for (const auto& a : np.attribute()) {
@@ -447,6 +501,10 @@ StatusOr<Graph> OnnxImporter::Import(const void* data, size_t size, const Import
       v.type = t.type;
       v.shape = t.shape;
       v.data = std::move(t);
+      continue;
+    }
+    if (IsComposedOp(n.op)) {
+      SALUS_RETURN_IF_ERROR(AddComposed(builder, std::move(n)));
       continue;
     }
     SALUS_RETURN_IF_ERROR(builder.Add(std::move(n)));

@@ -54,6 +54,7 @@ class Case:
 CASES = {
     "resnet18": Case("x", False, 8, 1e-4, 3e-5),
     "mobilenetv2": Case("x", False, 8, 5e-4, 1e-4),
+    "mobilenetv3": Case("x", False, 8, 5e-4, 1e-4),
     "transformer": Case("tokens", True, 8, 1e-2, 1e-3),
     "gpt": Case("tokens", True, 8, 1e-2, 1e-3),
     "lstm": Case("tokens", True, 8, 1e-2, 1e-3),
@@ -119,9 +120,11 @@ def test_trains_until_the_loss_falls_3x(client: salus.Client, name: str) -> None
 # -- against the frameworks -------------------------------------------------------------------
 
 
-def frameworks():  # noqa: ANN201
-    """(torch, onnxruntime, make_torch_models), or a skip naming what is missing."""
-    missing = [m for m in ("torch", "onnxruntime") if importlib.util.find_spec(m) is None]
+def frameworks(name: str = "") -> tuple:
+    """(torch, onnxruntime, make_torch_models), or a skip naming what is missing (MobileNetV3
+    is torchvision's, and needs it too)."""
+    needed = ("torch", "onnxruntime", *(("torchvision",) if name == "mobilenetv3" else ()))
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"{' and '.join(missing)} not installed "
                     "(pip install -r benchmarks/requirements.txt)")
@@ -194,7 +197,7 @@ def engine_optimizer(kind: str, lr: float) -> dict:
 @pytest.mark.parametrize("kind", OPTIMIZERS)
 @pytest.mark.parametrize("name", CASES)
 def test_training_matches_pytorch(client: salus.Client, name: str, kind: str) -> None:
-    torch, _, make_torch_models = frameworks()
+    torch, _, make_torch_models = frameworks(name)
     case = CASES[name]
     lr = case.sgd_lr if kind == "sgd" else case.adam_lr
     feeds = batch(name)

@@ -52,7 +52,7 @@ std::map<std::string, Shape> InputShapes(const std::string& model, int64_t n) {
   if (model == "espcn") return {{"x", {n, 1, 16, 16}}, {"target", {n, 1, 48, 48}}};
   if (model == "vae") return {{"x", {n, 784}}, {"eps", {n, 20}}};
   // make_torch_models.py: images or 32 tokens, and labels.
-  if (model == "resnet18" || model == "mobilenetv2") {
+  if (model == "resnet18" || model == "mobilenetv2" || model == "mobilenetv3") {
     return {{"x", {n, 3, 32, 32}}, {"labels", {n}}};
   }
   if (model == "transformer" || model == "lstm") return {{"tokens", {n, 32}}, {"labels", {n}}};
@@ -126,6 +126,7 @@ INSTANTIATE_TEST_SUITE_P(ReferenceModels, CudaModelsTest,
 INSTANTIATE_TEST_SUITE_P(ExportedModels, CudaModelsTest,
                          ::testing::Values(ModelCase{"resnet18", 1}, ModelCase{"resnet18", 8},
                                            ModelCase{"mobilenetv2", 1}, ModelCase{"mobilenetv2", 8},
+                                           ModelCase{"mobilenetv3", 1}, ModelCase{"mobilenetv3", 8},
                                            ModelCase{"transformer", 1}, ModelCase{"transformer", 8},
                                            ModelCase{"gpt", 1}, ModelCase{"gpt", 8},
                                            ModelCase{"lstm", 1}, ModelCase{"lstm", 8}),
@@ -234,12 +235,13 @@ TEST(CudaModelsTrainingTest, TrainingMatchesCpu) {
 // parameters beyond 1e-3 after 10 steps, and on none after 5.
 TEST(CudaModelsTrainingTest, ExportedModelsTrainingMatchesCpu) {
   SALUS_REQUIRE_GPU();
-  for (const char* name : {"resnet18", "mobilenetv2", "transformer", "gpt", "lstm"}) {
+  for (const char* name :
+       {"resnet18", "mobilenetv2", "mobilenetv3", "transformer", "gpt", "lstm"}) {
     const std::string model = name;
     SCOPED_TRACE(model);
     const std::string bytes = ReadModel(model);
     ASSERT_FALSE(bytes.empty()) << "cannot read " << ModelsDir() << "/" << model << ".onnx";
-    const int steps = model == "mobilenetv2" ? 5 : 10;
+    const int steps = model == "mobilenetv2" || model == "mobilenetv3" ? 5 : 10;
     testing::ExpectTrainingParity(bytes, SgdTraining(model, 4), TrainingParity(3e-2), steps);
   }
 }

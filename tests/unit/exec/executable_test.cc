@@ -781,6 +781,7 @@ TEST(DeviceTest, ReferenceModelsTrainingOpsHaveCudaKernels) {
       {"vae", {{"x", {4, 784}}, {"eps", {4, 20}}}},
       {"resnet18", {{"x", {4, 3, 32, 32}}, {"labels", {4}}}},
       {"mobilenetv2", {{"x", {4, 3, 32, 32}}, {"labels", {4}}}},
+      {"mobilenetv3", {{"x", {4, 3, 32, 32}}, {"labels", {4}}}},
       {"transformer", {{"tokens", {4, 32}}, {"labels", {4}}}},
       {"gpt", {{"tokens", {4, 32}}, {"labels", {4, 32}}}},
       {"lstm", {{"tokens", {4, 32}}, {"labels", {4}}}}};

@@ -349,7 +349,7 @@ TEST(FusionTest, ValuesBetweenConvsStayBlocked) {
 
 // The exported CNNs: every rewrite at once, against the unfused compile.
 TEST(FusionTest, ExportedCnnsKeepTheirOutputs) {
-  for (const char* name : {"resnet18", "mobilenetv2"}) {
+  for (const char* name : {"resnet18", "mobilenetv2", "mobilenetv3"}) {
     const std::string model = ReadModel(name);
     ASSERT_FALSE(model.empty()) << name;
     CompileOptions o;
@@ -371,7 +371,11 @@ TEST(FusionTest, ExportedCnnsKeepTheirOutputs) {
     ASSERT_TRUE(fused.exe && plain.exe) << name;
     ASSERT_EQ(fused.outputs.size(), 1u);
     ExpectClose(fused.outputs[0], plain.outputs[0]);
-    EXPECT_LT(fused.exe->num_steps(), plain.exe->num_steps() / 2) << name;
+    // Half the steps; a fifth fewer for MobileNetV3, whose hard-swish chains (Note [Composed
+    // ops]: four elementwise nodes each) are not fused, only its Conv -> BatchNorm [-> ReLU].
+    const bool v3 = std::string(name) == "mobilenetv3";
+    EXPECT_LT(fused.exe->num_steps() * (v3 ? 5 : 2), plain.exe->num_steps() * (v3 ? 4 : 1))
+        << name;
     EXPECT_LT(fused.exe->persistent_bytes(), plain.exe->persistent_bytes()) << name;
     for (const Node& n : fused.exe->graph().nodes()) {
       EXPECT_NE(n.op, "BatchNormalization") << name;

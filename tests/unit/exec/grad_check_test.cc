@@ -137,6 +137,12 @@ TEST(GradCheckTest, Eltwise) {
                        [](onnx::NodeProto& n) { ModelBuilder::Attr(n, "alpha", 0.1f); }));
   CheckGradients(Unary("Elu", AwayFromZero("X", {3, 4}, 3),
                        [](onnx::NodeProto& n) { ModelBuilder::Attr(n, "alpha", 0.7f); }));
+  // Note [Composed ops]: Clip chains; inputs over both bounds and between them.
+  CheckGradients(Unary("HardSwish", P("X", {3, 4}, 7, -5.f, 5.f)));
+  CheckGradients(Unary("HardSigmoid", P("X", {3, 4}, 8, -4.f, 4.f), [](onnx::NodeProto& n) {
+    ModelBuilder::Attr(n, "alpha", 0.3f);
+    ModelBuilder::Attr(n, "beta", 0.4f);
+  }));
   CheckGradients(Unary("Log", P("X", {3, 4}, 4, 0.5f, 2.f)));
   CheckGradients(Unary("Sqrt", P("X", {3, 4}, 5, 0.5f, 2.f)));
 }

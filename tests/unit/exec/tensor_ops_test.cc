@@ -4,6 +4,7 @@
 // checker knows (Gelu-20, Split-18, the Reduce ops' axes input from 18).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -412,6 +413,29 @@ TEST(TensorOpsTest, BinaryOpsBroadcastAlongAnyDims) {
         }
       }
     }
+  }
+}
+
+// Note [Composed ops]: HardSigmoid and HardSwish import as Clip chains of the same values.
+TEST(TensorOpsTest, HardSigmoidAndHardSwish) {
+  ModelBuilder m;
+  m.Input("x", {7});
+  auto& sig = m.Node("HardSigmoid", {"x"}, {"s"});
+  ModelBuilder::Attr(sig, "alpha", 0.25f);
+  ModelBuilder::Attr(sig, "beta", 0.4f);
+  m.Node("HardSigmoid", {"x"}, {"d"});  // alpha 0.2, beta 0.5
+  m.Node("HardSwish", {"x"}, {"w"});
+  m.Output("s", {7}).Output("d", {7}).Output("w", {7});
+  const std::vector<float> x = {-5.f, -3.f, -1.f, 0.f, 0.5f, 3.f, 6.f};
+  auto out = CompileAndRun(m, {"x"}, {HostTensor::FromFloats({7}, x)});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 3u);
+  const auto gate = [](float v, float a, float b) { return std::clamp(a * v + b, 0.f, 1.f); };
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_NEAR((*out)[0].floats()[i], gate(x[i], 0.25f, 0.4f), 1e-7) << i;
+    EXPECT_NEAR((*out)[1].floats()[i], gate(x[i], 0.2f, 0.5f), 1e-7) << i;
+    // PyTorch's hardswish: x * relu6(x + 3) / 6.
+    EXPECT_NEAR((*out)[2].floats()[i], x[i] * std::clamp(x[i] + 3.f, 0.f, 6.f) / 6.f, 1e-6) << i;
   }
 }
 
