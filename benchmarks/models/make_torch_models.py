@@ -1,4 +1,4 @@
-"""Writes six models defined in PyTorch and exported to ONNX (opset 17) with torch.onnx.export.
+"""Writes eight models defined in PyTorch and exported to ONNX (opset 17) with torch.onnx.export.
 
     .venv/bin/python benchmarks/models/make_torch_models.py [--out DIR] [--ops] [NAME...]
 
@@ -15,8 +15,7 @@ its graph contains.
                small width for 3x32x32, 10 classes, cross-entropy
   mobilenetv3  torchvision's MobileNetV3-Small at width 0.5 (hard-swish, squeeze-and-excite
                gates with hard-sigmoid; dropout 0) for 3x32x32, 10 classes, cross-entropy;
-               needs torchvision, and was written with torch 2.15 and torchvision 0.29 (the
-               TorchScript exporter, dynamo=False)
+               needs torchvision
   transformer  token and learned positional embeddings, 2 nn.TransformerEncoderLayer (d_model
                64, 4 heads, feed-forward 128, GELU), mean-pool, linear classifier; 32 tokens
                of a 1,000-word vocabulary, 10 classes
@@ -25,6 +24,14 @@ its graph contains.
                cross-entropy over (N*T, vocab); 32 tokens, vocabulary 1,000, width 64
   lstm         embedding, 1-layer nn.LSTM (hidden 128), linear classifier on the last hidden
                state; 32 tokens, 10 classes
+  hf_gpt2      Hugging Face's GPT2LMHeadModel from a small config (2 layers, width 64, 4
+               heads, vocabulary 1,000, untied head, dropout 0) with its own shifted
+               next-token loss (labels = the tokens); needs transformers
+  hf_bert      Hugging Face's BertForSequenceClassification from a small config (2 layers,
+               width 64, 4 heads, feed-forward 128, vocabulary 1,000, dropout 0), 10 classes;
+               needs transformers
+The torchvision and Hugging Face models were written with torch 2.15.0, torchvision 0.29.2 and
+transformers 5.25.0 (the TorchScript exporter, dynamo=False).
 
 How they are exported (Note [Exporting for training]):
 - The modules are in eval mode, so Dropout (ratio 0 everywhere anyway) disappears and
@@ -254,6 +261,43 @@ class GPT(nn.Module):
         return loss, logits
 
 
+# -- Hugging Face models from small configs ---------------------------------------------------
+
+
+class HuggingFace(nn.Module):
+    """A transformers model as the exported models' forward: (tokens, labels) -> (loss,
+    logits), the loss the model's own."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, tokens: torch.Tensor,
+                labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.net(input_ids=tokens, labels=labels)
+        return out.loss, out.logits
+
+
+def hf_gpt2() -> nn.Module:
+    import transformers
+
+    # Untied: the exporter would give the head its own transposed copy of the embedding.
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2,
+                                  n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                  tie_word_embeddings=False)
+    return HuggingFace(transformers.GPT2LMHeadModel(cfg))
+
+
+def hf_bert() -> nn.Module:
+    import transformers
+
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=128,
+                                  max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0, num_labels=CLASSES)
+    return HuggingFace(transformers.BertForSequenceClassification(cfg))
+
+
 # -- LSTM -------------------------------------------------------------------------------------
 
 
@@ -290,6 +334,8 @@ MODELS: dict[str, Spec] = {
     "transformer": Spec(TransformerClassifier, "tokens", (SEQ,), (), (CLASSES,)),
     "gpt": Spec(GPT, "tokens", (SEQ,), (SEQ,), (SEQ, VOCAB)),
     "lstm": Spec(LSTMClassifier, "tokens", (SEQ,), (), (CLASSES,)),
+    "hf_gpt2": Spec(hf_gpt2, "tokens", (SEQ,), (SEQ,), (SEQ, VOCAB)),
+    "hf_bert": Spec(hf_bert, "tokens", (SEQ,), (), (CLASSES,)),
 }
 
 

@@ -37,6 +37,33 @@ Status RequireFloat(const Node& n, const Graph& g, std::initializer_list<size_t>
   return OkStatus();
 }
 
+StatusOr<PadSpec> PadSpecOf(const Node& n, const Graph& g) {
+  PadSpec p;
+  p.int64 = g.value(n.inputs[0]).type == DataType::kInt64;
+  if (!p.int64) {
+    SALUS_RETURN_IF_ERROR(RequireFloat(n, g, {0, 2}));
+  } else if (n.input(2) != kNoValue && g.value(n.inputs[2]).type != DataType::kInt64) {
+    return UnimplementedError(n.Describe() + ": an int64 tensor padded with a " +
+                              DataTypeName(g.value(n.inputs[2]).type) + " value");
+  }
+  if (g.opset() >= 11) {
+    p.pads = g.value(n.inputs[1]).data.ToInt64s();
+    if (n.input(2) != kNoValue) {
+      const HostTensor& v = g.value(n.inputs[2]).data;
+      if (p.int64) {
+        p.int_value = v.ToInt64s()[0];
+      } else {
+        p.float_value = v.floats()[0];
+      }
+    }
+  } else {
+    p.pads = n.GetInts("pads");
+    p.float_value = n.GetFloat("value", 0.f);
+    p.int_value = static_cast<int64_t>(p.float_value);
+  }
+  return p;
+}
+
 Status RequireDropoutIsIdentity(const Node& n, const Graph& g) {
   float ratio = n.GetFloat("ratio", 0.5f);
   if (n.input(1) != kNoValue) {

@@ -17,6 +17,16 @@ namespace salus::exec {
 // float32.
 Status RequireFloat(const Node& n, const Graph& g, std::initializer_list<size_t> inputs = {});
 
+// Pad's pads and constant value as both devices read them (shape inference has checked the
+// pads): a float32 tensor, or an int64 one (labels shifted for a next-token loss).
+struct PadSpec {
+  std::vector<int64_t> pads;
+  bool int64 = false;
+  float float_value = 0.f;
+  int64_t int_value = 0;
+};
+StatusOr<PadSpec> PadSpecOf(const Node& n, const Graph& g);
+
 // Unimplemented unless Dropout node `n` passes its input through: ratio and training_mode are
 // compile-time constants, and training mode drops nothing (ratio 0). Both devices' Dropout is a
 // copy (and a mask of ones).

@@ -591,29 +591,18 @@ KernelOr DepthToSpace(const Node& n, const Graph& g) {
   }));
 }
 
-KernelOr Pad(const Node& n, const Graph& g) {
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g, {0, 2}));
-  const Shape x = g.value(n.inputs[0]).shape;
-  const Shape y = g.value(n.outputs[0]).shape;
-  std::vector<int64_t> pads;
-  float value = 0.f;
-  if (g.opset() >= 11) {
-    pads = g.value(n.inputs[1]).data.ToInt64s();
-    if (n.input(2) != kNoValue) value = g.value(n.inputs[2]).data.floats()[0];
-  } else {
-    pads = n.GetInts("pads");
-    value = n.GetFloat("value", 0.f);
-  }
-  // Row by row of element_math.h's PadMap, whose innermost dim is a contiguous run in both
-  // tensors: a row is the pad value, or the value around one copied input run (the run's
-  // start from PadSourceIndex, as the CUDA device maps each element). A scatter of the input
-  // into the filled output only where that map cannot hold the padding (the CUDA device
-  // refuses those).
+// Row by row of element_math.h's PadMap, whose innermost dim is a contiguous run in both
+// tensors: a row is the pad value, or the value around one copied input run (the run's start
+// from PadSourceIndex, as the CUDA device maps each element). A scatter of the input into the
+// filled output only where that map cannot hold the padding (the CUDA device refuses those).
+template <typename T>
+std::unique_ptr<Kernel> PadKernel(const Shape& x, const Shape& y, const std::vector<int64_t>& pads,
+                                  T value) {
   PadMap map;
   if (MakePadMap(x, pads, &map)) {
     return std::unique_ptr<Kernel>(new LoopKernel([map, value](const KernelArgs& a) {
-      float* out = static_cast<float*>(a.outputs[0]);
-      const float* in = static_cast<const float*>(a.inputs[0]);
+      T* out = static_cast<T*>(a.outputs[0]);
+      const T* in = static_cast<const T*>(a.inputs[0]);
       const int64_t count = PadOutputCount(map);
       if (map.rank == 0) {  // one element, no padding
         if (count > 0) out[0] = in[0];
@@ -624,14 +613,14 @@ KernelOr Pad(const Node& n, const Graph& g) {
       const int64_t rows = row > 0 ? count / row : 0;
 #pragma omp parallel for schedule(static) if (count >= (int64_t{1} << 16))
       for (int64_t r = 0; r < rows; ++r) {
-        float* o = out + r * row;
+        T* o = out + r * row;
         const int64_t src = run > 0 ? PadSourceIndex(map, r * row + begin) : -1;
         if (src < 0) {
           std::fill(o, o + row, value);
           continue;
         }
         std::fill(o, o + begin, value);
-        std::memcpy(o + begin, in + src, run * sizeof(float));
+        std::memcpy(o + begin, in + src, run * sizeof(T));
         std::fill(o + begin + run, o + row, value);
       }
     }));
@@ -640,11 +629,19 @@ KernelOr Pad(const Node& n, const Graph& g) {
   int64_t base = 0;
   for (size_t i = 0; i < x.size(); ++i) base += pads[i] * ys[i];
   return std::unique_ptr<Kernel>(new LoopKernel([x, y, ys, base, value](const KernelArgs& a) {
-    float* out = static_cast<float*>(a.outputs[0]);
-    const float* in = static_cast<const float*>(a.inputs[0]);
+    T* out = static_cast<T*>(a.outputs[0]);
+    const T* in = static_cast<const T*>(a.inputs[0]);
     std::fill(out, out + NumElements(y), value);
     ForEachBroadcast(x, {ys}, [&](int64_t e, const int64_t* off) { out[base + off[0]] = in[e]; });
   }));
+}
+
+KernelOr Pad(const Node& n, const Graph& g) {
+  SALUS_ASSIGN_OR_RETURN(const PadSpec p, PadSpecOf(n, g));
+  const Shape& x = g.value(n.inputs[0]).shape;
+  const Shape& y = g.value(n.outputs[0]).shape;
+  if (p.int64) return PadKernel<int64_t>(x, y, p.pads, p.int_value);
+  return PadKernel<float>(x, y, p.pads, p.float_value);
 }
 
 KernelOr SoftmaxCrossEntropy(const Node& n, const Graph& g) {

@@ -312,10 +312,10 @@ KernelOr Cast(const Node& n, const Graph& g) {
 // ---------------------------------------------------------------------------------------------
 // Unary float math.
 
-// Erf, SalusErfc (1 - erf, exact where it is small), Sin, Cos, Atan, Floor, Ceil, Round (half to even), and SalusLog1p and SalusExpm1 (PyTorch's
-// log1p and expm1: exact for small x, where log(1 + x) and exp(x) - 1 lose every digit), by the C
-// library; SalusLgamma, SalusDigamma, SalusErfinv and SalusPolygamma (attribute n) by
-// element_math.h.
+// Erf, SalusErfc (1 - erf, exact where it is small), Sin, Cos, Atan, Floor, Ceil, Round (half to
+// even), and SalusLog1p and SalusExpm1 (PyTorch's log1p and expm1: exact for small x, where log(1 +
+// x) and exp(x) - 1 lose every digit), by the C library; SalusLgamma, SalusDigamma, SalusErfinv and
+// SalusPolygamma (attribute n) by element_math.h.
 KernelOr FloatMath(const Node& n, const Graph& g) {
   SALUS_RETURN_IF_ERROR(RequireFloat(n, g));
   const int64_t count = NumElements(In(n, g, 0).shape);
@@ -399,6 +399,34 @@ KernelOr Gather(const Node& n, const Graph& g) {
     for (int64_t r = 0; r < geo.outer * geo.count; ++r) {
       const int64_t from = GatherSourceIndex(geo, indices, r * geo.inner) / geo.inner;
       std::memcpy(dst + r * row_bytes, src + from * row_bytes, row_bytes);
+    }
+    return OkStatus();
+  });
+}
+
+// Element by element, as the CUDA device maps them (the exporters' uses are small: BERT's
+// token-type buffer, which folds).
+KernelOr GatherElements(const Node& n, const Graph& g) {
+  const Shape& x = In(n, g, 0).shape;
+  SALUS_ASSIGN_OR_RETURN(const int64_t axis, NormalizeAxis(n, n.GetInt("axis", 0), x.size()));
+  GatherElementsGeometry geo;
+  if (!MakeGatherElementsGeometry(x, In(n, g, 1).shape, axis, &geo)) {
+    return UnimplementedError(n.Describe() + ": more than " + std::to_string(kMaxIndexDims) +
+                              " dims");
+  }
+  const int64_t count = NumElements(In(n, g, 1).shape);
+  const size_t bytes = ElementSize(Out(n, g, 0).type);
+  return Checked([node = n.Describe(), geo, count, bytes](const KernelArgs& a) {
+    const int64_t* indices = Input<int64_t>(a, 1);
+    const std::byte* src = Input<std::byte>(a, 0);
+    std::byte* dst = Output<std::byte>(a, 0);
+    for (int64_t o = 0; o < count; ++o) {
+      const int64_t k = indices[o];
+      if (k < -geo.axis_dim || k >= geo.axis_dim) {
+        return InvalidArgumentError(node + ": index " + std::to_string(k) +
+                                    " out of range for dim " + std::to_string(geo.axis_dim));
+      }
+      std::memcpy(dst + o * bytes, src + GatherElementsSourceIndex(geo, o, k) * bytes, bytes);
     }
     return OkStatus();
   });
@@ -702,12 +730,14 @@ void RegisterCpuTensorKernels(KernelRegistry* r) {
   r->Register("Where", cpu, Where);
   r->Register("Clip", cpu, Clip);
   r->Register("Cast", cpu, Cast);
-  for (const char* op : {"Erf", "SalusErfc", "SalusLog1p", "SalusExpm1", "Sin", "Cos", "Atan", "Floor", "Ceil",
-                         "Round", "SalusLgamma", "SalusDigamma", "SalusErfinv", "SalusPolygamma"}) {
+  for (const char* op :
+       {"Erf", "SalusErfc", "SalusLog1p", "SalusExpm1", "Sin", "Cos", "Atan", "Floor", "Ceil",
+        "Round", "SalusLgamma", "SalusDigamma", "SalusErfinv", "SalusPolygamma"}) {
     r->Register(op, cpu, FloatMath);
   }
   r->Register("Expand", cpu, Expand);
   r->Register("Gather", cpu, Gather);
+  r->Register("GatherElements", cpu, GatherElements);
   r->Register("Slice", cpu, Slice);
   r->Register("Split", cpu, Split);
   r->Register("Trilu", cpu, Trilu);

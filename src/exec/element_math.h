@@ -677,6 +677,48 @@ SALUS_HD int64_t GatherSourceIndex(const GatherGeometry& g, const int64_t* indic
   return (b * g.axis_dim + index) * g.inner + i;
 }
 
+// GatherElements: the output has the indices' shape, and its element at coordinates c reads the
+// data at c with c[axis] replaced by the index there.
+struct GatherElementsGeometry {
+  int32_t rank = 0;
+  int32_t axis = 0;
+  int64_t axis_dim = 0;
+  int64_t out[kMaxIndexDims] = {};     // the indices' (the output's) dims
+  int64_t stride[kMaxIndexDims] = {};  // the data's dense strides
+};
+
+// False past kMaxIndexDims dims.
+inline bool MakeGatherElementsGeometry(const std::vector<int64_t>& data,
+                                       const std::vector<int64_t>& indices, int64_t axis,
+                                       GatherElementsGeometry* g) {
+  if (data.size() > static_cast<size_t>(kMaxIndexDims) || indices.size() != data.size()) {
+    return false;
+  }
+  g->rank = static_cast<int32_t>(data.size());
+  g->axis = static_cast<int32_t>(axis);
+  g->axis_dim = data[axis];
+  int64_t stride = 1;
+  for (int d = g->rank - 1; d >= 0; --d) {
+    g->out[d] = indices[d];
+    g->stride[d] = stride;
+    stride *= data[d];
+  }
+  return true;
+}
+
+// The data element output element `o` copies, for its index `k` in [-axis_dim, axis_dim)
+// (negative from the end of the axis; the caller checks the range).
+SALUS_HD int64_t GatherElementsSourceIndex(const GatherElementsGeometry& g, int64_t o, int64_t k) {
+  if (k < 0) k += g.axis_dim;
+  int64_t from = 0;
+  for (int d = g.rank - 1; d >= 0; --d) {
+    const int64_t c = o % g.out[d];
+    o /= g.out[d];
+    from += (d == g.axis ? k : c) * g.stride[d];
+  }
+  return from;
+}
+
 // Slice with every start clamped into its dim and the output dims computed (shape inference):
 // output index i of a dim reads input index start + i * step of it.
 struct SliceMap {

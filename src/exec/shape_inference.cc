@@ -26,7 +26,7 @@ const std::set<std::string>& Ops() {
       "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
       "ReduceSumSquare",
       "Mod", "Cast", "Range", "ConstantOfShape", "Equal", "Less", "Greater", "LessOrEqual",
-      "GreaterOrEqual", "Not", "And", "Or", "Where", "Expand", "Gather", "Slice", "Split", "Erf",
+      "GreaterOrEqual", "Not", "And", "Or", "Where", "Expand", "Gather", "GatherElements", "Slice", "Split", "Erf",
       "Gelu", "Clip", "Min", "Max", "Trilu", "Reciprocal", "Sin", "Cos", "Atan", "Floor", "Ceil", "Round",
       "LSTM"};
   // clang-format on
@@ -332,7 +332,7 @@ Status InferNodeShapes(Graph* graph, int node_index) {
     required_inputs = 2;
   } else if (op == "Mod" || op == "Equal" || op == "Less" || op == "Greater" ||
              op == "LessOrEqual" || op == "GreaterOrEqual" || op == "And" || op == "Or" ||
-             op == "Expand" || op == "Gather") {
+             op == "Expand" || op == "Gather" || op == "GatherElements") {
     required_inputs = 2;
   } else if (op == "Where" || op == "Range") {
     required_inputs = 3;
@@ -526,6 +526,29 @@ Status InferNodeShapes(Graph* graph, int node_index) {
     out.insert(out.end(), idx.begin(), idx.end());
     out.insert(out.end(), x.begin() + axis + 1, x.end());
     set_out(0, t0, out);
+  } else if (op == "GatherElements") {
+    // y[i0, .., ik, ..] = x[i0, .., indices[i0, .., ik, ..], ..], k the axis: y has the
+    // indices' shape, which matches the data's rank and fits inside it off the axis.
+    const Shape& x = in(0).shape;
+    const Shape& idx = in(1).shape;
+    SALUS_RETURN_IF_ERROR(Expect(n, !x.empty(), "scalar data"));
+    SALUS_RETURN_IF_ERROR(type_in(1, {DataType::kInt64}));
+    SALUS_RETURN_IF_ERROR(
+        Expect(n, idx.size() == x.size(), "indices of another rank than the data"));
+    SALUS_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(n, n.GetInt("axis", 0), x.size()));
+    for (size_t d = 0; d < x.size(); ++d) {
+      SALUS_RETURN_IF_ERROR(Expect(n, static_cast<int64_t>(d) == axis || idx[d] <= x[d],
+                                   "indices larger than the data off the axis"));
+    }
+    if (const HostTensor* c = ConstantInput(g, n, 1)) {
+      for (int64_t i : c->ToInt64s()) {
+        if (i < -x[axis] || i >= x[axis]) {
+          return InvalidArgumentError(n.Describe() + ": index " + std::to_string(i) +
+                                      " out of range for dim " + std::to_string(x[axis]));
+        }
+      }
+    }
+    set_out(0, t0, idx);
   } else if (op == "Slice") {
     SALUS_ASSIGN_OR_RETURN(SliceSpec spec, SliceFor(g, n));
     set_out(0, t0, spec.out);

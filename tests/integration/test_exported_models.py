@@ -58,20 +58,31 @@ CASES = {
     "transformer": Case("tokens", True, 8, 1e-2, 1e-3),
     "gpt": Case("tokens", True, 8, 1e-2, 1e-3),
     "lstm": Case("tokens", True, 8, 1e-2, 1e-3),
+    "hf_gpt2": Case("tokens", True, 8, 1e-2, 1e-3),
+    "hf_bert": Case("tokens", True, 8, 1e-2, 1e-3),
 }
+# What rebuilding a model in PyTorch needs beyond torch (make_torch_models.py).
+NEEDS = {"mobilenetv3": ("torchvision",), "hf_gpt2": ("transformers",),
+         "hf_bert": ("transformers",)}
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 def batch(name: str, seed: int = 0) -> dict[str, np.ndarray]:
     """One fixed batch: random inputs and labels to memorise; for the GPT, each token's
-    successor (t + 1 mod vocabulary) as the next-token target."""
+    successor (t + 1 mod vocabulary) as the next-token target; for Hugging Face's GPT-2, which
+    shifts its labels itself, the tokens."""
     case = CASES[name]
     rng = np.random.default_rng(seed)
     if case.tokens:
         x = rng.integers(0, VOCAB, (case.batch, SEQ)).astype(np.int64)
     else:
         x = rng.standard_normal((case.batch, *IMAGE), dtype=np.float32)
-    labels = (x + 1) % VOCAB if name == "gpt" else rng.integers(0, CLASSES, case.batch)
+    if name == "gpt":
+        labels = (x + 1) % VOCAB
+    elif name == "hf_gpt2":
+        labels = x.copy()
+    else:
+        labels = rng.integers(0, CLASSES, case.batch)
     return {case.input: x, "labels": labels.astype(np.int64)}
 
 
@@ -121,9 +132,9 @@ def test_trains_until_the_loss_falls_3x(client: salus.Client, name: str) -> None
 
 
 def frameworks(name: str = "") -> tuple:
-    """(torch, onnxruntime, make_torch_models), or a skip naming what is missing (MobileNetV3
-    is torchvision's, and needs it too)."""
-    needed = ("torch", "onnxruntime", *(("torchvision",) if name == "mobilenetv3" else ()))
+    """(torch, onnxruntime, make_torch_models), or a skip naming what is missing (the
+    torchvision and Hugging Face models need those libraries too, NEEDS)."""
+    needed = ("torch", "onnxruntime", *NEEDS.get(name, ()))
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"{' and '.join(missing)} not installed "

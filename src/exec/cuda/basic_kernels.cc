@@ -321,25 +321,21 @@ KernelOr DepthToSpace(const Node& n, const Graph& g, DeviceContext*) {
 }
 
 KernelOr Pad(const Node& n, const Graph& g, DeviceContext*) {
-  SALUS_RETURN_IF_ERROR(RequireFloat(n, g, {0, 2}));
+  SALUS_ASSIGN_OR_RETURN(const PadSpec p, PadSpecOf(n, g));
   const std::string what = n.Describe();
-  const Shape& x = g.value(n.inputs[0]).shape;
-  // Read as the CPU's Pad reads them; shape inference has checked them.
-  std::vector<int64_t> pads;
-  float value = 0.f;
-  if (g.opset() >= 11) {
-    pads = g.value(n.inputs[1]).data.ToInt64s();
-    if (n.input(2) != kNoValue) value = g.value(n.inputs[2]).data.floats()[0];
-  } else {
-    pads = n.GetInts("pads");
-    value = n.GetFloat("value", 0.f);
-  }
   PadMap map;
-  if (!MakePadMap(x, pads, &map)) {
-    return UnimplementedError(what + ": padding " + ShapeString(x) + " needs more than " +
-                              std::to_string(kMaxIndexDims) + " dims");
+  if (!MakePadMap(g.value(n.inputs[0]).shape, p.pads, &map)) {
+    return UnimplementedError(what + ": padding " + ShapeString(g.value(n.inputs[0]).shape) +
+                              " needs more than " + std::to_string(kMaxIndexDims) + " dims");
   }
-  return FnKernel([map, value, what](const KernelArgs& a) -> Status {
+  if (p.int64) {
+    return FnKernel([map, value = p.int_value, what](const KernelArgs& a) -> Status {
+      return CudaStatus(LaunchPad(map, value, static_cast<const int64_t*>(a.inputs[0]),
+                                  static_cast<int64_t*>(a.outputs[0]), StreamOf(a)),
+                        what);
+    });
+  }
+  return FnKernel([map, value = p.float_value, what](const KernelArgs& a) -> Status {
     return CudaStatus(LaunchPad(map, value, static_cast<const float*>(a.inputs[0]),
                                 static_cast<float*>(a.outputs[0]), StreamOf(a)),
                       what);

@@ -63,8 +63,9 @@ __global__ void GatherKernel(IndexMap map, const float* __restrict__ x, float* _
   }
 }
 
-__global__ void PadKernel(PadMap map, float value, const float* __restrict__ x,
-                          float* __restrict__ y, int64_t count) {
+template <typename T>
+__global__ void PadKernel(PadMap map, T value, const T* __restrict__ x, T* __restrict__ y,
+                          int64_t count) {
   for (int64_t o = FirstIndex(); o < count; o += GridStride()) {
     const int64_t src = PadSourceIndex(map, o);
     y[o] = src < 0 ? value : x[src];
@@ -165,12 +166,22 @@ cudaError_t LaunchGather(const IndexMap& map, const float* x, float* y, cudaStre
   return cudaGetLastError();
 }
 
-cudaError_t LaunchPad(const PadMap& map, float value, const float* x, float* y,
-                      cudaStream_t stream) {
+template <typename T>
+cudaError_t LaunchPadOf(const PadMap& map, T value, const T* x, T* y, cudaStream_t stream) {
   const int64_t count = PadOutputCount(map);
   if (count <= 0) return cudaSuccess;
-  PadKernel<<<BlocksFor(count), kThreads, 0, stream>>>(map, value, x, y, count);
+  PadKernel<T><<<BlocksFor(count), kThreads, 0, stream>>>(map, value, x, y, count);
   return cudaGetLastError();
+}
+
+cudaError_t LaunchPad(const PadMap& map, float value, const float* x, float* y,
+                      cudaStream_t stream) {
+  return LaunchPadOf(map, value, x, y, stream);
+}
+
+cudaError_t LaunchPad(const PadMap& map, int64_t value, const int64_t* x, int64_t* y,
+                      cudaStream_t stream) {
+  return LaunchPadOf(map, value, x, y, stream);
 }
 
 cudaError_t LaunchDepthToSpace(const DepthToSpaceGeometry& g, const float* x, float* y,

@@ -42,6 +42,8 @@ cudaError_t LaunchGather(const IndexMap& map, const float* x, float* y, cudaStre
 // y[o] = x[PadSourceIndex(map, o)], or `value` where that is padding.
 cudaError_t LaunchPad(const PadMap& map, float value, const float* x, float* y,
                       cudaStream_t stream);
+cudaError_t LaunchPad(const PadMap& map, int64_t value, const int64_t* x, int64_t* y,
+                      cudaStream_t stream);
 
 // y[DepthToSpaceTarget(g, i)] = x[i] for every input element.
 cudaError_t LaunchDepthToSpace(const DepthToSpaceGeometry& g, const float* x, float* y,

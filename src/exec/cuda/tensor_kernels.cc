@@ -120,6 +120,26 @@ KernelOr Gather(const Node& n, const Graph& g, DeviceContext*) {
   });
 }
 
+KernelOr GatherElements(const Node& n, const Graph& g, DeviceContext*) {
+  const Shape& x = In(n, g, 0).shape;
+  if (In(n, g, 1).type != DataType::kInt64) return Unsupported(n, In(n, g, 1).type);
+  SALUS_ASSIGN_OR_RETURN(int bytes, MovedBytes(n, Out(n, g, 0).type));
+  SALUS_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(n, n.GetInt("axis", 0), x.size()));
+  GatherElementsGeometry geo;
+  if (!MakeGatherElementsGeometry(x, In(n, g, 1).shape, axis, &geo)) {
+    return UnimplementedError(n.Describe() + ": more than " + std::to_string(kMaxIndexDims) +
+                              " dims");
+  }
+  const int64_t count = NumElements(In(n, g, 1).shape);
+  const std::string what = n.Describe();
+  return FnKernel([geo, count, bytes, what](const KernelArgs& a) -> Status {
+    return CudaStatus(
+        LaunchGatherElements(geo, count, bytes, a.inputs[0],
+                             static_cast<const int64_t*>(a.inputs[1]), a.outputs[0], StreamOf(a)),
+        what);
+  });
+}
+
 KernelOr Where(const Node& n, const Graph& g, DeviceContext*) {
   if (In(n, g, 0).type != DataType::kBool) return Unsupported(n, In(n, g, 0).type);
   SALUS_ASSIGN_OR_RETURN(int bytes, MovedBytes(n, Out(n, g, 0).type));
@@ -549,6 +569,7 @@ KernelOr Random(const Node& n, const Graph& g, DeviceContext*) {
 void RegisterTensorKernels(KernelRegistry* registry) {
   const DeviceType cuda = DeviceType::kCuda;
   registry->Register("Gather", cuda, KernelFactory(&Gather));
+  registry->Register("GatherElements", cuda, KernelFactory(&GatherElements));
   registry->Register("Where", cuda, KernelFactory(&Where));
   registry->Register("Expand", cuda, KernelFactory(&Expand));
   registry->Register("Slice", cuda, KernelFactory(&Slice));

@@ -82,6 +82,17 @@ __global__ void GatherKernel(GatherGeometry g, const T* __restrict__ x,
 }
 
 template <typename T>
+__global__ void GatherElementsKernel(GatherElementsGeometry g, const T* __restrict__ x,
+                                     const int64_t* __restrict__ indices, T* __restrict__ y,
+                                     int64_t count) {
+  for (int64_t o = FirstIndex(); o < count; o += GridStride()) {
+    const int64_t k = indices[o];
+    const bool valid = k >= -g.axis_dim && k < g.axis_dim;
+    y[o] = valid ? x[GatherElementsSourceIndex(g, o, k)] : T{0};
+  }
+}
+
+template <typename T>
 __global__ void WhereKernel(IndexMap cond_x, IndexMap y_map, const uint8_t* __restrict__ cond,
                             const T* __restrict__ x, const T* __restrict__ y, T* __restrict__ z,
                             int64_t count) {
@@ -322,6 +333,16 @@ cudaError_t LaunchGather(const GatherGeometry& g, int elem_bytes, const void* x,
   return BySize(elem_bytes, [&](auto tag) {
     using T = decltype(tag);
     return Launch(&GatherKernel<T>, count, stream, g, static_cast<const T*>(x), indices,
+                  static_cast<T*>(y), count);
+  });
+}
+
+cudaError_t LaunchGatherElements(const GatherElementsGeometry& g, int64_t count, int elem_bytes,
+                                 const void* x, const int64_t* indices, void* y,
+                                 cudaStream_t stream) {
+  return BySize(elem_bytes, [&](auto tag) {
+    using T = decltype(tag);
+    return Launch(&GatherElementsKernel<T>, count, stream, g, static_cast<const T*>(x), indices,
                   static_cast<T*>(y), count);
   });
 }

@@ -38,6 +38,12 @@ cudaError_t LaunchSlice(const SliceMap& map, int elem_bytes, const void* x, void
 cudaError_t LaunchGather(const GatherGeometry& g, int elem_bytes, const void* x,
                          const int64_t* indices, void* y, cudaStream_t stream);
 
+// y[o] = x[GatherElementsSourceIndex(g, o, indices[o])] for o < count; 0 where the index is out
+// of range (a kernel cannot fail; the CPU's reports it).
+cudaError_t LaunchGatherElements(const GatherElementsGeometry& g, int64_t count, int elem_bytes,
+                                 const void* x, const int64_t* indices, void* y,
+                                 cudaStream_t stream);
+
 // z[e] = cond[c] != 0 ? x[i] : y[j], with (c, i) = MapIndex(cond_x, e) and
 // j = MapIndex(y_map, e)[0]; both maps have z's elements.
 cudaError_t LaunchWhere(const IndexMap& cond_x, const IndexMap& y_map, int elem_bytes,

@@ -55,8 +55,10 @@ std::map<std::string, Shape> InputShapes(const std::string& model, int64_t n) {
   if (model == "resnet18" || model == "mobilenetv2" || model == "mobilenetv3") {
     return {{"x", {n, 3, 32, 32}}, {"labels", {n}}};
   }
-  if (model == "transformer" || model == "lstm") return {{"tokens", {n, 32}}, {"labels", {n}}};
-  if (model == "gpt") return {{"tokens", {n, 32}}, {"labels", {n, 32}}};
+  if (model == "transformer" || model == "lstm" || model == "hf_bert") {
+    return {{"tokens", {n, 32}}, {"labels", {n}}};
+  }
+  if (model == "gpt" || model == "hf_gpt2") return {{"tokens", {n, 32}}, {"labels", {n, 32}}};
   ADD_FAILURE() << "unknown model " << model;
   return {};
 }
@@ -129,7 +131,9 @@ INSTANTIATE_TEST_SUITE_P(ExportedModels, CudaModelsTest,
                                            ModelCase{"mobilenetv3", 1}, ModelCase{"mobilenetv3", 8},
                                            ModelCase{"transformer", 1}, ModelCase{"transformer", 8},
                                            ModelCase{"gpt", 1}, ModelCase{"gpt", 8},
-                                           ModelCase{"lstm", 1}, ModelCase{"lstm", 8}),
+                                           ModelCase{"lstm", 1}, ModelCase{"lstm", 8},
+                                           ModelCase{"hf_gpt2", 1}, ModelCase{"hf_gpt2", 8},
+                                           ModelCase{"hf_bert", 1}, ModelCase{"hf_bert", 8}),
                          CaseName);
 
 // One executable per thread, each thread on its own device context (its own stream and library
@@ -235,8 +239,8 @@ TEST(CudaModelsTrainingTest, TrainingMatchesCpu) {
 // parameters beyond 1e-3 after 10 steps, and on none after 5.
 TEST(CudaModelsTrainingTest, ExportedModelsTrainingMatchesCpu) {
   SALUS_REQUIRE_GPU();
-  for (const char* name :
-       {"resnet18", "mobilenetv2", "mobilenetv3", "transformer", "gpt", "lstm"}) {
+  for (const char* name : {"resnet18", "mobilenetv2", "mobilenetv3", "transformer", "gpt", "lstm",
+                           "hf_gpt2", "hf_bert"}) {
     const std::string model = name;
     SCOPED_TRACE(model);
     const std::string bytes = ReadModel(model);

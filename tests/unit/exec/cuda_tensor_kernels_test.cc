@@ -99,6 +99,42 @@ TEST(CudaTensorKernelsTest, Gather) {
   }
 }
 
+TEST(CudaTensorKernelsTest, GatherElements) {
+  SALUS_REQUIRE_GPU();
+  struct Case {
+    const char* scenario;
+    Shape data, indices;
+    int64_t axis;
+    int type;
+  };
+  const Case cases[] = {
+      {"last axis", {4, 6}, {4, 3}, 1, kFloat},
+      {"first axis, fewer columns", {5, 6}, {4, 2}, 0, kFloat},
+      {"middle axis of 3-D", {2, 5, 3}, {2, 4, 3}, -2, kFloat},
+      {"int64 data", {3, 6}, {3, 6}, 1, kInt64},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.scenario);
+    ModelBuilder mb;
+    mb.Input("x", c.data, c.type);
+    mb.Input("i", c.indices, kInt64);
+    ModelBuilder::Attr(mb.Node("GatherElements", {"x", "i"}, {"y"}), "axis", c.axis);
+    OutputOfRank(mb, "y", c.indices.size(), c.type);
+    ExpectCudaParity(mb.Bytes(), {}, Ints(3));  // indices in [0, 3): inside every axis
+  }
+}
+
+TEST(CudaTensorKernelsTest, PadInt64) {
+  SALUS_REQUIRE_GPU();
+  ModelBuilder mb;
+  mb.Input("x", {3, 5}, kInt64);
+  mb.Int64Initializer("pads", {4}, {1, 0, 0, 2});
+  mb.Int64Initializer("value", {}, {-100});
+  mb.Node("Pad", {"x", "pads", "value"}, {"y"});
+  OutputOfRank(mb, "y", 2, kInt64);
+  ExpectCudaParity(mb.Bytes(), {}, Ints(1000));
+}
+
 TEST(CudaTensorKernelsTest, Where) {
   SALUS_REQUIRE_GPU();
   struct Case {

@@ -784,7 +784,9 @@ TEST(DeviceTest, ReferenceModelsTrainingOpsHaveCudaKernels) {
       {"mobilenetv3", {{"x", {4, 3, 32, 32}}, {"labels", {4}}}},
       {"transformer", {{"tokens", {4, 32}}, {"labels", {4}}}},
       {"gpt", {{"tokens", {4, 32}}, {"labels", {4, 32}}}},
-      {"lstm", {{"tokens", {4, 32}}, {"labels", {4}}}}};
+      {"lstm", {{"tokens", {4, 32}}, {"labels", {4}}}},
+      {"hf_gpt2", {{"tokens", {4, 32}}, {"labels", {4, 32}}}},
+      {"hf_bert", {{"tokens", {4, 32}}, {"labels", {4}}}}};
   for (const auto& [name, shapes] : models) {
     for (auto kind : {OptimizerOptions::Kind::kSgd, OptimizerOptions::Kind::kAdam}) {
       CompileOptions o;

@@ -374,8 +374,7 @@ TEST(FusionTest, ExportedCnnsKeepTheirOutputs) {
     // Half the steps; a fifth fewer for MobileNetV3, whose hard-swish chains (Note [Composed
     // ops]: four elementwise nodes each) are not fused, only its Conv -> BatchNorm [-> ReLU].
     const bool v3 = std::string(name) == "mobilenetv3";
-    EXPECT_LT(fused.exe->num_steps() * (v3 ? 5 : 2), plain.exe->num_steps() * (v3 ? 4 : 1))
-        << name;
+    EXPECT_LT(fused.exe->num_steps() * (v3 ? 5 : 2), plain.exe->num_steps() * (v3 ? 4 : 1)) << name;
     EXPECT_LT(fused.exe->persistent_bytes(), plain.exe->persistent_bytes()) << name;
     for (const Node& n : fused.exe->graph().nodes()) {
       EXPECT_NE(n.op, "BatchNormalization") << name;

@@ -416,6 +416,39 @@ TEST(TensorOpsTest, BinaryOpsBroadcastAlongAnyDims) {
   }
 }
 
+// Hugging Face's exports: GPT-2 pads its int64 labels (the shift of a next-token loss) and BERT
+// gathers its token types with GatherElements.
+TEST(TensorOpsTest, Int64PadAndGatherElements) {
+  ModelBuilder m;
+  m.Input("labels", {2, 3}, onnx::TensorProto::INT64);
+  m.Input("data", {2, 3});
+  m.Input("idx", {2, 2}, onnx::TensorProto::INT64);
+  m.Int64Initializer("pads", {4}, {0, 0, 0, 1});
+  m.Int64Initializer("fill", {}, {-100});
+  m.Int64Initializer("rows", {2, 2}, {1, 0, -1, 1});
+  m.Node("Pad", {"labels", "pads", "fill"}, {"padded"});
+  auto& ge = m.Node("GatherElements", {"data", "idx"}, {"picked"});
+  ModelBuilder::Attr(ge, "axis", int64_t{1});
+  auto& ge0 = m.Node("GatherElements", {"labels", "rows"}, {"picked0"});
+  ModelBuilder::Attr(ge0, "axis", int64_t{0});
+  m.Output("padded", {2, 4}).Output("picked", {2, 2}).Output("picked0", {2, 2});
+  const HostTensor labels = HostTensor::FromInt64s({2, 3}, {1, 2, 3, 4, 5, 6});
+  const HostTensor data = HostTensor::FromFloats({2, 3}, {10, 11, 12, 20, 21, 22});
+  auto out = CompileAndRun(m, {"labels", "data", "idx"},
+                           {labels, data, HostTensor::FromInt64s({2, 2}, {2, 0, -1, 1})});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(Int64s((*out)[0]), std::vector<int64_t>({1, 2, 3, -100, 4, 5, 6, -100}));
+  EXPECT_EQ(Floats((*out)[1]), std::vector<float>({12, 10, 22, 21}));
+  // Axis 0: y[i][j] = labels[rows[i][j]][j]; -1 is the last row.
+  EXPECT_EQ(Int64s((*out)[2]), std::vector<int64_t>({4, 2, 4, 5}));
+  // An index past the axis, fed: the iteration fails naming the node.
+  auto bad = CompileAndRun(m, {"labels", "data", "idx"},
+                           {labels, data, HostTensor::FromInt64s({2, 2}, {0, 3, 0, 0})});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("GatherElements"), std::string::npos) << bad.status();
+}
+
 // Note [Composed ops]: HardSigmoid and HardSwish import as Clip chains of the same values.
 TEST(TensorOpsTest, HardSigmoidAndHardSwish) {
   ModelBuilder m;
