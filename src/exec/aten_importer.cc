@@ -338,6 +338,7 @@ class Lowerer {
   Status Cumsum();
   Status Variance();
   Status SliceScatter();
+  Status AsStrided();
   Status Flip();
   Status Sort();
   Status Prod();
@@ -575,6 +576,8 @@ const std::map<std::string, Lowering>& Lowerer::Table() {
       {"aten.var.correction", &Lowerer::Variance}, {"aten.std.correction", &Lowerer::Variance},
       {"aten.slice_scatter.default", &Lowerer::SliceScatter},
       {"aten.select_scatter.default", &Lowerer::SliceScatter},
+      {"aten.as_strided_copy.default", &Lowerer::AsStrided},
+      {"aten.as_strided_scatter.default", &Lowerer::AsStrided},
       {"aten.flip.default", &Lowerer::Flip},
       {"aten.prod.default", &Lowerer::Prod}, {"aten.prod.dim_int", &Lowerer::Prod},
       {"aten.cumprod.default", &Lowerer::Cumprod},
@@ -1883,6 +1886,105 @@ Status Lowerer::SliceScatter() {
     SALUS_ASSIGN_OR_RETURN(y, Emit("Concat", parts, {{"axis", IntAttr(dim)}}));
   }
   return Bind(0, y);
+}
+
+// Note [Strided views]
+// as_strided_copy(self, size, stride, storage_offset) reads self's storage by strides;
+// as_strided_scatter(self, src, size, stride, storage_offset) writes src there (what autograd's
+// restriding of a gradient becomes once functionalized: ConvNeXt's [N, C, 1, 1] gradient in
+// channels-last strides). The trace refuses a base whose storage is not its elements in
+// row-major order (Note [Strided views] in trace.py), so here the storage is self's row-major
+// elements. A view that is a dense block of it (its strides, size-1 dims aside, a row-major
+// layout of its sizes in some dim order, from storage_offset) is a Slice of the flattened base,
+// a Reshape and a Transpose; the scatter is the same in reverse around a Concat. Other views
+// (overlapping or with gaps: expand-like strides of 0, every other element) are refused naming
+// their strides.
+Status Lowerer::AsStrided() {
+  const bool scatter = node_->op() == "aten.as_strided_scatter.default";
+  SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
+  SALUS_ASSIGN_OR_RETURN(const std::vector<int64_t> size, Ints("size"));
+  SALUS_ASSIGN_OR_RETURN(const std::vector<int64_t> stride, Ints("stride"));
+  SALUS_ASSIGN_OR_RETURN(const int64_t offset, IntOr("storage_offset", 0));
+  const Shape xs = S(x);
+  const int64_t total = NumElements(xs);
+  const int64_t span = NumElements(size);
+  if (size.size() != stride.size()) return Bad("size and stride differ in length");
+  if (span <= 0 || offset < 0 || offset + span > total) {
+    return Bad("a view of " + ShapeString(size) + " from offset " + std::to_string(offset) +
+               " does not fit a base of " + std::to_string(total) + " elements");
+  }
+  // The non-unit dims, outermost in storage first: each stride the product of the sizes after.
+  std::vector<size_t> dims;
+  for (size_t d = 0; d < size.size(); ++d) {
+    if (size[d] != 1) dims.push_back(d);
+  }
+  std::vector<size_t> storage = dims;
+  std::stable_sort(storage.begin(), storage.end(),
+                   [&](size_t a, size_t b) { return stride[a] > stride[b]; });
+  int64_t dense = 1;
+  for (size_t k = storage.size(); k-- > 0;) {
+    if (stride[storage[k]] != dense) {
+      std::string s;
+      for (int64_t v : stride) s += (s.empty() ? "" : ", ") + std::to_string(v);
+      return Refuse("a view that is not a dense block of its base (size " + ShapeString(size) +
+                    ", stride [" + s + "])");
+    }
+    dense *= size[storage[k]];
+  }
+  Shape block;                                // the view's non-unit dims in storage order
+  std::vector<int64_t> to_view(dims.size());  // block dim of each non-unit dim of the view
+  for (size_t k = 0; k < storage.size(); ++k) {
+    block.push_back(size[storage[k]]);
+    to_view[std::find(dims.begin(), dims.end(), storage[k]) - dims.begin()] =
+        static_cast<int64_t>(k);
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId flat, ReshapeTo(x, {total}));
+  auto piece = [&](int64_t from, int64_t to) {
+    return Emit("Slice", {flat, Int64s({from}), Int64s({to}), Int64s({0}), Int64s({1})});
+  };
+  if (!scatter) {
+    ValueId v = flat;
+    if (span < total) {
+      SALUS_ASSIGN_OR_RETURN(v, piece(offset, offset + span));
+    }
+    SALUS_ASSIGN_OR_RETURN(v, ReshapeTo(v, block));
+    if (block.size() > 1) {
+      SALUS_ASSIGN_OR_RETURN(v, Emit("Transpose", {v}, {{"perm", IntsAttr(to_view)}}));
+    }
+    SALUS_ASSIGN_OR_RETURN(v, ReshapeTo(v, size));
+    return Bind(0, v);
+  }
+  SALUS_ASSIGN_OR_RETURN(ValueId src, Tensor("src"));
+  if (S(src) != Shape(size)) {
+    return Bad("src is " + ShapeString(S(src)) + " where the view is " + ShapeString(size));
+  }
+  SALUS_ASSIGN_OR_RETURN(DataType type, DeclaredType(0));
+  SALUS_ASSIGN_OR_RETURN(src, Cast(src, type));
+  SALUS_ASSIGN_OR_RETURN(flat, Cast(flat, type));
+  Shape viewed;  // the view's non-unit dims in its own order
+  for (size_t d : dims) viewed.push_back(size[d]);
+  SALUS_ASSIGN_OR_RETURN(ValueId v, ReshapeTo(src, viewed));
+  if (viewed.size() > 1) {
+    std::vector<int64_t> to_block(dims.size());  // the inverse permutation
+    for (size_t i = 0; i < to_view.size(); ++i) to_block[to_view[i]] = static_cast<int64_t>(i);
+    SALUS_ASSIGN_OR_RETURN(v, Emit("Transpose", {v}, {{"perm", IntsAttr(to_block)}}));
+  }
+  SALUS_ASSIGN_OR_RETURN(v, ReshapeTo(v, {span}));
+  std::vector<ValueId> parts;
+  if (offset > 0) {
+    SALUS_ASSIGN_OR_RETURN(ValueId before, piece(0, offset));
+    parts.push_back(before);
+  }
+  parts.push_back(v);
+  if (offset + span < total) {
+    SALUS_ASSIGN_OR_RETURN(ValueId after, piece(offset + span, total));
+    parts.push_back(after);
+  }
+  if (parts.size() > 1) {
+    SALUS_ASSIGN_OR_RETURN(v, Emit("Concat", parts, {{"axis", IntAttr(0)}}));
+  }
+  SALUS_ASSIGN_OR_RETURN(v, ReshapeTo(v, xs));
+  return Bind(0, v);
 }
 
 // flip(self, dims): one Slice with step -1 along each dim.

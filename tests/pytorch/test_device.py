@@ -548,6 +548,52 @@ def test_ops_later_torch_versions_emit(daemon: Daemon) -> None:
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
 
 
+class _ChannelsLastHead(torch.nn.Module):
+    """ConvNeXt's ending: a block that ends in a permute back to NCHW (channels-last strides),
+    average-pooled to [N, C, 1, 1]: autograd restrides that gradient (as_strided)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.norm = torch.nn.LayerNorm(8)
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.conv(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
+
+
+def test_a_gradient_autograd_restrides(daemon: Daemon) -> None:
+    """Note [Strided views]: the as_strided_copy and as_strided_scatter a restrided gradient
+    becomes run as the dense views they are; losses and weights match eager PyTorch, on the
+    lazy device and captured."""
+    torch.manual_seed(11)
+    batches = [(torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))) for _ in range(3)]
+    start = _ChannelsLastHead()
+    results = {}
+    for kind in ("cpu", "salus", "captured"):
+        m = copy.deepcopy(start).to("salus" if kind == "salus" else "cpu")
+        opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+
+        def step(x: torch.Tensor, y: torch.Tensor, m=m, opt=opt) -> torch.Tensor:
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        run = salus_torch.capture_step(step, modules=[m], optimizers=[opt],
+                                       endpoint=daemon.endpoint) if kind == "captured" else step
+        dev = "salus" if kind == "salus" else "cpu"
+        losses = [float(run(x.to(dev), y.to(dev))) for x, y in batches]
+        if kind == "captured":
+            run.close()
+        results[kind] = (losses, {k: v.cpu() for k, v in m.state_dict().items()})
+    for kind in ("salus", "captured"):
+        assert_losses_match(results[kind][0], results["cpu"][0])
+        assert_state_match(results[kind][1], results["cpu"][1], atol=3e-5)
+
+
 def test_in_place_writes_through_views_reach_their_base(daemon: Daemon) -> None:
     """Writes into a row, a column, a slice from an offset and a diagonal of a tensor (the
     pattern of `x[:, 1] = v`, `x[1:].mul_(2)`, and of affine_grid's gradient, which fills the

@@ -1229,6 +1229,33 @@ def _dtype(t: torch.dtype, where: str) -> int:
     return _DTYPES[t]
 
 
+# Note [Strided views]
+# as_strided_copy and as_strided_scatter (a gradient restrided by autograd, once functionalized:
+# ConvNeXt's [N, C, 1, 1] one in channels-last strides) address their base's storage. The
+# engine's tensors are row-major, so its importer reads the view's strides against the base's
+# row-major elements (Note [Strided views] in aten_importer.cc); a base whose storage is
+# otherwise ordered (its non-unit dims not row-major, or an offset) is refused here, where the
+# trace still knows its strides, rather than read wrongly there.
+_STRIDED_VIEWS = (torch.ops.aten.as_strided_copy.default, torch.ops.aten.as_strided_scatter.default)
+
+
+def _check_row_major_base(n: torch.fx.Node) -> None:
+    base = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
+    if not isinstance(base, torch.Tensor):
+        return
+    expected = 1
+    for size, stride in reversed(list(zip(base.shape, base.stride(), strict=True))):
+        if size != 1 and stride != expected:
+            break
+        expected *= size
+    else:
+        if base.storage_offset() == 0:
+            return
+    raise CaptureError(
+        f"{n.target} ({n.name}): a strided view of a tensor whose storage is not row-major "
+        f"(shape {tuple(base.shape)}, strides {base.stride()}, offset {base.storage_offset()})")
+
+
 def _serialize(gm: torch.fx.GraphModule, state_names: list[str], input_names: list[str]
                ) -> tuple[apb.AtenGraph, list[str], dict[int, object]]:
     g = apb.AtenGraph()
@@ -1299,6 +1326,8 @@ def _serialize(gm: torch.fx.GraphModule, state_names: list[str], input_names: li
         elif n.op == "call_function" and n.target is operator.getitem:
             index[n] = index[n.args[0]][n.args[1]]
         elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            if n.target in _STRIDED_VIEWS:
+                _check_row_major_base(n)
             schema = n.target._schema
             node = g.nodes.add()
             ns, _, base = schema.name.partition("::")

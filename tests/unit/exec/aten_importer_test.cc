@@ -284,6 +284,58 @@ TEST(AtenImporter, SliceScatterWithAStep) {
             std::vector<float>({0, -1, 2, -2, 4, 5, -3, 7, -4, 9}));
 }
 
+// Note [Strided views]: x of 12 elements; the view [2, 3] with strides [1, 2] from offset 4 is
+// the block x[4:10] read column-major, and the scatter writes src back there; strides that
+// overlap are refused naming them.
+TEST(AtenImporter, AsStridedViewsOfADenseBlock) {
+  const HostTensor x = HostTensor::FromFloats({3, 4}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  auto view_args = [](v1::AtenNode* n, std::vector<int64_t> stride) {
+    AtenGraphBuilder::Ints(n, "size", {2, 3});
+    AtenGraphBuilder::Ints(n, "stride", std::move(stride));
+    AtenGraphBuilder::Int(n, "storage_offset", 4);
+  };
+  {
+    AtenGraphBuilder b;
+    const int in = b.Value("x", {3, 4});
+    b.graph().add_inputs(in);
+    const int y = b.Value("y", {2, 3});
+    v1::AtenNode* n = b.Node("aten.as_strided_copy.default", {y});
+    AtenGraphBuilder::Tensor(n, "self", in);
+    view_args(n, {1, 2});
+    b.graph().add_outputs(y);
+    auto exe = Executable::CompileAten(b.Bytes(), CompileOptions{});
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    Memory mem(**exe);
+    auto out = RunHost(**exe, mem, {x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    // y[i][j] = storage[4 + i + 2j].
+    EXPECT_EQ(std::vector<float>((*out)[0].floats(), (*out)[0].floats() + 6),
+              std::vector<float>({4, 6, 8, 5, 7, 9}));
+  }
+  {
+    AtenGraphBuilder b;
+    v1::AtenNode* n = ScatterInto(b, "aten.as_strided_scatter.default", {3, 4}, {2, 3});
+    view_args(n, {1, 2});
+    auto exe = Executable::CompileAten(b.Bytes(), CompileOptions{});
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    Memory mem(**exe);
+    auto out = RunHost(**exe, mem, {x, HostTensor::FromFloats({2, 3}, {-1, -2, -3, -4, -5, -6})});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(std::vector<float>((*out)[0].floats(), (*out)[0].floats() + 12),
+              std::vector<float>({0, 1, 2, 3, -1, -4, -2, -5, -3, -6, 10, 11}));
+  }
+  {
+    AtenGraphBuilder b;
+    v1::AtenNode* n = ScatterInto(b, "aten.as_strided_scatter.default", {3, 4}, {2, 3});
+    view_args(n, {1, 1});  // overlapping: not a dense block
+    auto exe = Executable::CompileAten(b.Bytes(), CompileOptions{});
+    ASSERT_FALSE(exe.ok());
+    EXPECT_EQ(exe.status().code(), StatusCode::kUnimplemented);
+    EXPECT_NE(exe.status().message().find("stride [1, 1]"), std::string::npos)
+        << exe.status().message();
+  }
+}
+
 // cumsum along a dim over 2048 runs in blocks: exact for integers in float.
 TEST(AtenImporter, CumsumAlongALongDimInBlocks) {
   constexpr int64_t kLong = 5000;
