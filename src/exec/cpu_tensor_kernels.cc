@@ -432,6 +432,35 @@ KernelOr GatherElements(const Node& n, const Graph& g) {
   });
 }
 
+// Updates applied in order (a repeated index: the last wins), as the CUDA device applies them.
+KernelOr ScatterND(const Node& n, const Graph& g) {
+  ScatterNDGeometry geo;
+  if (!MakeScatterNDGeometry(In(n, g, 0).shape, In(n, g, 1).shape, &geo)) {
+    return UnimplementedError(n.Describe() + ": index tuples of more than " +
+                              std::to_string(kMaxIndexDims) + " entries");
+  }
+  const size_t bytes = static_cast<size_t>(geo.slice) * ElementSize(Out(n, g, 0).type);
+  const size_t total =
+      static_cast<size_t>(NumElements(In(n, g, 0).shape)) * ElementSize(Out(n, g, 0).type);
+  return Checked([node = n.Describe(), geo, bytes, total](const KernelArgs& a) {
+    const int64_t* indices = Input<int64_t>(a, 1);
+    const std::byte* updates = Input<std::byte>(a, 2);
+    std::byte* out = Output<std::byte>(a, 0);
+    for (int64_t m = 0; m < geo.count; ++m) {
+      if (ScatterNDTarget(geo, indices + m * geo.k) < 0) {
+        return InvalidArgumentError(node + ": index tuple " + std::to_string(m) +
+                                    " is out of range");
+      }
+    }
+    if (out != Input<std::byte>(a, 0)) std::memcpy(out, Input<std::byte>(a, 0), total);
+    for (int64_t m = 0; m < geo.count; ++m) {
+      const int64_t at = ScatterNDTarget(geo, indices + m * geo.k);
+      std::memcpy(out + at * bytes, updates + m * bytes, bytes);
+    }
+    return OkStatus();
+  });
+}
+
 // Rows shorter than this are copied element by element (a memcpy call costs more).
 constexpr int64_t kSliceRowMin = 8;
 
@@ -738,6 +767,7 @@ void RegisterCpuTensorKernels(KernelRegistry* r) {
   r->Register("Expand", cpu, Expand);
   r->Register("Gather", cpu, Gather);
   r->Register("GatherElements", cpu, GatherElements);
+  r->Register("ScatterND", cpu, ScatterND);
   r->Register("Slice", cpu, Slice);
   r->Register("Split", cpu, Split);
   r->Register("Trilu", cpu, Trilu);

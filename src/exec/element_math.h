@@ -719,6 +719,48 @@ SALUS_HD int64_t GatherElementsSourceIndex(const GatherElementsGeometry& g, int6
   return from;
 }
 
+// ScatterND (reduction none): `count` index tuples of `k` entries each address slices of
+// `slice` elements of the data (its dims past the first k); update m replaces slice m's target.
+struct ScatterNDGeometry {
+  int32_t k = 0;
+  int64_t dims[kMaxIndexDims] = {};  // the data's first k dims
+  int64_t slice = 1;
+  int64_t count = 0;
+};
+
+// False past kMaxIndexDims index entries.
+inline bool MakeScatterNDGeometry(const std::vector<int64_t>& data,
+                                  const std::vector<int64_t>& indices, ScatterNDGeometry* g) {
+  if (indices.empty()) return false;
+  const int64_t k = indices.back();
+  if (k < 0 || k > static_cast<int64_t>(data.size()) || k > kMaxIndexDims) return false;
+  g->k = static_cast<int32_t>(k);
+  g->slice = 1;
+  for (size_t d = 0; d < data.size(); ++d) {
+    if (static_cast<int64_t>(d) < k) {
+      g->dims[d] = data[d];
+    } else {
+      g->slice *= data[d];
+    }
+  }
+  g->count = 1;
+  for (size_t d = 0; d + 1 < indices.size(); ++d) g->count *= indices[d];
+  return true;
+}
+
+// The slice index tuple `index` (k entries, negative from the end of their dims) addresses, or
+// -1 when an entry is out of range.
+SALUS_HD int64_t ScatterNDTarget(const ScatterNDGeometry& g, const int64_t* index) {
+  int64_t at = 0;
+  for (int d = 0; d < g.k; ++d) {
+    int64_t i = index[d];
+    if (i < -g.dims[d] || i >= g.dims[d]) return -1;
+    if (i < 0) i += g.dims[d];
+    at = at * g.dims[d] + i;
+  }
+  return at;
+}
+
 // Slice with every start clamped into its dim and the output dims computed (shape inference):
 // output index i of a dim reads input index start + i * step of it.
 struct SliceMap {

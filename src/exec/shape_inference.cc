@@ -26,7 +26,7 @@ const std::set<std::string>& Ops() {
       "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
       "ReduceSumSquare",
       "Mod", "Cast", "Range", "ConstantOfShape", "Equal", "Less", "Greater", "LessOrEqual",
-      "GreaterOrEqual", "Not", "And", "Or", "Where", "Expand", "Gather", "GatherElements", "Slice", "Split", "Erf",
+      "GreaterOrEqual", "Not", "And", "Or", "Where", "Expand", "Gather", "GatherElements", "ScatterND", "Slice", "Split", "Erf",
       "Gelu", "Clip", "Min", "Max", "Trilu", "Reciprocal", "Sin", "Cos", "Atan", "Floor", "Ceil", "Round",
       "LSTM"};
   // clang-format on
@@ -334,7 +334,7 @@ Status InferNodeShapes(Graph* graph, int node_index) {
              op == "LessOrEqual" || op == "GreaterOrEqual" || op == "And" || op == "Or" ||
              op == "Expand" || op == "Gather" || op == "GatherElements") {
     required_inputs = 2;
-  } else if (op == "Where" || op == "Range") {
+  } else if (op == "Where" || op == "Range" || op == "ScatterND") {
     required_inputs = 3;
   } else if (op == "BatchNormalization") {
     required_inputs = 5;
@@ -549,6 +549,22 @@ Status InferNodeShapes(Graph* graph, int node_index) {
       }
     }
     set_out(0, t0, idx);
+  } else if (op == "ScatterND") {
+    // data with the slices the index tuples address replaced by the updates, in order.
+    const Shape& x = in(0).shape;
+    const Shape& idx = in(1).shape;
+    SALUS_RETURN_IF_ERROR(type_in(1, {DataType::kInt64}));
+    SALUS_RETURN_IF_ERROR(Expect(n, n.GetString("reduction", "none") == "none",
+                                 "reduction " + n.GetString("reduction", "none")));
+    SALUS_RETURN_IF_ERROR(Expect(n, !idx.empty(), "scalar indices"));
+    const int64_t k = idx.back();
+    SALUS_RETURN_IF_ERROR(Expect(n, k >= 1 && k <= static_cast<int64_t>(x.size()),
+                                 "index tuples longer than the data's rank"));
+    Shape want(idx.begin(), idx.end() - 1);
+    want.insert(want.end(), x.begin() + k, x.end());
+    SALUS_RETURN_IF_ERROR(Expect(n, in(2).shape == want && in(2).type == t0,
+                                 "updates of another shape or type than the slices"));
+    set_out(0, t0, x);
   } else if (op == "Slice") {
     SALUS_ASSIGN_OR_RETURN(SliceSpec spec, SliceFor(g, n));
     set_out(0, t0, spec.out);

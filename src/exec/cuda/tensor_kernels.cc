@@ -140,6 +140,24 @@ KernelOr GatherElements(const Node& n, const Graph& g, DeviceContext*) {
   });
 }
 
+KernelOr ScatterND(const Node& n, const Graph& g, DeviceContext*) {
+  if (In(n, g, 1).type != DataType::kInt64) return Unsupported(n, In(n, g, 1).type);
+  SALUS_ASSIGN_OR_RETURN(int bytes, MovedBytes(n, Out(n, g, 0).type));
+  ScatterNDGeometry geo;
+  if (!MakeScatterNDGeometry(In(n, g, 0).shape, In(n, g, 1).shape, &geo)) {
+    return UnimplementedError(n.Describe() + ": index tuples of more than " +
+                              std::to_string(kMaxIndexDims) + " entries");
+  }
+  const int64_t total = NumElements(In(n, g, 0).shape);
+  const std::string what = n.Describe();
+  return FnKernel([geo, total, bytes, what](const KernelArgs& a) -> Status {
+    return CudaStatus(
+        LaunchScatterND(geo, total, bytes, a.inputs[0], static_cast<const int64_t*>(a.inputs[1]),
+                        a.inputs[2], a.outputs[0], StreamOf(a)),
+        what);
+  });
+}
+
 KernelOr Where(const Node& n, const Graph& g, DeviceContext*) {
   if (In(n, g, 0).type != DataType::kBool) return Unsupported(n, In(n, g, 0).type);
   SALUS_ASSIGN_OR_RETURN(int bytes, MovedBytes(n, Out(n, g, 0).type));
@@ -570,6 +588,7 @@ void RegisterTensorKernels(KernelRegistry* registry) {
   const DeviceType cuda = DeviceType::kCuda;
   registry->Register("Gather", cuda, KernelFactory(&Gather));
   registry->Register("GatherElements", cuda, KernelFactory(&GatherElements));
+  registry->Register("ScatterND", cuda, KernelFactory(&ScatterND));
   registry->Register("Where", cuda, KernelFactory(&Where));
   registry->Register("Expand", cuda, KernelFactory(&Expand));
   registry->Register("Slice", cuda, KernelFactory(&Slice));

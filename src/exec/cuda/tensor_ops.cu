@@ -92,6 +92,19 @@ __global__ void GatherElementsKernel(GatherElementsGeometry g, const T* __restri
   }
 }
 
+// One thread per slice element, applying the updates in order (a repeated index: the last
+// wins, deterministically); an index tuple out of range is skipped.
+template <typename T>
+__global__ void ScatterNDKernel(ScatterNDGeometry g, const int64_t* __restrict__ indices,
+                                const T* __restrict__ updates, T* __restrict__ y) {
+  for (int64_t s = FirstIndex(); s < g.slice; s += GridStride()) {
+    for (int64_t m = 0; m < g.count; ++m) {
+      const int64_t at = ScatterNDTarget(g, indices + m * g.k);
+      if (at >= 0) y[at * g.slice + s] = updates[m * g.slice + s];
+    }
+  }
+}
+
 template <typename T>
 __global__ void WhereKernel(IndexMap cond_x, IndexMap y_map, const uint8_t* __restrict__ cond,
                             const T* __restrict__ x, const T* __restrict__ y, T* __restrict__ z,
@@ -344,6 +357,21 @@ cudaError_t LaunchGatherElements(const GatherElementsGeometry& g, int64_t count,
     using T = decltype(tag);
     return Launch(&GatherElementsKernel<T>, count, stream, g, static_cast<const T*>(x), indices,
                   static_cast<T*>(y), count);
+  });
+}
+
+cudaError_t LaunchScatterND(const ScatterNDGeometry& g, int64_t total, int elem_bytes,
+                            const void* x, const int64_t* indices, const void* updates, void* y,
+                            cudaStream_t stream) {
+  if (y != x) {
+    const cudaError_t copied = cudaMemcpyAsync(y, x, static_cast<size_t>(total) * elem_bytes,
+                                               cudaMemcpyDeviceToDevice, stream);
+    if (copied != cudaSuccess) return copied;
+  }
+  return BySize(elem_bytes, [&](auto tag) {
+    using T = decltype(tag);
+    return Launch(&ScatterNDKernel<T>, g.slice, stream, g, indices, static_cast<const T*>(updates),
+                  static_cast<T*>(y));
   });
 }
 

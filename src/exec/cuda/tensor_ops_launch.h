@@ -44,6 +44,12 @@ cudaError_t LaunchGatherElements(const GatherElementsGeometry& g, int64_t count,
                                  const void* x, const int64_t* indices, void* y,
                                  cudaStream_t stream);
 
+// y = x (`total` elements) with the slices ScatterNDTarget addresses replaced by the updates,
+// in order; an index tuple out of range is skipped (a kernel cannot fail; the CPU's reports it).
+cudaError_t LaunchScatterND(const ScatterNDGeometry& g, int64_t total, int elem_bytes,
+                            const void* x, const int64_t* indices, const void* updates, void* y,
+                            cudaStream_t stream);
+
 // z[e] = cond[c] != 0 ? x[i] : y[j], with (c, i) = MapIndex(cond_x, e) and
 // j = MapIndex(y_map, e)[0]; both maps have z's elements.
 cudaError_t LaunchWhere(const IndexMap& cond_x, const IndexMap& y_map, int elem_bytes,

@@ -124,6 +124,17 @@ TEST(CudaTensorKernelsTest, GatherElements) {
   }
 }
 
+TEST(CudaTensorKernelsTest, ScatterND) {
+  SALUS_REQUIRE_GPU();
+  ModelBuilder mb;
+  mb.Input("x", {4, 3, 5});
+  mb.Int64Initializer("i", {3, 2}, {0, 1, 3, -1, 0, 1});  // the first slice written twice
+  mb.Input("u", {3, 5});
+  mb.Node("ScatterND", {"x", "i", "u"}, {"y"});
+  OutputOfRank(mb, "y", 3);
+  ExpectCudaParity(mb.Bytes(), {}, ParityOptions{});
+}
+
 TEST(CudaTensorKernelsTest, PadInt64) {
   SALUS_REQUIRE_GPU();
   ModelBuilder mb;

@@ -449,6 +449,29 @@ TEST(TensorOpsTest, Int64PadAndGatherElements) {
   EXPECT_NE(bad.status().message().find("GatherElements"), std::string::npos) << bad.status();
 }
 
+// ScatterND as torchvision's Swin Transformer exports its shifted-window mask: slices replaced
+// in order (a repeated index: the last wins), negative indices from the end; an index tuple
+// out of range fails the iteration naming the node.
+TEST(TensorOpsTest, ScatterND) {
+  ModelBuilder m;
+  m.Input("data", {3, 2});
+  m.Input("idx", {3, 1}, onnx::TensorProto::INT64);
+  m.Input("upd", {3, 2});
+  m.Node("ScatterND", {"data", "idx", "upd"}, {"y"});
+  m.Output("y", {3, 2});
+  const HostTensor data = HostTensor::FromFloats({3, 2}, {1, 2, 3, 4, 5, 6});
+  const HostTensor upd = HostTensor::FromFloats({3, 2}, {-1, -2, -3, -4, -5, -6});
+  auto out = CompileAndRun(m, {"data", "idx", "upd"},
+                           {data, HostTensor::FromInt64s({3, 1}, {2, -3, 0}), upd});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(Floats((*out)[0]), std::vector<float>({-5, -6, 3, 4, -1, -2}));
+  auto bad = CompileAndRun(m, {"data", "idx", "upd"},
+                           {data, HostTensor::FromInt64s({3, 1}, {0, 3, 1}), upd});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("ScatterND"), std::string::npos) << bad.status();
+}
+
 // Note [Composed ops]: HardSigmoid and HardSwish import as Clip chains of the same values.
 TEST(TensorOpsTest, HardSigmoidAndHardSwish) {
   ModelBuilder m;
