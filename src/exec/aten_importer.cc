@@ -3817,13 +3817,18 @@ StatusOr<ValueId> Lowerer::OneHotAlong(ValueId index, int64_t dim, const Shape& 
 }
 
 // gather(self, dim, index) with one index per slice along dim (nll_loss's picking of the
-// target's log-probability): a masked sum.
+// target's log-probability): a masked sum. An int64 or bool tensor, which has no gradient
+// (BERT's token types gathered from a buffer), is the engine's GatherElements.
 Status Lowerer::GatherOp() {
   SALUS_ASSIGN_OR_RETURN(ValueId x, Tensor("self"));
   SALUS_ASSIGN_OR_RETURN(int64_t dim, Int("dim"));
   SALUS_ASSIGN_OR_RETURN(dim, Axis(dim, S(x).size()));
   SALUS_ASSIGN_OR_RETURN(ValueId index, Tensor("index"));
-  if (T(x) != DataType::kFloat32) return Refuse("gather of a non-float tensor");
+  if (T(x) != DataType::kFloat32) {
+    SALUS_ASSIGN_OR_RETURN(index, Cast(index, DataType::kInt64));
+    SALUS_ASSIGN_OR_RETURN(ValueId y, Emit("GatherElements", {x, index}, {{"axis", IntAttr(dim)}}));
+    return Bind(0, y);
+  }
   if (!OnePerSlice(index, dim, S(x))) {  // any index shape: Note [Gathers by linear index]
     SALUS_ASSIGN_OR_RETURN(ValueId linear, LinearIndexAlong(index, dim, S(x)));
     SALUS_ASSIGN_OR_RETURN(ValueId flat, ReshapeTo(x, {NumElements(S(x))}));

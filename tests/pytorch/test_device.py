@@ -594,6 +594,40 @@ def test_a_gradient_autograd_restrides(daemon: Daemon) -> None:
         assert_state_match(results[kind][1], results["cpu"][1], atol=3e-5)
 
 
+def test_an_integer_gather_from_a_buffer(daemon: Daemon) -> None:
+    """Hugging Face's BERT and RoBERTa gather their token types from a registered int64 buffer
+    (torch.gather along the positions) before the embedding: an int64 gather, GatherElements in
+    the engine, whose result indexes an embedding that trains as eagerly."""
+    class TokenTypes(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("types", torch.tensor([[0, 1, 1, 0, 1, 0, 0, 1]]))
+            self.embed = torch.nn.Embedding(2, 4)
+
+        def forward(self, positions: torch.Tensor) -> torch.Tensor:
+            types = torch.gather(self.types.expand(positions.shape[0], -1), 1, positions)
+            return self.embed(types).sum(-1)
+
+    torch.manual_seed(2)
+    positions = torch.tensor([[7, 6, 5], [0, 1, 2]])
+    start = TokenTypes()
+    results = {}
+    for dev in ("cpu", "salus"):
+        m = copy.deepcopy(start).to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        out = []
+        for _ in range(2):
+            opt.zero_grad()
+            y = m(positions.to(dev))
+            (y * y).sum().backward()
+            opt.step()
+            out.append(y.detach().cpu())
+        results[dev] = (out, m.embed.weight.detach().cpu())
+    for got, want in zip(results["salus"][0], results["cpu"][0], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(results["salus"][1], results["cpu"][1], rtol=1e-6, atol=1e-6)
+
+
 def test_in_place_writes_through_views_reach_their_base(daemon: Daemon) -> None:
     """Writes into a row, a column, a slice from an offset and a diagonal of a tensor (the
     pattern of `x[:, 1] = v`, `x[1:].mul_(2)`, and of affine_grid's gradient, which fills the
