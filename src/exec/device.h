@@ -17,7 +17,7 @@
 // CPU, on the calling thread, into the context's pinned host staging buffer, and only then
 // moved to the device asynchronously on the stream. Fetches come back the same way. An
 // iteration ends with its stream synchronised, so the staging buffer and the lane are free
-// when Run returns and the lane may move (DESIGN.md, invariants 3 and 4).
+// when Run returns and the lane may move (docs/architecture.md, rules 3 and 4).
 //
 // Note [Device graphs]: on CUDA an executable records the kernels of its iteration once, as a
 // CUDA graph captured from its stream (Capture), and from then on launches the graph (one call)

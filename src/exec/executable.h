@@ -6,7 +6,7 @@
 //     from a persistent base;
 //   - ephemeral memory (E bytes): inputs, intermediates and kernel scratch, at planned offsets
 //     from a lane base.
-// Run() resolves those offsets against the bases it is handed (DESIGN.md, invariant 4); it
+// Run() resolves those offsets against the bases it is handed (docs/architecture.md, rule 4); it
 // allocates nothing else, so the memory manager may move either region between iterations.
 //
 // An executable is compiled for one device (CompileOptions::device: "cpu" or one GPU). Its

@@ -3,7 +3,7 @@
 // The engine computes in float32; int64 carries labels, shapes and indices. A HostTensor
 // owns bytes in host memory: compile-time constants (initializers, folded subgraphs) and the
 // tensors tools and tests feed and fetch. Device tensors never use it: they live at planned
-// offsets from a persistent or lane base (DESIGN.md, invariant 4).
+// offsets from a persistent or lane base (docs/architecture.md, rule 4).
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// Algorithm 1 (DESIGN.md), with F the persistent footprint once P is placed (= ΣP + P when the
+// Algorithm 1 (docs/memory.md), with F the persistent footprint once P is placed (= ΣP + P when the
 // persistent region has no holes, Note [Persistent footprint] in src/mem) and ΣL the lanes'
 // sizes:
 //   1. F + ΣL + E ≤ C                        open a new lane of size E;

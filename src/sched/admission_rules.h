@@ -1,7 +1,7 @@
 // The admission rules: where a session goes in the arena, decided over a read-only snapshot
 // (mem/admission.h) and applied by the memory manager. Each policy names its rule
 // (Policy::admission_rule), since who shares the device is part of the policy:
-//   pack         Algorithm 1 of DESIGN.md, as many lanes as the safety condition allows
+//   pack         Algorithm 1 (docs/memory.md), as many lanes as the safety condition allows
 //                (PACK, FAIR);
 //   single-lane  one lane per lane class, grown to the largest E (SRTF, PRIORITY, FAIR's
 //                single-lane option);

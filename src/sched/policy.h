@@ -3,7 +3,7 @@
 // At every iteration boundary of a lane, the engine builds a read-only snapshot of the
 // lane's runnable sessions and asks the policy which one runs next. A policy holds no
 // mutable state and touches nothing: it returns a decision and the engine acts on it
-// (DESIGN.md invariant 6). Each policy also names the admission mode it needs from the
+// (docs/architecture.md, rule 6). Each policy also names the admission mode it needs from the
 // memory manager, since who is on the device is part of the policy.
 //
 // Note [Anticipation]
@@ -24,7 +24,7 @@
 // engine leaves the lane idle. The hold ends at once when that session's request arrives,
 // when the clock passes expected_by, or when the session closes: each of those changes the
 // snapshot, and the next decision is made over it. The decision stays a pure function of the
-// snapshot (DESIGN.md invariant 6): the window is state the engine keeps, the clock decides.
+// snapshot (docs/architecture.md, rule 6): the window is state the engine keeps, the clock decides.
 // A policy whose anticipation() has max_hold 0 never sees anticipated sessions.
 #pragma once
 
