@@ -402,6 +402,32 @@ Status NodeGrad(Builder& b, const Node& n, const std::vector<ValueId>& dys,
       (*dx)[0] = b.Emit("SalusExpand", {dy}, b.shape(in(0)),
                         {{"keep_shape", IntsAttr(keep)}, {"scale", FloatAttr(scale)}});
     }
+  } else if (op == "ReduceL2" || op == "ReduceSumSquare") {
+    // d‖x‖/dx = x / ‖x‖, 0 where the norm is 0 (as PyTorch's norm backward); d(Σx²)/dx = 2x.
+    if (need(0)) {
+      SALUS_ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReductionAxes(b.graph(), n));
+      const Shape xs = b.shape(in(0));
+      Shape keep = xs;
+      for (int64_t a : axes) keep[a] = 1;
+      ValueId per_norm = dy;
+      if (op == "ReduceL2") {
+        const ValueId y = n.outputs[0];
+        const ValueId zero = b.Zeros({});
+        Node eq;
+        eq.op = "Equal";
+        eq.inputs = {y, zero};
+        eq.outputs = {b.NewValue("grad_norm_is_zero", b.shape(y), ValueKind::kIntermediate)};
+        b.graph().value(eq.outputs[0]).type = DataType::kBool;
+        const ValueId is_zero = eq.outputs[0];
+        b.EmitNode(std::move(eq));
+        const ValueId q = b.Emit("Div", {dy, y}, b.shape(y));
+        per_norm = b.Emit("Where", {is_zero, zero, q}, b.shape(y));
+      }
+      const ValueId spread = b.Emit("SalusExpand", {per_norm}, xs,
+                                    {{"keep_shape", IntsAttr(keep)},
+                                     {"scale", FloatAttr(op == "ReduceSumSquare" ? 2.f : 1.f)}});
+      (*dx)[0] = b.Emit("Mul", {in(0), spread}, xs);
+    }
   } else if (op == "SalusBatchNormTrain" || op == "LayerNormalization") {
     // A training compile's BatchNormalization (training_ops.h) or a LayerNormalization:
     // one node computes dX, dScale and dBias; the statistics outputs carry no gradient.

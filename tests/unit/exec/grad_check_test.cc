@@ -259,6 +259,16 @@ TEST(GradCheckTest, ReductionsAndLayout) {
                     mb.Int64Initializer("axes", {2}, {0, -1});
                     mb.Node("ReduceSum", {"X", "axes"}, {"y"});
                   }});
+  // Swin V2's cosine attention normalises with ReduceL2.
+  CheckGradients({"reducel2", {P("X", {2, 3, 4}, 37)}, {2, 1, 4}, [](ModelBuilder& mb) {
+                    auto& n = mb.Node("ReduceL2", {"X"}, {"y"});
+                    ModelBuilder::Attr(n, "axes", std::vector<int64_t>{1});
+                  }});
+  CheckGradients({"reducesumsquare", {P("X", {2, 3, 4}, 38)}, {2, 3}, [](ModelBuilder& mb) {
+                    auto& n = mb.Node("ReduceSumSquare", {"X"}, {"y"});
+                    ModelBuilder::Attr(n, "axes", std::vector<int64_t>{-1});
+                    ModelBuilder::Attr(n, "keepdims", int64_t{0});
+                  }});
   for (const char* mode : {"DCR", "CRD"}) {
     CheckGradients({std::string("depthtospace ") + mode,
                     {P("X", {1, 8, 2, 3}, 34)},
