@@ -148,8 +148,19 @@ Status AddComposed(GraphBuilder& builder, Node n) {
   const ValueId gate = swish ? intermediate("gate") : n.outputs[0];
   SALUS_RETURN_IF_ERROR(add("Mul", "scale", {x, scalar("alpha", alpha)}, scaled));
   SALUS_RETURN_IF_ERROR(add("Add", "shift", {scaled, scalar("beta", beta)}, shifted));
-  SALUS_RETURN_IF_ERROR(
-      add("Clip", "clip", {shifted, scalar("zero", 0.f), scalar("one", 1.f)}, gate));
+  if (g.opset() >= 11) {
+    SALUS_RETURN_IF_ERROR(
+        add("Clip", "clip", {shifted, scalar("zero", 0.f), scalar("one", 1.f)}, gate));
+  } else {  // Clip-6: the bounds are attributes
+    Node clip;
+    clip.op = "Clip";
+    clip.name = n.name + "/clip";
+    clip.inputs = {shifted};
+    clip.outputs = {gate};
+    clip.attrs["min"] = FloatAttr(0.f);
+    clip.attrs["max"] = FloatAttr(1.f);
+    SALUS_RETURN_IF_ERROR(builder.Add(std::move(clip)));
+  }
   if (swish) SALUS_RETURN_IF_ERROR(add("Mul", "gated", {x, gate}, n.outputs[0]));
   return OkStatus();
 }

@@ -554,8 +554,9 @@ Status InferNodeShapes(Graph* graph, int node_index) {
     const Shape& x = in(0).shape;
     const Shape& idx = in(1).shape;
     SALUS_RETURN_IF_ERROR(type_in(1, {DataType::kInt64}));
-    SALUS_RETURN_IF_ERROR(Expect(n, n.GetString("reduction", "none") == "none",
-                                 "reduction " + n.GetString("reduction", "none")));
+    if (n.GetString("reduction", "none") != "none") {
+      return UnimplementedError(n.Describe() + ": reduction " + n.GetString("reduction", "none"));
+    }
     SALUS_RETURN_IF_ERROR(Expect(n, !idx.empty(), "scalar indices"));
     const int64_t k = idx.back();
     SALUS_RETURN_IF_ERROR(Expect(n, k >= 1 && k <= static_cast<int64_t>(x.size()),

@@ -180,11 +180,11 @@ __global__ void BnTrainKernel(BatchNormGeometry g, float eps, float momentum, fl
       sq += static_cast<double>(d) * d;
     }
     const float var = static_cast<float>(BlockSum(partial, sq) / static_cast<double>(m));
+    // Note [Normalise after centring]: (x - mean) first, as on the CPU.
     const float mul = scale[ch] / sqrtf(var + eps);
-    const float add = shift[ch] - mean * mul;
     for (int64_t t = threadIdx.x; t < m; t += kThreads) {
       const int64_t at = ChannelIndex(g, ch, t);
-      y[at] = x[at] * mul + add;
+      y[at] = (x[at] - mean) * mul + shift[ch];
     }
     if (threadIdx.x == 0) {
       bm[ch] = mean;
