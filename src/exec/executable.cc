@@ -44,9 +44,9 @@ constexpr double kCudaSwapBytesPerSecond = 12e9;
 // performs each at its boundary; on a GPU they go on the iteration's stream in the same order
 // (so they do not overlap compute there yet), through the context's pinned staging. The
 // planner is told which (SwapProblem::overlap). A step waits only for the copies the schedule
-// names; Run returns after every copy is over, error or not, so the lane may move (docs/architecture.md,
-// rule 3). The same kernels read the same bytes as without swapping, so results are
-// bit-identical.
+// names; Run returns after every copy is over, error or not, so the lane may move
+// (docs/architecture.md, rule 3). The same kernels read the same bytes as without swapping, so
+// results are bit-identical.
 namespace {
 
 // Note [Shared copy path]

@@ -1,7 +1,7 @@
 // What an admission rule sees and answers. The memory manager applies decisions; it does not
-// make them (docs/architecture.md, rule 6, extended to memory): at every admission, re-try and page-in
-// it builds an ArenaSnapshot, asks its AdmissionRule where the session goes, and applies the
-// answer. The rules themselves (Algorithm 1, one lane per class, one session at a time) live
+// make them (docs/architecture.md, rule 6, extended to memory): at every admission, re-try and
+// page-in it builds an ArenaSnapshot, asks its AdmissionRule where the session goes, and applies
+// the answer. The rules themselves (Algorithm 1, one lane per class, one session at a time) live
 // with the scheduling policies, in src/sched/admission_rules.h, because who shares the device
 // is part of the policy.
 //
