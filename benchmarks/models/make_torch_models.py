@@ -379,6 +379,12 @@ def unshare_initializers(model: onnx.ModelProto) -> None:
     graph.node.extend(kept)
 
 
+def legacy_exporter() -> dict:
+    """torch.onnx.export's arguments for the TorchScript exporter, which later torch versions no
+    longer take by default (and earlier ones have no argument for)."""
+    return {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
+
+
 def export(name: str, path: str) -> None:
     spec = MODELS[name]
     module = build(name).eval()
@@ -391,12 +397,9 @@ def export(name: str, path: str) -> None:
         # in the graph (Shape, ConstantOfShape), so any batch runs.
         warnings.filterwarnings("ignore", message="It is recommended that constant folding")
         warnings.filterwarnings("ignore", message="Exporting a model to ONNX with a batch_size")
-        # The TorchScript exporter, which later torch versions no longer take by default.
-        legacy = ({"dynamo": False}
-                  if "dynamo" in inspect.signature(torch.onnx.export).parameters else {})
         torch.onnx.export(
             module, example_inputs(name, 2), path, opset_version=OPSET, do_constant_folding=True,
-            **legacy,
+            **legacy_exporter(),
             training=torch.onnx.TrainingMode.PRESERVE,  # Note [Exporting for training]
             input_names=[spec.input, "labels"], output_names=["loss", "logits"],
             dynamic_axes={spec.input: batch, "labels": batch, "logits": batch})

@@ -177,18 +177,17 @@ def on_device(name: str, make: Callable[[], nn.Module]) -> dict:
 def through_onnx(name: str, make: Callable[[], nn.Module], client, workdir: str) -> dict:
     import onnx
     import onnxruntime as ort
-    from make_torch_models import WithLoss, unshare_initializers
+    from make_torch_models import WithLoss, legacy_exporter, unshare_initializers
 
     module = WithLoss(build(make)).eval()
     batch = inputs(name)
     path = os.path.join(workdir, f"{name.split()[0]}.onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        legacy = {"dynamo": False} if "dynamo" in torch.onnx.export.__code__.co_varnames else {}
         torch.onnx.export(module, (batch["x"], batch["labels"]), path, opset_version=17,
                           input_names=["x", "labels"], output_names=["loss", "logits"],
                           training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=True,
-                          **legacy)
+                          **legacy_exporter())
     model = onnx.load(path)
     unshare_initializers(model)
     onnx.save(model, path)

@@ -135,12 +135,14 @@ Status AddComposed(GraphBuilder& builder, Node n) {
     v.type = DataType::kUndefined;
     return NewValue(g, n.name + "/" + what, std::move(v));
   };
-  auto add = [&](const char* op, const char* what, std::vector<ValueId> inputs, ValueId out) {
+  auto add = [&](const char* op, const char* what, std::vector<ValueId> inputs, ValueId out,
+                 std::map<std::string, Attribute> attrs = {}) {
     Node m;
     m.op = op;
     m.name = n.name + "/" + what;
     m.inputs = std::move(inputs);
     m.outputs = {out};
+    m.attrs = std::move(attrs);
     return builder.Add(std::move(m));
   };
   const ValueId x = n.inputs[0];
@@ -152,14 +154,8 @@ Status AddComposed(GraphBuilder& builder, Node n) {
     SALUS_RETURN_IF_ERROR(
         add("Clip", "clip", {shifted, scalar("zero", 0.f), scalar("one", 1.f)}, gate));
   } else {  // Clip-6: the bounds are attributes
-    Node clip;
-    clip.op = "Clip";
-    clip.name = n.name + "/clip";
-    clip.inputs = {shifted};
-    clip.outputs = {gate};
-    clip.attrs["min"] = FloatAttr(0.f);
-    clip.attrs["max"] = FloatAttr(1.f);
-    SALUS_RETURN_IF_ERROR(builder.Add(std::move(clip)));
+    SALUS_RETURN_IF_ERROR(
+        add("Clip", "clip", {shifted}, gate, {{"min", FloatAttr(0.f)}, {"max", FloatAttr(1.f)}}));
   }
   if (swish) SALUS_RETURN_IF_ERROR(add("Mul", "gated", {x, gate}, n.outputs[0]));
   return OkStatus();

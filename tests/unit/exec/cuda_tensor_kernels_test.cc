@@ -59,15 +59,17 @@ ParityOptions Ints(int64_t hi) {
 // ---------------------------------------------------------------------------------------------
 // Data movement.
 
+// A gather of `indices` from `data` along `axis`, of element type `type`.
+struct GatherCase {
+  const char* scenario;
+  Shape data, indices;
+  int64_t axis;
+  int type;
+};
+
 TEST(CudaTensorKernelsTest, Gather) {
   SALUS_REQUIRE_GPU();
-  struct Case {
-    const char* scenario;
-    Shape data, indices;
-    int64_t axis;
-    int type;
-  };
-  const Case cases[] = {
+  const GatherCase cases[] = {
       {"rows of a table", {7, 5}, {3}, 0, kFloat},
       {"2-D indices", {7, 5}, {2, 3}, 0, kFloat},
       {"middle axis", {2, 6, 3}, {4}, 1, kFloat},
@@ -76,7 +78,7 @@ TEST(CudaTensorKernelsTest, Gather) {
       {"int64 data", {6, 4}, {3}, 1, kInt64},
       {"bool data", {6, 4}, {2, 2}, 0, kBool},
   };
-  for (const Case& c : cases) {
+  for (const GatherCase& c : cases) {
     SCOPED_TRACE(c.scenario);
     ModelBuilder mb;
     mb.Input("x", c.data, c.type);
@@ -101,19 +103,13 @@ TEST(CudaTensorKernelsTest, Gather) {
 
 TEST(CudaTensorKernelsTest, GatherElements) {
   SALUS_REQUIRE_GPU();
-  struct Case {
-    const char* scenario;
-    Shape data, indices;
-    int64_t axis;
-    int type;
-  };
-  const Case cases[] = {
+  const GatherCase cases[] = {
       {"last axis", {4, 6}, {4, 3}, 1, kFloat},
       {"first axis, fewer columns", {5, 6}, {4, 2}, 0, kFloat},
       {"middle axis of 3-D", {2, 5, 3}, {2, 4, 3}, -2, kFloat},
       {"int64 data", {3, 6}, {3, 6}, 1, kInt64},
   };
-  for (const Case& c : cases) {
+  for (const GatherCase& c : cases) {
     SCOPED_TRACE(c.scenario);
     ModelBuilder mb;
     mb.Input("x", c.data, c.type);
