@@ -418,6 +418,9 @@ StatusOr<bool> Engine::AddSession(SessionId id, const SessionSpec& spec) {
   if (spec.declared_duration && spec.declared_duration->count() < 0) {
     return InvalidArgumentError(fmt::format("session {}: declared duration must be >= 0", id));
   }
+  if (spec.iterations_done < 0) {
+    return InvalidArgumentError(fmt::format("session {}: iterations done must be >= 0", id));
+  }
   bool admitted = false;
   {
     MutexLock lock(&mu_);
@@ -461,6 +464,7 @@ StatusOr<bool> Engine::AddSession(SessionId id, const SessionSpec& spec) {
     SessionRec& rec = sessions_[id];
     rec.id = id;
     rec.spec = spec;
+    rec.iterations_done = spec.iterations_done;
     if (!device) {
       rec.reason = "waiting for room on any device";
       if (spec.admission_timeout && *spec.admission_timeout <= Nanos::max() - clock_->Now()) {

@@ -57,6 +57,8 @@ struct SessionSpec {
   // The device it must run on (an index into the engine's devices); placed by the engine
   // (Note [Devices]) when absent.
   std::optional<size_t> device;
+  // Iterations it ran before (a session restored from a snapshot): its count starts there.
+  int64_t iterations_done = 0;
 };
 
 // One device the engine schedules: the name clients pin and the memory map shows ("cpu:0",

@@ -13,6 +13,7 @@
 
 #include "common/check.h"
 #include "common/config.h"
+#include "common/sha256.h"
 #include "common/units.h"
 
 namespace salus::server {
@@ -56,7 +57,9 @@ std::string NewToken() {
 // them. The client lives while requests carrying its token keep arriving within the lease, or
 // a reply is still owed to it; then the registry forgets the token and the server closes what
 // the client owned. A request with a forgotten token is UNAUTHENTICATED: the client says Hello
-// again and starts afresh (its old sessions are gone).
+// again and starts afresh (its old sessions are gone). The registry keeps only each token's
+// SHA-256, which is what a snapshot writes too (Note [Restarts] in snapshot.cc): a client a
+// restarted daemon took up presents its token as before.
 
 std::string AllocationPrincipal(const std::string& allocation) { return "alloc:" + allocation; }
 
@@ -135,11 +138,11 @@ StatusOr<ClientRef> ClientRegistry::Hello(const std::string& principal, std::str
   c.ref.principal = who;
   c.ref.allocation = allocation;
   c.bound_to = principal;
-  c.token = NewToken();
+  *token = NewToken();
+  c.token = Sha256(*token);
   c.last_seen = clock_->Now();
   ++count;
   by_token_[c.token] = c.ref.id;
-  *token = c.token;
   ClientRef ref = c.ref;
   clients_.emplace(ref.id, std::move(c));
   return ref;
@@ -151,8 +154,9 @@ StatusOr<ClientRef> ClientRegistry::Resolve(const std::string& token,
     return UnauthenticatedError(
         "this request needs a client: send Hello first and carry its client_token");
   }
+  const std::string hashed = Sha256(token);
   MutexLock lock(&mu_);
-  auto t = by_token_.find(token);
+  auto t = by_token_.find(hashed);
   if (t != by_token_.end()) {
     Client& c = clients_.at(t->second);
     if (c.bound_to == principal) {
@@ -275,6 +279,33 @@ void ClientRegistry::Forget(uint64_t client) {
 size_t ClientRegistry::Count() const {
   MutexLock lock(&mu_);
   return clients_.size();
+}
+
+std::optional<ClientRegistry::Saved> ClientRegistry::Save(uint64_t client) const {
+  MutexLock lock(&mu_);
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return std::nullopt;
+  return Saved{it->second.ref, it->second.bound_to, it->second.token};
+}
+
+Status ClientRegistry::Restore(const Saved& saved) {
+  if (saved.ref.id == 0 || saved.token_sha256.size() != kSha256Bytes) {
+    return InvalidArgumentError(fmt::format("client {}: no id or no token", saved.ref.name));
+  }
+  MutexLock lock(&mu_);
+  if (clients_.count(saved.ref.id) != 0 || by_token_.count(saved.token_sha256) != 0) {
+    return AlreadyExistsError(fmt::format("client {} is here already", saved.ref.name));
+  }
+  Client c;
+  c.ref = saved.ref;
+  c.bound_to = saved.bound_to;
+  c.token = saved.token_sha256;
+  c.last_seen = clock_->Now();
+  next_id_ = std::max(next_id_, c.ref.id + 1);
+  ++per_principal_[c.ref.principal];
+  by_token_[c.token] = c.ref.id;
+  clients_.emplace(c.ref.id, std::move(c));
+  return OkStatus();
 }
 
 size_t ClientRegistry::CountOf(const std::string& principal) const {

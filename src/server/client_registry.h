@@ -114,10 +114,23 @@ class ClientRegistry {
   // Live clients whose principal is `principal`.
   size_t CountOf(const std::string& principal) const EXCLUDES(mu_);
 
+  // A client as a snapshot keeps it (Note [Restarts] in server/snapshot.cc): its token only
+  // as its SHA-256, which is all the registry itself keeps.
+  struct Saved {
+    ClientRef ref;
+    std::string bound_to;      // the transport's principal its token works for
+    std::string token_sha256;  // 32 bytes
+  };
+  // Live client `client`, or nothing.
+  std::optional<Saved> Save(uint64_t client) const EXCLUDES(mu_);
+  // Takes up a client of an earlier run of the daemon with its id, name and token; its lease
+  // starts now. ALREADY_EXISTS when the id or the token is taken.
+  Status Restore(const Saved& saved) EXCLUDES(mu_);
+
  private:
   struct Client {
     ClientRef ref;
-    std::string token;
+    std::string token;     // its SHA-256: a read of the daemon's memory yields no usable token
     std::string bound_to;  // the transport's principal at Hello: the token works only for it
     Nanos last_seen{0};
     uint64_t in_flight = 0;
@@ -134,7 +147,7 @@ class ClientRegistry {
   mutable Mutex mu_;
   uint64_t request_bytes_ GUARDED_BY(mu_) = 0;  // of all clients' unanswered requests
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
-  std::unordered_map<std::string, uint64_t> by_token_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, uint64_t> by_token_ GUARDED_BY(mu_);  // by SHA-256
   std::unordered_map<uint64_t, Client> clients_ GUARDED_BY(mu_);
   std::unordered_map<std::string, uint64_t> per_principal_ GUARDED_BY(mu_);
 };

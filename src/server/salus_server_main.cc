@@ -2,14 +2,15 @@
 //
 //   salus-server [--config FILE] [--listen EP]... [--listen-remote EP]... [--device cpu|cuda:N]
 //                [--memory 16GiB] [--policy fifo|srtf|pack|fair|priority] [--log-level info]
-//                [--metrics-listen HOST:PORT]
+//                [--metrics-listen HOST:PORT] [--state-dir DIR] [--restore DIR]
 //   salus-server [--config FILE] [flags] --check-config    check the config, start nothing
 //   salus-server --version
 //
 // Flags override the config file (JSON: listen, listen_remote, device, memory, policy,
-// policy_options, metrics_listen, log_level, lease_seconds, limits, quotas, security.curve;
-// see docs/operations.md). SIGTERM and SIGINT drain the daemon: it stops
-// admitting, finishes the iterations in flight, answers every waiter and exits 0.
+// policy_options, metrics_listen, log_level, lease_seconds, limits, quotas, security.curve,
+// state_dir; see docs/operations.md). SIGTERM and SIGINT drain the daemon: it stops
+// admitting, finishes the iterations in flight, answers every waiter and exits 0; with a state
+// directory it writes a snapshot of the sessions there first, which the next start restores.
 #include <signal.h>
 #include <unistd.h>
 
@@ -41,7 +42,7 @@ int main(int argc, char** argv) {
   salus::EnsurePassiveOpenMpWait(argv);  // Note [OpenMP wait policy]
   std::vector<std::string> listen, listen_remote;
   std::string config_path, device, memory, policy, policy_options, log_level, metrics_listen,
-      max_folded_bytes;
+      max_folded_bytes, state_dir, restore;
   double lease_seconds = 0, overcommit = 1.0, paging_quantum_ms = 0;
   po::options_description desc("salus-server: the Salus GPU execution service");
   desc.add_options()("help,h", "show this help")("version", "print the version and exit")(
@@ -69,7 +70,15 @@ int main(int argc, char** argv) {
       "a session paged in keeps its place at least this long (default 1000)")(
       "max-folded-bytes", po::value(&max_folded_bytes),
       "host bytes of constants one model's compilation may hold, e.g. 1GiB (the default); the "
-      "same as limits.max_constant_bytes");
+      "same as limits.max_constant_bytes")(
+      "state-dir", po::value(&state_dir),
+      "keep the sessions across restarts: a drain (SIGTERM) writes a snapshot here, and a start "
+      "restores the snapshot it finds here")(
+      "restore", po::value(&restore),
+      "restore the sessions of the snapshot in this directory (it must be there and verify)")(
+      "discard-invalid-snapshot",
+      "start without the snapshot's sessions when it does not verify, instead of refusing to "
+      "start");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -110,6 +119,7 @@ int main(int argc, char** argv) {
   if (vm.count("lease-seconds"))
     overrides.push_back("lease_seconds=" + std::to_string(lease_seconds));
   if (vm.count("policy-options")) overrides.push_back("policy_options=" + policy_options);
+  if (vm.count("state-dir")) overrides.push_back("state_dir=" + nlohmann::json(state_dir).dump());
   if (!listen.empty()) overrides.push_back("listen=" + nlohmann::json(listen).dump());
   if (!listen_remote.empty()) {
     overrides.push_back("listen_remote=" + nlohmann::json(listen_remote).dump());
@@ -126,6 +136,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   salus::server::ServerOptions o = std::move(*options);
+  o.restore_dir = restore;
+  o.discard_invalid_snapshot = vm.count("discard-invalid-snapshot") > 0;
   salus::server::RouteProtobufLogs();
   auto devices = salus::server::DeviceNames(o.device);
   if (!devices.ok()) return Fail(devices.status().WithContext("--device"));

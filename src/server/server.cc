@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/units.h"
 #include "device/cuda_query.h"
+#include "server/snapshot.h"
 
 namespace salus::server {
 namespace {
@@ -322,6 +323,23 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   }
   s->sessions_ = std::make_unique<SessionManager>(std::move(so));
   s->metrics_.SetGaugeSource([self] { return self->Gauges(); });
+  // A snapshot to take up, before anyone is served.
+  std::string restore = s->o_.restore_dir;
+  if (restore.empty() && !s->o_.state_dir.empty() && HasSnapshot(s->o_.state_dir)) {
+    restore = s->o_.state_dir;
+  }
+  if (!restore.empty()) {
+    if (Status r = s->RestoreFrom(restore); !r.ok()) {
+      if (!s->o_.discard_invalid_snapshot) {
+        return Status(r.code(),
+                      fmt::format("{} (the daemon does not start; --discard-invalid-snapshot "
+                                  "starts it without the snapshot's sessions)",
+                                  r.message()));
+      }
+      logging::Get("server")->error("the snapshot is not restored, the daemon starts empty: {}",
+                                    r.message());
+    }
+  }
 
   for (const Listener& l : listeners) {
     if (l.endpoint.rfind("ipc://", 0) == 0) {
@@ -382,19 +400,121 @@ Status Server::Start() {
 const std::vector<std::string>& Server::endpoints() const { return frontend_->endpoints(); }
 std::string Server::metrics_address() const { return http_ ? http_->address() : ""; }
 
+Status Server::WriteSnapshotTo(const std::string& dir) {
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<std::string> skipped;
+  std::vector<SessionManager::SavedSession> saved = sessions_->Save(o_.snapshot_timeout, &skipped);
+  SnapshotData data;
+  data.manifest.set_protocol_version(kProtocolVersion);
+  data.manifest.set_server_version(kServerVersion);
+  data.manifest.set_device(o_.device);
+  std::set<uint64_t> clients;
+  for (SessionManager::SavedSession& s : saved) {
+    if (clients.insert(s.session.client()).second) {
+      std::optional<ClientRegistry::Saved> c = clients_->Save(s.session.client());
+      if (!c) {  // its lease ran out meanwhile: its sessions are closing
+        clients.erase(s.session.client());
+        skipped.push_back(fmt::format("session {}: its client is gone", s.session.session_id()));
+        continue;
+      }
+      v1::SnapshotClient* out = data.manifest.add_clients();
+      out->set_id(c->ref.id);
+      out->set_name(c->ref.name);
+      out->set_principal(c->bound_to);
+      out->set_allocation(c->ref.allocation);
+      out->set_token_sha256(c->token_sha256);
+    } else if (clients.count(s.session.client()) == 0) {
+      continue;
+    }
+    *data.manifest.add_sessions() = std::move(s.session);
+    data.states.push_back(std::move(s.state));
+  }
+  for (const std::string& why : skipped) {
+    logging::Get("server")->error("not in the snapshot: {}", why);
+  }
+  SALUS_RETURN_IF_ERROR(WriteSnapshot(dir, &data));
+  uint64_t bytes = 0;
+  for (const std::string& state : data.states) bytes += state.size();
+  logging::Lifecycle(
+      "snapshot",
+      {{"dir", dir},
+       {"sessions", data.manifest.sessions_size()},
+       {"clients", data.manifest.clients_size()},
+       {"left_out", skipped.size()},
+       {"state_bytes", bytes},
+       {"seconds",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()}});
+  return OkStatus();
+}
+
+Status Server::RestoreFrom(const std::string& dir) {
+  const auto started = std::chrono::steady_clock::now();
+  SALUS_ASSIGN_OR_RETURN(SnapshotData data, ReadSnapshot(dir));
+  std::map<uint64_t, ClientRef> clients;
+  for (const v1::SnapshotClient& c : data.manifest.clients()) {
+    ClientRegistry::Saved saved;
+    saved.ref.id = c.id();
+    saved.ref.name = c.name();
+    saved.ref.allocation = c.allocation();
+    saved.ref.principal =
+        c.allocation().empty() ? c.principal() : AllocationPrincipal(c.allocation());
+    saved.bound_to = c.principal();
+    saved.token_sha256 = c.token_sha256();
+    if (Status s = clients_->Restore(saved); !s.ok()) {
+      return DataLossError(fmt::format("snapshot in '{}': {}", dir, s.message()));
+    }
+    clients[c.id()] = saved.ref;
+  }
+  size_t restored = 0;
+  std::vector<std::string> failed;
+  for (int i = 0; i < data.manifest.sessions_size(); ++i) {
+    const v1::SnapshotSession& s = data.manifest.sessions(i);
+    auto owner = clients.find(s.client());
+    Status st =
+        owner == clients.end()
+            ? DataLossError("its client is not in the snapshot")
+            : sessions_->Restore(owner->second, s, std::move(data.states[static_cast<size_t>(i)]));
+    if (st.ok()) {
+      ++restored;
+    } else {
+      failed.push_back(
+          fmt::format("session {} ({}): {}", s.session_id(), s.create().name(), st.message()));
+      logging::Get("server")->error("not restored: {}", failed.back());
+    }
+  }
+  SALUS_RETURN_IF_ERROR(RetireSnapshot(dir));
+  logging::Lifecycle(
+      "restored",
+      {{"dir", dir},
+       {"written_by", data.manifest.server_version()},
+       {"clients", clients.size()},
+       {"sessions", restored},
+       {"failed", failed},
+       {"seconds",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()}});
+  return OkStatus();
+}
+
 bool Server::draining() const {
   MutexLock lock(&mu_);
   return draining_;
 }
 
-void Server::Drain() {
+void Server::Drain(std::string snapshot_dir) {
   MutexLock lock(&mu_);
   if (draining_) return;
   draining_ = true;
-  logging::Lifecycle("draining", {{"sessions", sessions_->Count()}});
+  if (snapshot_dir.empty()) snapshot_dir = o_.state_dir;
+  logging::Lifecycle("draining", {{"sessions", sessions_->Count()}, {"snapshot", snapshot_dir}});
   // Created under mu_, which the drainer needs before it can set drained_: Wait() therefore
   // always sees drainer_ assigned once drained_ is true, and joins it.
-  drainer_ = std::thread([this] {
+  drainer_ = std::thread([this, snapshot_dir] {
+    if (!snapshot_dir.empty()) {
+      if (Status s = WriteSnapshotTo(snapshot_dir); !s.ok()) {
+        logging::Get("server")->error("the snapshot failed, the sessions end with the daemon: {}",
+                                      s.message());
+      }
+    }
     // Queued iterations are answered UNAVAILABLE, those in flight finish, memory returns.
     executor_->Shutdown();
     sessions_->CloseAll();
@@ -553,7 +673,7 @@ void Server::Dispatch(const Caller& caller, Call call) {
   if (!reply.ok()) return Fail(call, reply.status());
   const bool drain = req.body_case() == v1::Request::kDrain;
   call.Reply(std::move(*reply));
-  if (drain) Drain();
+  if (drain) Drain(req.drain().snapshot_dir());
 }
 
 StatusOr<v1::Reply> Server::Answer(const Caller& caller, const v1::Request& req) {
@@ -565,7 +685,9 @@ StatusOr<v1::Reply> Server::Answer(const Caller& caller, const v1::Request& req)
     case v1::Request::kHello:
       return Hello(caller, req.hello());
     case v1::Request::kHeartbeat:
-      reply.mutable_heartbeat();
+      reply.mutable_heartbeat()->set_server_instance(instance_);
+      reply.mutable_heartbeat()->set_draining(draining());
+      reply.mutable_heartbeat()->set_client_known(caller.client.has_value());
       return reply;
     case v1::Request::kCloseSession:
       SALUS_RETURN_IF_ERROR(sessions_->Close(*caller.client, req.session_id(), caller.admin));
@@ -690,6 +812,7 @@ StatusOr<v1::Reply> Server::Hello(const Caller& caller, const v1::Hello& hello) 
   h->set_allocation(allocation);
   h->set_lease_ms(static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(o_.lease).count()));
+  h->set_server_instance(instance_);
   return reply;
 }
 

@@ -81,6 +81,17 @@ struct ServerOptions {
   SecurityOptions security;
   Quotas quotas;
   Limits limits;  // host_bytes 0: DefaultHostBytes()
+  // Restarts (docs/operations.md, Restarts; Note [Restarts] in server/snapshot.cc).
+  // A drain (SIGTERM, or Drain without a directory of its own) writes a snapshot here, and
+  // the daemon restores the snapshot it finds here when it starts; empty: neither.
+  std::string state_dir;
+  // A snapshot to restore at start, which must be there and verify; empty: none.
+  std::string restore_dir;
+  // Start with no sessions when the snapshot to restore does not verify (it is logged and left
+  // where it is), instead of refusing to start.
+  bool discard_invalid_snapshot = false;
+  // How long a drain waits for the iterations queued before it and the state reads.
+  Nanos snapshot_timeout{std::chrono::minutes(5)};
 };
 
 // DefaultIpcEndpoint() (common/endpoints.h) and tcp://127.0.0.1:5501.
@@ -113,7 +124,9 @@ class Server {
   // Starts serving; logs `event: ready {json}` when requests can be sent.
   Status Start();
   // Stops admitting, finishes iterations in flight, answers every waiter; returns at once.
-  void Drain() EXCLUDES(mu_);
+  // With a `snapshot_dir` (or, without, the configured state_dir) it writes a snapshot of the
+  // sessions first (salus.v1.Drain).
+  void Drain(std::string snapshot_dir = "") EXCLUDES(mu_);
   // Blocks until a drain has finished and every reply is out.
   void Wait() EXCLUDES(mu_);
 
@@ -172,6 +185,10 @@ class Server {
   void CreateDone(const ClientRef& client) EXCLUDES(mu_);
   void BufferLoop();
   void HousekeepingLoop();
+  // Writes a snapshot of every session to `dir` (Note [Restarts] in server/snapshot.cc).
+  Status WriteSnapshotTo(const std::string& dir);
+  // Takes up the snapshot in `dir`: its clients and sessions. Before the frontend starts.
+  Status RestoreFrom(const std::string& dir);
   std::string Gauges() const;
   // The per-allocation series (salus_alloc_*), labelled with allocation and pod.
   std::string AllocationGauges() const;
@@ -182,6 +199,8 @@ class Server {
   nlohmann::json DeviceMemoryMapJson(size_t device, const ClientRef* viewer) const;
 
   ServerOptions o_;
+  // Random per start (salus.v1.HelloReply.server_instance).
+  const uint64_t instance_ = SecureRandom64();
   const std::string own_principal_ = "uid:" + std::to_string(geteuid());  // the daemon's user
   // One per device, in the engine's device order; the memory managers are the engine's, and
   // the server reads them through these handles (they live as long as the executor).

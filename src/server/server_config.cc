@@ -88,7 +88,9 @@ const std::vector<std::string>& ConfigKeys() {
                                                 "limits",
                                                 "quotas",
                                                 "security",
-                                                "max_folded_bytes"};
+                                                "max_folded_bytes",
+                                                "state_dir",
+                                                "snapshot_timeout_seconds"};
   return keys;
 }
 
@@ -149,6 +151,13 @@ StatusOr<ServerOptions> OptionsFromConfig(const Config& config, std::string* log
   if (config.Has("max_folded_bytes")) {
     SALUS_ASSIGN_OR_RETURN(o.limits.max_constant_bytes, config.GetBytes("max_folded_bytes"));
   }
+  SALUS_ASSIGN_OR_RETURN(o.state_dir, config.GetString("state_dir", ""));
+  SALUS_ASSIGN_OR_RETURN(double snapshot_timeout,
+                         config.GetDouble("snapshot_timeout_seconds", 300));
+  if (!(snapshot_timeout > 0) || snapshot_timeout > 86400) {
+    return InvalidArgumentError("config key 'snapshot_timeout_seconds' must be in (0, 86400]");
+  }
+  o.snapshot_timeout = FromSeconds(snapshot_timeout);
   auto devices = DeviceNames(o.device);
   if (!devices.ok()) return devices.status().WithContext("config key 'device'");
   return o;

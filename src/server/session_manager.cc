@@ -71,6 +71,12 @@ StatusOr<std::shared_ptr<SessionManager::Entry>> SessionManager::Owned(const Cli
 
 StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
                                                         const v1::CreateSession& req) {
+  return Add(owner, req, nullptr);
+}
+
+StatusOr<v1::CreateSessionReply> SessionManager::Add(const ClientRef& owner,
+                                                     const v1::CreateSession& req,
+                                                     const Resumed* resumed) {
   const Quotas& quota = o_.quotas;
   if (quota.sessions != 0 && SessionsOf(owner.id).size() >= quota.sessions) {
     return QuotaExceeded("sessions", quota.sessions, "close one of this client's sessions first");
@@ -153,7 +159,8 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
   }
 
   auto entry = std::make_shared<Entry>();
-  entry->host_bytes = runtime->host_bytes();
+  entry->create = std::make_shared<const v1::CreateSession>(req);
+  entry->host_bytes = runtime->host_bytes() + req.ByteSizeLong();
   entry->name = req.name();
   entry->client = owner.id;
   entry->client_name = owner.name;
@@ -175,6 +182,7 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
     spec.admission_timeout = FromSeconds(req.admission_timeout_seconds());
   }
   spec.device = pinned;
+  if (resumed != nullptr) spec.iterations_done = resumed->iterations_done;
   entry->runtime = std::move(runtime);
 
   uint64_t id = 0;
@@ -196,7 +204,11 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
                       "limits.host_bytes={}",
                       FormatBytes(entry->host_bytes), FormatBytes(held), FormatBytes(limit)));
     }
-    id = NewSessionId();
+    if (resumed != nullptr && (resumed->id == 0 || (resumed->id & ~kSessionIdMask) != 0 ||
+                               sessions_.count(resumed->id) != 0)) {
+      return AlreadyExistsError(fmt::format("session {} cannot take its id again", resumed->id));
+    }
+    id = resumed != nullptr ? resumed->id : NewSessionId();
     // The allocation's budget, now that P and E are known (the registry's lock is a leaf).
     if (terms) {
       Status charged = o_.allocations->Reserve(
@@ -249,7 +261,8 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
                   {"job", entry->job},
                   {"persistent_bytes", spec.requirement.persistent_bytes},
                   {"ephemeral_bytes", spec.requirement.ephemeral_bytes},
-                  {"admitted", *admitted}});
+                  {"admitted", *admitted},
+                  {"restored", resumed != nullptr}});
   if (o_.metrics != nullptr) o_.metrics->SessionCreated(*admitted);
   return reply;
 }
@@ -257,8 +270,9 @@ StatusOr<v1::CreateSessionReply> SessionManager::Create(const ClientRef& owner,
 // Note [Host memory budget]
 // A compiled session holds host memory outside the arena for as long as it lives, admitted or
 // waiting: its model's constants (the initial state it writes into its persistent block), its
-// graph and kernels (an estimate per node: exec::kHostBytesPerNode) and, where it may move
-// between GPUs, its model's bytes (SessionRuntime::host_bytes). The sessions
+// graph and kernels (an estimate per node: exec::kHostBytesPerNode), where it may move
+// between GPUs its model's bytes (SessionRuntime::host_bytes), and the CreateSession it came
+// from, kept for a snapshot (Note [Restarts] in snapshot.cc). The sessions
 // of all clients together may hold at most limits.host_bytes, one client's at most the
 // host_bytes quota. A compilation in progress counts as the most it may hold (its model's bytes
 // and limits.max_constant_bytes) from before it starts, so the budget holds before memory is
@@ -416,6 +430,7 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
                run = std::move(run)](const sched::Dispatch& d) {
     {
       MutexLock lock(&entry->late_mu);
+      if (!entry->restore_error.ok()) return entry->restore_error;
       if (!entry->late_error.ok()) return std::exchange(entry->late_error, OkStatus());
     }
     if (early) {
@@ -669,6 +684,150 @@ void SessionManager::CloseAll() {
     for (const auto& [id, e] : sessions_) ids.push_back(id);
   }
   for (uint64_t id : ids) Remove(id).IgnoreError();
+}
+
+std::vector<SessionManager::SavedSession> SessionManager::Save(Nanos timeout,
+                                                               std::vector<std::string>* skipped) {
+  std::vector<std::shared_ptr<Entry>> entries;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [id, e] : sessions_) entries.push_back(e);
+  }
+  const sched::Engine& engine = o_.executor->engine();
+  // Sessions resident now first, so that a restore admits them before those that waited.
+  std::stable_partition(entries.begin(), entries.end(), [&](const auto& e) {
+    auto info = engine.Session(e->id);
+    return info.ok() && info->state != sched::SessionState::kWaiting;
+  });
+  struct Read {
+    Mutex mu;
+    CondVar cv;
+    size_t pending GUARDED_BY(mu) = 0;
+  };
+  auto read = std::make_shared<Read>();
+  struct One {
+    std::shared_ptr<Entry> entry;
+    std::vector<std::string> names;
+    std::shared_ptr<IterationOutputs> outputs = std::make_shared<IterationOutputs>();
+    // How its read ended (under Read::mu); none while it has not.
+    std::shared_ptr<std::optional<Status>> result = std::make_shared<std::optional<Status>>();
+    std::string why_not;  // set: left out
+  };
+  std::vector<One> ones;
+  for (const auto& e : entries) {
+    One one;
+    one.entry = e;
+    auto info = engine.Session(e->id);
+    if (!info.ok()) continue;  // closed meanwhile
+    if (!e->allocation.empty()) {
+      one.why_not = fmt::format("its client acts for allocation {}", e->allocation);
+    } else if (info->state == sched::SessionState::kWaiting && info->iterations_done > 0) {
+      one.why_not = "it ran before but waits for the device now";
+    } else if (info->state != sched::SessionState::kWaiting) {
+      for (const v1::TensorSpec& t : e->runtime->state_specs()) one.names.push_back(t.name());
+    }
+    if (one.why_not.empty() && !one.names.empty()) {
+      {
+        MutexLock lock(&read->mu);
+        ++read->pending;
+      }
+      auto work = [entry = e, names = one.names, outputs = one.outputs](const sched::Dispatch& d) {
+        return entry->runtime->Run(d, {}, names, /*state_only=*/true, outputs.get());
+      };
+      auto done = [read, result = one.result](const Status& st, const sched::IterationRecord&) {
+        MutexLock lock(&read->mu);
+        *result = st;
+        --read->pending;
+        read->cv.NotifyAll();
+      };
+      if (Status st = o_.executor->Submit(e->id, work, done, /*counted=*/false); !st.ok()) {
+        MutexLock lock(&read->mu);
+        --read->pending;
+        one.why_not = st.message();
+      }
+    }
+    ones.push_back(std::move(one));
+  }
+  {
+    MutexLock lock(&read->mu);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (read->pending > 0 && std::chrono::steady_clock::now() < deadline) {
+      read->cv.WaitFor(&read->mu, std::chrono::milliseconds(100));
+    }
+    // Those still unread are left out (their reads hold only shared pointers).
+    for (One& one : ones) {
+      if (one.names.empty() || !one.why_not.empty()) continue;
+      if (!one.result->has_value()) {
+        one.why_not = "its state was not read in time";
+      } else if (!(*one.result)->ok()) {
+        one.why_not = (*one.result)->message();
+      }
+    }
+  }
+  std::vector<SavedSession> saved;
+  for (One& one : ones) {
+    const Entry& e = *one.entry;
+    if (!one.why_not.empty()) {
+      skipped->push_back(fmt::format("session {} ({}): {}", e.id, e.name, one.why_not));
+      continue;
+    }
+    SavedSession s;
+    s.session.set_session_id(e.id);
+    s.session.set_client(e.client);
+    *s.session.mutable_create() = *e.create;
+    auto info = engine.Session(e.id);
+    s.session.set_iterations_done(info.ok() ? info->iterations_done : 0);
+    for (size_t i = 0; i < one.outputs->specs.size(); ++i) {
+      *s.session.add_state() = one.outputs->specs[i];
+      s.state += one.outputs->data[i];
+    }
+    saved.push_back(std::move(s));
+  }
+  return saved;
+}
+
+Status SessionManager::Restore(const ClientRef& owner, const v1::SnapshotSession& saved,
+                               std::string state) {
+  const Resumed resumed{saved.session_id(), saved.iterations_done()};
+  SALUS_ASSIGN_OR_RETURN(v1::CreateSessionReply created, Add(owner, saved.create(), &resumed));
+  if (saved.state().empty()) return OkStatus();
+  std::shared_ptr<Entry> entry;
+  {
+    MutexLock lock(&mu_);
+    entry = sessions_.at(created.session_id());
+  }
+  // The feeds point into `bytes`, which the queued write keeps alive.
+  auto bytes = std::make_shared<const std::string>(std::move(state));
+  std::vector<HostTensor> feeds;
+  size_t offset = 0;
+  for (const v1::TensorSpec& spec : saved.state()) {
+    SALUS_ASSIGN_OR_RETURN(const uint64_t n, TensorBytes(spec));
+    feeds.push_back(HostTensor{spec, reinterpret_cast<const std::byte*>(bytes->data()) + offset,
+                               static_cast<size_t>(n)});
+    offset += n;
+  }
+  Status valid = offset == bytes->size()
+                     ? entry->runtime->Validate(feeds, {}, /*state_only=*/true)
+                     : DataLossError("its state values do not add up to its state's bytes");
+  if (valid.ok()) {
+    auto work = [entry, feeds, bytes](const sched::Dispatch& d) {
+      IterationOutputs unused;
+      return entry->runtime->Run(d, feeds, {}, /*state_only=*/true, &unused);
+    };
+    auto done = [entry](const Status& st, const sched::IterationRecord&) {
+      if (st.ok()) return;
+      MutexLock lock(&entry->late_mu);
+      entry->restore_error = DataLossError(
+          fmt::format("session {}: its state could not be restored: {}", entry->id, st.message()));
+      logging::Get("server")->error("{}", entry->restore_error.message());
+    };
+    valid = o_.executor->Submit(entry->id, work, done, /*counted=*/false);
+  }
+  if (!valid.ok()) {
+    Remove(entry->id).IgnoreError();
+    return valid;
+  }
+  return OkStatus();
 }
 
 std::vector<uint64_t> SessionManager::SessionsOf(uint64_t client) const {

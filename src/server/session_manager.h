@@ -26,6 +26,7 @@
 
 #include "common/clock.h"
 #include "common/thread_annotations.h"
+#include "salus/v1/snapshot.pb.h"
 #include "sched/executor.h"
 #include "server/allocation_registry.h"
 #include "server/client_registry.h"
@@ -91,6 +92,23 @@ class SessionManager {
   std::vector<uint64_t> SessionsOf(uint64_t client) const EXCLUDES(mu_);
   size_t Count() const EXCLUDES(mu_);
 
+  // Snapshots (Note [Restarts] in server/snapshot.cc). A session as a snapshot keeps it.
+  struct SavedSession {
+    v1::SnapshotSession session;  // its state file's name and digest still unset
+    std::string state;            // its state values' bytes, in session.state order
+  };
+  // Every session's spec and iteration count, and its persistent state read at an iteration
+  // boundary after the iterations queued before (each session's read waits for those; all of
+  // them together wait at most `timeout`). A session it cannot save is left out, with why in
+  // *skipped ("session N (name): ..."). Call it while the daemon takes no new work.
+  std::vector<SavedSession> Save(Nanos timeout, std::vector<std::string>* skipped) EXCLUDES(mu_);
+  // Recreates a saved session for `owner` (a restored client) with its id and iteration
+  // count, compiled for the device the daemon has now, and queues the write of `state` before
+  // anything else the session runs. A session whose state write fails answers each later
+  // request with that error.
+  Status Restore(const ClientRef& owner, const v1::SnapshotSession& saved, std::string state)
+      EXCLUDES(mu_);
+
   // Engine callbacks (wired by the server).
   void OnAdmitted(uint64_t session, uint64_t lane) EXCLUDES(mu_);
   void OnAdmissionFailed(uint64_t session, const Status& status) EXCLUDES(mu_);
@@ -105,14 +123,27 @@ class SessionManager {
     int32_t priority = 0;
     v1::LatencyClass latency_class = v1::LATENCY_BATCH;
     int64_t iterations_declared = 0;
-    std::string job;          // CreateSession.job; empty: none
-    uint64_t host_bytes = 0;  // runtime->host_bytes(), counted against the host_bytes limits
+    std::string job;  // CreateSession.job; empty: none
+    // Its CreateSession, kept for a snapshot (the model's bytes with it).
+    std::shared_ptr<const v1::CreateSession> create;
+    // runtime->host_bytes() and `create`'s bytes, counted against the host_bytes limits
+    uint64_t host_bytes = 0;
     std::unique_ptr<SessionRuntime> runtime;
     // An iteration that failed after its reply (RunIteration.reply_when_fetched): the
     // session's next request fails with it, once.
     Mutex late_mu;
     Status late_error GUARDED_BY(late_mu);
+    // Its state could not be restored from a snapshot: every later request fails with it.
+    Status restore_error GUARDED_BY(late_mu);
   };
+  // A session taken up from a snapshot: its id and the iterations it ran.
+  struct Resumed {
+    uint64_t id = 0;
+    int64_t iterations_done = 0;
+  };
+  // Create, and Restore's creation with the id and count of `resumed`.
+  StatusOr<v1::CreateSessionReply> Add(const ClientRef& owner, const v1::CreateSession& req,
+                                       const Resumed* resumed) EXCLUDES(mu_);
 
   // After an iteration failed on the engine's device `device`: checks the device; when it is
   // lost, takes it out of service (Engine::SetDeviceLost) and returns the status every

@@ -7,6 +7,9 @@
 //   salusctl [--endpoint EP] move ID DEVICE    move a session to another device (admin)
 //   salusctl [--endpoint EP] allocations [--json]  the allocations and their usage (admin)
 //   salusctl [--endpoint EP] drain             finish in-flight work and stop the daemon
+//   salusctl drain --snapshot DIR             ... writing a snapshot of the sessions to DIR
+//                                             (on the daemon's host), which
+//                                             `salus-server --restore DIR` takes up
 //   salusctl keygen PREFIX                     a CURVE key pair: PREFIX.key and PREFIX.pub
 //
 // The default endpoint is the daemon's ipc socket, where its own user and root have the
@@ -21,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -246,7 +250,8 @@ void PrintMap(const nlohmann::json& j) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string endpoint = salus::ClientEndpoint(), command, argument, device, server_key, secret_key;
+  std::string endpoint = salus::ClientEndpoint(), command, argument, device, server_key, secret_key,
+              snapshot;
   po::options_description desc(
       "salusctl: inspect and control a running salus-server\n\n"
       "commands: status | sessions | memory | allocations | close ID | move ID DEVICE | drain | "
@@ -262,7 +267,10 @@ int main(int argc, char** argv) {
       "json", "print JSON (sessions, memory, allocations)")("command", po::value(&command),
                                                             "the command")(
       "argument", po::value(&argument), "the command's argument")("device", po::value(&device),
-                                                                  "move's device");
+                                                                  "move's device")(
+      "snapshot", po::value(&snapshot),
+      "drain: write a snapshot of the sessions to this directory, on the daemon's host, for "
+      "salus-server --restore");
   po::positional_options_description pos;
   pos.add("command", 1).add("argument", 1).add("device", 1);
   po::variables_map vm;
@@ -329,7 +337,15 @@ int main(int argc, char** argv) {
     std::cout << "closed session " << id << "\n";
     return 0;
   }
-  if (auto s = (*client)->Drain(); !s.ok()) return Fail(s);
-  std::cout << "draining: in-flight iterations finish, then the daemon exits\n";
+  if (!snapshot.empty()) {
+    // The daemon writes it, from its own working directory: name it absolutely.
+    std::error_code ec;
+    snapshot = std::filesystem::absolute(snapshot, ec).string();
+  }
+  if (auto s = (*client)->Drain(snapshot); !s.ok()) return Fail(s);
+  std::cout << (snapshot.empty()
+                    ? "draining: in-flight iterations finish, then the daemon exits\n"
+                    : "draining: queued iterations finish, the sessions are written to " +
+                          snapshot + ", then the daemon exits\n");
   return 0;
 }

@@ -26,11 +26,14 @@ def test_install_lays_out_a_service(tmp_path: Path) -> None:
         assert os.access(prefix / "bin" / binary, os.X_OK), binary
     unit = (prefix / "lib" / "systemd" / "system" / "salus-server.service").read_text()
     assert "@" not in unit.replace("multi-user", "")  # every placeholder filled in
-    exec_start = re.search(r"^ExecStart=(\S+) --config (\S+)$", unit, re.M)
+    exec_start = re.search(r"^ExecStart=(\S+) --config (\S+) --state-dir (\S+)$", unit, re.M)
     assert exec_start is not None, unit
     assert exec_start.group(1) == "/usr/local/bin/salus-server"
     config = exec_start.group(2)
     assert (tmp_path / config.lstrip("/")).is_file()
+    # Sessions outlive a restart: the state directory systemd makes for the service.
+    assert exec_start.group(3) == "/var/lib/salus"
+    assert re.search(r"^StateDirectory=salus$", unit, re.M), unit
     docs = re.search(r"^Documentation=file://(\S+)$", unit, re.M).group(1)
     assert (tmp_path / docs.lstrip("/")).is_file()
     assert (prefix / "share" / "doc" / "salus" / "CHANGELOG.md").is_file()

@@ -303,6 +303,26 @@ TEST(EngineTest, RemovalDuringIterationWaitsForItsEnd) {
   EXPECT_EQ(h.engine_->RequestIteration(1).code(), StatusCode::kNotFound);
 }
 
+TEST(EngineTest, ASessionTakenUpFromASnapshotCountsOnFromItsIterations) {
+  Harness h("srtf");
+  SessionSpec spec;
+  spec.requirement = {kGiB, kGiB, mem::LaneClass::kBatch};
+  spec.declared_iterations = 10;
+  spec.iteration_time_hint = seconds(1);
+  spec.iterations_done = 7;
+  ASSERT_TRUE(*h.engine_->AddSession(1, spec));
+  auto s = h.engine_->Session(1);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->iterations_done, 7);
+  EXPECT_DOUBLE_EQ(s->remaining_seconds, 3.0);  // SRTF sees what is left, not all of it
+  ASSERT_TRUE(h.engine_->RequestIteration(1).ok());
+  auto ds = h.engine_->DispatchReady();
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].iteration, 7u);
+  spec.iterations_done = -1;
+  EXPECT_EQ(h.engine_->AddSession(2, spec).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(EngineTest, UncountedWorkIsNoIteration) {
   Harness h("srtf");
   ASSERT_TRUE(*h.Add(1, kGiB, kGiB, seconds(1), 10));

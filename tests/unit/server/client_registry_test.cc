@@ -187,5 +187,39 @@ TEST(QuotasTest, ParsesTheConfigSectionAndNamesWhatIsWrong) {
             std::string::npos);
 }
 
+TEST(ClientRegistryTest, ARestoredClientIsNamedByTheTokenItHadAndKeepsNoTokenItself) {
+  ManualClock clock;
+  std::string token;
+  std::optional<ClientRegistry::Saved> saved;
+  {
+    ClientRegistry before(&clock, kLease, Quotas{});
+    auto a = before.Hello("uid:1000", &token);
+    ASSERT_TRUE(a.ok());
+    saved = before.Save(a->id);
+    ASSERT_TRUE(saved.has_value());
+    EXPECT_EQ(saved->token_sha256.size(), 32u);
+    EXPECT_EQ(saved->token_sha256.find(token), std::string::npos);  // only its hash
+    EXPECT_FALSE(before.Save(a->id + 1).has_value());
+  }
+  ClientRegistry after(&clock, kLease, Quotas{});
+  ASSERT_TRUE(after.Restore(*saved).ok());
+  EXPECT_EQ(after.Restore(*saved).code(), StatusCode::kAlreadyExists);
+  auto back = after.Resolve(token, "uid:1000");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->id, saved->ref.id);
+  EXPECT_EQ(back->name, saved->ref.name);
+  // Still bound to its principal; and a new client never takes its id.
+  EXPECT_EQ(after.Resolve(token, "uid:1001").status().code(), StatusCode::kUnauthenticated);
+  std::string other;
+  auto fresh = after.Hello("uid:1000", &other);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_GT(fresh->id, saved->ref.id);
+  EXPECT_EQ(after.CountOf("uid:1000"), 2u);
+  // Its lease starts at the restore: silent past it, it is forgotten as any client.
+  clock.Advance(kLease + 1s);
+  EXPECT_EQ(after.Expire().size(), 2u);
+  EXPECT_EQ(after.Resolve(token, "uid:1000").status().code(), StatusCode::kUnauthenticated);
+}
+
 }  // namespace
 }  // namespace salus::server
