@@ -181,7 +181,7 @@ class SharedBuffer {
  public:
   SharedBuffer(const SharedBuffer&) = delete;
   SharedBuffer& operator=(const SharedBuffer&) = delete;
-  ~SharedBuffer();  // unregisters it (best effort) and unmaps it
+  ~SharedBuffer();  // unregisters it (best effort; not with a daemon that is gone) and unmaps it
   uint64_t id() const { return id_; }
   std::byte* data() const { return data_; }
   uint64_t size() const { return size_; }
@@ -194,6 +194,7 @@ class SharedBuffer {
   uint64_t id_;
   std::byte* data_;
   uint64_t size_;
+  bool forgotten_ = false;  // the daemon that had it restarted: nothing to unregister
 };
 
 // An iteration handed to Session::Submit and not yet collected. It keeps its feeds alive until
@@ -215,6 +216,10 @@ class PendingIteration {
       : session_(session), feeds_(std::move(feeds)) {}
   Session* session_;
   std::vector<Tensor> feeds_;
+  // What sends it again should the daemon refuse it while it restarts.
+  std::vector<std::string> fetches_;
+  bool reply_when_fetched_ = false;
+  uint64_t instance_ = 0;  // the daemon's instance it was sent to
   uint64_t request_id_ = 0;
   int stage_ = -1;  // the staging buffer its large feeds were copied into, if any
   bool waited_ = false;
@@ -264,6 +269,11 @@ class Session {
   StatusOr<uint64_t> Send(const std::vector<Tensor>& feeds, const std::vector<std::string>& fetches,
                           int* stage, bool state_only = false, bool reply_when_fetched = false);
   StatusOr<std::map<std::string, Tensor>> Collect(uint64_t request_id, bool update_stats = true);
+  // Send and Collect, sending it again while the daemon refuses it because it restarts
+  // (Client::AfterRefusal).
+  StatusOr<std::map<std::string, Tensor>> Exchange(const std::vector<Tensor>& feeds,
+                                                   const std::vector<std::string>& fetches,
+                                                   bool state_only, bool reply_when_fetched);
   Client* client_;
   uint64_t id_;
   bool admitted_ = false;
@@ -294,6 +304,12 @@ class Client {
     // An allocation's token (Note [Allocations] in the daemon): the client acts for that
     // allocation. Empty: $SALUS_ALLOCATION_TOKEN, if set.
     std::string allocation_token;
+    // How long an iteration the daemon refused because it drains waits for the daemon to come
+    // back (a restart that restores its snapshot: docs/operations.md, Restarts) before it is
+    // sent again; past it, or when the daemon came back without this client's sessions, the
+    // iteration fails with a clear error. Negative: $SALUS_RECONNECT_SECONDS, else 300 s;
+    // 0: fail at once.
+    std::chrono::milliseconds reconnect{-1};
   };
   // An empty endpoint is the daemon every client finds by default: $SALUS_ENDPOINT, else a
   // local daemon's ipc socket, else tcp://127.0.0.1:5501 (Note [Default endpoint]).
@@ -313,7 +329,9 @@ class Client {
   // "cuda:1"); the administrator only. Returns the devices it left and went to.
   StatusOr<std::pair<std::string, std::string>> MoveSession(uint64_t session_id,
                                                             const std::string& device);
-  Status Drain();
+  // Drains the daemon (the administrator only); with `snapshot_dir`, it writes a snapshot of
+  // the sessions there first, for `salus-server --restore` (salus.v1.Drain).
+  Status Drain(const std::string& snapshot_dir = "");
   // Allocations (the administrator only, PERMISSION_DENIED otherwise): every allocation with
   // its usage; grant (true: created, false: updated; an empty token keeps the one it has);
   // revoke, which closes its clients' sessions and returns how many.
@@ -335,6 +353,13 @@ class Client {
   friend class PendingIteration;
   friend class SharedBuffer;
   explicit Client(std::unique_ptr<Impl> impl);
+  // Called with the error an iteration sent to daemon instance `submitted_to` got: OK when it
+  // should be sent again (the daemon restarted since, or drained and is back), else the error
+  // to return (`error` itself, or why the daemon did not come back).
+  Status AfterRefusal(const Status& error, uint64_t submitted_to);
+  // The daemon is new instance `instance`, which restored this client: its staging buffers
+  // are gone there, so they are dropped here without a word to it.
+  void Restarted(uint64_t instance);
   // A free staging buffer of at least `bytes`, marked busy with its index in *index, or
   // null: use frames.
   SharedBuffer* AcquireStage(uint64_t bytes, int* index);

@@ -94,7 +94,9 @@ struct Client::Impl {
   std::mutex mu;  // serialises requests on the socket
   uint64_t next_id = 1;
   ServerInfo server;
-  std::string token;  // from Hello, on every later request
+  std::string token;                       // from Hello, on every later request
+  std::atomic<uint64_t> instance{0};       // the daemon's (HelloReply.server_instance)
+  std::chrono::milliseconds reconnect{0};  // Options::reconnect, resolved
   std::thread heartbeat;
   std::mutex stop_mu;
   std::condition_variable stop_cv;
@@ -314,6 +316,13 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& endpoint_or
   info.capacity_bytes = h.capacity_bytes();
   info.lease_ms = h.lease_ms();
   impl->token = h.client_token();
+  impl->instance = h.server_instance();
+  impl->reconnect = options.reconnect;
+  if (impl->reconnect.count() < 0) {
+    const char* env = std::getenv("SALUS_RECONNECT_SECONDS");
+    const double seconds = env != nullptr ? std::atof(env) : 300.0;
+    impl->reconnect = std::chrono::milliseconds(static_cast<int64_t>(std::max(seconds, 0.0) * 1e3));
+  }
   const auto period =
       std::chrono::milliseconds(std::max<uint64_t>(h.lease_ms() / kBeatsPerLease, 100));
   Impl* raw = impl.get();
@@ -438,9 +447,9 @@ StatusOr<std::pair<std::string, std::string>> Client::MoveSession(uint64_t sessi
   return std::make_pair(reply.move_session().from(), reply.move_session().to());
 }
 
-Status Client::Drain() {
+Status Client::Drain(const std::string& snapshot_dir) {
   v1::Request req;
-  req.mutable_drain();
+  req.mutable_drain()->set_snapshot_dir(snapshot_dir);
   return impl_->Control(std::move(req)).status();
 }
 
@@ -582,10 +591,62 @@ void Client::ReleaseStage(int index) {
 }
 
 SharedBuffer::~SharedBuffer() {
-  v1::Request req;
-  req.mutable_unregister_buffer()->set_buffer_id(id_);
-  client_->impl_->Control(std::move(req)).status().IgnoreError();  // the lease frees it anyway
+  if (!forgotten_) {
+    v1::Request req;
+    req.mutable_unregister_buffer()->set_buffer_id(id_);
+    client_->impl_->Control(std::move(req)).status().IgnoreError();  // the lease frees it anyway
+  }
   munmap(data_, size_);
+}
+
+Status Client::AfterRefusal(const Status& error, uint64_t submitted_to) {
+  const StatusCode code = error.code();
+  if (impl_->reconnect.count() <= 0 ||
+      (code != StatusCode::kUnavailable && code != StatusCode::kNotFound &&
+       code != StatusCode::kUnauthenticated)) {
+    return error;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + impl_->reconnect;
+  auto delay = std::chrono::milliseconds(50);
+  while (true) {
+    if (impl_->instance != submitted_to) return OkStatus();  // another saw the restart
+    v1::Request req;
+    req.mutable_heartbeat();
+    auto beat = impl_->Call(std::move(req), {}, std::chrono::milliseconds(1000));
+    if (beat.ok()) {
+      const v1::HeartbeatReply& h = beat->first.heartbeat();
+      if (h.server_instance() != impl_->instance) {
+        if (!h.client_known()) {
+          return AbortedError(
+              fmt::format("the daemon at {} restarted without this client's sessions (no "
+                          "snapshot restored them)",
+                          impl_->endpoint));
+        }
+        Restarted(h.server_instance());
+        return OkStatus();
+      }
+      if (!h.draining()) return error;  // the daemon is as it was: the error is the answer
+    } else if (beat.status().code() != StatusCode::kDeadlineExceeded) {
+      return beat.status();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return UnavailableError(
+          fmt::format("the daemon at {} drained and did not come back within {} s: {}",
+                      impl_->endpoint, impl_->reconnect.count() / 1000, error.message()));
+    }
+    std::this_thread::sleep_for(delay);
+    delay = std::min(delay * 2, std::chrono::milliseconds(1000));
+  }
+}
+
+void Client::Restarted(uint64_t instance) {
+  std::lock_guard<std::mutex> lock(impl_->stage_mu);
+  for (Impl::Stage& stage : impl_->stages) {
+    if (stage.buffer) stage.buffer->forgotten_ = true;
+    stage.buffer.reset();  // a busy slot gets a new buffer once released and taken again
+  }
+  impl_->staging_refused = false;
+  impl_->instance = instance;
 }
 
 Session::~Session() {
@@ -673,31 +734,42 @@ StatusOr<std::map<std::string, Tensor>> Session::Collect(uint64_t request_id, bo
   return out;
 }
 
+StatusOr<std::map<std::string, Tensor>> Session::Exchange(const std::vector<Tensor>& feeds,
+                                                          const std::vector<std::string>& fetches,
+                                                          bool state_only,
+                                                          bool reply_when_fetched) {
+  while (true) {
+    const uint64_t instance = client_->impl_->instance;
+    int stage = -1;
+    SALUS_ASSIGN_OR_RETURN(uint64_t id,
+                           Send(feeds, fetches, &stage, state_only, reply_when_fetched));
+    auto out = Collect(id, /*update_stats=*/!state_only);
+    client_->ReleaseStage(stage);  // the daemon has finished reading it
+    if (out.ok()) return out;
+    // Nothing of it ran when it is to be sent again (docs/operations.md, Restarts).
+    SALUS_RETURN_IF_ERROR(client_->AfterRefusal(out.status(), instance));
+  }
+}
+
 StatusOr<std::map<std::string, Tensor>> Session::Run(const std::vector<Tensor>& feeds,
                                                      const std::vector<std::string>& fetches,
                                                      bool reply_when_fetched) {
-  int stage = -1;
-  SALUS_ASSIGN_OR_RETURN(uint64_t id,
-                         Send(feeds, fetches, &stage, /*state_only=*/false, reply_when_fetched));
-  auto out = Collect(id);
-  client_->ReleaseStage(stage);  // the daemon has finished reading it
-  return out;
+  return Exchange(feeds, fetches, /*state_only=*/false, reply_when_fetched);
 }
 
 StatusOr<std::map<std::string, Tensor>> Session::SyncState(const std::vector<Tensor>& writes,
                                                            const std::vector<std::string>& reads) {
-  int stage = -1;
-  SALUS_ASSIGN_OR_RETURN(uint64_t id, Send(writes, reads, &stage, /*state_only=*/true));
-  auto out = Collect(id, /*update_stats=*/false);
-  client_->ReleaseStage(stage);  // the daemon has finished reading it
-  return out;
+  return Exchange(writes, reads, /*state_only=*/true, /*reply_when_fetched=*/false);
 }
 
 StatusOr<std::unique_ptr<PendingIteration>> Session::Submit(std::vector<Tensor> feeds,
                                                             std::vector<std::string> fetches,
                                                             bool reply_when_fetched) {
   std::unique_ptr<PendingIteration> p(new PendingIteration(this, std::move(feeds)));
+  p->instance_ = client_->impl_->instance;
+  p->reply_when_fetched_ = reply_when_fetched;
   auto id = Send(p->feeds_, fetches, &p->stage_, /*state_only=*/false, reply_when_fetched);
+  p->fetches_ = std::move(fetches);
   if (!id.ok()) {
     p->waited_ = true;  // nothing was sent: nothing to wait for
     return id.status();
@@ -716,7 +788,10 @@ StatusOr<std::map<std::string, Tensor>> PendingIteration::Wait() {
   auto out = session_->Collect(request_id_);
   session_->client_->ReleaseStage(stage_);  // the daemon has finished reading it
   stage_ = -1;
-  return out;
+  if (out.ok()) return out;
+  // Refused while the daemon restarts: sent again once it is back (docs/operations.md).
+  SALUS_RETURN_IF_ERROR(session_->client_->AfterRefusal(out.status(), instance_));
+  return session_->Exchange(feeds_, fetches_, /*state_only=*/false, reply_when_fetched_);
 }
 
 Status Session::Close() {

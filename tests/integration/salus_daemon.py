@@ -39,11 +39,17 @@ class Daemon:
 
     def __init__(self, *args: str, memory: str = "1GiB", policy: str = "fair",
                  lease: float = 30.0, config: dict | None = None,
-                 world_access: bool = False) -> None:
-        self.port = free_port()
+                 world_access: bool = False, after: Daemon | None = None) -> None:
+        # `after`: a daemon that exited, whose endpoints (and folder) this one takes over, as a
+        # restarted daemon does; its clients reconnect to this one.
+        self.port = after.port if after is not None else free_port()
         self.metrics_port = free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
-        self.dir = Path(tempfile.mkdtemp(prefix="salus-test-"))
+        if after is not None:
+            after._remove_dir.detach()
+            self.dir = after.dir
+        else:
+            self.dir = Path(tempfile.mkdtemp(prefix="salus-test-"))
         self.admin_endpoint = f"ipc://{self.dir / 'salus.sock'}"
         self._remove_dir = weakref.finalize(self, shutil.rmtree, self.dir, True)
         if world_access:
@@ -75,7 +81,7 @@ class Daemon:
             self._remove_dir()
             raise RuntimeError("salus-server did not become ready")
         # Keep draining stderr so the daemon never blocks on a full pipe.
-        self.log: list[str] = []
+        self.log: list[str] = early  # from its first line
         self._reader = threading.Thread(target=self._drain_stderr, daemon=True)
         self._reader.start()
 
@@ -84,7 +90,11 @@ class Daemon:
         for line in self.proc.stderr:
             self.log.append(line)
 
-    def stop(self, timeout: float = 20) -> int:
+    def stop(self, timeout: float = 20, keep_dir: bool = False) -> int:
+        """SIGTERM, and its exit status; `keep_dir` leaves its folder for a daemon started
+        `after` it."""
+        if keep_dir:
+            self._remove_dir.detach()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:

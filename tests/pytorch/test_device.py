@@ -1101,3 +1101,45 @@ def test_results_only_a_backward_reads(daemon: Daemon) -> None:
     torch.testing.assert_close(y.cpu(), F.max_pool2d(x, 2))
     with pytest.raises(RuntimeError, match="max pooling's indices cannot be read"):
         i.cpu()
+
+
+def test_a_loop_carries_on_bit_identical_across_a_daemon_restart(tmp_path) -> None:  # noqa: ANN001
+    """docs/operations.md, Restarts: the daemon drains writing a snapshot between two steps, a
+    new one restores it, and the unmodified loop goes on; its losses and weights are the bits
+    of a run without the restart."""
+    batches = images(5, 8)
+
+    def run(restart_after: int | None) -> tuple[list[float], dict[str, torch.Tensor]]:
+        first = Daemon(memory="2GiB")
+        daemons = [first]
+        salus_torch.device.close()
+        os.environ["SALUS_ENDPOINT"] = first.endpoint
+        try:
+            m, opt = make("resnet", "adam", "salus")
+            losses = []
+            for i, (x, y) in enumerate(batches):
+                x, y = x.to("salus"), y.to("salus")
+                opt.zero_grad()
+                loss = F.cross_entropy(m(x), y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+                if i == restart_after:
+                    with salus.connect(first.admin_endpoint) as admin:
+                        admin.drain(snapshot=tmp_path / "snapshot")
+                    assert first.proc.wait(60) == 0
+                    daemons.append(Daemon("--restore", str(tmp_path / "snapshot"),
+                                          memory="2GiB", after=first))
+            return losses, {k: v.cpu() for k, v in m.state_dict().items()}
+        finally:
+            salus_torch.device.close()
+            os.environ.pop("SALUS_ENDPOINT", None)
+            for d in daemons:
+                if d.proc.poll() is None:
+                    d.stop()
+
+    want_losses, want_state = run(None)
+    got_losses, got_state = run(1)
+    assert got_losses == want_losses
+    for k, v in want_state.items():
+        assert torch.equal(got_state[k], v), k

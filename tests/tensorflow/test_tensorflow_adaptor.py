@@ -219,3 +219,42 @@ def test_the_compare_benchmark_runs_at_its_smallest_scale(tmp_path: Path) -> Non
     assert set(models) == {"mlp", "mlp-loop"}
     assert all(m["salus_median_ms"] > 0 and m["tensorflow_median_ms"] > 0
                for m in models.values())
+
+
+def test_a_keras_fit_carries_on_bit_identical_across_a_daemon_restart(tmp_path: Path) -> None:
+    """docs/operations.md, Restarts: in the middle of fit the daemon drains writing a snapshot
+    and a new one restores it; the plugin's next step waits for it, and fit ends with the bits
+    of a fit through one daemon."""
+    from salus_daemon import CTL
+
+    def fit(restart: bool) -> dict:
+        first = Daemon(memory="2GiB", policy="fair")
+        daemons = [first]
+        try:
+            env = {"RESTART_AT_BATCH": "11", "RESTART_FLAG": str(tmp_path / "back")} if restart \
+                else {}
+            proc = start("keras_restart.py", endpoint=first.endpoint, env_extra=env)
+            if restart:
+                assert proc.stdout is not None
+                line = proc.stdout.readline()
+                assert line.strip() == "restart", line + proc.stderr.read()[-4000:]
+                subprocess.run([str(CTL), "--endpoint", first.admin_endpoint, "drain",
+                                "--snapshot", str(tmp_path / "snapshot")], check=True,
+                               capture_output=True)
+                assert first.proc.wait(60) == 0
+                snap = [json.loads(x.split("event: snapshot ", 1)[1]) for x in first.log
+                        if "event: snapshot " in x]
+                assert snap and snap[0]["sessions"] > 0, "".join(first.log[-20:])
+                daemons.append(Daemon("--restore", str(tmp_path / "snapshot"), memory="2GiB",
+                                      policy="fair", after=first))
+                (tmp_path / "back").touch()
+            return finish(proc)
+        finally:
+            for d in daemons:
+                if d.proc.poll() is None:
+                    d.stop()
+
+    want = fit(False)
+    got = fit(True)
+    assert got["loss"] == want["loss"]
+    assert got["weights"] == want["weights"]

@@ -11,6 +11,10 @@ carries: the token, not the connection, is who the client is. Over a remote tcp 
 connection is CURVE-encrypted and authenticated: the client needs the server's public key and
 a secret key of its own whose public half the daemon admits (docs/operations.md, Security).
 
+A daemon that restarts with a snapshot keeps the client's sessions (docs/operations.md,
+Restarts): an iteration it refused while draining is sent again once it is back, so the job
+sees a pause, not an error, for up to `reconnect` seconds.
+
 In a pod that a node's device plugin granted an allocation, Hello carries the allocation's
 token ($SALUS_ALLOCATION_TOKEN): the client then acts as the allocation (principal
 "alloc:<id>"), whose class, priority and memory budget its sessions get.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +45,8 @@ ENV_SERVER_KEY = "SALUS_CURVE_SERVER_KEY"
 ENV_SECRET_KEY = "SALUS_CURVE_SECRET_KEY"
 # An allocation's token, handed to a pod by the node's device plugin; see `Client`.
 ENV_ALLOCATION_TOKEN = "SALUS_ALLOCATION_TOKEN"
+# How long (seconds) a client waits for a restarting daemon; see `Client`.
+ENV_RECONNECT = "SALUS_RECONNECT_SECONDS"
 _Z85_KEY_CHARS = 40  # a 32-byte CURVE key in Z85
 _STAGE_ALIGN = 64
 
@@ -164,15 +171,24 @@ class Client:
 
     `allocation_token` (default $SALUS_ALLOCATION_TOKEN) makes this client act for the
     allocation it names: `allocation` is then its id ("" otherwise). An unknown or revoked
-    token is refused with UNAUTHENTICATED."""
+    token is refused with UNAUTHENTICATED.
+
+    `reconnect` (default $SALUS_RECONNECT_SECONDS, else 300): how long an iteration the daemon
+    refused because it drains waits for the daemon to come back (a restart that restores its
+    snapshot) before it is sent again; past it, or when the daemon came back without this
+    client's sessions, the iteration fails with a clear error. None or 0: fail at once."""
 
     def __init__(self, endpoint: str | None = None, timeout: float | None = 30.0,
                  name: str = "python", stage_from: int | None = 64 * 1024,
                  max_staging_buffers: int = 4,
                  server_key: str | bytes | os.PathLike[str] | None = None,
                  secret_key: str | bytes | os.PathLike[str] | None = None,
-                 allocation_token: str | None = None) -> None:
+                 allocation_token: str | None = None,
+                 reconnect: float | None = None) -> None:
         self.endpoint = endpoint or default_endpoint()
+        if reconnect is None:
+            reconnect = float(os.environ.get(ENV_RECONNECT, "300"))
+        self._reconnect = reconnect if reconnect and reconnect > 0 else None
         self._stage_from = stage_from or 0
         self._max_stages = max_staging_buffers
         self._stages: list[_Stage] = []
@@ -278,6 +294,7 @@ class Client:
         req.hello.allocation_token = allocation_token
         h = self._call(req)[0].hello
         self._token = h.client_token
+        self.server_instance = h.server_instance
         return {
             "protocol_version": h.protocol_version,
             "server_version": h.server_version,
@@ -302,6 +319,62 @@ class Client:
                 self._call(req)
             except (SalusError, zmq.ZMQError):
                 pass
+
+    def _heartbeat_now(self, timeout_ms: int) -> pb.HeartbeatReply | None:
+        """One Heartbeat; None when no answer came within `timeout_ms` (the daemon is away)."""
+        req = pb.Request()
+        req.heartbeat.SetInParent()
+        try:
+            return self._call(req, timeout_ms=timeout_ms)[0].heartbeat
+        except SalusError as e:
+            if e.code == "DEADLINE_EXCEEDED":
+                return None
+            raise
+
+    def _after_refusal(self, error: SalusError, submitted_to: int) -> None:
+        """Called with an error an iteration sent to daemon instance `submitted_to` got.
+        Returns when it should be sent again: the daemon restarted since (its shared buffers
+        are gone), or was draining and is back. Raises `error` when neither holds, and a clear
+        error when the daemon does not come back within `reconnect` seconds or came back
+        without this client."""
+        if self._reconnect is None or error.code not in ("UNAVAILABLE", "NOT_FOUND",
+                                                         "UNAUTHENTICATED"):
+            raise error
+        deadline = time.monotonic() + self._reconnect
+        delay = 0.05
+        while True:
+            if self.server_instance != submitted_to:
+                return  # another iteration saw the restart already
+            beat = self._heartbeat_now(1000)
+            restarted = beat is not None and beat.server_instance != self.server_instance
+            if restarted and not beat.client_known:
+                raise SalusError(
+                    "ABORTED",
+                    f"the daemon at {self.endpoint} restarted without this client's sessions "
+                    "(no snapshot restored them)") from error
+            if restarted:
+                self._restarted(beat.server_instance)
+                return
+            if beat is not None and not beat.draining:
+                raise error  # the daemon is as it was: the error is the answer
+            if time.monotonic() >= deadline:
+                raise SalusError(
+                    "UNAVAILABLE",
+                    f"the daemon at {self.endpoint} drained and did not come back within "
+                    f"{self._reconnect:g} s") from error
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _restarted(self, instance: int) -> None:
+        """The daemon is a new instance that restored this client: the shared buffers it had
+        mapped are gone, so feeds travel in frames or newly staged buffers from now on."""
+        with self._stage_lock:
+            stale = [st.buffer for st in self._stages] + list(self._buffers)
+            self._stages = []
+            self._buffers = []
+        for b in stale:
+            b._forget()
+        self.server_instance = instance
 
     # -- API -----------------------------------------------------------------------------
     def create_session(
@@ -573,11 +646,15 @@ class Client:
         reply = self._call(req)[0].move_session
         return getattr(reply, "from"), reply.to
 
-    def drain(self) -> None:
+    def drain(self, snapshot: str | os.PathLike[str] | None = None) -> None:
         """Asks the daemon to finish what it holds and exit; needs the administrator role
-        (PERMISSION_DENIED otherwise)."""
+        (PERMISSION_DENIED otherwise). With `snapshot` (a directory on the daemon's host) it
+        writes its sessions there first, for `salus-server --restore` (docs/operations.md,
+        Restarts)."""
         req = pb.Request()
         req.drain.SetInParent()
+        if snapshot is not None:
+            req.drain.snapshot_dir = str(Path(snapshot).absolute())
         self._call(req)
 
     def close(self) -> None:
@@ -703,12 +780,16 @@ class Session:
         body.fetches.extend(fetches or [])
         body.state_only = state_only
         body.reply_when_fetched = reply_when_fetched
+        instance = client.server_instance
         try:
             request_id = client._send(req, frames)
         except BaseException:
             client._release_stage(stage)
             raise
-        return PendingIteration(self, request_id, keep, stage, state_only)
+        pending = PendingIteration(self, request_id, keep, stage, state_only)
+        # What sends it again should the daemon refuse it while it restarts.
+        pending._resend = (feeds, fetches, state_only, reply_when_fetched, instance)
+        return pending
 
     def _finish(self, reply: pb.Reply, parts: list[zmq.Frame],
                 update_stats: bool = True) -> dict[str, np.ndarray]:
@@ -745,6 +826,7 @@ class PendingIteration:
         self._keep = keep  # feeds read from shared buffers stay referenced until the reply
         self._stage = stage  # the staging buffer its large feeds were copied into
         self._done = False
+        self._resend: tuple | None = None  # Session._submit's arguments and the daemon's instance
 
     def result(self, timeout: float | None = None) -> dict[str, np.ndarray]:
         if self._done:
@@ -759,7 +841,16 @@ class PendingIteration:
             # buffer stays busy. Any other answer means the daemon is done reading it.
             if e.code != "DEADLINE_EXCEEDED":
                 client._release_stage(self._stage)
-            raise
+            if self._resend is None or e.code == "DEADLINE_EXCEEDED":
+                raise
+            # Refused while the daemon drained, or sent on to a restarted one that no longer
+            # has its buffer: nothing of it ran, so it is sent again once the daemon is back.
+            feeds, fetches, state_only, early, instance = self._resend
+            client._after_refusal(e, instance)
+            again = self._session._submit(feeds, fetches, state_only, early)
+            self._keep = []
+            again._done = False
+            return again.result(timeout)
         client._release_stage(self._stage)
         self._keep = []
         return self._session._finish(reply, parts, update_stats=not self._state_only)
@@ -780,6 +871,14 @@ class SharedBuffer:
     def array(self, shape: tuple[int, ...], dtype: Any = np.float32, offset: int = 0) -> np.ndarray:
         """A view of the buffer: fill it, then pass it as a feed."""
         return np.ndarray(shape, dtype=dtype, buffer=self._shm.buf, offset=offset)
+
+    def _forget(self) -> None:
+        """The daemon that mapped it is gone: it is closed here only."""
+        self._closed = True
+        try:
+            self._shm.close()
+        except BufferError:
+            pass
 
     def close(self) -> None:
         """Unregisters the buffer; views of it stay valid until they are gone."""
@@ -811,14 +910,16 @@ def connect(endpoint: str | None = None, timeout: float | None = 30.0,
             max_staging_buffers: int = 4,
             server_key: str | bytes | os.PathLike[str] | None = None,
             secret_key: str | bytes | os.PathLike[str] | None = None,
-            allocation_token: str | None = None) -> Client:
+            allocation_token: str | None = None, reconnect: float | None = None) -> Client:
     """Connects to a salus-server (default: `default_endpoint()`).
 
     Feeds of `stage_from` bytes or more are staged in shared memory when the daemon can map
     it (see `Client`); None sends every feed in a frame. `server_key` and `secret_key` (Z85
     or key files; default $SALUS_CURVE_SERVER_KEY, $SALUS_CURVE_SECRET_KEY) make a CURVE
     connection to a remote endpoint. `allocation_token` (default $SALUS_ALLOCATION_TOKEN)
-    makes the client act for that allocation."""
+    makes the client act for that allocation. `reconnect`: how long an iteration waits for a
+    restarting daemon (see `Client`)."""
     return Client(endpoint, timeout=timeout, name=name, stage_from=stage_from,
                   max_staging_buffers=max_staging_buffers, server_key=server_key,
-                  secret_key=secret_key, allocation_token=allocation_token)
+                  secret_key=secret_key, allocation_token=allocation_token,
+                  reconnect=reconnect)
