@@ -197,6 +197,14 @@ void AllocationRegistry::IterationDone(const std::string& id) {
   if (auto it = by_id_.find(id); it != by_id_.end()) ++it->second.iterations;
 }
 
+std::vector<v1::Allocation> AllocationRegistry::Save() const {
+  MutexLock lock(&mu_);
+  std::vector<v1::Allocation> out;
+  out.reserve(by_id_.size());
+  for (const auto& [id, e] : by_id_) out.push_back(e.allocation);
+  return out;
+}
+
 std::vector<AllocationUsage> AllocationRegistry::List() const {
   MutexLock lock(&mu_);
   std::vector<AllocationUsage> out;

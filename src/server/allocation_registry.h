@@ -74,6 +74,9 @@ class AllocationRegistry {
 
   // Every allocation, by id.
   std::vector<AllocationUsage> List() const EXCLUDES(mu_);
+  // Every allocation as granted, its token included: for a snapshot only (Note [Restarts] in
+  // snapshot.cc), which Grant takes back.
+  std::vector<v1::Allocation> Save() const EXCLUDES(mu_);
   size_t Count() const EXCLUDES(mu_);
 
  private:

@@ -408,6 +408,7 @@ Status Server::WriteSnapshotTo(const std::string& dir) {
   data.manifest.set_protocol_version(kProtocolVersion);
   data.manifest.set_server_version(kServerVersion);
   data.manifest.set_device(o_.device);
+  for (v1::Allocation& a : allocations_->Save()) *data.manifest.add_allocations() = std::move(a);
   std::set<uint64_t> clients;
   for (SessionManager::SavedSession& s : saved) {
     if (clients.insert(s.session.client()).second) {
@@ -450,6 +451,12 @@ Status Server::WriteSnapshotTo(const std::string& dir) {
 Status Server::RestoreFrom(const std::string& dir) {
   const auto started = std::chrono::steady_clock::now();
   SALUS_ASSIGN_OR_RETURN(SnapshotData data, ReadSnapshot(dir));
+  for (const v1::Allocation& a : data.manifest.allocations()) {
+    if (auto granted = allocations_->Grant(a); !granted.ok()) {
+      return DataLossError(fmt::format("snapshot in '{}': allocation {}: {}", dir, a.id(),
+                                       granted.status().message()));
+    }
+  }
   std::map<uint64_t, ClientRef> clients;
   for (const v1::SnapshotClient& c : data.manifest.clients()) {
     ClientRegistry::Saved saved;

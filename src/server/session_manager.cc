@@ -719,9 +719,7 @@ std::vector<SessionManager::SavedSession> SessionManager::Save(Nanos timeout,
     one.entry = e;
     auto info = engine.Session(e->id);
     if (!info.ok()) continue;  // closed meanwhile
-    if (!e->allocation.empty()) {
-      one.why_not = fmt::format("its client acts for allocation {}", e->allocation);
-    } else if (info->state == sched::SessionState::kWaiting && info->iterations_done > 0) {
+    if (info->state == sched::SessionState::kWaiting && info->iterations_done > 0) {
       one.why_not = "it ran before but waits for the device now";
     } else if (info->state != sched::SessionState::kWaiting) {
       for (const v1::TensorSpec& t : e->runtime->state_specs()) one.names.push_back(t.name());

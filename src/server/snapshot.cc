@@ -27,16 +27,17 @@ namespace salus::server {
 // boundary with every accepted iteration applied and answered. Beside it go what recreates
 // the session (its CreateSession as the client sent it, model included), its iteration count,
 // and its client: id, name, principal and the SHA-256 of its token (the registry keeps no
-// more than that itself). A session waiting for admission has run nothing, so its state is its
-// model's and is not read; sessions of a client acting for an allocation are left out (the
-// allocation is the device plugin's to grant again, and its budget is not in the snapshot).
+// more than that itself), and the allocations as granted (tokens included, as the device
+// plugin's own state keeps them: the snapshot's files are the daemon user's alone). A session
+// waiting for admission has run nothing, so its state is its model's and is not read.
 //
 // `salus-server --restore DIR` (or a state_dir holding a snapshot) reads it back before it
 // serves anyone: every file is checked against the digests in the manifest, and anything
 // that does not verify refuses the whole snapshot (the daemon does not start, unless told to
-// start empty). Then the clients are taken up with their tokens, and each session is compiled
-// again for the device found now (another GPU, or the CPU), with its id and iteration count,
-// and a state write queued before anything else it will run. A client that comes back
+// start empty). Then the allocations are granted again and the clients taken up with their
+// tokens (a device plugin that grants an allocation again finds it there), and each session is
+// compiled again for the device found now (another GPU, or the CPU), with its id and iteration
+// count, and a state write queued before anything else it will run. A client that comes back
 // presents the token it had and finds its sessions as they were; one that does not is closed
 // when its lease runs out, as any silent client. The manifest is then renamed (RetireSnapshot),
 // so a crash later does not bring back this older state in place of the one the jobs reached.
@@ -113,7 +114,10 @@ std::string Hex(std::string_view bytes) {
 
 Status WriteSnapshot(const std::string& dir, SnapshotData* data) {
   std::error_code ec;
-  fs::create_directories(dir, ec);
+  // Made for the daemon's user alone: it holds the sessions' state and allocation tokens.
+  if (fs::create_directories(dir, ec)) {
+    fs::permissions(dir, fs::perms::owner_all, ec);
+  }
   if (ec) {
     return InternalError(
         fmt::format("cannot make the snapshot directory '{}': {}", dir, ec.message()));

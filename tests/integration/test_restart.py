@@ -176,3 +176,31 @@ def test_salusctl_drain_writes_a_snapshot_and_a_state_dir_restores_it(  # noqa: 
         assert "snapshot" in out.stdout or "written" in out.stdout
         assert again.proc.wait(60) == 0
         assert (tmp_path / "ctl" / "snapshot.pb").exists()
+
+
+def test_a_client_of_an_allocation_comes_back_with_its_budget(daemon_factory,  # noqa: ANN001
+                                                              tmp_path: Path) -> None:
+    token = "t" * 40
+    first = daemon_factory()
+    with salus.connect(first.admin_endpoint) as admin:
+        admin.grant_allocation("pod-a", token, memory_bytes=256 << 20)
+    with salus.connect(first.endpoint, allocation_token=token, reconnect=60) as c:
+        assert c.allocation == "pod-a"
+        s = train_session(c)
+        s.run(feeds(0), ["loss"])
+        before = everything(s)
+        drain_with_snapshot(first, tmp_path / "snapshot")
+        second = daemon_factory("--restore", str(tmp_path / "snapshot"), after=first)
+        after = everything(s)
+        for name, value in before.items():
+            assert np.array_equal(after[name], value), name
+        s.run(feeds(1), ["loss"])
+        with salus.connect(second.admin_endpoint) as admin:
+            (a,) = admin.list_allocations()
+            assert a["id"] == "pod-a" and a["sessions"] == 1 and a["used_bytes"] > 0
+            assert [x["allocation"] for x in admin.sessions()] == ["pod-a"]
+            # The plugin granting it again (same token) finds it there.
+            admin.grant_allocation("pod-a", token, memory_bytes=256 << 20)
+    # The snapshot's files are the daemon user's alone.
+    for f in (tmp_path / "snapshot").iterdir():
+        assert f.stat().st_mode & 0o077 == 0, f
