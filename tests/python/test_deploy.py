@@ -362,7 +362,22 @@ def test_both_containers_share_the_host_socket_directory() -> None:
     # The directory is given to the image's user before the daemon starts.
     (init,) = spec["initContainers"]
     assert init["image"] == server["image"]
-    assert init["command"] == ["chown", "salus:salus", SOCKET_DIR]
+    assert init["command"][:3] == ["chown", "salus:salus", SOCKET_DIR]
+
+
+def test_the_daemon_keeps_its_sessions_in_a_host_directory_across_pods() -> None:
+    """A rolling update drains each pod (SIGTERM): the snapshot goes to a hostPath the next
+    pod restores from (docs/operations.md, Restarts), owned by the daemon's user."""
+    spec = _pod_spec(deployment_objects())
+    server = container(spec, "salus-server")
+    state = server["args"][server["args"].index("--state-dir") + 1]
+    (volume,) = (v for v in spec["volumes"] if v.get("hostPath", {}).get("path") == state)
+    assert volume["hostPath"]["type"] == "DirectoryOrCreate"
+    (mount,) = (m for m in server["volumeMounts"] if m["name"] == volume["name"])
+    assert mount["mountPath"] == state and not mount.get("readOnly")
+    (init,) = spec["initContainers"]
+    assert state in init["command"]
+    assert spec["terminationGracePeriodSeconds"] >= 60
 
 
 def test_no_container_is_privileged_and_capabilities_are_dropped() -> None:
