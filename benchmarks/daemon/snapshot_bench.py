@@ -12,7 +12,12 @@ snapshot; a new daemon restores it; the session runs on. Reported, medians over 
 - pause: what the job sees, from SIGTERM to its next iteration answered by the new daemon
   (process exit and start included).
 
+With --periodic, instead: the step time of a training loop (loss read every step) on a daemon
+writing a snapshot every K iterations in the background (--snapshot-every K), against the same
+loop on a daemon that writes none, rounds alternating, and how many snapshots were written.
+
     .venv/bin/python benchmarks/daemon/snapshot_bench.py [--rounds 3] [--models mlp,resnet18]
+    .venv/bin/python benchmarks/daemon/snapshot_bench.py --periodic [--steps 200]
 
 Needs a built salus-server (build/bin, or $SALUS_SERVER).
 """
@@ -121,13 +126,68 @@ def one_round(name: str, seed: int) -> dict[str, float]:
                     d.stop()
 
 
+def periodic_round(name: str, every: int, steps: int) -> tuple[float, int]:
+    """Mean step time (s) of `steps` steps after 10 of warm-up (a snapshot's cost is spread
+    over the steps it delays), and the snapshots written."""
+    with tempfile.TemporaryDirectory(prefix="salus-snapshot-bench-") as tmp:
+        args = ("--state-dir", str(Path(tmp) / "state"), "--snapshot-every", str(every)) \
+            if every else ()
+        d = Daemon(*args, memory="4GiB")
+        try:
+            with salus.connect(d.endpoint) as c:
+                batch = feeds(name, 0)
+                s = c.create_session(model=MODELS / f"{name}.onnx", mode="train",
+                                     inputs={k: v.shape for k, v in batch.items()}, loss="loss",
+                                     optimizer={"type": "adam", "lr": 1e-3}, name=name)
+                for _ in range(10):
+                    s.run(batch, ["loss"])
+                start = time.perf_counter()
+                for _ in range(steps):
+                    s.run(batch, ["loss"])
+                took = (time.perf_counter() - start) / steps
+            return took, sum("event: snapshot " in x for x in d.log)
+        finally:
+            d.stop()
+
+
+def periodic(models: list[str], rounds: int, steps: int) -> dict:
+    everies = [0, 100, 10, 1]
+    print("| model | K | step (mean) | vs none (median of rounds) | snapshots written |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    out = {}
+    for name in models:
+        got: dict[int, list[tuple[float, int]]] = {k: [] for k in everies}
+        for _ in range(rounds):
+            for k in everies:
+                got[k].append(periodic_round(name, k, steps))
+        out[name] = {}
+        for k in everies:
+            step = statistics.median(t for t, _ in got[k])
+            # Each round's daemons ran one after another: the ratio within a round.
+            ratio = statistics.median(t / b for (t, _), (b, _) in zip(got[k], got[0],
+                                                                      strict=True))
+            written = statistics.median(n for _, n in got[k])
+            out[name][k] = {"step_s": step, "ratio": ratio, "snapshots": written}
+            print(f"| {name} | {k or 'none'} | {step * 1e3:.2f} ms | {ratio:.3f}x | "
+                  f"{written:g} |", flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--models", default=",".join(MODELS_USED))
     p.add_argument("--json", default=str(REPO / "results" / "snapshot_bench.json"))
+    p.add_argument("--periodic", action="store_true",
+                   help="the step time under periodic snapshots instead")
+    p.add_argument("--steps", type=int, default=200)
     args = p.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if args.periodic:
+        out = periodic(args.models.split(","), args.rounds, args.steps)
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2))
+        return
     results = {}
     print("| model | P | state written | snapshot | write+fsync floor | restore (compile "
           "included) | memcpy floor | job's pause |")

@@ -266,14 +266,17 @@ class Session {
   // Sends a RunIteration whose frames point at `feeds` (which must outlive the send). Feeds
   // of Options::stage_feeds_from bytes or more are copied into a staging buffer first; its
   // index goes to *stage (-1: none), to be released once the reply is collected.
+  // `instance`: the daemon instance to name (RunIteration.server_instance); 0: the client's.
   StatusOr<uint64_t> Send(const std::vector<Tensor>& feeds, const std::vector<std::string>& fetches,
-                          int* stage, bool state_only = false, bool reply_when_fetched = false);
+                          int* stage, bool state_only = false, bool reply_when_fetched = false,
+                          uint64_t instance = 0);
   StatusOr<std::map<std::string, Tensor>> Collect(uint64_t request_id, bool update_stats = true);
   // Send and Collect, sending it again while the daemon refuses it because it restarts
-  // (Client::AfterRefusal).
+  // (Client::AfterRefusal), naming the daemon instance it was first sent to (0: the client's).
   StatusOr<std::map<std::string, Tensor>> Exchange(const std::vector<Tensor>& feeds,
                                                    const std::vector<std::string>& fetches,
-                                                   bool state_only, bool reply_when_fetched);
+                                                   bool state_only, bool reply_when_fetched,
+                                                   uint64_t instance = 0);
   Client* client_;
   uint64_t id_;
   bool admitted_ = false;

@@ -601,6 +601,18 @@ SharedBuffer::~SharedBuffer() {
 
 Status Client::AfterRefusal(const Status& error, uint64_t submitted_to) {
   const StatusCode code = error.code();
+  if (code == StatusCode::kAborted &&
+      error.message().find("the session is at iteration") != std::string_view::npos) {
+    // The daemon restarted from an older snapshot (a crash): the job is told; from now on this
+    // client has heard of the restart, so its next iterations run.
+    v1::Request req;
+    req.mutable_heartbeat();
+    auto beat = impl_->Call(std::move(req), {}, std::chrono::milliseconds(1000));
+    if (beat.ok() && beat->first.heartbeat().server_instance() != impl_->instance) {
+      Restarted(beat->first.heartbeat().server_instance());
+    }
+    return error;
+  }
   if (impl_->reconnect.count() <= 0 ||
       (code != StatusCode::kUnavailable && code != StatusCode::kNotFound &&
        code != StatusCode::kUnauthenticated)) {
@@ -662,7 +674,7 @@ uint64_t StageAligned(uint64_t n) { return (n + kStageAlign - 1) / kStageAlign *
 
 StatusOr<uint64_t> Session::Send(const std::vector<Tensor>& feeds,
                                  const std::vector<std::string>& fetches, int* stage,
-                                 bool state_only, bool reply_when_fetched) {
+                                 bool state_only, bool reply_when_fetched, uint64_t instance) {
   const uint64_t stage_from = client_->impl_->options.stage_feeds_from;
   auto staged = [&](const Tensor& t) {
     return stage_from > 0 && t.buffer_id == 0 && t.data.size() >= stage_from;
@@ -700,6 +712,8 @@ StatusOr<uint64_t> Session::Send(const std::vector<Tensor>& feeds,
   for (const auto& f : fetches) body->add_fetches(f);
   body->set_state_only(state_only);
   body->set_reply_when_fetched(reply_when_fetched);
+  // The daemon this client last heard from (Note [Rewound sessions] in the daemon).
+  body->set_server_instance(instance != 0 ? instance : client_->impl_->instance.load());
   auto sent = client_->impl_->Send(std::move(req), std::move(frames));
   if (!sent.ok()) {
     client_->ReleaseStage(*stage);
@@ -736,13 +750,14 @@ StatusOr<std::map<std::string, Tensor>> Session::Collect(uint64_t request_id, bo
 
 StatusOr<std::map<std::string, Tensor>> Session::Exchange(const std::vector<Tensor>& feeds,
                                                           const std::vector<std::string>& fetches,
-                                                          bool state_only,
-                                                          bool reply_when_fetched) {
+                                                          bool state_only, bool reply_when_fetched,
+                                                          uint64_t instance) {
+  // Sent again, it names the daemon it was first sent to: a session rewound since refuses it.
+  if (instance == 0) instance = client_->impl_->instance;
   while (true) {
-    const uint64_t instance = client_->impl_->instance;
     int stage = -1;
     SALUS_ASSIGN_OR_RETURN(uint64_t id,
-                           Send(feeds, fetches, &stage, state_only, reply_when_fetched));
+                           Send(feeds, fetches, &stage, state_only, reply_when_fetched, instance));
     auto out = Collect(id, /*update_stats=*/!state_only);
     client_->ReleaseStage(stage);  // the daemon has finished reading it
     if (out.ok()) return out;
@@ -768,7 +783,8 @@ StatusOr<std::unique_ptr<PendingIteration>> Session::Submit(std::vector<Tensor> 
   std::unique_ptr<PendingIteration> p(new PendingIteration(this, std::move(feeds)));
   p->instance_ = client_->impl_->instance;
   p->reply_when_fetched_ = reply_when_fetched;
-  auto id = Send(p->feeds_, fetches, &p->stage_, /*state_only=*/false, reply_when_fetched);
+  auto id =
+      Send(p->feeds_, fetches, &p->stage_, /*state_only=*/false, reply_when_fetched, p->instance_);
   p->fetches_ = std::move(fetches);
   if (!id.ok()) {
     p->waited_ = true;  // nothing was sent: nothing to wait for
@@ -791,7 +807,7 @@ StatusOr<std::map<std::string, Tensor>> PendingIteration::Wait() {
   if (out.ok()) return out;
   // Refused while the daemon restarts: sent again once it is back (docs/operations.md).
   SALUS_RETURN_IF_ERROR(session_->client_->AfterRefusal(out.status(), instance_));
-  return session_->Exchange(feeds_, fetches_, /*state_only=*/false, reply_when_fetched_);
+  return session_->Exchange(feeds_, fetches_, /*state_only=*/false, reply_when_fetched_, instance_);
 }
 
 Status Session::Close() {

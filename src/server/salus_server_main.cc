@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   std::string config_path, device, memory, policy, policy_options, log_level, metrics_listen,
       max_folded_bytes, state_dir, restore;
   double lease_seconds = 0, overcommit = 1.0, paging_quantum_ms = 0;
+  int64_t snapshot_every = 0;
   po::options_description desc("salus-server: the Salus GPU execution service");
   desc.add_options()("help,h", "show this help")("version", "print the version and exit")(
       "check-config",
@@ -74,6 +75,9 @@ int main(int argc, char** argv) {
       "state-dir", po::value(&state_dir),
       "keep the sessions across restarts: a drain (SIGTERM) writes a snapshot here, and a start "
       "restores the snapshot it finds here")(
+      "snapshot-every", po::value(&snapshot_every),
+      "with --state-dir, also write a snapshot after every N iterations (of all sessions), so a "
+      "crash loses at most about N")(
       "restore", po::value(&restore),
       "restore the sessions of the snapshot in this directory (it must be there and verify)")(
       "discard-invalid-snapshot",
@@ -120,6 +124,9 @@ int main(int argc, char** argv) {
     overrides.push_back("lease_seconds=" + std::to_string(lease_seconds));
   if (vm.count("policy-options")) overrides.push_back("policy_options=" + policy_options);
   if (vm.count("state-dir")) overrides.push_back("state_dir=" + nlohmann::json(state_dir).dump());
+  if (vm.count("snapshot-every")) {
+    overrides.push_back("snapshot_every_iterations=" + std::to_string(snapshot_every));
+  }
   if (!listen.empty()) overrides.push_back("listen=" + nlohmann::json(listen).dump());
   if (!listen_remote.empty()) {
     overrides.push_back("listen_remote=" + nlohmann::json(listen_remote).dump());

@@ -321,6 +321,16 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
                  : OkStatus();
     };
   }
+  if (s->o_.snapshot_every_iterations > 0 && !s->o_.state_dir.empty()) {
+    const uint64_t every = s->o_.snapshot_every_iterations;
+    so.iteration_done = [self, every] {
+      if (self->iterations_since_snapshot_.fetch_add(1) + 1 == every) {
+        MutexLock lock(&self->mu_);
+        self->cv_.NotifyAll();
+      }
+    };
+  }
+  so.instance = s->instance_;
   s->sessions_ = std::make_unique<SessionManager>(std::move(so));
   s->metrics_.SetGaugeSource([self] { return self->Gauges(); });
   // A snapshot to take up, before anyone is served.
@@ -384,6 +394,9 @@ Status Server::Start() {
   }
   buffers_ = std::thread([this] { BufferLoop(); });
   housekeeping_ = std::thread([this] { HousekeepingLoop(); });
+  if (o_.snapshot_every_iterations > 0 && !o_.state_dir.empty()) {
+    snapshotter_ = std::thread([this] { SnapshotLoop(); });
+  }
   frontend_->Start();
   nlohmann::json ready = {{"version", kServerVersion},
                           {"protocol", kProtocolVersion},
@@ -400,14 +413,43 @@ Status Server::Start() {
 const std::vector<std::string>& Server::endpoints() const { return frontend_->endpoints(); }
 std::string Server::metrics_address() const { return http_ ? http_->address() : ""; }
 
+// Note [Snapshots while serving]
+// A drain's snapshot keeps the jobs across a planned restart; a crash leaves no drain. So with
+// snapshot_every_iterations N (and a state directory) a thread of its own writes a snapshot
+// whenever N iterations of all sessions together have finished since the last one, while the
+// daemon serves. It is the drain's snapshot, taken without stopping anything: each session's
+// state is read by a state-only request queued behind its iterations (so at an iteration
+// boundary, on its lane, a copy out of the arena), and everything else (hashing, writing,
+// syncing) happens on this thread. The sessions' iterations go on meanwhile; each session's
+// state in the snapshot is the one after the iterations queued before its read. After a
+// crash, the start restores the last snapshot written whole, and a client learns how many
+// iterations its sessions lost from their iteration counts (docs/operations.md, Restarts).
+void Server::SnapshotLoop() {
+  const uint64_t every = o_.snapshot_every_iterations;
+  while (true) {
+    {
+      MutexLock lock(&mu_);
+      while (!stop_ && !draining_ && iterations_since_snapshot_.load() < every) cv_.Wait(&mu_);
+      if (stop_ || draining_) return;
+    }
+    iterations_since_snapshot_ = 0;
+    if (Status s = WriteSnapshotTo(o_.state_dir); !s.ok()) {
+      logging::Get("server")->error("the periodic snapshot failed: {}", s.message());
+    }
+  }
+}
+
 Status Server::WriteSnapshotTo(const std::string& dir) {
+  MutexLock one_at_a_time(&snapshot_mu_);
   const auto started = std::chrono::steady_clock::now();
+  const bool complete = draining();  // a drain's: every accepted iteration is in it
   std::vector<std::string> skipped;
   std::vector<SessionManager::SavedSession> saved = sessions_->Save(o_.snapshot_timeout, &skipped);
   SnapshotData data;
   data.manifest.set_protocol_version(kProtocolVersion);
   data.manifest.set_server_version(kServerVersion);
   data.manifest.set_device(o_.device);
+  data.manifest.set_complete(complete);
   for (v1::Allocation& a : allocations_->Save()) *data.manifest.add_allocations() = std::move(a);
   std::set<uint64_t> clients;
   for (SessionManager::SavedSession& s : saved) {
@@ -480,7 +522,8 @@ Status Server::RestoreFrom(const std::string& dir) {
     Status st =
         owner == clients.end()
             ? DataLossError("its client is not in the snapshot")
-            : sessions_->Restore(owner->second, s, std::move(data.states[static_cast<size_t>(i)]));
+            : sessions_->Restore(owner->second, s, std::move(data.states[static_cast<size_t>(i)]),
+                                 data.manifest.complete());
     if (st.ok()) {
       ++restored;
     } else {
@@ -494,6 +537,8 @@ Status Server::RestoreFrom(const std::string& dir) {
       "restored",
       {{"dir", dir},
        {"written_by", data.manifest.server_version()},
+       {"complete", data.manifest.complete()},
+       {"allocations", data.manifest.allocations_size()},
        {"clients", clients.size()},
        {"sessions", restored},
        {"failed", failed},
@@ -543,6 +588,7 @@ void Server::Wait() {
   for (std::thread& t : compilers_) t.join();
   if (buffers_.joinable()) buffers_.join();
   if (housekeeping_.joinable()) housekeeping_.join();
+  if (snapshotter_.joinable()) snapshotter_.join();
   pacer_->Flush();    // requests still held back get their answers
   frontend_->Stop();  // after every reply has been posted
   if (http_) http_->Stop();

@@ -18,6 +18,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -92,6 +93,10 @@ struct ServerOptions {
   bool discard_invalid_snapshot = false;
   // How long a drain waits for the iterations queued before it and the state reads.
   Nanos snapshot_timeout{std::chrono::minutes(5)};
+  // With a state_dir: also write a snapshot there after every this many iterations (of all
+  // sessions together), in the background, so a crash loses at most about as many; 0: only
+  // when draining.
+  uint64_t snapshot_every_iterations = 0;
 };
 
 // DefaultIpcEndpoint() (common/endpoints.h) and tcp://127.0.0.1:5501.
@@ -185,8 +190,12 @@ class Server {
   void CreateDone(const ClientRef& client) EXCLUDES(mu_);
   void BufferLoop();
   void HousekeepingLoop();
-  // Writes a snapshot of every session to `dir` (Note [Restarts] in server/snapshot.cc).
-  Status WriteSnapshotTo(const std::string& dir);
+  // Writes a snapshot of every session to `dir` (Note [Restarts] in server/snapshot.cc); one
+  // at a time.
+  Status WriteSnapshotTo(const std::string& dir) EXCLUDES(snapshot_mu_);
+  // Writes a snapshot to the state directory after every snapshot_every_iterations
+  // iterations, until the daemon drains (Note [Snapshots while serving] in server.cc).
+  void SnapshotLoop() EXCLUDES(mu_);
   // Takes up the snapshot in `dir`: its clients and sessions. Before the frontend starts.
   Status RestoreFrom(const std::string& dir);
   std::string Gauges() const;
@@ -232,7 +241,9 @@ class Server {
   // RegisterBuffer requests waiting for the buffer thread.
   std::deque<std::pair<Caller, Call>> registrations_ GUARDED_BY(mu_);
   std::vector<std::thread> compilers_;
-  std::thread buffers_, housekeeping_, drainer_;
+  std::thread buffers_, housekeeping_, drainer_, snapshotter_;
+  Mutex snapshot_mu_;  // one snapshot at a time
+  std::atomic<uint64_t> iterations_since_snapshot_{0};
 };
 
 }  // namespace salus::server

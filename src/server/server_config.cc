@@ -90,7 +90,8 @@ const std::vector<std::string>& ConfigKeys() {
                                                 "security",
                                                 "max_folded_bytes",
                                                 "state_dir",
-                                                "snapshot_timeout_seconds"};
+                                                "snapshot_timeout_seconds",
+                                                "snapshot_every_iterations"};
   return keys;
 }
 
@@ -158,6 +159,16 @@ StatusOr<ServerOptions> OptionsFromConfig(const Config& config, std::string* log
     return InvalidArgumentError("config key 'snapshot_timeout_seconds' must be in (0, 86400]");
   }
   o.snapshot_timeout = FromSeconds(snapshot_timeout);
+  SALUS_ASSIGN_OR_RETURN(const int64_t every, config.GetInt("snapshot_every_iterations", 0));
+  if (every < 0) {
+    return InvalidArgumentError("config key 'snapshot_every_iterations' must be >= 0");
+  }
+  if (every > 0 && o.state_dir.empty()) {
+    return InvalidArgumentError(
+        "config key 'snapshot_every_iterations' needs a state directory ('state_dir' or "
+        "--state-dir) to write to");
+  }
+  o.snapshot_every_iterations = static_cast<uint64_t>(every);
   auto devices = DeviceNames(o.device);
   if (!devices.ok()) return devices.status().WithContext("config key 'device'");
   return o;

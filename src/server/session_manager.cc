@@ -52,6 +52,24 @@ void ReplyIteration(Call& call, const IterationOutputs& outputs, const sched::It
   call.Reply(std::move(reply), std::move(frames));
 }
 
+// Note [Rewound sessions]
+// A session restored from a snapshot written while the daemon served (Note [Snapshots while
+// serving] in server.cc) is at the iteration of that snapshot, which after a crash may be
+// before iterations its client sent and saw answered. Run as they come, the client's next
+// batches would train a state they were not meant for, and nobody would know. So such a
+// session refuses an iteration that names an earlier daemon instance (the client has not
+// heard of the restart): ABORTED, before anything is queued (nothing runs, nothing counts),
+// naming the iteration the session is at, so the client can send the lost batches again from
+// there. Requests naming this instance (the client heard) run; so do those naming none
+// (clients that do not say). A drain's snapshot holds every accepted iteration: nothing to
+// refuse.
+Status Rewound(int64_t at) {
+  return AbortedError(fmt::format(
+      "the daemon restarted from a snapshot written while it served, and the session is at "
+      "iteration {}: the iterations this client sent after it are lost; nothing ran",
+      at));
+}
+
 }  // namespace
 
 uint64_t SessionManager::NewSessionId() {
@@ -368,6 +386,10 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
 
   // Decode and check the feeds against their frames and buffers before anything is queued.
   const v1::RunIteration& body = call.request().run_iteration();
+  if (entry->rewound_at && body.server_instance() != 0 && body.server_instance() != o_.instance &&
+      !body.state_only()) {
+    return call.ReplyError(Rewound(*entry->rewound_at));
+  }
   const uint64_t client = owner.id;
   size_t framed = 0;
   for (const v1::TensorSpec& spec : body.feeds()) framed += spec.has_buffer() ? 0 : 1;
@@ -468,9 +490,11 @@ void SessionManager::Run(Call call, const ClientRef& owner) {
   };
   Metrics* metrics = o_.metrics;
   AllocationRegistry* allocations = entry->allocation.empty() ? nullptr : o_.allocations;
-  auto done = [state, outputs, metrics, state_only, allocations, entry, replied](
+  const std::function<void()>* iteration_done = o_.iteration_done ? &o_.iteration_done : nullptr;
+  auto done = [state, outputs, metrics, state_only, allocations, entry, replied, iteration_done](
                   const Status& status, const sched::IterationRecord& r) {
     outputs->ready = nullptr;  // (not called: a GPU, a state fetch, a failure before it)
+    if (iteration_done != nullptr && status.ok() && !state_only) (*iteration_done)();
     if (metrics != nullptr && status.ok() && !state_only) metrics->IterationDone(r);
     if (allocations != nullptr && status.ok() && !state_only) {
       allocations->IterationDone(entry->allocation);
@@ -785,15 +809,16 @@ std::vector<SessionManager::SavedSession> SessionManager::Save(Nanos timeout,
 }
 
 Status SessionManager::Restore(const ClientRef& owner, const v1::SnapshotSession& saved,
-                               std::string state) {
+                               std::string state, bool complete) {
   const Resumed resumed{saved.session_id(), saved.iterations_done()};
   SALUS_ASSIGN_OR_RETURN(v1::CreateSessionReply created, Add(owner, saved.create(), &resumed));
-  if (saved.state().empty()) return OkStatus();
   std::shared_ptr<Entry> entry;
   {
     MutexLock lock(&mu_);
     entry = sessions_.at(created.session_id());
   }
+  if (!complete) entry->rewound_at = saved.iterations_done();
+  if (saved.state().empty()) return OkStatus();
   // The feeds point into `bytes`, which the queued write keeps alive.
   auto bytes = std::make_shared<const std::string>(std::move(state));
   std::vector<HostTensor> feeds;

@@ -58,6 +58,11 @@ class SessionManager {
     // Asked after an iteration fails on the engine's device `device`: whether it survived (a
     // GPU fault can corrupt its context). Null: no device can be lost (the CPU).
     std::function<Status(size_t device)> device_health;
+    // Called on the lane worker after each iteration that ran (not state-only requests);
+    // null: nothing to tell. Must not block.
+    std::function<void()> iteration_done;
+    // This start of the daemon (salus.v1.HelloReply.server_instance).
+    uint64_t instance = 0;
   };
 
   explicit SessionManager(Options options) : o_(std::move(options)) {}
@@ -106,8 +111,11 @@ class SessionManager {
   // count, compiled for the device the daemon has now, and queues the write of `state` before
   // anything else the session runs. A session whose state write fails answers each later
   // request with that error.
-  Status Restore(const ClientRef& owner, const v1::SnapshotSession& saved, std::string state)
-      EXCLUDES(mu_);
+  // `complete`: the snapshot holds every iteration its clients had answered (a drain's);
+  // otherwise the session refuses iterations from clients that have not heard of the restart
+  // (Note [Rewound sessions] in session_manager.cc).
+  Status Restore(const ClientRef& owner, const v1::SnapshotSession& saved, std::string state,
+                 bool complete) EXCLUDES(mu_);
 
   // Engine callbacks (wired by the server).
   void OnAdmitted(uint64_t session, uint64_t lane) EXCLUDES(mu_);
@@ -135,6 +143,9 @@ class SessionManager {
     Status late_error GUARDED_BY(late_mu);
     // Its state could not be restored from a snapshot: every later request fails with it.
     Status restore_error GUARDED_BY(late_mu);
+    // Restored from a snapshot written while the daemon served, at this iteration (Note
+    // [Rewound sessions] in session_manager.cc); set before anyone can reach it.
+    std::optional<int64_t> rewound_at;
   };
   // A session taken up from a snapshot: its id and the iterations it ran.
   struct Resumed {

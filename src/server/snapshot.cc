@@ -110,6 +110,35 @@ std::string Hex(std::string_view bytes) {
   return out;
 }
 
+// A name the manifest gives a file of the snapshot: in its directory, nowhere else.
+bool PlainName(const std::string& name) {
+  return !name.empty() && name.find('/') == std::string::npos && name != "." && name != "..";
+}
+
+// Reads session `s`'s CreateSession back from its file, checked against its digest.
+Status ReadCreate(const std::string& dir, v1::SnapshotSession* s) {
+  if (!PlainName(s->create_file())) {
+    return DataLossError(
+        fmt::format("snapshot in '{}': session {} names no valid spec file", dir, s->session_id()));
+  }
+  const std::string path = (fs::path(dir) / s->create_file()).string();
+  auto bytes = ReadWholeFile(path);
+  if (!bytes.ok()) {
+    return DataLossError(
+        fmt::format("snapshot spec file '{}' of session {} is missing", path, s->session_id()));
+  }
+  if (Sha256(*bytes) != s->create_sha256()) {
+    return DataLossError(
+        fmt::format("snapshot spec file '{}' is damaged: its SHA-256 is {}, the "
+                    "manifest says {}",
+                    path, Hex(Sha256(*bytes)), Hex(s->create_sha256())));
+  }
+  if (!s->mutable_create()->ParseFromString(*bytes)) {
+    return DataLossError(fmt::format("snapshot spec file '{}' does not parse", path));
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 Status WriteSnapshot(const std::string& dir, SnapshotData* data) {
@@ -135,6 +164,20 @@ Status WriteSnapshot(const std::string& dir, SnapshotData* data) {
   std::set<std::string> written;
   for (int i = 0; i < m.sessions_size(); ++i) {
     v1::SnapshotSession& s = *m.mutable_sessions(i);
+    // The CreateSession in a file of its own, named by its digest: written once.
+    std::string create;
+    if (!s.create().SerializeToString(&create)) {
+      return InternalError(
+          fmt::format("session {}: its CreateSession cannot be encoded", s.session_id()));
+    }
+    s.set_create_sha256(Sha256(create));
+    s.set_create_file(fmt::format("create-{}.pb", Hex(s.create_sha256())));
+    s.clear_create();
+    const std::string create_path = (fs::path(dir) / s.create_file()).string();
+    if (written.insert(s.create_file()).second &&
+        !(fs::exists(create_path, ec) && fs::file_size(create_path, ec) == create.size())) {
+      SALUS_RETURN_IF_ERROR(WriteFileAtomically(create_path, create));
+    }
     const std::string& state = data->states[static_cast<size_t>(i)];
     s.clear_state_file();
     s.set_state_bytes(state.size());
@@ -153,10 +196,13 @@ Status WriteSnapshot(const std::string& dir, SnapshotData* data) {
   SALUS_RETURN_IF_ERROR(
       WriteFileAtomically((fs::path(dir) / kSnapshotManifest).string(), file.SerializeAsString()));
   SALUS_RETURN_IF_ERROR(SyncDirectory(dir));
-  // The older snapshots' state files: nothing names them any more.
+  // The older snapshots' files that nothing names any more.
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("state-", 0) == 0 && written.count(name) == 0) fs::remove(e.path(), ec);
+    if ((name.rfind("state-", 0) == 0 || name.rfind("create-", 0) == 0) &&
+        written.count(name) == 0) {
+      fs::remove(e.path(), ec);
+    }
   }
   return OkStatus();
 }
@@ -188,7 +234,8 @@ StatusOr<SnapshotData> ReadSnapshot(const std::string& dir) {
         fmt::format("snapshot '{}' has format {}; this daemon reads formats 1 to {}", path,
                     m.format_version(), kSnapshotFormat));
   }
-  for (const v1::SnapshotSession& s : m.sessions()) {
+  for (v1::SnapshotSession& s : *data.manifest.mutable_sessions()) {
+    SALUS_RETURN_IF_ERROR(ReadCreate(dir, &s));
     uint64_t expected = 0;
     for (const v1::TensorSpec& t : s.state()) {
       auto b = TensorBytes(t);
@@ -208,7 +255,7 @@ StatusOr<SnapshotData> ReadSnapshot(const std::string& dir) {
       continue;
     }
     const std::string name = s.state_file();
-    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+    if (!PlainName(name)) {
       return DataLossError(
           fmt::format("snapshot '{}': session {} names no valid state file", path, s.session_id()));
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -204,3 +205,41 @@ def test_a_client_of_an_allocation_comes_back_with_its_budget(daemon_factory,  #
     # The snapshot's files are the daemon user's alone.
     for f in (tmp_path / "snapshot").iterdir():
         assert f.stat().st_mode & 0o077 == 0, f
+
+
+def test_after_a_crash_the_job_resumes_from_the_last_snapshot_and_is_told(  # noqa: ANN201
+        daemon_factory, tmp_path: Path):  # noqa: ANN001
+    reference = daemon_factory()
+    with salus.connect(reference.endpoint) as c:
+        s = train_session(c)
+        ref_losses = [float(s.run(feeds(i), ["loss"])["loss"]) for i in range(ITERATIONS)]
+        ref_state = everything(s)
+
+    state_dir = tmp_path / "state"
+    first = daemon_factory("--state-dir", str(state_dir), "--snapshot-every", "2")
+    with salus.connect(first.endpoint, reconnect=60) as c:
+        s = train_session(c)
+        losses = [float(s.run(feeds(i), ["loss"])["loss"]) for i in range(ITERATIONS - 1)]
+        assert losses == ref_losses[:-1]
+        # Snapshots are written in the background while it serves; then it dies at once.
+        deadline = time.monotonic() + 60
+        while sum("event: snapshot " in line for line in first.log) < 2:
+            assert time.monotonic() < deadline, "".join(first.log[-20:])
+            time.sleep(0.05)
+        first.proc.kill()
+        first.proc.wait()
+        second = daemon_factory("--state-dir", str(state_dir), after=first)
+        assert any("event: restored " in line and '"complete":false' in line
+                   for line in second.log), "".join(second.log[-20:])
+        # The next iteration would train a state it was not meant for: it does not run, and
+        # the job is told where the session is.
+        with pytest.raises(salus.SessionRewound) as e:
+            s.run(feeds(ITERATIONS - 1), ["loss"])
+        at = e.value.iteration
+        assert 2 <= at <= ITERATIONS - 1, e.value
+        # Sent again from there, the batches give what a run without the crash gave.
+        again = [float(s.run(feeds(i), ["loss"])["loss"]) for i in range(at, ITERATIONS)]
+        assert again == ref_losses[at:]
+        state = everything(s)
+        for name, value in ref_state.items():
+            assert np.array_equal(state[name], value), name

@@ -23,6 +23,7 @@ token ($SALUS_ALLOCATION_TOKEN): the client then acts as the allocation (princip
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import threading
 import time
@@ -77,6 +78,20 @@ class SalusError(Exception):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+class SessionRewound(SalusError):
+    """The daemon restarted from a snapshot it wrote while it served (after a crash): the
+    session is at iteration `iteration`, and the iterations this client sent after it are
+    lost (nothing of the failed one ran). Send the lost batches again from that iteration, or
+    go on from there: the next iteration is `iteration` (docs/operations.md, Restarts)."""
+
+    def __init__(self, message: str, iteration: int) -> None:
+        super().__init__("ABORTED", message)
+        self.iteration = iteration
+
+
+_REWOUND = re.compile(r"the session is at iteration (\d+): the iterations this client sent")
 
 
 @dataclass
@@ -256,14 +271,17 @@ class Client:
             self._outstanding.add(req.request_id)
             return req.request_id
 
-    def _await(self, request_id: int,
-               timeout_ms: int | None) -> tuple[pb.Reply, list[zmq.Frame]]:
+    def _await(self, request_id: int, timeout_ms: int | None,
+               keep_on_timeout: bool = False) -> tuple[pb.Reply, list[zmq.Frame]]:
         """Waits for the reply to `request_id`, keeping replies to other outstanding requests
-        for their own _await; a reply to a request that timed out is dropped."""
+        for their own _await; a reply to a request that timed out is dropped, unless
+        `keep_on_timeout` (it may be awaited again)."""
         with self._lock:
+            timed_out = False
             try:
                 while request_id not in self._stash:
                     if timeout_ms is not None and not self._sock.poll(timeout_ms):
+                        timed_out = keep_on_timeout
                         raise SalusError(
                             "DEADLINE_EXCEEDED",
                             f"no reply from {self.endpoint} within {timeout_ms} ms",
@@ -277,7 +295,8 @@ class Client:
                     if rid in self._outstanding:
                         self._stash[rid] = (reply, parts[1:])
             finally:
-                self._outstanding.discard(request_id)
+                if not timed_out:
+                    self._outstanding.discard(request_id)
             reply, frames = self._stash.pop(request_id)
         _raise_for(reply.status)
         return reply, frames
@@ -364,6 +383,12 @@ class Client:
                     f"{self._reconnect:g} s") from error
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+    def _sync_instance(self) -> None:
+        """Learns the daemon's instance now, as after a restart when it changed."""
+        beat = self._heartbeat_now(1000)
+        if beat is not None and beat.server_instance != self.server_instance:
+            self._restarted(beat.server_instance)
 
     def _restarted(self, instance: int) -> None:
         """The daemon is a new instance that restored this client: the shared buffers it had
@@ -737,12 +762,19 @@ class Session:
                             reply_when_fetched=reply_when_fetched)
 
     def _submit(self, feeds: dict[str, np.ndarray] | None, fetches: list[str] | None,
-                state_only: bool, reply_when_fetched: bool = False) -> PendingIteration:
+                state_only: bool, reply_when_fetched: bool = False,
+                instance: int | None = None) -> PendingIteration:
+        """`instance`: the daemon instance it was first sent to, when it is sent again."""
         client = self._client
+        if instance is None:
+            instance = client.server_instance
         req = pb.Request()
         req.session_id = self.id
         body = req.run_iteration
         body.SetInParent()
+        # Which daemon this client last heard from: a session the daemon rewound after a crash
+        # tells a client that has not heard of it (Note [Rewound sessions] in the daemon).
+        body.server_instance = instance
         arrays: list[tuple[str, np.ndarray, tuple[int, int] | None]] = []
         for name, value in (feeds or {}).items():
             # ascontiguousarray makes a 0-d array 1-d; a scalar state value stays 0-d.
@@ -780,7 +812,6 @@ class Session:
         body.fetches.extend(fetches or [])
         body.state_only = state_only
         body.reply_when_fetched = reply_when_fetched
-        instance = client.server_instance
         try:
             request_id = client._send(req, frames)
         except BaseException:
@@ -835,25 +866,63 @@ class PendingIteration:
         tmo = None if timeout is None else int(timeout * 1000)
         client = self._session._client
         try:
-            reply, parts = client._await(self._request_id, tmo)
+            if tmo is None and self._resend is not None and client._reconnect is not None:
+                reply, parts = self._await_watching()
+            else:
+                reply, parts = client._await(self._request_id, tmo)
         except SalusError as e:
             # A deadline passed with the iteration still queued or running: its staging
             # buffer stays busy. Any other answer means the daemon is done reading it.
             if e.code != "DEADLINE_EXCEEDED":
                 client._release_stage(self._stage)
+            at = _REWOUND.search(e.message) if e.code == "ABORTED" else None
+            if at is not None:
+                # The daemon restarted from a snapshot older than this session's last
+                # iterations: from now on this client has heard of it, and the job is told.
+                client._sync_instance()
+                raise SessionRewound(e.message, int(at.group(1))) from None
             if self._resend is None or e.code == "DEADLINE_EXCEEDED":
                 raise
-            # Refused while the daemon drained, or sent on to a restarted one that no longer
-            # has its buffer: nothing of it ran, so it is sent again once the daemon is back.
+            # Refused while the daemon drained, sent on to a restarted one that no longer has
+            # its buffer, or lost with a daemon that restarted: nothing of it ran, so it is
+            # sent again, with its number, once the daemon is back.
             feeds, fetches, state_only, early, instance = self._resend
             client._after_refusal(e, instance)
-            again = self._session._submit(feeds, fetches, state_only, early)
+            again = self._session._submit(feeds, fetches, state_only, early, instance)
             self._keep = []
             again._done = False
             return again.result(timeout)
         client._release_stage(self._stage)
         self._keep = []
         return self._session._finish(reply, parts, update_stats=not self._state_only)
+
+
+    def _await_watching(self) -> tuple[pb.Reply, list[zmq.Frame]]:
+        """Waits for the reply as long as it takes while the daemon that has the iteration is
+        there; raises UNAVAILABLE once another instance answers (the daemon restarted: the
+        iteration went with it) or none answers for `reconnect` seconds."""
+        client = self._session._client
+        instance = self._resend[4]
+        away_since: float | None = None
+        while True:
+            try:
+                return client._await(self._request_id, 1000, keep_on_timeout=True)
+            except SalusError as e:
+                if e.code != "DEADLINE_EXCEEDED":
+                    raise
+            beat = client._heartbeat_now(1000)
+            if beat is not None and beat.server_instance == instance:
+                away_since = None
+                continue  # still running there
+            if beat is None:
+                away_since = away_since or time.monotonic()
+                if time.monotonic() - away_since < client._reconnect:
+                    continue
+            with client._lock:
+                client._outstanding.discard(self._request_id)
+                client._stash.pop(self._request_id, None)
+            raise SalusError("UNAVAILABLE",
+                             f"the daemon at {client.endpoint} went away while the iteration ran")
 
 
 class SharedBuffer:

@@ -89,6 +89,13 @@ TEST_F(SnapshotTest, WhatIsWrittenIsReadBack) {
   EXPECT_EQ(read->states, written.states);
   EXPECT_TRUE(read->manifest.sessions(1).state_file().empty());
   EXPECT_EQ(read->manifest.clients(0).token_sha256(), std::string(32, 'h'));
+  // A CreateSession is written once, in a file of its own, and not in the manifest.
+  size_t specs = 0;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    specs += e.path().filename().string().rfind("create-", 0) == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(specs, 2u);
+  EXPECT_EQ(Read(dir_ + "/snapshot.pb").find("fit"), std::string::npos);
   // No temporary file is left behind.
   for (const auto& e : fs::directory_iterator(dir_)) {
     EXPECT_EQ(e.path().string().find(".partial"), std::string::npos) << e.path();
@@ -128,6 +135,15 @@ TEST_F(SnapshotTest, DamageAnywhereRefusesTheWholeSnapshot) {
       {"a truncated state file",
        [](const std::string&, const std::string& state) { Write(state, Read(state).substr(1)); },
        StatusCode::kDataLoss, "truncated"},
+      {"a damaged spec file",
+       [](const std::string& dir, const std::string&) {
+         for (const auto& e : fs::directory_iterator(dir)) {
+           if (e.path().filename().string().rfind("create-", 0) != 0) continue;
+           std::string b = Read(e.path().string());
+           Write(e.path().string(), b + "x");
+         }
+       },
+       StatusCode::kDataLoss, "snapshot spec file"},
       {"a missing state file",
        [](const std::string&, const std::string& state) { fs::remove(state); },
        StatusCode::kDataLoss, "is missing"},
