@@ -1103,7 +1103,8 @@ def test_results_only_a_backward_reads(daemon: Daemon) -> None:
         i.cpu()
 
 
-def test_a_loop_carries_on_bit_identical_across_a_daemon_restart(tmp_path) -> None:  # noqa: ANN001
+def test_a_loop_carries_on_bit_identical_across_a_daemon_restart(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """docs/operations.md, Restarts: the daemon drains writing a snapshot between two steps, a
     new one restores it, and the unmodified loop goes on; its losses and weights are the bits
     of a run without the restart."""
@@ -1113,7 +1114,7 @@ def test_a_loop_carries_on_bit_identical_across_a_daemon_restart(tmp_path) -> No
         first = Daemon(memory="2GiB")
         daemons = [first]
         salus_torch.device.close()
-        os.environ["SALUS_ENDPOINT"] = first.endpoint
+        monkeypatch.setenv("SALUS_ENDPOINT", first.endpoint)  # restored after the test
         try:
             m, opt = make("resnet", "adam", "salus")
             losses = []
@@ -1133,7 +1134,6 @@ def test_a_loop_carries_on_bit_identical_across_a_daemon_restart(tmp_path) -> No
             return losses, {k: v.cpu() for k, v in m.state_dict().items()}
         finally:
             salus_torch.device.close()
-            os.environ.pop("SALUS_ENDPOINT", None)
             for d in daemons:
                 if d.proc.poll() is None:
                     d.stop()
