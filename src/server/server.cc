@@ -13,6 +13,7 @@
 
 #include "common/endpoints.h"
 #include "common/logging.h"
+#include "common/thread_priority.h"
 #include "common/units.h"
 #include "device/cuda_query.h"
 #include "server/snapshot.h"
@@ -413,6 +414,9 @@ Status Server::Start() {
 const std::vector<std::string>& Server::endpoints() const { return frontend_->endpoints(); }
 std::string Server::metrics_address() const { return http_ ? http_->address() : ""; }
 
+// The nice value of the thread that writes snapshots while the daemon serves.
+constexpr int kSnapshotNice = 10;
+
 // Note [Snapshots while serving]
 // A drain's snapshot keeps the jobs across a planned restart; a crash leaves no drain. So with
 // snapshot_every_iterations N (and a state directory) a thread of its own writes a snapshot
@@ -420,12 +424,15 @@ std::string Server::metrics_address() const { return http_ ? http_->address() : 
 // daemon serves. It is the drain's snapshot, taken without stopping anything: each session's
 // state is read by a state-only request queued behind its iterations (so at an iteration
 // boundary, on its lane, a copy out of the arena), and everything else (hashing, writing,
-// syncing) happens on this thread. The sessions' iterations go on meanwhile; each session's
-// state in the snapshot is the one after the iterations queued before its read. After a
-// crash, the start restores the last snapshot written whole, and a client learns how many
-// iterations its sessions lost from their iteration counts (docs/operations.md, Restarts).
+// syncing) happens on this thread, at a low priority (nice kSnapshotNice), so that it yields
+// to the sessions' own threads. The iterations go on meanwhile; each session's state in the
+// snapshot is the one after the iterations queued before its read. After a crash, the start
+// restores the last snapshot written whole, and its sessions refuse iterations from clients
+// that have not heard of the restart (Note [Rewound sessions] in session_manager.cc).
 void Server::SnapshotLoop() {
   const uint64_t every = o_.snapshot_every_iterations;
+  // Background work: hashing and writing yield to the sessions' own threads.
+  SetCurrentThreadNice(kSnapshotNice).status().IgnoreError();
   while (true) {
     {
       MutexLock lock(&mu_);
