@@ -19,6 +19,8 @@ loop on a daemon that writes none, rounds alternating, and how many snapshots we
     .venv/bin/python benchmarks/daemon/snapshot_bench.py [--rounds 3] [--models mlp,resnet18]
     .venv/bin/python benchmarks/daemon/snapshot_bench.py --periodic [--steps 200]
 
+--device cuda:0 runs the daemons on that GPU instead of the CPU.
+
 Needs a built salus-server (build/bin, or $SALUS_SERVER).
 """
 
@@ -94,10 +96,13 @@ def memcpy_floor(nbytes: int) -> float:
     return time.perf_counter() - start
 
 
+DEVICE: tuple[str, ...] = ()  # the daemons' --device flag, when one is given
+
+
 def one_round(name: str, seed: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="salus-snapshot-bench-") as tmp:
         state_dir = Path(tmp) / "state"
-        first = Daemon("--state-dir", str(state_dir), memory="4GiB")
+        first = Daemon("--state-dir", str(state_dir), *DEVICE, memory="4GiB")
         second = None
         try:
             with salus.connect(first.endpoint, reconnect=120) as c:
@@ -109,7 +114,8 @@ def one_round(name: str, seed: int) -> dict[str, float]:
                     s.run(batch, ["loss"])
                 start = time.perf_counter()
                 first.stop(keep_dir=True, timeout=300)
-                second = Daemon("--state-dir", str(state_dir), memory="4GiB", after=first)
+                second = Daemon("--state-dir", str(state_dir), *DEVICE, memory="4GiB",
+                                after=first)
                 s.run(batch, ["loss"])
                 pause = time.perf_counter() - start
                 snap = event(first.log, "snapshot")
@@ -132,7 +138,7 @@ def periodic_round(name: str, every: int, steps: int) -> tuple[float, int]:
     with tempfile.TemporaryDirectory(prefix="salus-snapshot-bench-") as tmp:
         args = ("--state-dir", str(Path(tmp) / "state"), "--snapshot-every", str(every)) \
             if every else ()
-        d = Daemon(*args, memory="4GiB")
+        d = Daemon(*args, *DEVICE, memory="4GiB")
         try:
             with salus.connect(d.endpoint) as c:
                 batch = feeds(name, 0)
@@ -181,7 +187,10 @@ def main() -> None:
     p.add_argument("--periodic", action="store_true",
                    help="the step time under periodic snapshots instead")
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--device", help="the daemons' device, e.g. cuda:0 (default: the CPU)")
     args = p.parse_args()
+    global DEVICE
+    DEVICE = ("--device", args.device) if args.device else ()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if args.periodic:
         out = periodic(args.models.split(","), args.rounds, args.steps)
