@@ -63,6 +63,12 @@ def feeds(name: str, seed: int) -> dict[str, np.ndarray]:
     return {data: x, "labels": rng.integers(0, CLASSES, BATCH).astype(np.int64)}
 
 
+def train_session(client: salus.Client, name: str, batch: dict[str, np.ndarray]) -> salus.Session:
+    return client.create_session(model=MODELS / f"{name}.onnx", mode="train",
+                                 inputs={k: v.shape for k, v in batch.items()}, loss="loss",
+                                 optimizer={"type": "adam", "lr": 1e-3}, name=name)
+
+
 def event(log: list[str], name: str) -> dict:
     tag = f"event: {name} "
     lines = [line for line in log if tag in line]
@@ -107,9 +113,7 @@ def one_round(name: str, seed: int) -> dict[str, float]:
         try:
             with salus.connect(first.endpoint, reconnect=120) as c:
                 batch = feeds(name, seed)
-                s = c.create_session(model=MODELS / f"{name}.onnx", mode="train",
-                                     inputs={k: v.shape for k, v in batch.items()}, loss="loss",
-                                     optimizer={"type": "adam", "lr": 1e-3}, name=name)
+                s = train_session(c, name, batch)
                 for _ in range(2):
                     s.run(batch, ["loss"])
                 start = time.perf_counter()
@@ -142,9 +146,7 @@ def periodic_round(name: str, every: int, steps: int) -> tuple[float, int]:
         try:
             with salus.connect(d.endpoint) as c:
                 batch = feeds(name, 0)
-                s = c.create_session(model=MODELS / f"{name}.onnx", mode="train",
-                                     inputs={k: v.shape for k, v in batch.items()}, loss="loss",
-                                     optimizer={"type": "adam", "lr": 1e-3}, name=name)
+                s = train_session(c, name, batch)
                 for _ in range(10):
                     s.run(batch, ["loss"])
                 start = time.perf_counter()

@@ -200,6 +200,14 @@ struct Client::Impl {
     return std::move(r.first);
   }
 
+  // One Heartbeat, answered within `wait`.
+  StatusOr<v1::HeartbeatReply> Heartbeat(std::chrono::milliseconds wait) {
+    v1::Request req;
+    req.mutable_heartbeat();
+    SALUS_ASSIGN_OR_RETURN(auto r, Call(std::move(req), {}, wait));
+    return std::move(*r.first.mutable_heartbeat());
+  }
+
   void Beat(std::chrono::milliseconds period) {
     std::unique_lock<std::mutex> lock(stop_mu);
     while (!stop_cv.wait_for(lock, period, [this] { return stop; })) {
@@ -208,9 +216,7 @@ struct Client::Impl {
       std::unique_lock<std::mutex> busy(mu, std::try_to_lock);
       if (busy.owns_lock()) {
         busy.unlock();
-        v1::Request req;
-        req.mutable_heartbeat();
-        Control(std::move(req)).status().IgnoreError();
+        Heartbeat(options.timeout).status().IgnoreError();
       }
       lock.lock();
     }
@@ -605,11 +611,9 @@ Status Client::AfterRefusal(const Status& error, uint64_t submitted_to) {
       error.message().find("the session is at iteration") != std::string_view::npos) {
     // The daemon restarted from an older snapshot (a crash): the job is told; from now on this
     // client has heard of the restart, so its next iterations run.
-    v1::Request req;
-    req.mutable_heartbeat();
-    auto beat = impl_->Call(std::move(req), {}, std::chrono::milliseconds(1000));
-    if (beat.ok() && beat->first.heartbeat().server_instance() != impl_->instance) {
-      Restarted(beat->first.heartbeat().server_instance());
+    auto beat = impl_->Heartbeat(std::chrono::milliseconds(1000));
+    if (beat.ok() && beat->server_instance() != impl_->instance) {
+      Restarted(beat->server_instance());
     }
     return error;
   }
@@ -622,11 +626,9 @@ Status Client::AfterRefusal(const Status& error, uint64_t submitted_to) {
   auto delay = std::chrono::milliseconds(50);
   while (true) {
     if (impl_->instance != submitted_to) return OkStatus();  // another saw the restart
-    v1::Request req;
-    req.mutable_heartbeat();
-    auto beat = impl_->Call(std::move(req), {}, std::chrono::milliseconds(1000));
+    auto beat = impl_->Heartbeat(std::chrono::milliseconds(1000));
     if (beat.ok()) {
-      const v1::HeartbeatReply& h = beat->first.heartbeat();
+      const v1::HeartbeatReply& h = *beat;
       if (h.server_instance() != impl_->instance) {
         if (!h.client_known()) {
           return AbortedError(

@@ -458,22 +458,22 @@ Status Server::WriteSnapshotTo(const std::string& dir) {
   data.manifest.set_device(o_.device);
   data.manifest.set_complete(complete);
   for (v1::Allocation& a : allocations_->Save()) *data.manifest.add_allocations() = std::move(a);
-  std::set<uint64_t> clients;
+  std::map<uint64_t, bool> kept;  // each session's client: whether it is in the snapshot
   for (SessionManager::SavedSession& s : saved) {
-    if (clients.insert(s.session.client()).second) {
-      std::optional<ClientRegistry::Saved> c = clients_->Save(s.session.client());
-      if (!c) {  // its lease ran out meanwhile: its sessions are closing
-        clients.erase(s.session.client());
-        skipped.push_back(fmt::format("session {}: its client is gone", s.session.session_id()));
-        continue;
+    auto [client, first] = kept.try_emplace(s.session.client(), false);
+    if (first) {
+      if (std::optional<ClientRegistry::Saved> c = clients_->Save(s.session.client())) {
+        v1::SnapshotClient* out = data.manifest.add_clients();
+        out->set_id(c->ref.id);
+        out->set_name(c->ref.name);
+        out->set_principal(c->bound_to);
+        out->set_allocation(c->ref.allocation);
+        out->set_token_sha256(c->token_sha256);
+        client->second = true;
       }
-      v1::SnapshotClient* out = data.manifest.add_clients();
-      out->set_id(c->ref.id);
-      out->set_name(c->ref.name);
-      out->set_principal(c->bound_to);
-      out->set_allocation(c->ref.allocation);
-      out->set_token_sha256(c->token_sha256);
-    } else if (clients.count(s.session.client()) == 0) {
+    }
+    if (!client->second) {  // its lease ran out meanwhile: its sessions are closing
+      skipped.push_back(fmt::format("session {}: its client is gone", s.session.session_id()));
       continue;
     }
     *data.manifest.add_sessions() = std::move(s.session);

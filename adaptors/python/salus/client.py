@@ -333,9 +333,7 @@ class Client:
                 continue  # a request is in flight: the server knows we are alive
             self._lock.release()
             try:
-                req = pb.Request()
-                req.heartbeat.SetInParent()
-                self._call(req)
+                self._heartbeat_now(self._timeout_ms)
             except (SalusError, zmq.ZMQError):
                 pass
 
