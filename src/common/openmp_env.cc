@@ -10,6 +10,7 @@ namespace salus {
 void EnsurePassiveOpenMpWait(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
   setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  setenv("GOMP_SPINCOUNT", kOpenMpSpinCount, 0);  // a value the environment gave is kept
   // Execute the binary by its real path, not /proc/self/exe: the kernel names the process
   // after the path's last component, and tools (ps, pkill, top) should see "salus-server".
   char path[PATH_MAX];
