@@ -295,6 +295,7 @@ Status Executable::Build(const CompileOptions& options) {
   if (options.mode == Mode::kInference && options.fuse) {
     FuseGelu(&graph_, FusionOptions{device_.type, fetch_ids_});
     ApplyInferenceFusions(&graph_, FusionOptions{device_.type, fetch_ids_});
+    FuseElementwise(&graph_, FusionOptions{device_.type, fetch_ids_});
     if (device_.type == DeviceType::kCpu) {
       KeepBlockedLayouts(&graph_, FusionOptions{device_.type, fetch_ids_}, CpuChannelBlock());
     }

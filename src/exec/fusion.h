@@ -105,6 +105,27 @@ int AdoptChannelsLast(Graph* graph, const FusionOptions& options);
 Shape NchwOf(const Shape& shape);
 Shape OihwOf(const Shape& hwio);
 
+// Note [Fused elementwise chains] (fusion_eltwise.cc): FuseElementwise makes each chain of
+// float32 Add, Sub, Mul, Div, Sqrt and Neg nodes whose intermediates have one reader (and are
+// neither fetched nor graph outputs) one SalusFusedElementwise node, and folds the chain into a
+// SalusAssign that reads its result (the node then writes the variable in place). Its inputs
+// are the chain's outside operands, each with the output's element count or one element (a
+// scalar, broadcast); attribute kFusedProgramAttr lists three ints per operation in order: an
+// ElementwiseOpcode and two operands, an operand >= 0 naming an input and one < 0 the result of
+// operation -1 - operand. With kFusedAssignAttr ("set", "add", "sub") the node has no output and
+// input 0 is the variable it writes. Each element is computed by the same float operations in
+// the same order as the chain's nodes did, so results are bit for bit the unfused ones. Run by
+// Executable::Build on CPU inference compiles (TensorFlow and ATen steps carry their training
+// inside such graphs) after ApplyInferenceFusions; returns the number of nodes it removed.
+enum class ElementwiseOpcode : int64_t { kAdd = 0, kSub, kMul, kDiv, kSqrt, kNeg };
+inline constexpr const char* kFusedElementwiseOp = "SalusFusedElementwise";
+inline constexpr const char* kFusedProgramAttr = "program";
+inline constexpr const char* kFusedAssignAttr = "assign";
+// The most operations one fused node runs (its kernel keeps a block of each result on the
+// stack).
+inline constexpr int kMaxFusedOperations = 24;
+int FuseElementwise(Graph* graph, const FusionOptions& options);
+
 // FoldBatchNorm, FuseActivations and FuseResidualAdd, in that order.
 void ApplyInferenceFusions(Graph* graph, const FusionOptions& options);
 

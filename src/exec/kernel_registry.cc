@@ -22,6 +22,7 @@ const KernelRegistry& KernelRegistry::Global() {
     RegisterCpuNormKernels(r);
     RegisterCpuLstmKernels(r);
     RegisterCpuRandomKernels(r);
+    RegisterCpuFusedKernels(r);
 #ifdef SALUS_HAVE_CUDA
     RegisterCudaKernels(r);
 #endif

@@ -58,6 +58,7 @@ void RegisterCpuTensorKernels(KernelRegistry* registry);      // cpu_tensor_kern
 void RegisterCpuNormKernels(KernelRegistry* registry);        // cpu_norm_kernels.cc
 void RegisterCpuLstmKernels(KernelRegistry* registry);
 void RegisterCpuRandomKernels(KernelRegistry* registry);  // cpu_random_kernels.cc
+void RegisterCpuFusedKernels(KernelRegistry* registry);   // cpu_fused_kernels.cc
 // Defined in cuda/cuda_kernels.cc; only in CUDA builds.
 void RegisterCudaKernels(KernelRegistry* registry);
 

@@ -112,6 +112,18 @@ std::pair<size_t, size_t> ExpectSame(const std::string& model, const CompileOpti
   return {fused.steps, plain.steps};
 }
 
+// How many Gelu nodes the fused compile of `model` has (the elementwise chains around a GELU
+// that is not formed still fuse, Note [Fused elementwise chains], so step counts do not say).
+int Gelus(const std::string& model, CompileOptions o) {
+  o.fuse = true;
+  auto exe = Executable::Compile(model, o);
+  EXPECT_TRUE(exe.ok()) << exe.status();
+  if (!exe.ok()) return -1;
+  int n = 0;
+  for (const Node& node : (*exe)->graph().nodes()) n += node.op == "Gelu";
+  return n;
+}
+
 TEST(FusionSeqTest, GeluInferenceBothOrders) {
   for (bool half_first : {false, true}) {
     SCOPED_TRACE(half_first ? "(h * 0.5) * (erf + 1)" : "(h * (erf + 1)) * 0.5");
@@ -137,8 +149,8 @@ TEST(FusionSeqTest, GeluTrainingMatchesUnfused) {
 TEST(FusionSeqTest, FetchedIntermediateIsKept) {
   CompileOptions o;
   o.fetches = {"y", "e"};
-  const auto [fused, plain] = ExpectSame(GeluModel(false), o, 1);
-  EXPECT_EQ(fused, plain);
+  ExpectSame(GeluModel(false), o, 1);
+  EXPECT_EQ(Gelus(GeluModel(false), o), 0);
 }
 
 TEST(FusionSeqTest, OtherConstantsAreNotGelu) {
@@ -155,8 +167,8 @@ TEST(FusionSeqTest, OtherConstantsAreNotGelu) {
   mb.Node("Mul", {"m", "half"}, {"y"});
   mb.Output("y", {kRows, kCols});
   CompileOptions o;
-  const auto [fused, plain] = ExpectSame(mb.Bytes(), o, 1);
-  EXPECT_EQ(fused, plain);
+  ExpectSame(mb.Bytes(), o, 1);
+  EXPECT_EQ(Gelus(mb.Bytes(), o), 0);
 }
 
 }  // namespace

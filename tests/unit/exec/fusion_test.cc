@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <tuple>
@@ -570,4 +571,110 @@ TEST(FusionTest, TrainingFoldsTheBackwardsTransposes) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Note [Fused elementwise chains].
+
+bool SameBits(const HostTensor& a, const HostTensor& b) {
+  return a.shape == b.shape && a.bytes.size() == b.bytes.size() &&
+         std::memcmp(a.bytes.data(), b.bytes.data(), a.bytes.size()) == 0;
+}
+
+int CountOps(const Executable& exe, const std::string& op) {
+  int count = 0;
+  for (const Node& n : exe.graph().nodes()) count += n.op == op;
+  return count;
+}
+
+// out = -((x - y) * s / (sqrt(y * y) + eps)) over `shape`, s and eps scalars: one chain.
+ModelBuilder ElementwiseChain(const Shape& shape) {
+  ModelBuilder mb;
+  mb.Input("x", shape).Input("y", shape);
+  mb.Initializer("s", {}, {0.75f});
+  mb.Initializer("eps", {1}, {1e-3f});
+  mb.Node("Sub", {"x", "y"}, {"d"});
+  mb.Node("Mul", {"d", "s"}, {"ds"});
+  mb.Node("Mul", {"y", "y"}, {"yy"});
+  mb.Node("Sqrt", {"yy"}, {"r"});
+  mb.Node("Add", {"r", "eps"}, {"den"});
+  mb.Node("Div", {"ds", "den"}, {"q"});
+  mb.Node("Neg", {"q"}, {"out"});
+  mb.Output("out", shape);
+  return mb;
+}
+
+// Every element as the separate nodes compute it, bit for bit, whether the count is a multiple
+// of the kernel's block or not, and whether the threads split it (40,000 elements) or not.
+TEST(FusionTest, ElementwiseChainsRunAsOneNodeBitForBit) {
+  for (const Shape& shape : {Shape{3, 7}, Shape{4, 10000}}) {
+    const int64_t count = NumElements(shape);
+    const std::vector<HostTensor> feeds = {HostTensor::FromFloats(shape, RandomFloats(count, 61)),
+                                           HostTensor::FromFloats(shape, RandomFloats(count, 62))};
+    CompileOptions o;
+    Compiled fused = CompileAndRun(ElementwiseChain(shape).Bytes(), o, feeds, true);
+    Compiled plain = CompileAndRun(ElementwiseChain(shape).Bytes(), o, feeds, false);
+    ASSERT_TRUE(fused.exe && plain.exe);
+    ASSERT_EQ(fused.outputs.size(), 1u);
+    EXPECT_TRUE(SameBits(fused.outputs[0], plain.outputs[0])) << ShapeString(shape);
+    EXPECT_EQ(fused.exe->num_steps(), 1u);
+    EXPECT_EQ(CountOps(*fused.exe, kFusedElementwiseOp), 1);
+    EXPECT_EQ(plain.exe->num_steps(), 7u);
+  }
+}
+
+// A value another node reads, a fetched one, and an operand that broadcasts along a dim (not a
+// scalar) end a chain; the chains on either side still fuse, and the results stay exact.
+TEST(FusionTest, SharedFetchedOrBroadcastValuesEndAChain) {
+  const Shape shape = {6, 50};
+  ModelBuilder mb;
+  mb.Input("x", shape).Input("y", shape).Input("row", {50});
+  mb.Node("Sub", {"x", "y"}, {"a"});
+  mb.Node("Mul", {"a", "a"}, {"b"});    // a is read twice here ...
+  mb.Node("Relu", {"a"}, {"c"});        // ... and by a node outside the set
+  mb.Node("Add", {"b", "row"}, {"e"});  // row broadcasts: not a chain member
+  mb.Node("Sqrt", {"e"}, {"f"});
+  mb.Node("Neg", {"f"}, {"g"});
+  mb.Node("Mul", {"g", "c"}, {"out"});
+  mb.Output("out", shape);
+  const std::vector<HostTensor> feeds = {HostTensor::FromFloats(shape, RandomFloats(300, 63)),
+                                         HostTensor::FromFloats(shape, RandomFloats(300, 64)),
+                                         HostTensor::FromFloats({50}, RandomFloats(50, 65))};
+  CompileOptions o;
+  Compiled fused = CompileAndRun(mb.Bytes(), o, feeds, true);
+  Compiled plain = CompileAndRun(mb.Bytes(), o, feeds, false);
+  ASSERT_TRUE(fused.exe && plain.exe);
+  EXPECT_TRUE(SameBits(fused.outputs[0], plain.outputs[0]));
+  // Sub, Mul (a*a), Relu and Add stay; Sqrt, Neg and the last Mul become one node.
+  EXPECT_EQ(CountOps(*fused.exe, "Sub"), 1);
+  EXPECT_EQ(CountOps(*fused.exe, "Relu"), 1);
+  EXPECT_EQ(CountOps(*fused.exe, "Add"), 1);
+  EXPECT_EQ(CountOps(*fused.exe, kFusedElementwiseOp), 1);
+  EXPECT_EQ(fused.exe->num_steps(), 5u);
+
+  o.fetches = {"out", "f"};  // f fetched: Sqrt ends its chain, Neg and Mul still fuse
+  Compiled fetched = CompileAndRun(mb.Bytes(), o, feeds, true);
+  ASSERT_TRUE(fetched.exe);
+  EXPECT_TRUE(SameBits(fetched.outputs[0], plain.outputs[0]));
+  EXPECT_EQ(CountOps(*fetched.exe, "Sqrt"), 1);
+  EXPECT_EQ(CountOps(*fetched.exe, kFusedElementwiseOp), 1);
+}
+
+// Training compiles keep every node (the backward pass reads the intermediates).
+TEST(FusionTest, TrainingCompilesKeepElementwiseNodes) {
+  ModelBuilder mb;
+  mb.Input("x", {4, 8});
+  mb.Initializer("w", {4, 8}, RandomFloats(32, 66));
+  mb.Node("Sub", {"x", "w"}, {"d"});
+  mb.Node("Mul", {"d", "d"}, {"sq"});
+  auto& sum = mb.Node("ReduceSum", {"sq"}, {"loss"});
+  ModelBuilder::Attr(sum, "keepdims", int64_t{0});
+  mb.Output("loss", {});
+  CompileOptions o;
+  o.mode = Mode::kTraining;
+  o.loss = "loss";
+  auto exe = Executable::Compile(mb.Bytes(), o);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_EQ(CountOps(**exe, kFusedElementwiseOp), 0);
+}
+
 }  // namespace salus::exec

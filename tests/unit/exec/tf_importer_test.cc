@@ -804,6 +804,71 @@ TEST(TfImporterTest, ReadVariableIsASnapshot) {
   EXPECT_EQ(Floats(v), (std::vector<float>{11.f, 22.f}));
 }
 
+// Keras' Adam as TensorFlow ops: each assignment and the elementwise chain that makes its value
+// run as one SalusFusedElementwise node writing the variable in place (Note [Fused elementwise
+// chains]); after three steps the variables hold bit for bit what the unfused graph leaves.
+TEST(TfImporterTest, AdamsUpdatesFuseIntoTheirAssignments) {
+  constexpr int64_t kCount = 40000;  // enough for the kernel to split across threads
+  TfGraph g;
+  g.Placeholder("grad");
+  g.Var("w", {kCount});
+  g.Var("m", {kCount});
+  g.Var("v", {kCount});
+  g.ConstF("one_minus_b1", {}, {0.1f});
+  g.ConstF("one_minus_b2", {}, {0.001f});
+  g.ConstF("alpha", {}, {0.01f});
+  g.ConstF("eps", {}, {1e-7f});
+  g.Read("m0", "m");
+  g.Node("dm", "Sub", {"grad", "m0"});
+  g.Node("sm", "Mul", {"dm", "one_minus_b1"});
+  g.Node("assign_m", "AssignAddVariableOp", {"m", "sm"});
+  g.Read("v0", "v");
+  g.Node("g2", "Square", {"grad"});
+  g.Node("dv", "Sub", {"g2", "v0"});
+  g.Node("sv", "Mul", {"dv", "one_minus_b2"});
+  g.Node("assign_v", "AssignAddVariableOp", {"v", "sv"});
+  g.Read("m1", "m")->add_input("^assign_m");
+  g.Read("v1", "v")->add_input("^assign_v");
+  g.Node("num", "Mul", {"m1", "alpha"});
+  g.Node("root", "Sqrt", {"v1"});
+  g.Node("den", "AddV2", {"root", "eps"});
+  g.Node("step", "RealDiv", {"num", "den"});
+  g.Node("assign_w", "AssignSubVariableOp", {"w", "step"});
+  CompileOptions o;
+  o.input_shapes = {{"grad", {kCount}}};
+  o.fuse = true;
+  auto fused = Executable::CompileTf(g.Bytes(), o);
+  o.fuse = false;
+  auto plain = Executable::CompileTf(g.Bytes(), o);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  int assigns = 0, chains = 0;
+  for (const Node& n : (*fused)->graph().nodes()) {
+    assigns += n.op == "SalusAssign";
+    chains += n.op == kFusedElementwiseOp;
+  }
+  EXPECT_EQ(assigns, 0);
+  EXPECT_EQ(chains, 3);
+  Memory mf(**fused), mp(**plain);
+  for (const char* var : {"w", "m", "v"}) {
+    const HostTensor init =
+        HostTensor::FromFloats({kCount}, RandomFloats(kCount, 70 + std::string(var)[0]));
+    ASSERT_TRUE((*fused)->WritePersistent(mf.p(), var, init).ok());
+    ASSERT_TRUE((*plain)->WritePersistent(mp.p(), var, init).ok());
+  }
+  for (int step = 0; step < 3; ++step) {
+    const HostTensor grad = HostTensor::FromFloats({kCount}, RandomFloats(kCount, 80 + step));
+    ASSERT_TRUE(RunHost(**fused, mf, {grad}).ok());
+    ASSERT_TRUE(RunHost(**plain, mp, {grad}).ok());
+  }
+  for (const char* var : {"w", "m", "v"}) {
+    ASSERT_OK_AND_ASSIGN_TF(a, (*fused)->ReadPersistent(mf.p(), var));
+    ASSERT_OK_AND_ASSIGN_TF(b, (*plain)->ReadPersistent(mp.p(), var));
+    ASSERT_EQ(a.bytes.size(), b.bytes.size());
+    EXPECT_EQ(std::memcmp(a.bytes.data(), b.bytes.data(), a.bytes.size()), 0) << var;
+  }
+}
+
 // A variable starts at zero; one that is never assigned is read in place (no copy node).
 TEST(TfImporterTest, UnassignedVariableIsReadInPlaceAndStartsAtZero) {
   TfGraph g;
