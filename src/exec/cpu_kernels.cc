@@ -73,6 +73,12 @@ KernelOr Binary(const Node& n, const Graph& g) {
     Shape o = out.empty() ? Shape{1} : out;
     Shape p1 = s1;
     while (p1.size() < o.size()) p1.insert(p1.begin(), 1);
+    // A second operand along the last dim only (a bias added to NHWC activations): as a row of
+    // a 2-D tensor it is broadcast along oneDNN's channels, which its fast kernels take.
+    if (o.size() > 2 && p1.back() == o.back() && NumElements(p1) == p1.back()) {
+      o = {NumElements(o) / o.back(), o.back()};
+      p1 = {1, o.back()};
+    }
     auto md0 = PlainDesc(o), md1 = PlainDesc(p1);
     dnnl::binary::desc d(alg, md0, md1, md0);
     dnnl::binary::primitive_desc pd(d, UserScratchpad(), CpuEngine());

@@ -289,6 +289,11 @@ Status Executable::Build(const CompileOptions& options) {
   SALUS_RETURN_IF_ERROR(ResolveFetches(options));
   input_ids_ = graph_.inputs();
   if (options.fuse) {
+    // Before the Transposes fold: a pool or convolution feeding another reaches it through a
+    // Transpose back to NHWC and one to NCHW, which AdoptChannelsLast drops for both; folded
+    // first, the pair would vanish and leave the two nodes on NCHW between Transposes at the
+    // ends of the chain (Note [Channels-last convolutions]).
+    AdoptChannelsLast(&graph_, FusionOptions{device_.type, fetch_ids_});
     FoldTransposes(&graph_, FusionOptions{device_.type, fetch_ids_},
                    num_forward_nodes_ == SIZE_MAX ? nullptr : &num_forward_nodes_);
   }
