@@ -151,6 +151,70 @@ int FoldBatchNorm(Graph* graph, const FusionOptions& options) {
   return CountDead(dead);
 }
 
+// Note [Fused bias]: Add(conv(x), b), b one value per output channel (TensorFlow's BiasAdd
+// after a convolution, on NHWC activations when the Conv is channels-last), becomes the Conv's
+// bias input, so the sum is made as the convolution writes (and a Relu after it fuses too). When
+// b is computed after the Conv, the Conv moves to the Add's place. CPU only.
+int FuseConvBias(Graph* graph, const FusionOptions& options) {
+  if (options.device != DeviceType::kCpu) return 0;
+  Graph& g = *graph;
+  const std::vector<int> consumers = ReadCounts(g, options.keep);
+  std::vector<bool> dead(g.nodes().size(), false);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& add = g.nodes()[i];
+    if (add.op != "Add" || add.inputs.size() != 2 || add.outputs.size() != 1) continue;
+    for (int k = 0; k < 2; ++k) {
+      const ValueId v = add.inputs[k], b = add.inputs[1 - k];
+      const int p = g.value(v).producer;
+      if (p < 0 || dead[p] || consumers[v] != 1 || v == b) continue;
+      Node& conv = g.nodes()[p];
+      if (conv.op != "Conv" || conv.input(2) != kNoValue || conv.input(3) != kNoValue ||
+          conv.Has("fused_activation")) {
+        continue;
+      }
+      const Shape& out = g.value(v).shape;
+      if (out.size() != 4 || g.value(add.outputs[0]).shape != out) continue;
+      if (g.value(v).type != DataType::kFloat32 || g.value(b).type != DataType::kFloat32) continue;
+      // The channel dim: last when the Conv writes NHWC, else the second.
+      const size_t c = conv.Has(kChannelsLastAttr) ? 3 : 1;
+      Shape bs = g.value(b).shape;
+      if (bs.size() > out.size()) continue;
+      while (bs.size() < out.size()) bs.insert(bs.begin(), 1);
+      bool per_channel = true;
+      for (size_t d = 0; d < out.size(); ++d) per_channel &= bs[d] == (d == c ? out[c] : 1);
+      if (!per_channel) continue;
+      const int bp = g.value(b).producer;
+      if (bp < p) {
+        conv.inputs.resize(3, kNoValue);
+        conv.inputs[2] = b;
+        Absorb(&g, &conv, add, v);
+        dead[i] = true;
+        break;
+      }
+      // b is made after the Conv (a Squeeze of the bias variable's read): the Conv runs where
+      // the Add did instead, unless something in between writes in place (a node without
+      // outputs), which might change what it reads.
+      bool effects = false;
+      for (size_t j = p + 1; j < i; ++j) {
+        bool none = true;
+        for (ValueId o : g.nodes()[j].outputs) none &= o == kNoValue;
+        effects |= none;
+      }
+      if (effects || bp >= static_cast<int>(i)) continue;
+      Node moved = conv;
+      moved.inputs.resize(3, kNoValue);
+      moved.inputs[2] = b;
+      moved.outputs[0] = add.outputs[0];
+      g.value(v).producer = -1;
+      g.nodes()[i] = std::move(moved);
+      dead[p] = true;
+      break;
+    }
+  }
+  RemoveNodes(&g, dead);
+  return CountDead(dead);
+}
+
 // Inference only: the Relu's (or Clip's) gradient needs its input, which this removes.
 int FuseActivations(Graph* graph, const FusionOptions& options) {
   Graph& g = *graph;
@@ -494,6 +558,7 @@ Status ApplyMatMulTransposes(const Node& n, Shape* a, Shape* b) {
 
 void ApplyInferenceFusions(Graph* graph, const FusionOptions& options) {
   FoldBatchNorm(graph, options);
+  FuseConvBias(graph, options);
   FuseActivations(graph, options);
   FuseResidualAdd(graph, options);
 }

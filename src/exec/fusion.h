@@ -7,6 +7,8 @@
 //   FoldBatchNorm: Conv -> BatchNormalization (inference form, scale/B/mean/var constants)
 //     becomes one Conv whose weights and bias are the folded constants (Note [BatchNorm
 //     folding]). Any device.
+//   FuseConvBias: Conv -> Add(conv, b) with b one value per output channel becomes the Conv
+//     with bias input b (Note [Fused bias]). CPU only.
 //   FuseActivations: Conv or Gemm -> Relu, and Conv -> Clip with constant bounds (ReLU6),
 //     become the Conv or Gemm with attribute `fused_activation` ("Relu" or "Clip", the bounds
 //     in `fused_min`/`fused_max`). Any device: every Conv and Gemm kernel honours it.
@@ -14,8 +16,8 @@
 //     `other` (after X, W and the optional B) that it adds to its output before the
 //     activation (Note [Fused residual sum]). CPU only (the oneDNN sum post-op).
 //
-// ApplyInferenceFusions runs them in that order, so Conv -> BN -> Relu and
-// Conv -> BN -> Add -> Relu each become one Conv.
+// ApplyInferenceFusions runs them in that order, so Conv -> BN -> Relu, Conv -> BiasAdd -> Relu
+// and Conv -> BN -> Add -> Relu each become one Conv.
 //
 //   KeepBlockedLayouts (CPU, after the fusions; Note [Blocked layouts] in dnnl_kernel.h): a
 //     Conv output read only by Convs stays in oneDNN's channel-blocked layout, so the reorders
@@ -47,6 +49,7 @@ void RemoveNodes(Graph* graph, const std::vector<bool>& dead);
 // Each returns the number of nodes it removed. A pattern that does not qualify is left as it
 // is: none of them fails.
 int FoldBatchNorm(Graph* graph, const FusionOptions& options);
+int FuseConvBias(Graph* graph, const FusionOptions& options);
 int FuseActivations(Graph* graph, const FusionOptions& options);
 int FuseResidualAdd(Graph* graph, const FusionOptions& options);
 
@@ -126,7 +129,7 @@ inline constexpr const char* kFusedAssignAttr = "assign";
 inline constexpr int kMaxFusedOperations = 24;
 int FuseElementwise(Graph* graph, const FusionOptions& options);
 
-// FoldBatchNorm, FuseActivations and FuseResidualAdd, in that order.
+// FoldBatchNorm, FuseConvBias, FuseActivations and FuseResidualAdd, in that order.
 void ApplyInferenceFusions(Graph* graph, const FusionOptions& options);
 
 }  // namespace salus::exec

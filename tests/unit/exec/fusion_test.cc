@@ -572,6 +572,34 @@ TEST(FusionTest, TrainingFoldsTheBackwardsTransposes) {
 
 }  // namespace
 
+// Note [Fused bias]: a per-channel Add after a bias-free Conv becomes its bias (and the Relu after
+// it its activation); CUDA compiles keep the Add.
+TEST(FusionTest, PerChannelAddBecomesTheConvsBias) {
+  ModelBuilder mb;
+  mb.Input("x", {2, 3, 8, 8});
+  mb.Initializer("w", {4, 3, 3, 3}, RandomFloats(108, 71));
+  mb.Initializer("b", {4, 1, 1}, RandomFloats(4, 72));
+  mb.Node("Conv", {"x", "w"}, {"c"});
+  mb.Node("Add", {"c", "b"}, {"a"});
+  mb.Node("Relu", {"a"}, {"y"});
+  mb.Output("y", {2, 4, 6, 6});
+  const std::vector<HostTensor> feeds = {
+      HostTensor::FromFloats({2, 3, 8, 8}, RandomFloats(384, 73))};
+  CompileOptions o;
+  Compiled fused = CompileAndRun(mb.Bytes(), o, feeds, true);
+  Compiled plain = CompileAndRun(mb.Bytes(), o, feeds, false);
+  ASSERT_TRUE(fused.exe && plain.exe);
+  ExpectClose(fused.outputs[0], plain.outputs[0]);
+  ASSERT_EQ(fused.exe->num_steps(), 1u);
+  const Node& conv = fused.exe->graph().nodes().back();
+  EXPECT_EQ(conv.op, "Conv");
+  EXPECT_NE(conv.input(2), kNoValue);
+  EXPECT_EQ(conv.GetString("fused_activation", ""), "Relu");
+
+  Graph g = plain.exe->graph();  // the unfused nodes, rewritten as a CUDA compile would be
+  EXPECT_EQ(FuseConvBias(&g, FusionOptions{DeviceType::kCuda, {}}), 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Note [Fused elementwise chains].
 

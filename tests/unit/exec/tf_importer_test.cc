@@ -520,6 +520,73 @@ TEST(TfImporterTest, Conv2DAndMaxPoolNhwcWithGradients) {
   ExpectNear(Floats(out[4]), dxpool, 1e-6f, "MaxPoolGrad");
 }
 
+// A Keras CNN's forward pass: Conv2D -> BiasAdd -> Relu -> MaxPool -> Conv2D -> BiasAdd ->
+// Relu. On the CPU every convolution and the pool stay NHWC along the chain (Note
+// [Channels-last convolutions]: no Transpose runs between the pool and the next Conv), and each
+// BiasAdd and Relu fold into their Conv (Note [Fused bias]), the bias read placed after the
+// Conv as TensorFlow places it; the results are the unfused graph's.
+TEST(TfImporterTest, KerasConvChainStaysChannelsLastWithFusedBias) {
+  constexpr int64_t N = 2, H = 9, W = 9, C = 3, O1 = 8, O2 = 16;
+  TfGraph g;
+  g.Placeholder("x");
+  g.Var("f1", {3, 3, C, O1});
+  g.Var("b1", {O1});
+  g.Var("f2", {3, 3, O1, O2});
+  g.Var("b2", {O2});
+  auto conv_attrs = [](tf::NodeDef* n) {
+    TfGraph::Ints(n, "strides", {1, 1, 1, 1});
+    TfGraph::Str(n, "padding", "VALID");
+  };
+  g.Read("rf1", "f1");
+  conv_attrs(g.Node("conv1", "Conv2D", {"x", "rf1"}));
+  g.Read("rb1", "b1");  // after the Conv, as Keras' graph orders it
+  g.Node("bias1", "BiasAdd", {"conv1", "rb1"});
+  g.Node("relu1", "Relu", {"bias1"});
+  auto pool = g.Node("pool", "MaxPool", {"relu1"});
+  TfGraph::Ints(pool, "ksize", {1, 2, 2, 1});
+  TfGraph::Ints(pool, "strides", {1, 2, 2, 1});
+  TfGraph::Str(pool, "padding", "VALID");
+  g.Read("rf2", "f2");
+  conv_attrs(g.Node("conv2", "Conv2D", {"pool", "rf2"}));
+  g.Read("rb2", "b2");
+  g.Node("bias2", "BiasAdd", {"conv2", "rb2"});
+  g.Node("relu2", "Relu", {"bias2"});
+  CompileOptions o;
+  o.input_shapes = {{"x", {N, H, W, C}}};
+  o.fetches = {"relu2"};
+  auto fused = Executable::CompileTf(g.Bytes(), o);
+  o.fuse = false;
+  auto plain = Executable::CompileTf(g.Bytes(), o);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  int convs = 0, biased = 0, channels_last = 0, others = 0;
+  for (const Node& n : (*fused)->graph().nodes()) {
+    if (n.op == "Conv") {
+      ++convs;
+      biased += n.input(2) != kNoValue && n.GetString("fused_activation", "") == "Relu";
+    }
+    channels_last += n.GetInt(kChannelsLastAttr, 0) != 0;
+    others += n.op == "Add" || n.op == "Relu";
+  }
+  EXPECT_EQ(convs, 2);
+  EXPECT_EQ(biased, 2);
+  EXPECT_EQ(channels_last, 3);  // both Convs and the pool
+  EXPECT_EQ(others, 0);
+  EXPECT_EQ((*fused)->num_steps(), 3u);  // no Transpose runs
+  Memory mf(**fused), mp(**plain);
+  for (const auto& [var, shape] : std::vector<std::pair<std::string, Shape>>{
+           {"f1", {3, 3, C, O1}}, {"b1", {O1}}, {"f2", {3, 3, O1, O2}}, {"b2", {O2}}}) {
+    const HostTensor v = HostTensor::FromFloats(shape, RandomFloats(NumElements(shape), 91));
+    ASSERT_TRUE((*fused)->WritePersistent(mf.p(), var, v).ok());
+    ASSERT_TRUE((*plain)->WritePersistent(mp.p(), var, v).ok());
+  }
+  const HostTensor x = HostTensor::FromFloats({N, H, W, C}, RandomFloats(N * H * W * C, 92));
+  ASSERT_OK_AND_ASSIGN_TF(a, RunHost(**fused, mf, {x}));
+  ASSERT_OK_AND_ASSIGN_TF(b, RunHost(**plain, mp, {x}));
+  ASSERT_EQ(a[0].shape, b[0].shape);
+  ExpectNear(Floats(a[0]), Floats(b[0]), 1e-5f, "relu2");
+}
+
 // Depthwise convolution (depth multiplier 2, stride 2, SAME) and both its gradients, NHWC,
 // against loops: output channel c * M + m reads input channel c through filter [kh, kw, c, m].
 TEST(TfImporterTest, DepthwiseConvolutionWithGradients) {
