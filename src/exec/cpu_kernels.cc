@@ -481,6 +481,9 @@ std::optional<ReduceBlock> ReducedBlock(const Shape& x, const Shape& kept) {
   return b;
 }
 
+// The runs of rows a single long sum is split into (BlockReduce).
+constexpr int64_t kReduceChunks = 16;
+
 KernelOr BlockReduce(const std::string& op, const ReduceBlock& b) {
   enum class Fn { kSum, kMean, kMax, kMin };
   const Fn fn = op == "ReduceMean"  ? Fn::kMean
@@ -503,6 +506,37 @@ KernelOr BlockReduce(const std::string& op, const ReduceBlock& b) {
     // digits in proportion to the reduced count, and a training step's gradients (a batch
     // normalisation's, above all, whose sums cancel) amplify that loss.
     const bool mean = fn == Fn::kMean;
+    if (b.outer == 1 && b.reduced >= 2 * kReduceChunks &&
+        b.reduced * b.inner >= (int64_t{1} << 15)) {
+      // One long reduction (a bias gradient over N*H*W rows): kReduceChunks runs of rows, each
+      // summed into its own row of doubles, split across the step's threads, then added in
+      // order. The chunks do not depend on the thread count, so neither do the results.
+      return std::unique_ptr<Kernel>(new LoopKernel(
+          [b, mean](const KernelArgs& a) {
+            const float* x = static_cast<const float*>(a.inputs[0]);
+            float* y = static_cast<float*>(a.outputs[0]);
+            double* acc = static_cast<double*>(a.scratch);
+            const int64_t per = (b.reduced + kReduceChunks - 1) / kReduceChunks;
+#pragma omp parallel for schedule(static)
+            for (int64_t c = 0; c < kReduceChunks; ++c) {
+              double* part = acc + c * b.inner;
+              std::fill(part, part + b.inner, 0.0);
+              const int64_t end = std::min(b.reduced, (c + 1) * per);
+              for (int64_t r = c * per; r < end; ++r) {
+                const float* row = x + r * b.inner;
+#pragma omp simd
+                for (int64_t i = 0; i < b.inner; ++i) part[i] += row[i];
+              }
+            }
+            const double scale = mean ? 1.0 / static_cast<double>(b.reduced) : 1.0;
+            for (int64_t i = 0; i < b.inner; ++i) {
+              double sum = acc[i];
+              for (int64_t c = 1; c < kReduceChunks; ++c) sum += acc[c * b.inner + i];
+              y[i] = static_cast<float>(sum * scale);
+            }
+          },
+          static_cast<size_t>(kReduceChunks * b.inner) * sizeof(double)));
+    }
     return std::unique_ptr<Kernel>(new LoopKernel(
         [b, mean](const KernelArgs& a) {
           const float* x = static_cast<const float*>(a.inputs[0]);
