@@ -257,26 +257,50 @@ Residence& Entry(Var* var) {
   return it->second;
 }
 
-// Brings the newest value of `var` into its host tensor. Needs residence_mu.
-absl::Status PullLocked(Var* var, Residence& r) {
-  if (r.host_version == r.version || r.newest == nullptr) return absl::OkStatus();
-  std::vector<WireResult> results;
-  WireError err;
-  if (!r.newest->session->Run({}, {r.newest_name}, /*state_only=*/true, &results, &err)) {
-    return ToStatus(err);
+// Brings the newest values of `vars` (each with its entry) into their host tensors: one
+// state-only iteration per session holding some of them, not one per variable (a model's
+// hundreds of weights and optimizer slots, moved when a job switches between its sessions).
+// Needs residence_mu.
+absl::Status PullManyLocked(const std::vector<std::pair<Var*, Residence*>>& vars) {
+  std::map<const GraphRunner::Compiled*, std::vector<std::pair<Var*, Residence*>>> by_session;
+  for (const auto& [var, r] : vars) {
+    if (r->host_version == r->version || r->newest == nullptr) continue;
+    auto& group = by_session[r->newest];
+    bool listed = false;  // a variable a step reads twice is pulled once
+    for (const auto& [v, entry] : group) listed = listed || v == var;
+    if (!listed) group.emplace_back(var, r);
   }
-  tensorflow::mutex_lock vl(*var->mu());
-  Tensor* t = var->tensor();
-  if (!t->RefCountIsOne()) {
-    // Someone still holds the old value (a read's snapshot): write into a fresh buffer.
-    Tensor fresh(t->dtype(), t->shape());
-    *t = fresh;
+  for (const auto& [session, group] : by_session) {
+    std::vector<std::string> names;
+    for (const auto& [var, r] : group) names.push_back(r->newest_name);
+    std::vector<WireResult> results;
+    WireError err;
+    if (!session->session->Run({}, names, /*state_only=*/true, &results, &err)) {
+      return ToStatus(err);
+    }
+    if (results.size() != group.size()) {
+      return absl::InternalError("SALUS: a state read returned " + std::to_string(results.size()) +
+                                 " values for " + std::to_string(group.size()) + " variables");
+    }
+    for (size_t k = 0; k < group.size(); ++k) {
+      auto [var, r] = group[k];
+      tensorflow::mutex_lock vl(*var->mu());
+      Tensor* t = var->tensor();
+      if (!t->RefCountIsOne()) {
+        // Someone still holds the old value (a read's snapshot): write into a fresh buffer.
+        Tensor fresh(t->dtype(), t->shape());
+        *t = fresh;
+      }
+      absl::Status s = FromResult(results[k], t->dtype(), t);
+      if (!s.ok()) return s;
+      r->host_version = r->version;
+    }
   }
-  absl::Status s = FromResult(results[0], t->dtype(), t);
-  if (!s.ok()) return s;
-  r.host_version = r.version;
   return absl::OkStatus();
 }
+
+// Brings the newest value of `var` into its host tensor. Needs residence_mu.
+absl::Status PullLocked(Var* var, Residence& r) { return PullManyLocked({{var, &r}}); }
 
 }  // namespace
 
@@ -607,16 +631,23 @@ void GraphRunner::Compute(OpKernelContext* ctx) {
   std::vector<uint64_t> sent(num_vars, 0);
   std::vector<bool> first(num_vars, false);
   for (const auto& [j, name] : c->init_fetches) first[j] = true;
+  // The variables this session lacks the newest value of come to the host first, together.
+  std::vector<std::pair<Var*, Residence*>> stale;
+  for (int j = 0; j < num_vars; ++j) {
+    if (first[j]) continue;
+    Residence& r = Entry(vars[j]);
+    auto held = r.held.find(c);
+    if (held == r.held.end() || held->second != r.version) stale.emplace_back(vars[j], &r);
+  }
+  if (absl::Status s = PullManyLocked(stale); !s.ok()) {
+    ctx->SetStatus(s);
+    return;
+  }
   for (int j = 0; j < num_vars; ++j) {
     if (first[j]) continue;
     Residence& r = Entry(vars[j]);
     auto held = r.held.find(c);
     if (held != r.held.end() && held->second == r.version) continue;
-    absl::Status s = PullLocked(vars[j], r);
-    if (!s.ok()) {
-      ctx->SetStatus(s);
-      return;
-    }
     {
       tensorflow::tf_shared_lock vl(*vars[j]->mu());
       snapshots[j] = *vars[j]->tensor();
