@@ -21,6 +21,13 @@ std::vector<int> ReadCounts(const Graph& g, const std::vector<ValueId>& keep) {
   return consumers;
 }
 
+bool WritesInPlace(const Node& n) {
+  for (ValueId o : n.outputs) {
+    if (o != kNoValue) return false;
+  }
+  return true;
+}
+
 // Drops the nodes marked dead and renumbers the producers of the rest.
 void RemoveNodes(Graph* graph, const std::vector<bool>& dead) {
   Graph& g = *graph;
@@ -195,11 +202,7 @@ int FuseConvBias(Graph* graph, const FusionOptions& options) {
       // the Add did instead, unless something in between writes in place (a node without
       // outputs), which might change what it reads.
       bool effects = false;
-      for (size_t j = p + 1; j < i; ++j) {
-        bool none = true;
-        for (ValueId o : g.nodes()[j].outputs) none &= o == kNoValue;
-        effects |= none;
-      }
+      for (size_t j = p + 1; j < i; ++j) effects |= WritesInPlace(g.nodes()[j]);
       if (effects || bp >= static_cast<int>(i)) continue;
       Node moved = conv;
       moved.inputs.resize(3, kNoValue);

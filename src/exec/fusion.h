@@ -44,6 +44,9 @@ struct FusionOptions {
 // outputs counting as read twice more (so none is taken for a single-reader intermediate); and
 // dropping the nodes marked dead, renumbering the producers of the rest.
 std::vector<int> ReadCounts(const Graph& g, const std::vector<ValueId>& keep);
+// Whether `n` has no outputs: such a node (SalusAssign and its kind) writes in place, so a
+// rewrite must not move a read of what it takes across it.
+bool WritesInPlace(const Node& n);
 void RemoveNodes(Graph* graph, const std::vector<bool>& dead);
 
 // Each returns the number of nodes it removed. A pattern that does not qualify is left as it

@@ -67,14 +67,6 @@ bool Fusable(const Graph& g, const Node& n) {
   return true;
 }
 
-// Nodes without outputs write in place (Note [Fused elementwise chains]).
-bool HasEffects(const Node& n) {
-  for (ValueId o : n.outputs) {
-    if (o != kNoValue) return false;
-  }
-  return true;
-}
-
 // Whether the group's reads may move to position `to`: no node with effects between a member
 // and `to` takes one of the values that member reads from outside the group.
 bool CanMoveTo(const Graph& g, const Group& group, int to, const std::vector<int>& effects) {
@@ -152,7 +144,7 @@ int FuseElementwise(Graph* graph, const FusionOptions& options) {
   const int num_nodes = static_cast<int>(g.nodes().size());
   std::vector<int> effects;
   for (int i = 0; i < num_nodes; ++i) {
-    if (HasEffects(g.nodes()[i])) effects.push_back(i);
+    if (WritesInPlace(g.nodes()[i])) effects.push_back(i);
   }
   std::vector<Group> groups;
   std::vector<int> root_of(num_nodes, -1);  // the group whose root a node is

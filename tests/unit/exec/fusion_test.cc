@@ -72,6 +72,17 @@ size_t ExpectSameOutputs(const std::string& model, const CompileOptions& o,
   return fused.exe->num_steps();
 }
 
+// Reduces `x` to the scalar graph output "loss" with `reduce`; options that train on it.
+CompileOptions TrainOnLoss(ModelBuilder& mb, const std::string& reduce, const std::string& x) {
+  auto& r = mb.Node(reduce, {x}, {"loss"});
+  ModelBuilder::Attr(r, "keepdims", int64_t{0});
+  mb.Output("loss", {});
+  CompileOptions o;
+  o.mode = Mode::kTraining;
+  o.loss = "loss";
+  return o;
+}
+
 constexpr int64_t kChannels = 4;
 
 // x[2,3,8,8] -> Conv(w[, b]) -> BatchNormalization -> c; the BN's statistics are such that
@@ -542,12 +553,7 @@ TEST(FusionTest, TrainingFoldsTheBackwardsTransposes) {
   mb.Node("Tanh", {"h"}, {"t"});
   mb.Node("MatMul", {"t", "v"}, {"o"});
   mb.Node("Mul", {"o", "o"}, {"sq"});
-  auto& mean = mb.Node("ReduceMean", {"sq"}, {"loss"});
-  ModelBuilder::Attr(mean, "keepdims", int64_t{0});
-  mb.Output("loss", {});
-  CompileOptions o;
-  o.mode = Mode::kTraining;
-  o.loss = "loss";
+  CompileOptions o = TrainOnLoss(mb, "ReduceMean", "sq");
   const std::vector<HostTensor> feeds = {HostTensor::FromFloats({4, 3, 5}, RandomFloats(60, 58))};
   std::vector<float> losses[2];
   size_t steps[2] = {0, 0};
@@ -694,12 +700,7 @@ TEST(FusionTest, TrainingCompilesKeepElementwiseNodes) {
   mb.Initializer("w", {4, 8}, RandomFloats(32, 66));
   mb.Node("Sub", {"x", "w"}, {"d"});
   mb.Node("Mul", {"d", "d"}, {"sq"});
-  auto& sum = mb.Node("ReduceSum", {"sq"}, {"loss"});
-  ModelBuilder::Attr(sum, "keepdims", int64_t{0});
-  mb.Output("loss", {});
-  CompileOptions o;
-  o.mode = Mode::kTraining;
-  o.loss = "loss";
+  CompileOptions o = TrainOnLoss(mb, "ReduceSum", "sq");
   auto exe = Executable::Compile(mb.Bytes(), o);
   ASSERT_TRUE(exe.ok()) << exe.status();
   EXPECT_EQ(CountOps(**exe, kFusedElementwiseOp), 0);
